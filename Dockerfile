@@ -1,0 +1,9 @@
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml ./
+COPY contracts ./contracts
+COPY services ./services
+RUN pip install --no-cache-dir .
+EXPOSE 8080
+ENTRYPOINT ["tollgate", "serve", "--host", "0.0.0.0", "--port", "8080"]
+CMD ["--target", "all"]

@@ -1,0 +1,36 @@
+# The two commands of the README: `make run` and `make test`. Everything else is a helper.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test stop lint bench docs clean
+
+$(STAMP): pyproject.toml
+	./deploy/local/prereqs.sh
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)  ## the local stack + every service in the background; prints URL and demo login
+	$(BIN)/tollgate up
+
+stop:  ## stop Tollgate and the local stack
+	$(BIN)/tollgate down
+
+lint: $(STAMP)
+	$(BIN)/ruff check contracts services tests bench
+	$(BIN)/mypy contracts services
+
+test: $(STAMP) lint  ## lint, type-check, and the whole suite on real Kafka, Postgres and ClickHouse
+	$(BIN)/python -m pytest tests
+
+bench: $(STAMP)  ## every benchmark in bench/, each against its own baseline
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+docs: $(STAMP)
+	$(BIN)/tollgate docs
+
+clean: stop
+	rm -rf .tollgate

@@ -1,0 +1,39 @@
+"""The error body every service returns for status >= 400, and the fixed codes of API.md."""
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class ErrorCode(StrEnum):
+    MISSING_CREDENTIALS = "missing_credentials"
+    INVALID_API_KEY = "invalid_api_key"
+    API_KEY_DISABLED = "api_key_disabled"
+    API_KEY_EXPIRED = "api_key_expired"
+    INVALID_SESSION = "invalid_session"
+    CONSOLE_SESSION_REQUIRED = "console_session_required"
+    PERMISSION_DENIED = "permission_denied"
+    INSUFFICIENT_QUOTA = "insufficient_quota"
+    NOT_FOUND = "not_found"
+    USER_TYPE_PLAN_MISMATCH = "user_type_plan_mismatch"
+    VALIDATION_ERROR = "validation_error"
+    RATE_LIMITED = "rate_limited"
+    PAYMENT_REQUIRED = "payment_required"
+    # Not in API.md's table; used where the contract is silent.
+    CONFLICT = "conflict"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    SERVICE_UNAVAILABLE = "service_unavailable"
+    INTERNAL_ERROR = "internal_error"
+
+
+class ErrorDetail(BaseModel):
+    code: ErrorCode
+    message: str
+    request_id: str
+    details: Any | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail

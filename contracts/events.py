@@ -1,0 +1,132 @@
+"""Event models, one schema per topic (API.md, "Events").
+
+Every event has `id` (the idempotency key), `type`, `time` and `account_id`. Consumers are
+idempotent on `id`: a redelivered or republished event changes nothing.
+"""
+
+from typing import Annotated, Literal
+from uuid import UUID, uuid4
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, NonNegativeInt
+
+from contracts.common import KeyStatus, Resource, Role, Tier, UserType
+
+Period = Annotated[str, Field(pattern=r"^\d{4}-(0[1-9]|1[0-2])$", examples=["2026-11"])]
+"""A quota period: the calendar month `YYYY-MM` in the platform time zone."""
+
+
+class Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    id: UUID = Field(default_factory=uuid4)
+    time: AwareDatetime
+    account_id: UUID
+
+
+# ---- usage.v1 -------------------------------------------------------------------------------
+class UsageEvent(Event):
+    """A platform service used `quantity` of `resource` (a signed delta for stock resources)."""
+
+    type: Literal["usage"] = "usage"
+    resource: Resource
+    quantity: int
+    provider: str | None = Field(default=None, max_length=64)
+    model: str | None = Field(default=None, max_length=128)
+    input_tokens: NonNegativeInt | None = None
+    output_tokens: NonNegativeInt | None = None
+    source: str = Field(min_length=1, max_length=64)
+
+
+# ---- calls.v1 -------------------------------------------------------------------------------
+class CallEvent(Event):
+    """One API-key call seen by the edge. `path` is the route template, not the raw URL."""
+
+    type: Literal["call"] = "call"
+    api_key_id: UUID
+    method: str = Field(max_length=16)
+    path: str = Field(max_length=512)
+    status: int = Field(ge=100, le=599)
+    ip: str = Field(max_length=64)
+    user_agent: str = Field(default="", max_length=512)
+    latency_ms: float = Field(ge=0)
+
+
+# ---- keys.v1 (compacted, key = key id; tombstone on delete) ----------------------------------
+class KeyState(Event):
+    """The full state of one API key. `hash` is the hex SHA-256 of the whole `sk-...` secret."""
+
+    type: Literal["key_state"] = "key_state"
+    key_id: UUID
+    hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    status: KeyStatus
+    expires_at: AwareDatetime | None = None
+    deleted: bool = False
+    roles: list[Role]
+
+
+# ---- accounts.v1 (compacted, key = account id) -- an extension: API.md is silent here ---------
+class AccountState(Event):
+    """An account's current roles and user type, so every edge judges console sessions with the
+    owner's *current* roles and a role change takes effect at once."""
+
+    type: Literal["account_state"] = "account_state"
+    roles: list[Role]
+    user_type: UserType
+    deleted: bool = False
+
+
+# ---- quota.v1 (compacted, key = account:resource) --------------------------------------------
+class QuotaState(Event):
+    type: Literal["quota_state"] = "quota_state"
+    resource: Resource
+    period: Period
+    total: int
+    used: int
+    blocked: bool
+
+
+# ---- quota-thresholds.v1 ---------------------------------------------------------------------
+class QuotaThresholdCrossed(Event):
+    """Usage of `resource` rose across whole percent `threshold_pct` (the highest one crossed)."""
+
+    type: Literal["quota_threshold"] = "quota_threshold"
+    resource: Resource
+    period: Period
+    threshold_pct: int = Field(ge=1, le=100)
+    used: int
+    total: int
+
+
+# ---- billing.v1 ------------------------------------------------------------------------------
+class RateLimit(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    per_second: float = Field(gt=0)
+    burst: int = Field(gt=0)
+    per_minute: int = Field(gt=0)
+
+
+class PlanChanged(Event):
+    """The account's plan is now `plan`, with these quotas and rate limits, from `time` on."""
+
+    type: Literal["plan_changed"] = "plan_changed"
+    plan: Tier
+    previous_plan: Tier | None = None
+    quotas: dict[Resource, int]
+    rate_limit: RateLimit
+
+
+class PackagePurchased(Event):
+    type: Literal["package_purchased"] = "package_purchased"
+    resource: Resource
+    amount: int = Field(gt=0)
+    period: Period
+    order_id: UUID
+
+
+class UserTypeChanged(Event):
+    type: Literal["user_type_changed"] = "user_type_changed"
+    user_type: UserType
+
+
+BillingEvent = Annotated[PlanChanged | PackagePurchased | UserTypeChanged, Field(discriminator="type")]

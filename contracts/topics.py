@@ -1,0 +1,35 @@
+"""Kafka topics: names, partitions and configs. Versioned in the name; one schema per topic."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Topic:
+    name: str
+    partitions: int
+    config: dict[str, str] = field(default_factory=dict)
+
+    def prefixed(self, prefix: str) -> str:
+        """The topic's name under a deployment prefix (tests isolate themselves this way)."""
+        return f"{prefix}{self.name}"
+
+
+COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0", "segment.ms": "3600000"}
+
+USAGE = Topic("usage.v1", partitions=6)
+CALLS = Topic("calls.v1", partitions=6)
+KEYS = Topic("keys.v1", partitions=3, config=COMPACTED)
+ACCOUNTS = Topic("accounts.v1", partitions=3, config=COMPACTED)
+QUOTA = Topic("quota.v1", partitions=6, config=COMPACTED)
+QUOTA_THRESHOLDS = Topic("quota-thresholds.v1", partitions=6)
+BILLING = Topic("billing.v1", partitions=3)
+
+ALL_TOPICS: tuple[Topic, ...] = (USAGE, CALLS, KEYS, ACCOUNTS, QUOTA, QUOTA_THRESHOLDS, BILLING)
+
+
+def dead_letter(topic: Topic) -> Topic:
+    """Where a consumer of `topic` puts messages it cannot parse, with the error in headers."""
+    return Topic(f"{topic.name}.dlq", partitions=1)
+
+
+ALL_DEAD_LETTER_TOPICS: tuple[Topic, ...] = tuple(dead_letter(t) for t in ALL_TOPICS)

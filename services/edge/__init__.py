@@ -1,0 +1,1 @@
+"""The ingress library every service mounts: errors, request ids, auth, limits, quota gate."""

@@ -1,0 +1,129 @@
+"""The Edge: one per process, shared by every mounted service's routes.
+
+Routes declare what they need with `Depends(edge.requires(permission, ...))` and receive the
+calling `Principal`. The edge answers 401/403 itself with the contract's codes.
+"""
+
+import hashlib
+import json
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from uuid import UUID
+
+from fastapi import Request
+
+from contracts.common import Permission, Resource, Role
+from contracts.errors import ErrorCode
+from contracts.events import AccountState, KeyState
+from contracts.topics import ACCOUNTS, KEYS
+from services.edge import sessions
+from services.edge.errors import ApiError
+from services.edge.principal import Principal
+from services.edge.projection_reader import TopicFollower
+from services.edge.projections import AccountProjection, KeyProjection
+from services.runtime.settings import Settings
+
+API_KEY_PREFIX = "sk-"
+
+
+def hash_secret(secret: str) -> str:
+    """The only form in which an API key is stored, logged or published."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _unauthorized(code: ErrorCode, message: str) -> ApiError:
+    return ApiError(401, code, message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class Edge:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.accounts = AccountProjection()
+        self.keys = KeyProjection()
+        self._secret = settings.session_secret.get_secret_value().encode()
+        self._followers = [
+            TopicFollower(settings.kafka_bootstrap_servers, settings.topic(ACCOUNTS.name), self._apply_account),
+            TopicFollower(settings.kafka_bootstrap_servers, settings.topic(KEYS.name), self._apply_key),
+        ]
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        for follower in self._followers:
+            await follower.start()
+
+    async def stop(self) -> None:
+        for follower in self._followers:
+            await follower.stop()
+
+    def is_ready(self) -> bool:
+        return all(f.caught_up.is_set() for f in self._followers)
+
+    def _apply_account(self, _key: bytes | None, value: bytes | None) -> None:
+        if value is not None:
+            self.accounts.apply(AccountState.model_validate(json.loads(value)))
+
+    def _apply_key(self, key: bytes | None, value: bytes | None) -> None:
+        if value is None:
+            if key is not None:
+                self.keys.remove(UUID(key.decode()))
+            return
+        self.keys.apply(KeyState.model_validate(json.loads(value)))
+
+    # ---- session tokens ------------------------------------------------------------------
+    def issue_session(self, account_id: UUID, session_id: str, now: datetime) -> str:
+        expires = int(now.timestamp()) + self.settings.session_ttl_seconds
+        return sessions.issue(self._secret, sessions.SessionClaims(account_id, session_id, expires))
+
+    # ---- the request path ----------------------------------------------------------------
+    def requires(
+        self,
+        permission: Permission | None = None,
+        *,
+        consumes: Resource | None = None,
+        console_only: bool = False,
+    ) -> Callable[[Request], Awaitable[Principal]]:
+        """A FastAPI dependency: authenticate, authorise, and return the caller."""
+
+        async def dependency(request: Request) -> Principal:
+            principal = self.authenticate(request, datetime.now(UTC))
+            if console_only and not principal.is_console:
+                raise ApiError(403, ErrorCode.CONSOLE_SESSION_REQUIRED, "This call needs a console session, not an API key.")
+            if permission is not None and not principal.can(permission):
+                raise ApiError(403, ErrorCode.PERMISSION_DENIED, f"Your roles lack the permission {permission.value}.")
+            request.state.principal = principal
+            return principal
+
+        return dependency
+
+    def authenticate(self, request: Request, now: datetime) -> Principal:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise _unauthorized(ErrorCode.MISSING_CREDENTIALS, "Send Authorization: Bearer <API key or session token>.")
+        if token.startswith(API_KEY_PREFIX):
+            return self._authenticate_key(token, now)
+        return self._authenticate_session(token, now)
+
+    def _authenticate_session(self, token: str, now: datetime) -> Principal:
+        try:
+            claims = sessions.verify(self._secret, token, now)
+        except sessions.InvalidSession:
+            raise _unauthorized(ErrorCode.INVALID_SESSION, "The console session is invalid or has expired.") from None
+        account = self.accounts.get(claims.account_id)
+        if account is None:
+            raise _unauthorized(ErrorCode.INVALID_SESSION, "The console session is invalid or has expired.")
+        return Principal(account_id=account.account_id, roles=frozenset(Role(r) for r in account.roles))
+
+    def _authenticate_key(self, secret: str, now: datetime) -> Principal:
+        # A dict lookup by SHA-256: timing does not depend on how much of a guess is right.
+        state = self.keys.get(hash_secret(secret))
+        if state is None:
+            raise _unauthorized(ErrorCode.INVALID_API_KEY, "The API key is not valid.")
+        if state.status != "enabled":
+            raise _unauthorized(ErrorCode.API_KEY_DISABLED, "The API key is disabled.")
+        if state.expires_at is not None and now >= state.expires_at:
+            raise _unauthorized(ErrorCode.API_KEY_EXPIRED, "The API key has expired.")
+        account = self.accounts.get(state.account_id)
+        roles = account.roles if account is not None else state.roles
+        return Principal(account_id=state.account_id, roles=frozenset(Role(r) for r in roles), api_key_id=state.key_id)

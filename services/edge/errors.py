@@ -1,0 +1,119 @@
+"""The contract's error body for every status >= 400, and the X-Request-ID on every response."""
+
+import logging
+import secrets
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from contracts.errors import ErrorBody, ErrorCode, ErrorDetail
+
+log = logging.getLogger(__name__)
+
+REQUEST_ID_HEADER = "X-Request-ID"
+_STATUS_CODES = {
+    401: ErrorCode.MISSING_CREDENTIALS,
+    403: ErrorCode.PERMISSION_DENIED,
+    404: ErrorCode.NOT_FOUND,
+    405: ErrorCode.METHOD_NOT_ALLOWED,
+    413: ErrorCode.PAYLOAD_TOO_LARGE,
+    422: ErrorCode.VALIDATION_ERROR,
+    429: ErrorCode.RATE_LIMITED,
+    503: ErrorCode.SERVICE_UNAVAILABLE,
+}
+
+
+class ApiError(Exception):
+    """Raise anywhere below a route: becomes the contract's error body with this status."""
+
+    def __init__(
+        self,
+        status: int,
+        code: ErrorCode,
+        message: str,
+        *,
+        details: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details
+        self.headers = headers or {}
+
+
+def not_found(what: str = "resource") -> ApiError:
+    return ApiError(404, ErrorCode.NOT_FOUND, f"The {what} does not exist.")
+
+
+def request_id_of(request: Request) -> str:
+    return str(getattr(request.state, "request_id", "") or "")
+
+
+def error_response(
+    request: Request, status: int, code: ErrorCode, message: str, details: Any = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = ErrorBody(error=ErrorDetail(code=code, message=message, request_id=request_id_of(request), details=details))
+    return JSONResponse(body.model_dump(mode="json", exclude_none=True), status_code=status, headers=headers)
+
+
+def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
+    return [
+        {
+            "field": ".".join(str(p) for p in err.get("loc", ()) if p != "body"),
+            "message": err.get("msg", ""),
+            "type": err.get("type", ""),
+        }
+        for err in exc.errors()
+    ]
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(request, exc.status, exc.code, exc.message, exc.details, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(request, 422, ErrorCode.VALIDATION_ERROR, "The request is not valid.", _validation_details(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _STATUS_CODES.get(
+            exc.status_code, ErrorCode.VALIDATION_ERROR if exc.status_code < 500 else ErrorCode.INTERNAL_ERROR
+        )
+        return error_response(request, exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", extra={"request_id": request_id_of(request)})
+        return error_response(request, 500, ErrorCode.INTERNAL_ERROR, "Something went wrong on our side.")
+
+
+class RequestIdMiddleware:
+    """Pure ASGI (no BaseHTTPMiddleware overhead): accepts a sane incoming id or makes one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), "")
+        request_id = (
+            incoming if 0 < len(incoming) <= 128 and incoming.isascii() and incoming.isprintable() else secrets.token_hex(12)
+        )
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", []).append((b"x-request-id", request_id.encode()))
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

@@ -1,0 +1,20 @@
+"""Who is calling: the account, its current roles, and the API key when the call used one."""
+
+from dataclasses import dataclass
+from uuid import UUID
+
+from contracts.common import Permission, Role, permissions_of
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    account_id: UUID
+    roles: frozenset[Role]
+    api_key_id: UUID | None = None  # None for a console session
+
+    @property
+    def is_console(self) -> bool:
+        return self.api_key_id is None
+
+    def can(self, permission: Permission) -> bool:
+        return permission in permissions_of(self.roles)

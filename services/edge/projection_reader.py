@@ -1,0 +1,86 @@
+"""Reads a whole topic into memory and follows it: every process gets every partition.
+
+No consumer group (each process needs all of it), from the beginning; `caught_up` is set once
+the positions reach the end offsets seen at start, which is when the edge may call itself ready.
+"""
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+log = logging.getLogger(__name__)
+
+Apply = Callable[[bytes | None, bytes | None], None]
+
+
+class TopicFollower:
+    def __init__(self, bootstrap_servers: str, topic: str, apply: Apply) -> None:
+        self._bootstrap = bootstrap_servers
+        self._topic = topic
+        self._apply = apply
+        self.caught_up = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> None:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", fetch_max_wait_ms=20
+        )
+        await consumer.start()
+        partitions = [TopicPartition(self._topic, p) for p in sorted(await self._partitions())]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        self._consumer = consumer
+        targets = await consumer.end_offsets(partitions)
+        self._task = asyncio.create_task(self._run(consumer, targets), name=f"follow:{self._topic}")
+
+    async def _partitions(self) -> set[int]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap)
+        await admin.start()
+        try:
+            for _ in range(100):
+                (described,) = await admin.describe_topics([self._topic])
+                if described["error_code"] == 0 and described["partitions"]:
+                    return {p["partition"] for p in described["partitions"]}
+                await asyncio.sleep(0.1)  # just created: the metadata is on its way
+        finally:
+            await admin.close()
+        raise RuntimeError(f"topic {self._topic} does not exist")
+
+    async def _run(self, consumer: AIOKafkaConsumer, targets: dict[TopicPartition, int]) -> None:
+        pending = {tp: end for tp, end in targets.items() if end > 0}
+        if not pending:
+            self.caught_up.set()
+        while True:
+            try:
+                batches = await consumer.getmany(timeout_ms=200, max_records=5000)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the broker is away: keep serving what we have, retry
+                log.warning("follower of %s lost the broker; retrying", self._topic, exc_info=True)
+                await asyncio.sleep(1)
+                continue
+            for tp, records in batches.items():
+                for record in records:
+                    try:
+                        self._apply(record.key, record.value)
+                    except Exception:
+                        log.exception("bad record in %s at offset %s skipped", self._topic, record.offset)
+                if tp in pending and records and records[-1].offset + 1 >= pending[tp]:
+                    del pending[tp]
+            if pending:
+                for tp in list(pending):
+                    if await consumer.position(tp) >= pending[tp]:
+                        del pending[tp]
+            if not pending and not self.caught_up.is_set():
+                self.caught_up.set()
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._consumer:
+            await self._consumer.stop()

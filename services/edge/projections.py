@@ -1,0 +1,52 @@
+"""In-memory projections the edge reads on the request path: O(1) dict lookups, no I/O."""
+
+from uuid import UUID
+
+from contracts.events import AccountState, KeyState
+
+
+class AccountProjection:
+    """account id -> current state, from accounts.v1."""
+
+    def __init__(self) -> None:
+        self._accounts: dict[UUID, AccountState] = {}
+
+    def apply(self, state: AccountState) -> None:
+        current = self._accounts.get(state.account_id)
+        if current is not None and current.time > state.time:
+            return  # an older state redelivered after a newer one
+        self._accounts[state.account_id] = state
+
+    def get(self, account_id: UUID) -> AccountState | None:
+        state = self._accounts.get(account_id)
+        return None if state is None or state.deleted else state
+
+
+class KeyProjection:
+    """SHA-256 hex of the secret -> current key state, from keys.v1 (tombstones remove)."""
+
+    def __init__(self) -> None:
+        self._by_hash: dict[str, KeyState] = {}
+        self._hash_by_id: dict[UUID, str] = {}
+
+    def apply(self, state: KeyState) -> None:
+        known = self._hash_by_id.get(state.key_id)
+        current = self._by_hash.get(known) if known else None
+        if current is not None and current.time > state.time:
+            return
+        if state.deleted:
+            self.remove(state.key_id)
+            return
+        self._by_hash[state.hash] = state
+        self._hash_by_id[state.key_id] = state.hash
+
+    def remove(self, key_id: UUID) -> None:
+        digest = self._hash_by_id.pop(key_id, None)
+        if digest is not None:
+            self._by_hash.pop(digest, None)
+
+    def get(self, digest: str) -> KeyState | None:
+        return self._by_hash.get(digest)
+
+    def __len__(self) -> int:
+        return len(self._by_hash)

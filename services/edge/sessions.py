@@ -1,0 +1,62 @@
+"""Console session tokens: stateless, HMAC-signed, expiring; never start with `sk-`.
+
+`tg1.<payload>.<signature>` where payload is base64url JSON `{sub, sid, exp}`. Any replica of
+any service verifies them with the shared secret; no network hop. Roles are not in the token:
+the edge takes the account's *current* roles from its account projection.
+"""
+
+import base64
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+PREFIX = "tg1"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionClaims:
+    account_id: UUID
+    session_id: str
+    expires_at: int  # unix seconds
+
+
+class InvalidSession(Exception):
+    pass
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _sign(secret: bytes, payload: str) -> str:
+    return _b64(hmac.new(secret, f"{PREFIX}.{payload}".encode(), hashlib.sha256).digest())
+
+
+def issue(secret: bytes, claims: SessionClaims) -> str:
+    payload = _b64(json.dumps({"sub": str(claims.account_id), "sid": claims.session_id, "exp": claims.expires_at}).encode())
+    return f"{PREFIX}.{payload}.{_sign(secret, payload)}"
+
+
+def verify(secret: bytes, token: str, now: datetime) -> SessionClaims:
+    """The claims of a genuine, unexpired token; InvalidSession otherwise."""
+    parts = token.split(".")
+    if len(parts) != 3 or parts[0] != PREFIX:
+        raise InvalidSession("malformed session token")
+    payload, signature = parts[1], parts[2]
+    if not hmac.compare_digest(_sign(secret, payload), signature):
+        raise InvalidSession("bad signature")
+    try:
+        body = json.loads(_unb64(payload))
+        claims = SessionClaims(UUID(body["sub"]), str(body["sid"]), int(body["exp"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidSession("malformed session payload") from exc
+    if now.timestamp() >= claims.expires_at:
+        raise InvalidSession("session expired")
+    return claims

@@ -1,0 +1,151 @@
+"""The `tollgate` command: serve targets, run the local stack, bring everything up or down."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+
+from services.runtime import stack
+
+app = typer.Typer(help="Tollgate: API keys, usage metering, quotas and usage alerts.", no_args_is_help=True)
+stack_app = typer.Typer(help="The local stack (Kafka, Postgres, chdb) without Docker.", no_args_is_help=True)
+app.add_typer(stack_app, name="stack")
+
+STATE_DIR = Path(os.environ.get("TOLLGATE_STATE_DIR", ".tollgate"))
+DEMO_EMAIL = "demo@tollgate.local"
+DEMO_PASSWORD = "demo-password-123"
+
+
+def _config() -> stack.StackConfig:
+    env = os.environ.get
+    return stack.StackConfig(
+        state_dir=STATE_DIR,
+        kafka_port=int(env("TOLLGATE_KAFKA_PORT", "19092")),
+        controller_port=int(env("TOLLGATE_KAFKA_CONTROLLER_PORT", "19093")),
+        postgres_port=int(env("TOLLGATE_POSTGRES_PORT", "15432")),
+    )
+
+
+@app.command()
+def serve(
+    target: Annotated[str, typer.Option(help="all, or a comma-separated list of services")] = "all",
+    host: str = "127.0.0.1",
+    port: int = 8080,
+) -> None:
+    """Run the named services' routes and subscribers in this process."""
+    import uvicorn
+
+    from services.runtime.host import create_app
+    from services.runtime.logs import configure
+    from services.runtime.settings import get_settings
+
+    configure(get_settings().log_level)
+    uvicorn.run(create_app([target]), host=host, port=port, log_config=None, access_log=False)
+
+
+@stack_app.command("up")
+def stack_up() -> None:
+    """Start Kafka, Postgres and the chdb directory (idempotent)."""
+    stack.up(_config())
+
+
+@stack_app.command("down")
+def stack_down() -> None:
+    stack.down(_config())
+
+
+@stack_app.command("status")
+def stack_status() -> None:
+    for part, state in stack.status(_config()).items():
+        typer.echo(f"{part:11} {state}")
+
+
+def _wait_ready(base_url: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            response = httpx.get(f"{base_url}/readyz", timeout=3)
+            if response.status_code == 200:
+                return
+            last = response.text
+        except httpx.HTTPError as exc:
+            last = str(exc)
+        time.sleep(0.5)
+    raise SystemExit(f"Tollgate did not become ready at {base_url}: {last}")
+
+
+def _ensure_demo_account(base_url: str) -> None:
+    body = {"email": DEMO_EMAIL, "password": DEMO_PASSWORD, "name": "Demo", "user_type": "individual"}
+    response = httpx.post(f"{base_url}/api/auth/register", json=body, timeout=10)
+    if response.status_code not in (201, 409):
+        typer.echo(f"warning: demo account not created ({response.status_code}): {response.text}", err=True)
+
+
+@app.command()
+def up(port: int = 8080) -> None:
+    """The local stack plus `serve --target all` in the background; prints URL and demo login."""
+    cfg = _config()
+    stack.up(cfg)
+    pid_file = STATE_DIR / "tollgate.pid"
+    base_url = f"http://127.0.0.1:{port}"
+    if stack._read_pid(pid_file) is None:
+        logs = STATE_DIR / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **cfg.env()}
+        with open(logs / "tollgate.log", "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "services.runtime.cli", "serve", "--target", "all", "--port", str(port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        pid_file.write_text(str(proc.pid))
+    _wait_ready(base_url)
+    _ensure_demo_account(base_url)
+    typer.echo(
+        json.dumps(
+            {
+                "base_url": base_url,
+                "console": f"{base_url}/console",
+                "docs": f"{base_url}/docs",
+                "demo_login": {"email": DEMO_EMAIL, "password": DEMO_PASSWORD},
+                "logs": str(STATE_DIR / "logs"),
+            },
+            indent=2,
+        )
+    )
+
+
+@app.command()
+def down() -> None:
+    """Stop Tollgate and the local stack."""
+    stack.stop_pid_file(STATE_DIR / "tollgate.pid", "tollgate")
+    stack.down(_config())
+
+
+@app.command()
+def docs(out: Path = Path("docs/generated")) -> None:
+    """Write the OpenAPI (FastAPI) and AsyncAPI (FastStream) documents generated from the code."""
+    from faststream.specification import AsyncAPI
+
+    from services.runtime.host import create_app
+
+    out.mkdir(parents=True, exist_ok=True)
+    api = create_app(["all"])
+    (out / "openapi.json").write_text(json.dumps(api.openapi(), indent=2))
+    broker = api.state.runtime.broker
+    spec = AsyncAPI(broker, title="Tollgate events", version="1.0.0").to_specification()
+    (out / "asyncapi.json").write_text(spec.to_json())
+    typer.echo(f"wrote {out / 'openapi.json'} and {out / 'asyncapi.json'}")
+
+
+if __name__ == "__main__":
+    app()

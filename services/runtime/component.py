@@ -1,0 +1,38 @@
+"""What a service hands the host: routes, subscribers, migrations, start/stop hooks, checks."""
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastapi import APIRouter
+from faststream.kafka import KafkaBroker, KafkaRouter
+from psycopg_pool import AsyncConnectionPool
+
+from services.edge.edge import Edge
+from services.runtime.settings import Settings
+
+Hook = Callable[[], Awaitable[None]]
+Check = Callable[[], Awaitable[bool]]
+
+
+@dataclass
+class Runtime:
+    """The process-wide resources a service builds itself from."""
+
+    settings: Settings
+    broker: KafkaBroker
+    pool: AsyncConnectionPool
+    edge: Edge
+
+
+@dataclass
+class Component:
+    name: str
+    router: APIRouter | None = None
+    subscribers: KafkaRouter | None = None
+    # Postgres migrations of the schema this service owns, applied at start.
+    migrations: Path | None = None
+    on_start: list[Hook] = field(default_factory=list)
+    on_stop: list[Hook] = field(default_factory=list)
+    # Extra readiness checks by name (Kafka, Postgres and the edge are checked by the host).
+    checks: dict[str, Check] = field(default_factory=dict)

@@ -1,0 +1,137 @@
+"""Builds one FastAPI process that mounts the services a `--target` names (Loki-style)."""
+
+import asyncio
+import importlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from prometheus_client import Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.edge.edge import Edge
+from services.edge.errors import RequestIdMiddleware, install_error_handlers
+from services.runtime import postgres
+from services.runtime.component import Check, Component, Runtime
+from services.runtime.health import health_router
+from services.runtime.kafka import ensure_topics, make_broker
+from services.runtime.logs import current_request_id
+from services.runtime.settings import Settings, get_settings
+
+SERVICES: tuple[str, ...] = ("keys", "billing", "quota", "metering", "alerts", "geo")
+
+HTTP_LATENCY = Histogram(
+    "tollgate_http_request_seconds",
+    "HTTP request latency by route",
+    ["method", "route", "status"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+
+
+def expand_targets(targets: Sequence[str]) -> list[str]:
+    names: list[str] = []
+    for target in targets:
+        for name in SERVICES if target == "all" else target.split(","):
+            if name not in SERVICES:
+                raise ValueError(f"unknown target {name!r}; choose from all, {', '.join(SERVICES)}")
+            if name not in names:
+                names.append(name)
+    return names
+
+
+class _MetricsMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+        token = current_request_id.set(str(scope.get("state", {}).get("request_id", "")))
+
+        async def capture(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, capture)
+        finally:
+            current_request_id.reset(token)
+            route = getattr(scope.get("route"), "path", "unmatched")
+            HTTP_LATENCY.labels(scope["method"], route, str(status)).observe(time.perf_counter() - started)
+
+
+def create_app(targets: Sequence[str] = ("all",), settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    names = expand_targets(targets)
+    broker = make_broker(settings)
+    pool = postgres.open_pool(settings.database_url)
+    edge = Edge(settings)
+    runtime = Runtime(settings=settings, broker=broker, pool=pool, edge=edge)
+    components: list[Component] = [importlib.import_module(f"services.{n}.app").build(runtime) for n in names]
+    for component in components:
+        if component.subscribers is not None:
+            broker.include_router(component.subscribers)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        for component in components:
+            if component.migrations is not None:
+                await asyncio.to_thread(postgres.apply_migrations, settings.database_url, component.name, component.migrations)
+        await ensure_topics(settings)
+        await pool.open(wait=True, timeout=30)
+        await broker.connect()
+        await edge.start()
+        for component in components:
+            for hook in component.on_start:
+                await hook()
+        await broker.start()
+        try:
+            yield
+        finally:
+            await broker.stop()
+            for component in reversed(components):
+                for hook in reversed(component.on_stop):
+                    await hook()
+            await edge.stop()
+            await pool.close()
+
+    app = FastAPI(
+        title="Tollgate",
+        version="1.0.0",
+        description="API keys, usage metering, quotas and usage alerts. Contract: shared/API.md.",
+        lifespan=lifespan,
+    )
+    app.state.runtime = runtime
+    app.state.components = components
+    install_error_handlers(app)
+    app.add_middleware(_MetricsMiddleware)
+    app.add_middleware(RequestIdMiddleware)
+
+    async def kafka_ready() -> bool:
+        return bool(await broker.ping(timeout=CHECK_TIMEOUT))
+
+    async def postgres_ready() -> bool:
+        async with pool.connection(timeout=CHECK_TIMEOUT) as conn:
+            await conn.execute("SELECT 1")
+        return True
+
+    async def edge_ready() -> bool:
+        return edge.is_ready()
+
+    checks: dict[str, Check] = {"kafka": kafka_ready, "postgres": postgres_ready, "edge": edge_ready}
+    for component in components:
+        checks.update(component.checks)
+    app.include_router(health_router(checks))
+    for component in components:
+        if component.router is not None:
+            app.include_router(component.router)
+    return app
+
+
+CHECK_TIMEOUT = 2.0

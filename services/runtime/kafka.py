@@ -1,0 +1,49 @@
+"""Kafka plumbing: topic provisioning and the FastStream broker every process shares."""
+
+import logging
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+from faststream.kafka import KafkaBroker
+
+from contracts.topics import ALL_DEAD_LETTER_TOPICS, ALL_TOPICS, Topic
+from services.runtime.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def make_broker(settings: Settings) -> KafkaBroker:
+    """Idempotent producer with acks=all: a publish that returns is durable and never doubled."""
+    return KafkaBroker(
+        settings.kafka_bootstrap_servers,
+        enable_idempotence=True,
+        acks="all",
+        linger_ms=5,
+        client_id="tollgate",
+        logger=log,
+    )
+
+
+async def ensure_topics(settings: Settings, topics: tuple[Topic, ...] = ALL_TOPICS + ALL_DEAD_LETTER_TOPICS) -> None:
+    """Create the topics (with their partitions and configs) that do not exist yet."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        wanted = [
+            NewTopic(
+                name=settings.topic(t.name),
+                num_partitions=t.partitions,
+                replication_factor=settings.kafka_replication_factor,
+                topic_configs=dict(t.config),
+            )
+            for t in topics
+            if settings.topic(t.name) not in existing
+        ]
+        if wanted:
+            try:
+                await admin.create_topics(wanted)
+            except TopicAlreadyExistsError:
+                pass  # a replica starting at the same moment created it first
+    finally:
+        await admin.close()

@@ -1,0 +1,53 @@
+"""Connection and behaviour settings, read once from environment variables."""
+
+from functools import cache
+from zoneinfo import ZoneInfo
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_file=None, extra="ignore", frozen=True)
+
+    kafka_bootstrap_servers: str = "127.0.0.1:19092"
+    kafka_replication_factor: int = Field(default=1, ge=1)
+    database_url: str = "postgresql://tollgate@127.0.0.1:15432/tollgate"
+    clickhouse_dsn: str = "chdb:///tmp/tollgate-chdb"
+    clickhouse_database: str = "tollgate"
+    # Prepended to every topic and consumer group; tests isolate themselves with it.
+    topic_prefix: str = ""
+    platform_timezone: str = "UTC"
+    # Signs console sessions; every replica of every service needs the same value.
+    session_secret: SecretStr = SecretStr("dev-only-session-secret-change-me")
+    session_ttl_seconds: int = Field(default=8 * 3600, gt=0)
+    # Protects the operator endpoints (/api/admin/...); unset disables them.
+    admin_token: SecretStr | None = None
+    redis_url: str | None = None
+    # Client IPs are taken from X-Forwarded-For only when the peer is one of these (CIDRs).
+    trusted_proxies: list[str] = Field(default_factory=list)
+    console_url: str = "http://127.0.0.1:8080/console"
+    smtp_host: str = "127.0.0.1"
+    smtp_port: int = 2525
+    smtp_username: str | None = None
+    smtp_password: SecretStr | None = None
+    smtp_starttls: bool = False
+    mail_from: str = "Tollgate <alerts@tollgate.local>"
+    sms_gateway_url: str | None = None
+    sms_gateway_token: SecretStr | None = None
+    log_level: str = "INFO"
+
+    @property
+    def tz(self) -> ZoneInfo:
+        return ZoneInfo(self.platform_timezone)
+
+    def topic(self, name: str) -> str:
+        return f"{self.topic_prefix}{name}"
+
+    def group(self, name: str) -> str:
+        return f"{self.topic_prefix}tollgate.{name}"
+
+
+@cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,277 @@
+"""The local stack without Docker: Kafka (KRaft, Maven Central jars), Postgres (initdb), chdb.
+
+Each part listens on 127.0.0.1, keeps its data under the state directory, is waited for
+until it really answers, and is stopped by its PID. `up` is idempotent.
+"""
+
+import asyncio
+import glob
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = REPO_ROOT / "deploy" / "local"
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    state_dir: Path
+    kafka_port: int = 19092
+    controller_port: int = 19093
+    postgres_port: int = 15432
+    database: str = "tollgate"
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def database_url(self) -> str:
+        return f"postgresql://tollgate@127.0.0.1:{self.postgres_port}/{self.database}"
+
+    @property
+    def clickhouse_dsn(self) -> str:
+        return f"chdb://{self.state_dir.resolve() / 'clickhouse'}"
+
+    def env(self) -> dict[str, str]:
+        """The settings (environment variables) that point Tollgate at this stack."""
+        return {
+            "KAFKA_BOOTSTRAP_SERVERS": self.kafka_bootstrap,
+            "DATABASE_URL": self.database_url,
+            "CLICKHOUSE_DSN": self.clickhouse_dsn,
+        }
+
+
+def _log(message: str) -> None:
+    print(f"[stack] {message}", flush=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        pid = int(path.read_text().split()[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return None
+    return pid if _pid_alive(pid) else None
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _as_postgres_user(cmd: list[str]) -> list[str]:
+    # initdb and postgres refuse to run as root.
+    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
+
+
+def _postgres_bin(name: str) -> str:
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)
+    found = candidates[0] if candidates else shutil.which(name)
+    if not found:
+        raise SystemExit(f"PostgreSQL server binaries not found ({name}): install postgresql (apt-get install postgresql)")
+    return found
+
+
+# ---- Kafka ---------------------------------------------------------------------------------
+def kafka_libs() -> Path:
+    """The broker's jars, fetched once from Maven Central into a cache keyed by the pom."""
+    pom = DEPLOY / "pom.xml"
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
+    libs = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tollgate" / f"kafka-{digest}"
+    if (libs / ".complete").exists():
+        return libs
+    _log(f"fetching the Kafka broker from Maven Central into {libs}")
+    libs.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            "mvn",
+            "-B",
+            "-q",
+            "-f",
+            str(pom),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={libs}",
+            "-DincludeScope=runtime",
+        ],
+        check=True,
+    )
+    (libs / ".complete").touch()
+    return libs
+
+
+def _java_cmd(libs: Path, main: str, *args: str, heap: str = "512m") -> list[str]:
+    return [
+        "java",
+        f"-Xmx{heap}",
+        f"-Xms{min(256, int(heap.rstrip('m')))}m",
+        "-XX:+UseG1GC",
+        f"-Dlog4j2.configurationFile={DEPLOY / 'log4j2.yaml'}",
+        "-cp",
+        f"{libs}/*",
+        main,
+        *args,
+    ]
+
+
+def kafka_up(cfg: StackConfig) -> None:
+    run = cfg.state_dir / "kafka"
+    pid_file = run / "kafka.pid"
+    if _read_pid(pid_file):
+        _log(f"kafka already running on {cfg.kafka_bootstrap}")
+        return
+    libs = kafka_libs()
+    run.mkdir(parents=True, exist_ok=True)
+    data = run / "data"
+    props = run / "server.properties"
+    props.write_text(
+        (DEPLOY / "kafka-server.properties")
+        .read_text()
+        .format(port=cfg.kafka_port, controller_port=cfg.controller_port, log_dir=data)
+    )
+    if not (data / "meta.properties").exists():
+        subprocess.run(
+            _java_cmd(libs, "kafka.tools.StorageTool", "format", "-t", str(uuid.uuid4()), "-c", str(props), heap="256m"),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    with open(run / "kafka.log", "ab") as log:
+        proc = subprocess.Popen(
+            _java_cmd(libs, "kafka.Kafka", str(props)), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    pid_file.write_text(str(proc.pid))
+    _wait_kafka(cfg, proc)
+    _log(f"kafka ready on {cfg.kafka_bootstrap}")
+
+
+def _wait_kafka(cfg: StackConfig, proc: subprocess.Popen[bytes], timeout: float = 90) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    async def answers() -> bool:
+        admin = AIOKafkaAdminClient(bootstrap_servers=cfg.kafka_bootstrap, request_timeout_ms=3000)
+        try:
+            await admin.start()
+            await admin.list_topics()
+            return True
+        except Exception:
+            return False
+        finally:
+            await admin.close()
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"kafka exited with {proc.returncode}; see {cfg.state_dir / 'kafka' / 'kafka.log'}")
+        if _port_open(cfg.kafka_port) and asyncio.run(answers()):
+            return
+        time.sleep(0.3)
+    raise SystemExit(f"kafka did not answer within {timeout:.0f}s")
+
+
+# ---- Postgres ------------------------------------------------------------------------------
+def postgres_up(cfg: StackConfig) -> None:
+    run = (cfg.state_dir / "postgres").resolve()
+    data = run / "data"
+    if _read_pid(data / "postmaster.pid"):
+        _log(f"postgres already running on port {cfg.postgres_port}")
+        return
+    run.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        shutil.chown(run, "postgres", "postgres")
+    if not (data / "PG_VERSION").exists():
+        subprocess.run(
+            _as_postgres_user(
+                [_postgres_bin("initdb"), "-D", str(data), "-U", "tollgate", "-A", "trust", "-E", "UTF8", "--no-sync"]
+            ),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    options = (
+        f"-c listen_addresses=127.0.0.1 -p {cfg.postgres_port} -c unix_socket_directories={run} "
+        "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+    )
+    subprocess.run(
+        _as_postgres_user(
+            [_postgres_bin("pg_ctl"), "-D", str(data), "-l", str(run / "postgres.log"), "-o", options, "-w", "-t", "60", "start"]
+        ),
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    _ensure_database(cfg)
+    _log(f"postgres ready on port {cfg.postgres_port}")
+
+
+def _ensure_database(cfg: StackConfig) -> None:
+    import psycopg
+
+    admin_url = cfg.database_url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (cfg.database,)).fetchone() is None:
+            conn.execute(f'CREATE DATABASE "{cfg.database}"')
+
+
+def postgres_down(cfg: StackConfig) -> None:
+    data = (cfg.state_dir / "postgres" / "data").resolve()
+    if _read_pid(data / "postmaster.pid"):
+        subprocess.run(
+            _as_postgres_user([_postgres_bin("pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]),
+            check=False,
+            stdout=subprocess.DEVNULL,
+        )
+        _log("postgres stopped")
+
+
+# ---- the whole stack -----------------------------------------------------------------------
+def stop_pid_file(pid_file: Path, name: str, timeout: float = 20) -> None:
+    pid = _read_pid(pid_file)
+    if pid is None:
+        return
+    os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _pid_alive(pid):
+        os.killpg(pid, signal.SIGKILL)
+    pid_file.unlink(missing_ok=True)
+    _log(f"{name} stopped")
+
+
+def up(cfg: StackConfig) -> None:
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    postgres_up(cfg)
+    kafka_up(cfg)
+    (cfg.state_dir / "clickhouse").mkdir(exist_ok=True)
+    _log(f"clickhouse (embedded chdb) at {cfg.clickhouse_dsn}")
+
+
+def down(cfg: StackConfig) -> None:
+    stop_pid_file(cfg.state_dir / "kafka" / "kafka.pid", "kafka")
+    postgres_down(cfg)
+
+
+def status(cfg: StackConfig) -> dict[str, str]:
+    kafka = _read_pid(cfg.state_dir / "kafka" / "kafka.pid")
+    pg = _read_pid((cfg.state_dir / "postgres" / "data" / "postmaster.pid").resolve())
+    return {
+        "kafka": f"running (pid {kafka}) on {cfg.kafka_bootstrap}" if kafka else "stopped",
+        "postgres": f"running (pid {pg}) at {cfg.database_url}" if pg else "stopped",
+        "clickhouse": f"embedded chdb at {cfg.clickhouse_dsn}",
+    }

@@ -1,0 +1,60 @@
+"""Session-wide real infrastructure; per-test isolation by topic prefix, database and CH database."""
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from services.runtime.settings import Settings
+from tests.support import databases
+from tests.support.apps import running_app
+from tests.support.infra import Endpoints, endpoints
+
+
+@pytest.fixture(scope="session")
+def infra() -> Iterator[Endpoints]:
+    with endpoints() as found:
+        yield found
+
+
+@pytest.fixture(scope="session")
+def template_db(infra: Endpoints) -> Iterator[str]:
+    name = databases.create_template(infra.database_url)
+    yield name
+    databases.drop_template(infra.database_url, name)
+
+
+@pytest.fixture
+def database_url(infra: Endpoints, template_db: str) -> Iterator[str]:
+    url = databases.clone(infra.database_url, template_db)
+    yield url
+    databases.drop(infra.database_url, url)
+
+
+@pytest.fixture
+def settings(infra: Endpoints, database_url: str) -> Settings:
+    """Settings of a test of its own: unique topics, consumer groups, database and CH database."""
+    tag = uuid.uuid4().hex[:10]
+    return Settings(
+        kafka_bootstrap_servers=infra.kafka_bootstrap,
+        database_url=database_url,
+        clickhouse_dsn=f"chdb://{infra.chdb_root}",
+        clickhouse_database=f"t_{tag}",
+        topic_prefix=f"t{tag}.",
+        session_secret=f"test-secret-{tag}",
+        admin_token=f"admin-{tag}",
+    )
+
+
+@pytest.fixture
+async def app_client(settings: Settings) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """The whole platform (`--target all`) in this process, started and ready."""
+    async with running_app(settings) as pair:
+        yield pair
+
+
+@pytest.fixture
+async def client(app_client: tuple[FastAPI, httpx.AsyncClient]) -> httpx.AsyncClient:
+    return app_client[1]

@@ -1,0 +1,63 @@
+"""The foundation against real parts: Kafka broker, Postgres server, the ClickHouse engine."""
+
+import asyncio
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+from faststream.kafka import KafkaBroker
+
+from contracts.common import Resource
+from contracts.events import UsageEvent
+from contracts.topics import USAGE
+from services.runtime import clickhouse
+from services.runtime.kafka import ensure_topics
+
+pytestmark = pytest.mark.integration
+
+
+async def test_faststream_publishes_and_a_consumer_group_receives(settings):
+    await ensure_topics(settings, (USAGE,))
+    topic = settings.topic(USAGE.name)
+    received: asyncio.Queue[UsageEvent] = asyncio.Queue()
+    broker = KafkaBroker(settings.kafka_bootstrap_servers)
+
+    @broker.subscriber(topic, group_id=settings.group("smoke"), auto_offset_reset="earliest")
+    async def on_usage(event: UsageEvent) -> None:
+        await received.put(event)
+
+    sent = UsageEvent(time=datetime.now(UTC), account_id=uuid.uuid4(), resource=Resource.AI_TOKENS, quantity=42, source="smoke")
+    async with broker:
+        await broker.start()
+        await broker.publish(sent, topic, key=str(sent.account_id).encode())
+        got = await asyncio.wait_for(received.get(), 30)
+    assert got == sent
+
+
+def test_clickhouse_through_the_dsn_with_versioned_ddl(settings, tmp_path):
+    (tmp_path / "0001_things.sql").write_text("CREATE TABLE {db}.things (id UUID, n UInt64) ENGINE = MergeTree ORDER BY id;")
+    client = clickhouse.connect(settings.clickhouse_dsn)
+    assert clickhouse.apply_migrations(client, settings.clickhouse_database, tmp_path) == ["0001_things.sql"]
+    assert clickhouse.apply_migrations(client, settings.clickhouse_database, tmp_path) == []  # idempotent
+    rows = [[uuid.uuid4(), n] for n in range(1, 101)]
+    client.insert(f"{settings.clickhouse_database}.things", rows, column_names=["id", "n"])
+    result = client.query(
+        f"SELECT count(), sum(n) FROM {settings.clickhouse_database}.things WHERE n > {{lo:UInt64}}", parameters={"lo": 50}
+    )
+    assert result.result_rows == [(50, sum(range(51, 101)))]
+
+
+async def test_the_whole_platform_starts_ready_with_health_and_metrics(client):
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    assert set(ready.json()["checks"]) >= {"kafka", "postgres", "edge"}
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    metrics = await client.get("/metrics")
+    assert "tollgate_http_request_seconds" in metrics.text
+
+
+async def test_unknown_routes_answer_the_contract_error_body_with_the_request_id(client):
+    response = await client.get("/api/no-such-thing", headers={"X-Request-ID": "req-123"})
+    assert response.status_code == 404
+    assert response.headers["X-Request-ID"] == "req-123"
+    assert response.json() == {"error": {"code": "not_found", "message": "Not Found", "request_id": "req-123"}}

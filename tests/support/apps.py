@@ -1,0 +1,103 @@
+"""Run Tollgate for a test: in this process (ASGI, lifespan) or as real `serve` processes."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+
+import httpx
+from fastapi import FastAPI
+
+from services.runtime.host import create_app
+from services.runtime.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@asynccontextmanager
+async def running_app(settings: Settings, targets: Sequence[str] = ("all",)) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """The app with its lifespan run (migrations, topics, projections, subscribers) and a client."""
+    app = create_app(targets, settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://tollgate.test") as client:
+            yield app, client
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """Environment variables that reproduce `settings` in a child process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        if hasattr(value, "get_secret_value"):
+            value = value.get_secret_value()
+        env[name.upper()] = value if isinstance(value, str) else json.dumps(value)
+    return env
+
+
+class ServeProcess:
+    """`tollgate serve` in a child process; kill() is a real SIGKILL."""
+
+    def __init__(self, settings: Settings, targets: str = "all", port: int | None = None, log_path: Path | None = None) -> None:
+        self.port = port or free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path or (REPO / ".tollgate" / "test-logs" / f"serve-{self.port}.log")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "services.runtime.cli", "serve", "--target", targets, "--port", str(self.port)],
+                env=settings_env(settings),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                start_new_session=True,
+            )
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve exited with {self.proc.returncode}; log: {self.log_path}")
+            try:
+                if httpx.get(f"{self.base_url}/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"serve on {self.port} not ready; log: {self.log_path}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@contextmanager
+def serve_process(settings: Settings, targets: str = "all") -> Iterator[ServeProcess]:
+    proc = ServeProcess(settings, targets)
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()

@@ -1,0 +1,42 @@
+"""docker-compose.yml cannot run here (no Docker engine); keep it correct by reading it."""
+
+import re
+from pathlib import Path
+
+import yaml
+
+from services.runtime.host import SERVICES
+from services.runtime.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _compose() -> dict:
+    return yaml.safe_load((REPO / "docker-compose.yml").read_text())
+
+
+def test_every_service_runs_as_its_own_target_with_the_stack_settings():
+    compose = _compose()["services"]
+    assert {"kafka", "postgres", "clickhouse", "ingress"} <= compose.keys()
+    settings_names = {name.upper() for name in Settings.model_fields}
+    for name in SERVICES:
+        service = compose[name]
+        assert service["command"] == ["--target", name]
+        env = service["environment"]
+        assert set(env) <= settings_names, f"{name} sets unknown settings {set(env) - settings_names}"
+        assert env["KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092"
+        assert env["CLICKHOUSE_DSN"].startswith("http://")
+        assert set(service["depends_on"]) == {"kafka", "postgres", "clickhouse"}
+
+
+def test_the_ingress_routes_only_to_services_that_exist():
+    conf = (REPO / "deploy" / "ingress.conf").read_text()
+    upstreams = set(re.findall(r"proxy_pass http://(\w+);", conf))
+    assert upstreams == set(SERVICES)
+    ingress = _compose()["services"]["ingress"]
+    assert "./deploy/ingress.conf:/etc/nginx/nginx.conf:ro" in ingress["volumes"]
+
+
+def test_the_image_entrypoint_is_the_tollgate_command():
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["tollgate", "serve"' in dockerfile

@@ -1,0 +1,128 @@
+import json
+from datetime import UTC, datetime
+from uuid import uuid4
+
+import pytest
+from pydantic import TypeAdapter, ValidationError
+
+from contracts.common import STOCK_RESOURCES, Permission, Resource, Role, Tier, permissions_of
+from contracts.events import (
+    AccountState,
+    BillingEvent,
+    CallEvent,
+    KeyState,
+    PackagePurchased,
+    PlanChanged,
+    QuotaState,
+    QuotaThresholdCrossed,
+    RateLimit,
+    UsageEvent,
+    UserTypeChanged,
+)
+from contracts.plans import catalogue, parse_catalogue
+from contracts.topics import ALL_TOPICS, KEYS, QUOTA, dead_letter
+
+NOW = datetime(2026, 11, 22, 8, 0, tzinfo=UTC)
+ACCOUNT = uuid4()
+
+EXAMPLES = [
+    UsageEvent(
+        time=NOW,
+        account_id=ACCOUNT,
+        resource=Resource.AI_TOKENS,
+        quantity=1500,
+        provider="openai",
+        model="gpt-4o",
+        input_tokens=1000,
+        output_tokens=500,
+        source="chat",
+    ),
+    CallEvent(
+        time=NOW,
+        account_id=ACCOUNT,
+        api_key_id=uuid4(),
+        method="GET",
+        path="/api/geo/projects",
+        status=200,
+        ip="203.0.113.9",
+        user_agent="curl/8",
+        latency_ms=1.25,
+    ),
+    KeyState(time=NOW, account_id=ACCOUNT, key_id=uuid4(), hash="a" * 64, status="enabled", roles=[Role.OWNER]),
+    AccountState(time=NOW, account_id=ACCOUNT, roles=[Role.VIEWER], user_type="individual"),
+    QuotaState(time=NOW, account_id=ACCOUNT, resource=Resource.API_CALLS, period="2026-11", total=1000, used=1000, blocked=True),
+    QuotaThresholdCrossed(
+        time=NOW, account_id=ACCOUNT, resource=Resource.AI_TOKENS, period="2026-11", threshold_pct=95, used=95, total=100
+    ),
+    PlanChanged(
+        time=NOW,
+        account_id=ACCOUNT,
+        plan=Tier.BASIC,
+        previous_plan=Tier.FREE,
+        quotas={r: 1 for r in Resource},
+        rate_limit=RateLimit(per_second=1, burst=2, per_minute=60),
+    ),
+    PackagePurchased(time=NOW, account_id=ACCOUNT, resource=Resource.AI_TOKENS, amount=5000, period="2026-11", order_id=uuid4()),
+    UserTypeChanged(time=NOW, account_id=ACCOUNT, user_type="enterprise"),
+]
+
+
+@pytest.mark.parametrize("event", EXAMPLES, ids=lambda e: e.type)
+def test_every_event_round_trips_through_json(event):
+    restored = type(event).model_validate_json(event.model_dump_json())
+    assert restored == event
+    body = json.loads(event.model_dump_json())
+    assert {"id", "type", "time", "account_id"} <= body.keys()
+
+
+@pytest.mark.parametrize("event", EXAMPLES[-3:], ids=lambda e: e.type)
+def test_billing_events_are_told_apart_by_type(event):
+    parsed = TypeAdapter(BillingEvent).validate_json(event.model_dump_json())
+    assert type(parsed) is type(event)
+
+
+def test_every_event_exports_a_json_schema():
+    for event in EXAMPLES:
+        schema = type(event).model_json_schema()
+        assert "id" in schema["properties"] and "time" in schema["required"]
+
+
+def test_events_refuse_naive_times_and_bad_fields():
+    with pytest.raises(ValidationError):
+        UsageEvent(time=datetime(2026, 1, 1), account_id=ACCOUNT, resource="ai_tokens", quantity=1, source="x")
+    with pytest.raises(ValidationError):
+        QuotaState(time=NOW, account_id=ACCOUNT, resource="ai_tokens", period="2026-13", total=1, used=0, blocked=False)
+    with pytest.raises(ValidationError):
+        KeyState(time=NOW, account_id=ACCOUNT, key_id=uuid4(), hash="sk-not-a-hash", status="enabled", roles=[])
+    with pytest.raises(ValidationError):
+        UsageEvent(time=NOW, account_id=ACCOUNT, resource="gold", quantity=1, source="x")
+
+
+def test_compacted_topics_and_dead_letters():
+    assert KEYS.config["cleanup.policy"] == "compact" and QUOTA.config["cleanup.policy"] == "compact"
+    assert len({t.name for t in ALL_TOPICS}) == len(ALL_TOPICS)
+    assert dead_letter(KEYS).name == "keys.v1.dlq"
+    assert KEYS.prefixed("t1.") == "t1.keys.v1"
+
+
+def test_roles_grant_what_api_md_says():
+    assert permissions_of([Role.OWNER]) == frozenset(Permission)
+    viewer = permissions_of([Role.VIEWER])
+    assert Permission.USAGE_READ in viewer and Permission.KEYS_WRITE not in viewer
+    assert all(p.value.endswith(":read") for p in viewer)
+    assert STOCK_RESOURCES == {Resource.GEO_PROJECTS, Resource.STORAGE_BYTES}
+
+
+def test_the_shipped_catalogue_prices_every_tier_in_order():
+    plans = catalogue()
+    prices = [plans[t].monthly_price for t in (Tier.FREE, Tier.BASIC, Tier.PROFESSIONAL, Tier.ENTERPRISE)]
+    assert prices == sorted(prices) and prices[0] == 0
+    assert all(set(p.quotas) == set(Resource) for p in plans.values())
+
+
+def test_a_catalogue_missing_a_tier_is_refused():
+    with pytest.raises(ValueError, match="lacks tiers"):
+        parse_catalogue(
+            'currency = "USD"\n[tiers.free]\nmonthly_price = "0"\nrate_limit = {per_second=1, burst=1, per_minute=1}\n'
+            "quotas = {ai_tokens=1, api_calls=1, geo_projects=1, storage_bytes=1, ai_conversations=1, content_publishes=1}\n"
+        )

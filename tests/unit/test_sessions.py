@@ -1,0 +1,47 @@
+from datetime import UTC, datetime, timedelta
+from uuid import uuid4
+
+import pytest
+
+from services.edge import sessions
+
+SECRET = b"s3cret"
+NOW = datetime(2026, 11, 22, 8, 0, tzinfo=UTC)
+
+
+def _claims(ttl: int = 60) -> sessions.SessionClaims:
+    return sessions.SessionClaims(uuid4(), "sid", int(NOW.timestamp()) + ttl)
+
+
+def test_a_genuine_token_verifies_and_never_looks_like_an_api_key():
+    claims = _claims()
+    token = sessions.issue(SECRET, claims)
+    assert not token.startswith("sk-")
+    assert sessions.verify(SECRET, token, NOW) == claims
+
+
+def test_expiry_is_exact():
+    token = sessions.issue(SECRET, _claims(ttl=60))
+    sessions.verify(SECRET, token, NOW + timedelta(seconds=59))
+    with pytest.raises(sessions.InvalidSession):
+        sessions.verify(SECRET, token, NOW + timedelta(seconds=60))
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda t: t + "x",
+        lambda t: t.replace("tg1.", "tg2."),
+        lambda t: "tg1." + t.split(".")[1][:-2] + "AA." + t.split(".")[2],
+        lambda t: "garbage",
+        lambda t: "tg1.e30.sig",
+    ],
+)
+def test_tampered_tokens_are_refused(mangle):
+    with pytest.raises(sessions.InvalidSession):
+        sessions.verify(SECRET, mangle(sessions.issue(SECRET, _claims())), NOW)
+
+
+def test_another_secret_is_refused():
+    with pytest.raises(sessions.InvalidSession):
+        sessions.verify(b"other", sessions.issue(SECRET, _claims()), NOW)
