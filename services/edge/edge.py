@@ -14,13 +14,14 @@ from fastapi import Request
 
 from contracts.common import Permission, Resource, Role
 from contracts.errors import ErrorCode
-from contracts.events import AccountState, KeyState
-from contracts.topics import ACCOUNTS, KEYS
+from contracts.events import AccountState, KeyState, QuotaState
+from contracts.topics import ACCOUNTS, KEYS, QUOTA
 from services.edge import sessions
 from services.edge.errors import ApiError
 from services.edge.principal import Principal
 from services.edge.projection_reader import TopicFollower
 from services.edge.projections import AccountProjection, KeyProjection
+from services.edge.quota_gate import QuotaProjection
 from services.runtime.settings import Settings
 
 API_KEY_PREFIX = "sk-"
@@ -40,10 +41,12 @@ class Edge:
         self.settings = settings
         self.accounts = AccountProjection()
         self.keys = KeyProjection()
+        self.quota = QuotaProjection(settings.tz)
         self._secret = settings.session_secret.get_secret_value().encode()
         self._followers = [
             TopicFollower(settings.kafka_bootstrap_servers, settings.topic(ACCOUNTS.name), self._apply_account),
             TopicFollower(settings.kafka_bootstrap_servers, settings.topic(KEYS.name), self._apply_key),
+            TopicFollower(settings.kafka_bootstrap_servers, settings.topic(QUOTA.name), self._apply_quota),
         ]
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -69,6 +72,10 @@ class Edge:
             return
         self.keys.apply(KeyState.model_validate(json.loads(value)))
 
+    def _apply_quota(self, _key: bytes | None, value: bytes | None) -> None:
+        if value is not None:
+            self.quota.apply(QuotaState.model_validate(json.loads(value)))
+
     # ---- session tokens ------------------------------------------------------------------
     def issue_session(self, account_id: UUID, session_id: str, now: datetime) -> str:
         expires = int(now.timestamp()) + self.settings.session_ttl_seconds
@@ -85,15 +92,32 @@ class Edge:
         """A FastAPI dependency: authenticate, authorise, and return the caller."""
 
         async def dependency(request: Request) -> Principal:
-            principal = self.authenticate(request, datetime.now(UTC))
+            now = datetime.now(UTC)
+            principal = self.authenticate(request, now)
             if console_only and not principal.is_console:
                 raise ApiError(403, ErrorCode.CONSOLE_SESSION_REQUIRED, "This call needs a console session, not an API key.")
             if permission is not None and not principal.can(permission):
                 raise ApiError(403, ErrorCode.PERMISSION_DENIED, f"Your roles lack the permission {permission.value}.")
+            self.check_quota(principal, consumes, now)
             request.state.principal = principal
             return principal
 
         return dependency
+
+    def check_quota(self, principal: Principal, consumes: Resource | None, now: datetime) -> None:
+        """403 insufficient_quota when a resource this call consumes is exhausted this period.
+        Every API-key call consumes api_calls; a route may name one more resource."""
+        wanted = [consumes] if consumes is not None else []
+        if not principal.is_console:
+            wanted.append(Resource.API_CALLS)
+        for resource in wanted:
+            if self.quota.is_blocked(principal.account_id, resource, now):
+                raise ApiError(
+                    403,
+                    ErrorCode.INSUFFICIENT_QUOTA,
+                    f"The {resource.value} quota of this period is exhausted; upgrade the plan or buy a quota package.",
+                    details={"resource": resource.value},
+                )
 
     def authenticate(self, request: Request, now: datetime) -> Principal:
         header = request.headers.get("authorization", "")

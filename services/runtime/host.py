@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from prometheus_client import Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.console import router as console_router
 from services.edge.edge import Edge
 from services.edge.errors import RequestIdMiddleware, install_error_handlers
 from services.runtime import postgres
@@ -131,6 +132,7 @@ def create_app(targets: Sequence[str] = ("all",), settings: Settings | None = No
     for component in components:
         if component.router is not None:
             app.include_router(component.router)
+    app.include_router(console_router())  # every mode serves the console; it calls only the public API
     return app
 
 

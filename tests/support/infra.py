@@ -44,11 +44,13 @@ def endpoints() -> Iterator[Endpoints]:
             with KafkaContainer("apache/kafka:4.1.0").with_kraft() as kafka, PostgresContainer("postgres:16", driver=None) as pg:
                 yield Endpoints(kafka.get_bootstrap_server(), pg.get_connection_url(), chdb_root)
         else:
+            # Stop it afterwards only if this run started it: another run may be using it.
+            already_running = all(state.startswith("running") for state in list(stack.status(TEST_STACK).values())[:2])
             stack.up(TEST_STACK)
             try:
                 yield Endpoints(TEST_STACK.kafka_bootstrap, TEST_STACK.database_url, chdb_root)
             finally:
-                if os.environ.get("TOLLGATE_KEEP_TEST_STACK") != "1":
+                if not already_running and os.environ.get("TOLLGATE_KEEP_TEST_STACK") != "1":
                     stack.down(TEST_STACK)
     finally:
         shutil.rmtree(chdb_root, ignore_errors=True)

@@ -1,0 +1,53 @@
+"""Parse a consumed message into its contract model, or dead-letter it and move on.
+
+A consumer must never stall on a message it cannot parse: it goes to `<topic>.dlq` with the
+error and its origin in headers, and the consumer commits past it.
+"""
+
+import logging
+from typing import TypeVar
+
+from faststream.kafka import KafkaBroker
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from contracts.topics import Topic, dead_letter
+from services.runtime.settings import Settings
+
+log = logging.getLogger(__name__)
+M = TypeVar("M")
+
+
+async def send_to_dead_letter(
+    broker: KafkaBroker, settings: Settings, topic: Topic, raw: bytes, error: str, *, key: bytes | None = None
+) -> None:
+    await broker.publish(
+        raw,
+        settings.topic(dead_letter(topic).name),
+        key=key,
+        headers={"x-error": error[:1000], "x-original-topic": settings.topic(topic.name)},
+    )
+    log.warning("dead-lettered a message from %s: %s", topic.name, error[:200])
+
+
+def parse(model: type[M] | TypeAdapter[M], raw: bytes) -> M:
+    """Validate one raw JSON message; raises ValidationError (or ValueError) if it is malformed."""
+    if isinstance(model, TypeAdapter):
+        return model.validate_json(raw)
+    assert issubclass(model, BaseModel)
+    return model.model_validate_json(raw)
+
+
+async def parse_or_dead_letter(
+    broker: KafkaBroker,
+    settings: Settings,
+    topic: Topic,
+    model: type[M] | TypeAdapter[M],
+    raw: bytes,
+    *,
+    key: bytes | None = None,
+) -> M | None:
+    try:
+        return parse(model, raw)
+    except (ValidationError, ValueError) as exc:
+        await send_to_dead_letter(broker, settings, topic, raw, str(exc), key=key)
+        return None
