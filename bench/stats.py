@@ -15,7 +15,8 @@ def percentile(samples: Sequence[float], pct: float) -> float:
 
 def summary_ms(samples_s: Sequence[float]) -> str:
     ms = [s * 1000 for s in samples_s]
-    return f"p50={percentile(ms, 50):.2f}ms p99={percentile(ms, 99):.2f}ms mean={statistics.fmean(ms) if ms else 0:.2f}ms n={len(ms)}"
+    mean = statistics.fmean(ms) if ms else 0.0
+    return f"p50={percentile(ms, 50):.2f}ms p99={percentile(ms, 99):.2f}ms mean={mean:.2f}ms n={len(ms)}"
 
 
 def ratio_line(name: str, measured: float, baseline: float, unit: str) -> str:
