@@ -1,0 +1,67 @@
+"""`tollgate up` brings the whole thing up on a fresh state dir; `tollgate down` leaves nothing."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.apps import REPO, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def _pids(state: Path) -> list[int]:
+    files = [state / "tollgate.pid", state / "kafka" / "kafka.pid", state / "postgres" / "data" / "postmaster.pid"]
+    return [int(f.read_text().split()[0]) for f in files if f.exists()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_up_serves_every_dependency_ready_with_a_demo_login_and_down_leaves_no_process():
+    # Under the repo, not /tmp/pytest-of-root (0700): the postgres user must reach its data dir.
+    state = REPO / ".tollgate" / f"e2e-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in {"KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL", "CLICKHOUSE_DSN"}},
+        "TOLLGATE_STATE_DIR": str(state),
+        "TOLLGATE_KAFKA_PORT": str(free_port()),
+        "TOLLGATE_KAFKA_CONTROLLER_PORT": str(free_port()),
+        "TOLLGATE_POSTGRES_PORT": str(free_port()),
+    }
+    cli = [sys.executable, "-m", "services.runtime.cli"]
+    pids: list[int] = []
+    try:
+        up = subprocess.run([*cli, "up", "--port", str(port)], env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
+        assert up.returncode == 0, up.stdout + up.stderr
+        printed = json.loads(up.stdout[up.stdout.index("{") :])
+        base = printed["base_url"]
+        assert base == f"http://127.0.0.1:{port}"
+
+        ready = httpx.get(f"{base}/readyz", timeout=5)
+        assert ready.status_code == 200
+        assert all(v == "ready" for v in ready.json()["checks"].values())
+        assert {"kafka", "postgres", "clickhouse"} <= ready.json()["checks"].keys()
+
+        login = httpx.post(f"{base}/api/auth/login", json=printed["demo_login"], timeout=10)
+        assert login.status_code == 200, login.text
+        # idempotent: a second `up` finds everything running and the demo account there
+        again = subprocess.run([*cli, "up", "--port", str(port)], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0, again.stdout + again.stderr
+        pids = _pids(state)
+        assert len(pids) == 3
+    finally:
+        subprocess.run([*cli, "down"], env=env, cwd=REPO, capture_output=True, timeout=120)
+        shutil.rmtree(state, ignore_errors=True)
+    assert not [pid for pid in pids if _alive(pid)]
