@@ -62,6 +62,8 @@ class KeyState(Event):
     expires_at: AwareDatetime | None = None
     deleted: bool = False
     roles: list[Role]
+    # Added for metering's activity log: `sk-` + first 4 + `...` + last 4 of the secret (API.md).
+    masked_key: str | None = Field(default=None, max_length=64)
 
 
 # ---- accounts.v1 (compacted, key = account id) -- an extension: API.md is silent here ---------

@@ -36,6 +36,8 @@ class Settings(BaseSettings):
     sms_gateway_url: str | None = None
     sms_gateway_token: SecretStr | None = None
     log_level: str = "INFO"
+    # A TOML price table that replaces the one shipped with metering (services/metering/data/prices.toml).
+    metering_prices_file: str | None = None
 
     @property
     def tz(self) -> ZoneInfo:
