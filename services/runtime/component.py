@@ -15,7 +15,7 @@ Hook = Callable[[], Awaitable[None]]
 Check = Callable[[], Awaitable[bool]]
 
 
-@dataclass
+@dataclass(eq=False)  # an identity object: hashable, compared by identity
 class Runtime:
     """The process-wide resources a service builds itself from."""
 

@@ -11,6 +11,7 @@ from prometheus_client import Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.console import router as console_router
+from services.edge.body_limit import BodyLimitMiddleware
 from services.edge.edge import Edge
 from services.edge.errors import RequestIdMiddleware, install_error_handlers
 from services.runtime import postgres
@@ -111,8 +112,9 @@ def create_app(targets: Sequence[str] = ("all",), settings: Settings | None = No
     app.state.runtime = runtime
     app.state.components = components
     install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(_MetricsMiddleware)
-    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(RequestIdMiddleware)  # outermost: every response, even a 413, has an id
 
     async def kafka_ready() -> bool:
         return bool(await broker.ping(timeout=CHECK_TIMEOUT))

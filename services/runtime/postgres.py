@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from yoyo import get_backend, read_migrations
@@ -26,9 +28,16 @@ def yoyo_url(database_url: str) -> str:
 def apply_migrations(database_url: str, service: str, migrations_dir: Path) -> None:
     """Apply a service's versioned SQL migrations (idempotent; yoyo locks against racing replicas).
 
-    Each service keeps its own yoyo bookkeeping table, so services migrate independently.
+    The service owns the Postgres schema named after it; yoyo keeps its bookkeeping there too,
+    so services migrate independently and their migration ids never collide.
     """
-    backend = get_backend(yoyo_url(database_url), migration_table=f"_yoyo_migration_{service}")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(service)))
+    separator = "&" if "?" in database_url else "?"
+    backend = get_backend(f"{yoyo_url(database_url)}{separator}schema={service}")
     migrations = read_migrations(str(migrations_dir))
-    with backend.lock():
-        backend.apply_migrations(backend.to_apply(migrations))
+    try:
+        with backend.lock():
+            backend.apply_migrations(backend.to_apply(migrations))
+    finally:
+        backend.connection.close()

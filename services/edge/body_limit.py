@@ -1,0 +1,65 @@
+"""Bounded request bodies: 413 payload_too_large with the contract's body, chunked or not."""
+
+import json
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from contracts.errors import ErrorCode
+
+MAX_BODY_BYTES = 2 * 1024 * 1024  # 1,000 usage events fit with room to spare
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class BodyLimitMiddleware:
+    def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await self._reject(scope, send)
+            return
+        seen = 0
+        started = False
+
+        async def counted_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge
+            return message
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, tracked_send)
+        except _TooLarge:
+            if not started:
+                await self._reject(scope, send)
+
+    async def _reject(self, scope: Scope, send: Send) -> None:
+        request_id = str(scope.get("state", {}).get("request_id", ""))
+        body = json.dumps(
+            {
+                "error": {
+                    "code": ErrorCode.PAYLOAD_TOO_LARGE.value,
+                    "message": f"The request body is larger than {self.max_bytes} bytes.",
+                    "request_id": request_id,
+                }
+            }
+        ).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
