@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from services.runtime.settings import Settings
 from tests.support import databases
 from tests.support.apps import running_app
-from tests.support.infra import Endpoints, endpoints
+from tests.support.infra import Endpoints, delete_topics_with_prefix, endpoints
 
 
 @pytest.fixture(scope="session")
@@ -34,10 +34,11 @@ def database_url(infra: Endpoints, template_db: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def settings(infra: Endpoints, database_url: str) -> Settings:
-    """Settings of a test of its own: unique topics, consumer groups, database and CH database."""
+async def settings(infra: Endpoints, database_url: str) -> AsyncIterator[Settings]:
+    """Settings of a test of its own: unique topics, consumer groups, database and CH database.
+    The test's topics are deleted afterwards so the one broker does not pile up partitions."""
     tag = uuid.uuid4().hex[:10]
-    return Settings(
+    yield Settings(
         kafka_bootstrap_servers=infra.kafka_bootstrap,
         database_url=database_url,
         clickhouse_dsn=f"chdb://{infra.chdb_root}",
@@ -46,6 +47,7 @@ def settings(infra: Endpoints, database_url: str) -> Settings:
         session_secret=f"test-secret-{tag}",
         admin_token=f"admin-{tag}",
     )
+    await delete_topics_with_prefix(infra.kafka_bootstrap, f"t{tag}.")
 
 
 @pytest.fixture

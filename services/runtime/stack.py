@@ -155,7 +155,7 @@ def kafka_up(cfg: StackConfig) -> None:
         )
     with open(run / "kafka.log", "ab") as log:
         proc = subprocess.Popen(
-            _java_cmd(libs, "kafka.Kafka", str(props)), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            _java_cmd(libs, "kafka.Kafka", str(props), heap="1024m"), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     pid_file.write_text(str(proc.pid))
     _wait_kafka(cfg, proc)

@@ -23,6 +23,19 @@ class Endpoints:
     chdb_root: Path  # in-process ClickHouse (one owner per path: subprocesses get their own)
 
 
+async def delete_topics_with_prefix(bootstrap: str, prefix: str) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        doomed = [t for t in await admin.list_topics() if t.startswith(prefix)]
+        if doomed:
+            await admin.delete_topics(doomed)
+    finally:
+        await admin.close()
+
+
 def _docker_answers() -> bool:
     if shutil.which("docker") is None:
         return False

@@ -1,0 +1,16 @@
+"""The OpenAPI and AsyncAPI documents are generated from the code (`tollgate docs`)."""
+
+import json
+
+from typer.testing import CliRunner
+
+from services.runtime.cli import app
+
+
+def test_tollgate_docs_writes_openapi_and_asyncapi(tmp_path):
+    result = CliRunner().invoke(app, ["docs", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    openapi = json.loads((tmp_path / "openapi.json").read_text())
+    asyncapi = json.loads((tmp_path / "asyncapi.json").read_text())
+    assert openapi["openapi"].startswith("3.") and openapi["info"]["title"] == "Tollgate"
+    assert asyncapi["asyncapi"].startswith("3.")
