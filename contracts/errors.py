@@ -22,6 +22,7 @@ class ErrorCode(StrEnum):
     PAYMENT_REQUIRED = "payment_required"
     # Not in API.md's table; used where the contract is silent.
     CONFLICT = "conflict"
+    INVALID_CREDENTIALS = "invalid_credentials"  # login with a wrong e-mail or password
     METHOD_NOT_ALLOWED = "method_not_allowed"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     SERVICE_UNAVAILABLE = "service_unavailable"

@@ -1,7 +1,18 @@
 """Wiring of the geo service."""
 
+from pathlib import Path
+
+from services.geo.api import router
 from services.runtime.component import Component, Runtime
+from services.runtime.outbox_relay import OutboxRelay
 
 
 def build(runtime: Runtime) -> Component:
-    return Component(name="geo")
+    relay = OutboxRelay(runtime.pool, runtime.settings, "geo")
+    return Component(
+        name="geo",
+        router=router(runtime.pool, runtime.edge, relay),
+        migrations=Path(__file__).parent / "migrations",
+        on_start=[relay.start],
+        on_stop=[relay.stop],
+    )

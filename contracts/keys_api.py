@@ -1,0 +1,106 @@
+"""HTTP payloads of the keys service (accounts, console sessions, API keys) and GEO projects."""
+
+from typing import Annotated, Literal
+from uuid import UUID
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+
+from contracts.common import KeyStatus, Role, Tier, UserType
+
+Email = Annotated[str, StringConstraints(strip_whitespace=True, max_length=254, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")]
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+MAX_GRACE_SECONDS = 7 * 24 * 3600
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---- accounts and console sessions ------------------------------------------------------------
+class RegisterRequest(_In):
+    email: Email
+    password: str = Field(min_length=8, max_length=1024)
+    name: Name
+    user_type: UserType
+
+
+class Account(BaseModel):
+    id: UUID
+    email: str
+    name: str
+    user_type: UserType
+    roles: list[Role]
+    plan: Tier
+
+
+class LoginRequest(_In):
+    email: str = Field(max_length=254)
+    password: str = Field(max_length=1024)
+
+
+class LoginResponse(BaseModel):
+    access_token: str
+    token_type: Literal["bearer"] = "bearer"  # noqa: S105 - the scheme, not a secret
+    expires_in: int
+
+
+class UserTypeRequest(_In):
+    user_type: UserType
+
+
+class RolesRequest(_In):
+    roles: list[Role] = Field(min_length=1, max_length=len(Role))
+
+
+# ---- API keys -----------------------------------------------------------------------------------
+class KeyCreateRequest(_In):
+    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
+    expires_at: AwareDatetime | None = None
+
+
+class KeyCreated(BaseModel):
+    id: UUID
+    name: str
+    key: str = Field(description="The full secret. It appears in this response only.")
+    masked_key: str
+    status: KeyStatus
+    expires_at: AwareDatetime | None
+    created_at: AwareDatetime
+
+
+class KeyItem(BaseModel):
+    id: UUID
+    name: str
+    masked_key: str
+    status: KeyStatus
+    expires_at: AwareDatetime | None
+    created_at: AwareDatetime
+    last_used_at: AwareDatetime | None
+
+
+class KeyList(BaseModel):
+    items: list[KeyItem]
+
+
+class KeyToggled(BaseModel):
+    id: UUID
+    status: KeyStatus
+
+
+class RotateRequest(_In):
+    grace_seconds: int = Field(ge=0, le=MAX_GRACE_SECONDS)
+
+
+# ---- GEO projects ---------------------------------------------------------------------------------
+class GeoProjectCreate(_In):
+    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+
+
+class GeoProject(BaseModel):
+    id: UUID
+    name: str
+    created_at: AwareDatetime
+
+
+class GeoProjectList(BaseModel):
+    items: list[GeoProject]

@@ -1,0 +1,158 @@
+"""HTTP routes of the keys service: accounts, console sessions, API keys, operator roles."""
+
+import hmac
+from typing import Annotated
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from contracts.common import Permission, Tier, UserType
+from contracts.errors import ErrorCode
+from contracts.keys_api import (
+    Account,
+    KeyCreated,
+    KeyCreateRequest,
+    KeyItem,
+    KeyList,
+    KeyToggled,
+    LoginRequest,
+    LoginResponse,
+    RegisterRequest,
+    RolesRequest,
+    RotateRequest,
+    UserTypeRequest,
+)
+from services.edge.edge import Edge
+from services.edge.errors import ApiError, not_found
+from services.edge.principal import Principal
+from services.keys import store
+from services.keys.service import KeysService
+from services.runtime.settings import Settings
+
+CONSOLE = "Console only: an API key gets 403 `console_session_required`."
+
+
+def _account(row: store.Row) -> Account:
+    return Account(
+        id=row["id"],
+        email=row["email"],
+        name=row["name"],
+        user_type=UserType(row["user_type"]),
+        roles=row["roles"],
+        plan=Tier(row["plan"]),
+    )
+
+
+def _item(row: store.Row) -> KeyItem:
+    return KeyItem.model_validate(row)
+
+
+def _created(row: store.Row, secret: str) -> KeyCreated:
+    return KeyCreated(
+        id=row["id"],
+        name=row["name"],
+        key=secret,
+        masked_key=row["masked_key"],
+        status=row["status"],
+        expires_at=row["expires_at"],
+        created_at=row["created_at"],
+    )
+
+
+def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
+    api = APIRouter(tags=["keys"])
+    console = edge.requires(console_only=True)
+    console_keys_write = edge.requires(Permission.KEYS_WRITE, console_only=True)
+
+    def operator(request: Request) -> None:
+        """Bearer ADMIN_TOKEN; the routes do not exist (404) while the setting is unset."""
+        token = settings.admin_token
+        if token is None:
+            raise not_found("route")
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise ApiError(401, ErrorCode.MISSING_CREDENTIALS, "Send Authorization: Bearer <admin token>.")
+        if not hmac.compare_digest(given.strip().encode(), token.get_secret_value().encode()):
+            raise ApiError(403, ErrorCode.PERMISSION_DENIED, "The admin token is not valid.")
+
+    # ---- accounts ----------------------------------------------------------------------------
+    @api.post(
+        "/api/auth/register",
+        status_code=201,
+        description="Creates an account (roles `[owner]`, plan `free`). Extension: 409 `conflict` if the e-mail is taken.",
+    )
+    async def register(body: RegisterRequest) -> Account:
+        return _account(await service.register(body))
+
+    @api.post(
+        "/api/auth/login",
+        description="A console session token (never starts with `sk-`). "
+        "Extension: 401 `invalid_credentials` on a wrong e-mail or password.",
+    )
+    async def login(body: LoginRequest) -> LoginResponse:
+        token, ttl = await service.login(body.email, body.password)
+        return LoginResponse(access_token=token, expires_in=ttl)
+
+    @api.get("/api/account", description=CONSOLE)
+    async def get_account(principal: Annotated[Principal, Depends(console)]) -> Account:
+        return _account(await service.account(principal.account_id))
+
+    @api.put(
+        "/api/account/user-type",
+        description=CONSOLE + " Publishes `user_type_changed` to billing.v1. Extension: 409 `user_type_plan_mismatch` "
+        "when an account on the enterprise plan asks to become `individual`.",
+    )
+    async def put_user_type(body: UserTypeRequest, principal: Annotated[Principal, Depends(console)]) -> Account:
+        return _account(await service.change_user_type(principal.account_id, body.user_type))
+
+    # ---- API keys ------------------------------------------------------------------------------
+    @api.post("/api/api-keys", status_code=201, description=CONSOLE + " Needs `keys:write`. `expires_at` must be in the future.")
+    async def create_key(body: KeyCreateRequest, principal: Annotated[Principal, Depends(console_keys_write)]) -> KeyCreated:
+        row, secret = await service.create_key(principal.account_id, body.name, body.expires_at)
+        return _created(row, secret)
+
+    @api.get("/api/api-keys", description=CONSOLE + " Live keys (deleted ones are gone), oldest first.")
+    async def list_keys(principal: Annotated[Principal, Depends(console)]) -> KeyList:
+        return KeyList(items=[_item(r) for r in await service.list_keys(principal.account_id)])
+
+    @api.post(
+        "/api/api-keys/{key_id}/toggle",
+        description=CONSOLE + " Answers after the new state is in Kafka and in force in this process.",
+    )
+    async def toggle_key(key_id: UUID, principal: Annotated[Principal, Depends(console_keys_write)]) -> KeyToggled:
+        row = await service.toggle(principal.account_id, key_id)
+        return KeyToggled(id=row["id"], status=row["status"])
+
+    @api.delete(
+        "/api/api-keys/{key_id}",
+        status_code=204,
+        response_class=Response,
+        description=CONSOLE + " Answers after the deletion is in Kafka and in force in this process.",
+    )
+    async def delete_key(key_id: UUID, principal: Annotated[Principal, Depends(console_keys_write)]) -> Response:
+        await service.delete(principal.account_id, key_id)
+        return Response(status_code=204)
+
+    @api.post(
+        "/api/api-keys/{key_id}/rotate",
+        status_code=201,
+        description=CONSOLE + " The new key has the old one's name and no expiry; the old key expires after "
+        "`grace_seconds` (never later than its own expiry) and is then deleted; 0 deletes it at once.",
+    )
+    async def rotate_key(
+        key_id: UUID, body: RotateRequest, principal: Annotated[Principal, Depends(console_keys_write)]
+    ) -> KeyCreated:
+        row, secret = await service.rotate(principal.account_id, key_id, body.grace_seconds)
+        return _created(row, secret)
+
+    # ---- operator ------------------------------------------------------------------------------
+    @api.put(
+        "/api/admin/accounts/{account_id}/roles",
+        dependencies=[Depends(operator)],
+        description="Extension (operator): sets an account's roles with `Authorization: Bearer <ADMIN_TOKEN>`; "
+        "404 while ADMIN_TOKEN is unset. Takes effect on the console and every key of the account at once.",
+    )
+    async def put_roles(account_id: UUID, body: RolesRequest) -> Account:
+        return _account(await service.set_roles(account_id, body.roles))
+
+    return api

@@ -1,0 +1,72 @@
+"""Pure rules of accounts and API keys: secrets, masks, states, rotation. No I/O."""
+
+import secrets
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from contracts.common import KeyStatus, Role, Tier, UserType
+from contracts.events import AccountState, KeyState
+from services.edge.edge import API_KEY_PREFIX, hash_secret
+
+SECRET_BYTES = 36  # token_urlsafe(36): 48 URL-safe characters, 288 bits from the OS CSPRNG
+OWNER_ROLES: tuple[Role, ...] = (Role.OWNER,)
+
+
+def new_secret() -> str:
+    return API_KEY_PREFIX + secrets.token_urlsafe(SECRET_BYTES)
+
+
+def mask(secret: str) -> str:
+    """`sk-` + first 4 + `...` + last 4 characters of the secret part."""
+    body = secret.removeprefix(API_KEY_PREFIX)
+    return f"{API_KEY_PREFIX}{body[:4]}...{body[-4:]}"
+
+
+def digest(secret: str) -> str:
+    return hash_secret(secret)
+
+
+def normalize_email(email: str) -> str:
+    return email.strip().lower()
+
+
+def toggled(status: KeyStatus) -> KeyStatus:
+    return KeyStatus.DISABLED if status == KeyStatus.ENABLED else KeyStatus.ENABLED
+
+
+def rotation_expiry(current: datetime | None, now: datetime, grace_seconds: int) -> datetime:
+    """The old key's new expiry: the end of the grace period, never later than it already was."""
+    end = now + timedelta(seconds=grace_seconds)
+    return end if current is None else min(current, end)
+
+
+def user_type_allowed(user_type: UserType, plan: Tier) -> bool:
+    """An individual user cannot be on the enterprise tier (API.md, 409 user_type_plan_mismatch)."""
+    return not (user_type == UserType.INDIVIDUAL and plan == Tier.ENTERPRISE)
+
+
+def key_state(
+    *,
+    key_id: UUID,
+    account_id: UUID,
+    digest: str,
+    status: KeyStatus,
+    expires_at: datetime | None,
+    roles: list[Role],
+    now: datetime,
+    deleted: bool = False,
+) -> KeyState:
+    return KeyState(
+        time=now,
+        account_id=account_id,
+        key_id=key_id,
+        hash=digest,
+        status=status,
+        expires_at=expires_at,
+        roles=roles,
+        deleted=deleted,
+    )
+
+
+def account_state(*, account_id: UUID, roles: list[Role], user_type: UserType, now: datetime) -> AccountState:
+    return AccountState(time=now, account_id=account_id, roles=roles, user_type=user_type)

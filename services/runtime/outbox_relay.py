@@ -1,0 +1,124 @@
+"""The transactional outbox: rows written with the change, published in order by a relay.
+
+A service inserts `(topic, key, value)` rows into its own `<schema>.outbox` table inside the
+transaction that makes the change (`OutboxRelay.add`). The relay publishes unsent rows in `seq`
+order with an idempotent, acks=all producer and marks them sent. A Postgres advisory lock makes
+one relay at a time publish, so replicas never reorder a key's states. `flush()` lets a request
+wait until its own rows are in Kafka (it runs a pass after the caller's commit, which therefore
+sees the rows: they are either sent by this pass or were sent by the holder before it).
+"""
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import cast
+
+from aiokafka import AIOKafkaProducer
+from psycopg import AsyncConnection, sql
+from psycopg.rows import DictRow
+from psycopg_pool import AsyncConnectionPool
+
+from contracts.topics import Topic
+from services.runtime.settings import Settings
+
+log = logging.getLogger(__name__)
+
+Hook = Callable[[], Awaitable[None]]
+
+
+def _bytes(value: bytes | memoryview | None) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
+class OutboxRelay:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool,
+        settings: Settings,
+        schema: str,
+        *,
+        interval_s: float = 0.5,
+        batch: int = 500,
+        on_tick: Hook | None = None,
+    ) -> None:
+        self._pool = cast("AsyncConnectionPool[AsyncConnection[DictRow]]", pool)  # dict rows
+        self._settings = settings
+        self._table = sql.Identifier(schema, "outbox")
+        self._lock_name = f"{schema}.outbox"
+        self._interval = interval_s
+        self._batch = batch
+        self._on_tick = on_tick
+        self._local = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._producer: AIOKafkaProducer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # ---- writing, inside the caller's transaction --------------------------------------------
+    async def add(self, conn: AsyncConnection[DictRow], topic: Topic, key: bytes, value: bytes | None) -> int:
+        cur = await conn.execute(
+            sql.SQL("INSERT INTO {} (topic, key, value) VALUES (%s, %s, %s) RETURNING seq").format(self._table),
+            (topic.name, key, value),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row["seq"])
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self._settings.kafka_bootstrap_servers, enable_idempotence=True, acks="all", linger_ms=0
+        )
+        await self._producer.start()
+        self._task = asyncio.create_task(self._run(), name=f"relay:{self._lock_name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._producer is not None:
+            await self._producer.stop()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self._interval)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                if self._on_tick is not None:
+                    await self._on_tick()
+                while await self.flush() == self._batch:
+                    pass
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # Kafka or Postgres away: the rows wait in the table
+                log.warning("outbox relay of %s failed; retrying", self._lock_name, exc_info=True)
+                await asyncio.sleep(self._interval)
+
+    # ---- publishing --------------------------------------------------------------------------
+    async def flush(self) -> int:
+        """Publish every unsent row (up to one batch) in order; returns how many were sent."""
+        producer = self._producer
+        if producer is None:
+            raise RuntimeError("the outbox relay is not started")
+        async with self._local, self._pool.connection() as conn:
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self._lock_name,))
+            cur = await conn.execute(
+                sql.SQL("SELECT seq, topic, key, value FROM {} WHERE sent_at IS NULL ORDER BY seq LIMIT %s").format(self._table),
+                (self._batch,),
+            )
+            rows = await cur.fetchall()
+            if not rows:
+                return 0
+            pending = [
+                await producer.send(self._settings.topic(r["topic"]), value=_bytes(r["value"]), key=bytes(r["key"])) for r in rows
+            ]
+            await asyncio.gather(*pending)  # every ack, in order per partition (idempotent producer)
+            await conn.execute(
+                sql.SQL("UPDATE {} SET sent_at = now() WHERE seq = ANY(%s)").format(self._table), ([r["seq"] for r in rows],)
+            )
+            return len(rows)
