@@ -20,6 +20,7 @@ from services.runtime.health import health_router
 from services.runtime.kafka import ensure_topics, make_broker
 from services.runtime.logs import current_request_id
 from services.runtime.settings import Settings, get_settings
+from services.runtime.unavailable import install_unavailable_handlers
 
 SERVICES: tuple[str, ...] = ("keys", "billing", "quota", "metering", "alerts", "geo")
 
@@ -112,6 +113,7 @@ def create_app(targets: Sequence[str] = ("all",), settings: Settings | None = No
     app.state.runtime = runtime
     app.state.components = components
     install_error_handlers(app)
+    install_unavailable_handlers(app)
     app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(_MetricsMiddleware)
     app.add_middleware(RequestIdMiddleware)  # outermost: every response, even a 413, has an id

@@ -19,6 +19,8 @@ def make_broker(settings: Settings) -> KafkaBroker:
         enable_idempotence=True,
         acks="all",
         linger_ms=5,
+        # A publish the response waits on gives up after this, and the caller gets a 503.
+        request_timeout_ms=5000,
         client_id="tollgate",
         logger=log,
     )

@@ -15,7 +15,9 @@ def open_pool(database_url: str, *, max_size: int = 10) -> AsyncConnectionPool:
         database_url,
         min_size=1,
         max_size=max_size,
-        kwargs={"row_factory": dict_row, "autocommit": False},
+        kwargs={"row_factory": dict_row, "autocommit": False, "connect_timeout": 3},
+        # A request waits at most this long for a connection, then answers 503 (never hangs).
+        timeout=3.0,
         open=False,
     )
 

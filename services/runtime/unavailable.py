@@ -1,0 +1,42 @@
+"""A dependency that is down becomes 503 service_unavailable with the contract's body.
+
+Never a hang (pool and producer waits are bounded) and never a 500: the caller learns that it
+may retry. `Retry-After` says when.
+"""
+
+import logging
+
+import psycopg
+from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from contracts.errors import ErrorCode
+from services.edge.errors import error_response
+
+log = logging.getLogger(__name__)
+RETRY_AFTER_S = "2"
+
+
+def install_unavailable_handlers(app: FastAPI) -> None:
+    async def _down(request: Request, exc: Exception, dependency: str) -> JSONResponse:
+        log.warning("%s unavailable: %s", dependency, exc)
+        return error_response(
+            request,
+            503,
+            ErrorCode.SERVICE_UNAVAILABLE,
+            f"A dependency ({dependency}) is unavailable; retry shortly.",
+            headers={"Retry-After": RETRY_AFTER_S},
+        )
+
+    @app.exception_handler(psycopg.OperationalError)  # includes psycopg_pool.PoolTimeout
+    async def _postgres(request: Request, exc: psycopg.OperationalError) -> JSONResponse:
+        return await _down(request, exc, "database")
+
+    @app.exception_handler(KafkaTimeoutError)
+    async def _kafka_timeout(request: Request, exc: KafkaTimeoutError) -> JSONResponse:
+        return await _down(request, exc, "event log")
+
+    @app.exception_handler(KafkaConnectionError)
+    async def _kafka_connection(request: Request, exc: KafkaConnectionError) -> JSONResponse:
+        return await _down(request, exc, "event log")
