@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test stop lint bench docs clean
+.PHONY: run test stop lint bench docs clean browser
 
 $(STAMP): pyproject.toml
 	./deploy/local/prereqs.sh
@@ -23,7 +23,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check contracts services tests bench
 	$(BIN)/mypy contracts services
 
-test: $(STAMP) lint  ## lint, type-check, and the whole suite on real Kafka, Postgres and ClickHouse
+browser:  ## Debian chromium for the console's browser tests (Playwright's driver comes with the pip package)
+	./deploy/local/prereqs.sh --browser
+
+test: $(STAMP) browser lint  ## lint, type-check, and the whole suite on real Kafka, Postgres and ClickHouse
 	$(BIN)/python -m pytest tests
 
 bench: $(STAMP)  ## every benchmark in bench/, each against its own baseline

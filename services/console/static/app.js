@@ -1,0 +1,149 @@
+// The console shell: hash routing (#/keys ...), the signed-in account, navigation and toasts.
+import { ApiError, get, session } from "./api.js";
+import { clear, errorBox, h } from "./dom.js";
+import * as alertsPage from "./page-alerts.js";
+import * as authPage from "./page-auth.js";
+import * as keysPage from "./page-keys.js";
+import * as planPage from "./page-plan.js";
+import * as quotaPage from "./page-quota.js";
+import * as usagePage from "./page-usage.js";
+
+const PAGES = {
+  signin: authPage,
+  register: authPage,
+  keys: keysPage,
+  quota: quotaPage,
+  usage: usagePage,
+  alerts: alertsPage,
+  plan: planPage,
+};
+const PUBLIC = new Set(["signin", "register"]);
+const DEFAULT = "keys";
+
+const main = document.getElementById("main");
+const nav = document.getElementById("site-nav");
+const menuToggle = document.getElementById("menu-toggle");
+const whoami = document.getElementById("whoami");
+const unread = document.getElementById("unread");
+const toastEl = document.getElementById("toast");
+
+const state = { account: null, cleanup: [] };
+
+export function toast(message) {
+  toastEl.textContent = message;
+  toastEl.classList.add("show");
+  clearTimeout(toast.timer);
+  toast.timer = setTimeout(() => toastEl.classList.remove("show"), 4000);
+}
+
+export function navigate(route) {
+  if (location.hash === `#/${route}`) render();
+  else location.hash = `#/${route}`;
+}
+
+function parseHash() {
+  const [route, qs] = location.hash.replace(/^#\/?/, "").split("?");
+  return { route: route || "", params: new URLSearchParams(qs || "") };
+}
+
+async function loadAccount() {
+  state.account = await get("/api/account");
+  document.getElementById("whoami-name").textContent = `${state.account.name} · ${state.account.plan}`;
+  return state.account;
+}
+
+export async function refreshUnread() {
+  try {
+    const data = await get("/api/notifications");
+    const count = (data.items || []).filter((n) => !n.read).length;
+    unread.hidden = count === 0;
+    unread.textContent = String(count);
+    unread.setAttribute("aria-label", `${count} unread notifications`);
+  } catch {
+    unread.hidden = true; // the badge is a hint; the alerts page shows any real error
+  }
+}
+
+function setChrome(signedIn, route) {
+  nav.hidden = !signedIn;
+  whoami.hidden = !signedIn;
+  menuToggle.hidden = !signedIn;
+  document.body.classList.toggle("signed-in", signedIn);
+  for (const link of nav.querySelectorAll("a[data-route]")) {
+    if (link.dataset.route === route) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+  nav.classList.remove("open");
+  menuToggle.setAttribute("aria-expanded", "false");
+}
+
+async function render() {
+  const { route: wanted, params } = parseHash();
+  for (const fn of state.cleanup.splice(0)) fn();
+  const signedIn = Boolean(session.token);
+  let route = wanted in PAGES ? wanted : signedIn ? DEFAULT : "signin";
+  if (!signedIn && !PUBLIC.has(route)) route = "signin";
+  if (signedIn && PUBLIC.has(route)) route = DEFAULT;
+  if (`#/${route}` !== location.hash.split("?")[0]) {
+    history.replaceState(null, "", `#/${route}`);
+  }
+  setChrome(signedIn, route);
+  const page = PAGES[route];
+  const container = h("div", { class: "page" });
+  clear(main, container);
+  const ctx = {
+    route,
+    params,
+    account: state.account,
+    navigate,
+    toast,
+    refreshUnread,
+    reloadAccount: loadAccount,
+    onCleanup: (fn) => state.cleanup.push(fn),
+  };
+  try {
+    if (signedIn && !state.account) ctx.account = await loadAccount();
+    await page.render(container, ctx);
+    if (signedIn) refreshUnread();
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 401) return; // signed-out handler re-renders
+    container.append(errorBox(err));
+  }
+  document.title = `${container.querySelector("h1")?.textContent || "Console"} · Tollgate`;
+  // Move focus to the new page so keyboard and screen-reader users start at its heading.
+  if (!main.contains(document.activeElement)) main.focus({ preventScroll: true });
+}
+
+menuToggle.addEventListener("click", () => {
+  const open = !nav.classList.contains("open");
+  nav.classList.toggle("open", open);
+  menuToggle.setAttribute("aria-expanded", String(open));
+});
+
+document.getElementById("sign-out").addEventListener("click", () => {
+  session.clear();
+  state.account = null;
+  toast("You are signed out.");
+  navigate("signin");
+});
+
+window.addEventListener("tollgate:signed-out", () => {
+  state.account = null;
+  toast("Your session has ended; please sign in again.");
+  navigate("signin");
+});
+
+window.addEventListener("hashchange", () => {
+  if (location.hash.startsWith("#/") || location.hash === "") render();
+});
+
+document.querySelector(".skip-link").addEventListener("click", (event) => {
+  event.preventDefault(); // keep the route in the hash
+  main.focus();
+});
+
+export function signedIn(account) {
+  state.account = account;
+}
+
+render();

@@ -1,0 +1,125 @@
+// Tiny DOM helpers: build elements from data without innerHTML, so nothing the API returns
+// can ever become markup (no XSS by construction).
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+function apply(el, attrs) {
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name.startsWith("on") && typeof value === "function") {
+      el.addEventListener(name.slice(2).toLowerCase(), value);
+    } else if (name === "dataset") {
+      Object.assign(el.dataset, value);
+    } else if (name === "style" && typeof value === "object") {
+      Object.assign(el.style, value); // CSSOM, allowed by the CSP (attributes would not be)
+    } else if (name in el && !(el instanceof SVGElement) && typeof value !== "string") {
+      el[name] = value; // properties such as checked, disabled, value
+    } else {
+      el.setAttribute(name, value === true ? "" : String(value));
+    }
+  }
+}
+
+function append(el, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+}
+
+/** h("button", {class: "primary", onclick}, "Save") */
+export function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  apply(el, attrs);
+  append(el, children);
+  return el;
+}
+
+/** The SVG counterpart of h(). */
+export function s(tag, attrs = {}, ...children) {
+  const el = document.createElementNS(SVG_NS, tag);
+  apply(el, attrs);
+  append(el, children);
+  return el;
+}
+
+export function clear(el, ...children) {
+  el.replaceChildren();
+  append(el, children);
+  return el;
+}
+
+let uid = 0;
+/** A unique id for label/aria wiring. */
+export function nextId(prefix = "f") {
+  uid += 1;
+  return `${prefix}-${uid}`;
+}
+
+/** A labelled form field: the label is always a real <label for=...>. */
+export function field(label, input, hint) {
+  const id = input.id || nextId("field");
+  input.id = id;
+  const hintEl = hint ? h("small", { class: "hint", id: `${id}-hint` }, hint) : null;
+  if (hintEl) input.setAttribute("aria-describedby", hintEl.id);
+  return h("div", { class: "field" }, h("label", { for: id }, label), input, hintEl);
+}
+
+export function select(name, options, value) {
+  return h(
+    "select",
+    { name },
+    options.map(([v, text]) => h("option", { value: v, selected: v === value }, text)),
+  );
+}
+
+/** An error shown in words (the API's error.message), announced to screen readers. */
+export function errorBox(err) {
+  const box = h("div", { class: "error", role: "alert" }, h("p", {}, err.message || String(err)));
+  if (Array.isArray(err.details) && err.details.length) {
+    box.append(h("ul", {}, err.details.map((d) => h("li", {}, d.field ? `${d.field}: ${d.message}` : d.message || JSON.stringify(d)))));
+  }
+  return box;
+}
+
+/** A modal confirmation (native <dialog>: focus trap and Escape for free). Resolves true/false. */
+export function confirmDialog({ title, message, confirmLabel = "Confirm", danger = false }) {
+  return new Promise((resolve) => {
+    const titleId = nextId("dlg");
+    const dialog = h(
+      "dialog",
+      { class: "dialog", "aria-labelledby": titleId },
+      h("h2", { id: titleId }, title),
+      h("p", {}, message),
+      h(
+        "form",
+        { method: "dialog", class: "actions" },
+        h("button", { value: "cancel", class: "secondary" }, "Cancel"),
+        h("button", { value: "ok", class: danger ? "danger" : "primary" }, confirmLabel),
+      ),
+    );
+    dialog.addEventListener("close", () => {
+      resolve(dialog.returnValue === "ok");
+      dialog.remove();
+    });
+    document.body.append(dialog);
+    dialog.showModal();
+  });
+}
+
+/** Run an async action with its button disabled, so a double click cannot submit twice. */
+export async function busy(button, action) {
+  const wasDisabled = button ? button.disabled : false;
+  if (button) {
+    button.disabled = true;
+    button.setAttribute("aria-busy", "true");
+  }
+  try {
+    return await action();
+  } finally {
+    if (button) {
+      button.disabled = wasDisabled;
+      button.removeAttribute("aria-busy");
+    }
+  }
+}

@@ -1,0 +1,171 @@
+// Alerts: rules (metric, threshold, channels, recipients) and the in-site notifications with
+// their quick links to upgrade or buy a package.
+import { del, get, post } from "./api.js";
+import { busy, confirmDialog, errorBox, field, h, select } from "./dom.js";
+import { METRICS, dateTime } from "./format.js";
+
+const CHANNELS = [
+  ["in_site", "In-site"],
+  ["email", "E-mail"],
+  ["sms", "SMS"],
+];
+
+const splitList = (text) => text.split(/[\s,;]+/).map((x) => x.trim()).filter(Boolean);
+
+/** Links in notifications point at the console; keep them on the console the user is using. */
+function consoleLink(url) {
+  try {
+    const parsed = new URL(url, location.href);
+    if (parsed.pathname.startsWith("/console")) return `${location.origin}/console${parsed.hash}`;
+    return parsed.protocol === "https:" || parsed.protocol === "http:" ? parsed.href : "#/plan";
+  } catch {
+    return "#/plan";
+  }
+}
+
+function notificationItem(n) {
+  const links = n.links || {};
+  return h(
+    "li",
+    { class: `notification ${n.read ? "" : "unread"}`, dataset: { id: n.id } },
+    h("h3", {}, n.title),
+    h("p", {}, n.message),
+    h("p", { class: "muted" }, `${dateTime(n.created_at)} · ${METRICS[n.metric] || n.metric} at ${n.threshold_pct}%`),
+    h(
+      "p",
+      { class: "actions" },
+      links.upgrade_plan ? h("a", { class: "button primary small", href: consoleLink(links.upgrade_plan) }, "Upgrade plan") : null,
+      links.buy_quota_package ? h("a", { class: "button secondary small", href: consoleLink(links.buy_quota_package) }, "Buy quota package") : null,
+    ),
+  );
+}
+
+function recipientsText(recipients) {
+  return (recipients || []).map((r) => r.email || r.phone || (r.user_id ? "you (in-site)" : JSON.stringify(r))).join(", ");
+}
+
+export async function render(container, ctx) {
+  const notifications = h("ul", { class: "notifications", id: "notifications" });
+  const noteErrors = h("div");
+  const rulesBody = h("tbody");
+  const rulesErrors = h("div");
+  const noRules = h("p", { class: "muted", hidden: true }, "No rules yet.");
+
+  async function loadNotifications() {
+    noteErrors.replaceChildren();
+    try {
+      const data = await get("/api/notifications");
+      notifications.replaceChildren(...(data.items.length ? data.items.map(notificationItem) : [h("li", { class: "muted" }, "No notifications.")]));
+      ctx.refreshUnread();
+    } catch (err) {
+      noteErrors.append(errorBox(err));
+    }
+  }
+
+  async function loadRules() {
+    rulesErrors.replaceChildren();
+    try {
+      const data = await get("/api/ai/usage/alert");
+      rulesBody.replaceChildren(...data.rules.map(ruleRow));
+      noRules.hidden = data.rules.length > 0;
+    } catch (err) {
+      rulesErrors.append(errorBox(err));
+    }
+  }
+
+  function ruleRow(rule) {
+    const remove = h("button", { type: "button", class: "danger small", "aria-label": `Delete the ${METRICS[rule.metric] || rule.metric} ${rule.threshold_pct}% rule` }, "Delete");
+    remove.addEventListener("click", async () => {
+      const ok = await confirmDialog({ title: "Delete this rule?", message: "You will no longer be notified at this threshold.", confirmLabel: "Delete rule", danger: true });
+      if (!ok) return;
+      try {
+        await del(`/api/ai/usage/alert/${rule.id}`);
+        ctx.toast("Rule deleted.");
+        await loadRules();
+      } catch (err) {
+        rulesErrors.append(errorBox(err));
+      }
+    });
+    return h(
+      "tr",
+      { dataset: { ruleId: rule.id } },
+      h("td", { "data-label": "Metric" }, METRICS[rule.metric] || rule.metric),
+      h("td", { "data-label": "Threshold" }, `${rule.threshold_pct}%`),
+      h("td", { "data-label": "Channels" }, rule.channels.map((c) => (CHANNELS.find(([v]) => v === c) || [c, c])[1]).join(", ")),
+      h("td", { "data-label": "Recipients" }, recipientsText(rule.recipients)),
+      h("td", { "data-label": "This period" }, rule.fired_this_period ? `Fired ${dateTime(rule.last_fired_at)}` : "Not fired"),
+      h("td", { class: "row-actions" }, remove),
+    );
+  }
+
+  const metric = select("metric", Object.entries(METRICS), "total_tokens");
+  const threshold = h("input", { type: "number", name: "threshold_pct", min: 1, max: 100, step: 1, required: true, value: "80" });
+  const channelBoxes = CHANNELS.map(([value, label]) => h("label", { class: "choice inline" }, h("input", { type: "checkbox", name: "channels", value, checked: value === "in_site" }), label));
+  const emails = h("input", { type: "text", name: "emails", autocomplete: "off", placeholder: "ops@example.com" });
+  const phones = h("input", { type: "text", name: "phones", autocomplete: "off", placeholder: "+15551234567" });
+  const formErrors = h("div");
+  const save = h("button", { type: "submit", class: "primary" }, "Add rule");
+  const form = h(
+    "form",
+    { class: "card inline-form", "aria-labelledby": "rule-title" },
+    h("h2", { id: "rule-title" }, "New alert rule"),
+    h("div", { class: "row" }, field("Metric", metric), field("Threshold (% of quota)", threshold)),
+    h("fieldset", {}, h("legend", {}, "Channels"), channelBoxes),
+    h("div", { class: "row" }, field("E-mail recipients", emails, "Comma-separated; for the e-mail channel."), field("SMS recipients", phones, "Comma-separated phone numbers; for the SMS channel.")),
+    formErrors,
+    h("div", { class: "actions" }, save),
+  );
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    formErrors.replaceChildren();
+    const channels = [...form.querySelectorAll("input[name=channels]:checked")].map((x) => x.value);
+    const recipients = [
+      ...(channels.includes("in_site") ? [{ user_id: ctx.account.id }] : []),
+      ...splitList(emails.value).map((email) => ({ email })),
+      ...splitList(phones.value).map((phone) => ({ phone })),
+    ];
+    try {
+      await busy(save, () => post("/api/ai/usage/alert", { metric: metric.value, threshold_pct: Number(threshold.value), channels, recipients }));
+      ctx.toast("Alert rule added.");
+      emails.value = "";
+      phones.value = "";
+      await loadRules();
+    } catch (err) {
+      formErrors.append(errorBox(err));
+    }
+  });
+
+  const refresh = h("button", { type: "button", class: "secondary small" }, "Refresh");
+  refresh.addEventListener("click", () => busy(refresh, loadNotifications));
+  container.append(
+    h("h1", {}, "Alerts"),
+    h(
+      "section",
+      { class: "card", "aria-labelledby": "notes-title" },
+      h("div", { class: "page-head" }, h("h2", { id: "notes-title" }, "Notifications"), refresh),
+      noteErrors,
+      notifications,
+    ),
+    form,
+    h(
+      "section",
+      { class: "card", "aria-labelledby": "rules-title" },
+      h("h2", { id: "rules-title" }, "Rules"),
+      rulesErrors,
+      h(
+        "div",
+        { class: "table-wrap" },
+        h(
+          "table",
+          { class: "responsive", id: "rules-table" },
+          h("thead", {}, h("tr", {}, ["Metric", "Threshold", "Channels", "Recipients", "This period"].map((t) => h("th", { scope: "col" }, t)), h("th", { scope: "col" }, h("span", { class: "visually-hidden" }, "Actions")))),
+          rulesBody,
+        ),
+      ),
+      noRules,
+    ),
+  );
+  await Promise.all([loadNotifications(), loadRules()]);
+  const timer = setInterval(() => { if (!document.hidden) loadNotifications(); }, 20000);
+  ctx.onCleanup(() => clearInterval(timer));
+}

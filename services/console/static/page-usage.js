@@ -1,0 +1,305 @@
+// Usage: range (today/week/month/custom), totals, daily average, change, cost, share by model,
+// trend by hour/day/week compared by model or provider, per-provider table, activity log.
+import { get } from "./api.js";
+import { busy, errorBox, field, h, select } from "./dom.js";
+import { colour, donut, legend, lineChart } from "./charts.js";
+import { browserZone, change, dateTime, dec, money, num, pct } from "./format.js";
+
+const RANGES = [
+  ["today", "Today"],
+  ["week", "This week"],
+  ["month", "This month"],
+  ["custom", "Custom"],
+];
+
+const TREND_METRICS = [
+  ["total_tokens", "Total tokens"],
+  ["calls", "Calls"],
+  ["estimated_cost", "Estimated cost"],
+];
+
+/** Local calendar days (yyyy-mm-dd) -> RFC 3339 instants covering them in the browser's zone. */
+function dayStart(day) {
+  return new Date(`${day}T00:00:00`).toISOString();
+}
+function dayAfter(day) {
+  const d = new Date(`${day}T00:00:00`);
+  d.setDate(d.getDate() + 1);
+  return d.toISOString();
+}
+
+function rangeParams(range) {
+  const params = { range: range.range, tz: browserZone() };
+  if (range.range === "custom") {
+    params.start = dayStart(range.start);
+    params.end = dayAfter(range.end);
+  }
+  return params;
+}
+
+function statCard(label, value, sub, changeValue) {
+  const trend = changeValue === undefined ? null : h("p", { class: `change ${Number(changeValue) > 0 ? "up" : Number(changeValue) < 0 ? "down" : ""}` }, change(changeValue));
+  return h("div", { class: "card stat" }, h("h3", {}, label), h("p", { class: "stat-value" }, value), sub ? h("p", { class: "muted" }, sub) : null, trend);
+}
+
+function rangeControls(state, onApply) {
+  const today = new Date();
+  const iso = (d) => `${d.getFullYear()}-${String(d.getMonth() + 1).padStart(2, "0")}-${String(d.getDate()).padStart(2, "0")}`;
+  const start = h("input", { type: "date", name: "start", value: state.start || iso(new Date(today.getFullYear(), today.getMonth(), 1)) });
+  const end = h("input", { type: "date", name: "end", value: state.end || iso(today) });
+  const custom = h("div", { class: "row custom-range", hidden: state.range !== "custom" }, field("From", start), field("To", end));
+  const radios = RANGES.map(([value, label]) =>
+    h("label", { class: "segment" }, h("input", { type: "radio", name: "range", value, checked: value === state.range }), h("span", {}, label)),
+  );
+  const apply = h("button", { type: "submit", class: "primary" }, "Show");
+  const form = h("form", { class: "card range-form", "aria-label": "Time range" }, h("fieldset", { class: "segments" }, h("legend", {}, "Time range"), radios), custom, h("div", { class: "actions" }, apply));
+  form.addEventListener("change", (event) => {
+    if (event.target.name !== "range") return;
+    custom.hidden = event.target.value !== "custom";
+    if (event.target.value !== "custom") form.requestSubmit();
+  });
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const chosen = form.querySelector("input[name=range]:checked").value;
+    Object.assign(state, { range: chosen, start: start.value, end: end.value });
+    busy(apply, onApply);
+  });
+  return form;
+}
+
+function overviewSection(data) {
+  const cur = data.currency;
+  const share = (data.models || []).map((m) => ({ label: `${m.provider} / ${m.model}`, value: m.total_tokens, share: m.share_pct }));
+  const shareBlock = share.length
+    ? h(
+        "div",
+        { class: "share" },
+        donut(share, { label: `Share of tokens by model: ${share.map((x) => `${x.label} ${pct(x.share)}`).join(", ")}` }),
+        legend(share.map((x) => h("span", {}, `${x.label}: `, h("strong", {}, pct(x.share)), ` (${num(x.value)} tokens)`))),
+      )
+    : h("p", { class: "muted" }, "No model usage in this range.");
+  return h(
+    "div",
+    { id: "usage-overview" },
+    h(
+      "div",
+      { class: "stats" },
+      statCard("Total tokens", num(data.total_tokens), `${num(data.input_tokens)} in · ${num(data.output_tokens)} out`, data.change_pct?.total_tokens),
+      statCard("Calls", num(data.calls), `previous period: ${num(data.previous?.calls)}`, data.change_pct?.calls),
+      statCard("Estimated cost", money(data.estimated_cost, cur), `previous period: ${money(data.previous?.estimated_cost, cur)}`, data.change_pct?.estimated_cost),
+      statCard("Daily average", `${num(data.daily_average_tokens)} tokens`, `${dateTime(data.range.start)} – ${dateTime(data.range.end)}`),
+    ),
+    h("section", { class: "card", "aria-labelledby": "share-title" }, h("h2", { id: "share-title" }, "Share by model"), shareBlock),
+  );
+}
+
+function trendSection(state) {
+  const granularity = select("granularity", [["hour", "Hour"], ["day", "Day"], ["week", "Week"]], state.granularity);
+  const groupBy = select("group_by", [["model", "Model"], ["provider", "Provider"]], state.groupBy);
+  const metric = select("metric", TREND_METRICS, state.metric);
+  const chartSlot = h("div", { class: "chart" });
+  const errors = h("div");
+  const section = h(
+    "section",
+    { class: "card", "aria-labelledby": "trend-title" },
+    h("h2", { id: "trend-title" }, "Trend"),
+    h("div", { class: "row controls" }, field("Granularity", granularity), field("Compare by", groupBy), field("Measure", metric)),
+    errors,
+    chartSlot,
+  );
+  const hidden = new Set();
+  let last = null;
+
+  function draw() {
+    if (!last) return;
+    const series = last.series.filter((x) => !hidden.has(x.key));
+    const all = last.series;
+    const fmtTime = (t) => {
+      const d = new Date(t);
+      return state.granularity === "hour" ? d.toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit" }) : d.toLocaleDateString(undefined, { month: "short", day: "numeric" });
+    };
+    const shown = series.map((x) => ({ key: x.key, points: x.points.map((p) => ({ t: p.t, value: Number(p[state.metric]) })) }));
+    const label = `${TREND_METRICS.find(([v]) => v === state.metric)[1]} per ${state.granularity} by ${state.groupBy}`;
+    const toggles = all.map((x, i) => {
+      const box = h("input", { type: "checkbox", checked: !hidden.has(x.key) });
+      box.addEventListener("change", () => {
+        if (box.checked) hidden.delete(x.key);
+        else hidden.add(x.key);
+        draw();
+      });
+      return h("label", { class: "toggle" }, box, h("span", { class: "swatch", style: { background: colour(i) }, "aria-hidden": "true" }), x.key || "(none)");
+    });
+    // Keep colours stable when series are hidden: draw with the index among all series.
+    const indexed = all.map((x) => shown.find((y) => y.key === x.key) || { key: x.key, points: [] });
+    chartSlot.replaceChildren(
+      all.length
+        ? lineChart(indexed.map((x) => ({ ...x, points: x.points.length ? x.points : [] })), { label, format: state.metric === "estimated_cost" ? dec : num, formatTime: fmtTime })
+        : h("p", { class: "muted" }, "No usage in this range."),
+      all.length ? h("fieldset", { class: "series-toggles" }, h("legend", {}, `Compare ${state.groupBy}s`), toggles) : null,
+    );
+  }
+
+  async function load() {
+    errors.replaceChildren();
+    try {
+      last = await get("/api/ai/usage/trend", { ...rangeParams(state), granularity: state.granularity, group_by: state.groupBy });
+      draw();
+    } catch (err) {
+      chartSlot.replaceChildren();
+      errors.append(errorBox(err));
+    }
+  }
+  granularity.addEventListener("change", () => { state.granularity = granularity.value; load(); });
+  groupBy.addEventListener("change", () => { state.groupBy = groupBy.value; hidden.clear(); load(); });
+  metric.addEventListener("change", () => { state.metric = metric.value; draw(); });
+  return { section, load };
+}
+
+function providerTable(items, currency) {
+  if (!items.length) return h("p", { class: "muted" }, "No provider usage in this range.");
+  return h(
+    "div",
+    { class: "table-wrap" },
+    h(
+      "table",
+      { class: "responsive", id: "provider-table" },
+      h("thead", {}, h("tr", {}, ["Provider", "Model", "Calls", "Total tokens", "Estimated cost"].map((t) => h("th", { scope: "col" }, t)))),
+      h(
+        "tbody",
+        {},
+        items.map((r) =>
+          h(
+            "tr",
+            {},
+            h("td", { "data-label": "Provider" }, r.provider),
+            h("td", { "data-label": "Model" }, r.model),
+            h("td", { "data-label": "Calls", class: "num" }, num(r.calls)),
+            h("td", { "data-label": "Total tokens", class: "num" }, num(r.total_tokens)),
+            h("td", { "data-label": "Estimated cost", class: "num" }, money(r.estimated_cost, r.currency || currency)),
+          ),
+        ),
+      ),
+    ),
+  );
+}
+
+function activitySection() {
+  const key = select("api_key_id", [["", "All keys"]], "");
+  const ip = h("input", { type: "text", name: "ip", inputmode: "decimal", placeholder: "e.g. 203.0.113.7", autocomplete: "off" });
+  const start = h("input", { type: "datetime-local", name: "start" });
+  const end = h("input", { type: "datetime-local", name: "end" });
+  const tbody = h("tbody");
+  const errors = h("div");
+  const more = h("button", { type: "button", class: "secondary", hidden: true }, "Load more");
+  const empty = h("p", { class: "muted", hidden: true }, "No calls match these filters.");
+  const apply = h("button", { type: "submit", class: "primary" }, "Filter");
+  const form = h("form", { class: "row filters", "aria-label": "Activity filters" }, field("API key", key), field("IP address", ip), field("From", start), field("To", end), h("div", { class: "actions" }, apply));
+  let cursor = null;
+
+  const params = () => ({
+    api_key_id: key.value,
+    ip: ip.value.trim(),
+    start: start.value ? new Date(start.value).toISOString() : "",
+    end: end.value ? new Date(end.value).toISOString() : "",
+    limit: 50,
+  });
+
+  function line(item) {
+    return h(
+      "tr",
+      {},
+      h("td", { "data-label": "Time" }, dateTime(item.time)),
+      h("td", { "data-label": "Key" }, h("code", {}, item.masked_key || item.api_key_id || "–")),
+      h("td", { "data-label": "Method" }, item.method),
+      h("td", { "data-label": "Path", class: "path" }, item.path),
+      h("td", { "data-label": "Status" }, h("span", { class: `http http-${String(item.status)[0]}xx` }, String(item.status))),
+      h("td", { "data-label": "IP" }, item.ip),
+      h("td", { "data-label": "User agent", class: "ua" }, item.user_agent),
+      h("td", { "data-label": "Latency", class: "num" }, `${dec(item.latency_ms)} ms`),
+    );
+  }
+
+  async function load(append = false) {
+    errors.replaceChildren();
+    try {
+      const data = await get("/api/activity-log", { ...params(), cursor: append ? cursor : "" });
+      const rows = data.items.map(line);
+      if (append) tbody.append(...rows);
+      else tbody.replaceChildren(...rows);
+      cursor = data.next_cursor || null;
+      more.hidden = !cursor;
+      empty.hidden = tbody.children.length > 0;
+    } catch (err) {
+      errors.append(errorBox(err));
+    }
+  }
+
+  async function loadKeys() {
+    try {
+      const data = await get("/api/api-keys");
+      key.replaceChildren(h("option", { value: "" }, "All keys"), ...data.items.map((k) => h("option", { value: k.id }, `${k.name} (${k.masked_key})`)));
+    } catch {
+      // The filter still works without names (all keys).
+    }
+  }
+
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    busy(apply, () => load(false));
+  });
+  more.addEventListener("click", () => busy(more, () => load(true)));
+  const section = h(
+    "section",
+    { class: "card", "aria-labelledby": "activity-title" },
+    h("h2", { id: "activity-title" }, "Activity log"),
+    form,
+    errors,
+    h(
+      "div",
+      { class: "table-wrap" },
+      h(
+        "table",
+        { class: "responsive", id: "activity-table" },
+        h("thead", {}, h("tr", {}, ["Time", "Key", "Method", "Path", "Status", "IP", "User agent", "Latency"].map((t) => h("th", { scope: "col" }, t)))),
+        tbody,
+      ),
+    ),
+    empty,
+    more,
+  );
+  return { section, load: async () => { await loadKeys(); await load(false); } };
+}
+
+export async function render(container, ctx) {
+  const state = { range: ctx.params.get("range") || "today", start: "", end: "", granularity: "hour", groupBy: "model", metric: "total_tokens" };
+  const overviewSlot = h("div");
+  const providerSlot = h("div");
+  const errors = h("div");
+  const trend = trendSection(state);
+  const activity = activitySection();
+
+  async function loadAnalytics() {
+    errors.replaceChildren();
+    if (state.range !== "today" && state.granularity === "hour") state.granularity = "day";
+    trend.section.querySelector("select[name=granularity]").value = state.granularity;
+    const params = rangeParams(state);
+    const [overview, providers] = await Promise.allSettled([get("/api/ai/usage/overview", params), get("/api/ai/usage/by-provider", params)]);
+    if (overview.status === "fulfilled") overviewSlot.replaceChildren(overviewSection(overview.value));
+    else overviewSlot.replaceChildren(errorBox(overview.reason));
+    const currency = overview.status === "fulfilled" ? overview.value.currency : "";
+    if (providers.status === "fulfilled") providerSlot.replaceChildren(providerTable(providers.value.items, currency));
+    else providerSlot.replaceChildren(errorBox(providers.reason));
+    await trend.load();
+  }
+
+  container.append(
+    h("h1", {}, "Usage"),
+    rangeControls(state, loadAnalytics),
+    errors,
+    overviewSlot,
+    trend.section,
+    h("section", { class: "card", "aria-labelledby": "providers-title" }, h("h2", { id: "providers-title" }, "By provider"), providerSlot),
+    activity.section,
+  );
+  await Promise.all([loadAnalytics(), activity.load()]);
+}
