@@ -1,7 +1,31 @@
 """Wiring of the billing service."""
 
+from pathlib import Path
+from weakref import WeakKeyDictionary
+
+from services.billing import api, consumers
+from services.billing.outbox import OutboxRelay
+from services.billing.payments import TestProvider
+from services.billing.service import BillingService
 from services.runtime.component import Component, Runtime
+
+_SERVICES: "WeakKeyDictionary[Runtime, BillingService]" = WeakKeyDictionary()
+
+
+def service_of(runtime: Runtime) -> BillingService:
+    """The billing service of a running app (tests swap its clock or payment provider)."""
+    return _SERVICES[runtime]
 
 
 def build(runtime: Runtime) -> Component:
-    return Component(name="billing")
+    relay = OutboxRelay(runtime.pool, runtime.broker)
+    service = BillingService(runtime.pool, relay, runtime.settings, runtime.edge.accounts, TestProvider())
+    _SERVICES[runtime] = service
+    return Component(
+        name="billing",
+        router=api.build_router(runtime, service),
+        subscribers=consumers.build_router(service, runtime.broker),
+        migrations=Path(__file__).parent / "migrations",
+        on_start=[relay.start],
+        on_stop=[relay.stop],
+    )

@@ -1,11 +1,21 @@
-"""The quota projection (from quota.v1): is this account's resource exhausted this period?"""
+"""The quota projection (from quota.v1): is this account's resource exhausted this period?
 
+Between a call and the state that counts it lies the pipeline (calls.v1 -> quota -> quota.v1),
+a few tens of milliseconds in which a projection alone would let a burst through. So the gate
+also counts the api_calls it admits itself: a state's `time` is the latest event time quota has
+counted, and admissions after it are added to the state's `used` until a newer state covers
+them. Within one process this bounds the overshoot to the calls admitted concurrently with the
+crossing; across N edge replicas, to what the other replicas admit during the pipeline delay.
+"""
+
+from collections import deque
 from datetime import datetime
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
-from contracts.common import STOCK_RESOURCES, Resource
+from contracts.common import STOCK_RESOURCES, Resource, Tier
 from contracts.events import QuotaState
+from contracts.plans import catalogue
 
 
 def period_of(moment: datetime, tz: ZoneInfo) -> str:
@@ -21,6 +31,10 @@ class QuotaProjection:
     def __init__(self, tz: ZoneInfo) -> None:
         self._tz = tz
         self._states: dict[tuple[UUID, Resource], QuotaState] = {}
+        # api_calls this process admitted that no state has counted yet (times, oldest first).
+        self._admitted: dict[UUID, deque[datetime]] = {}
+        # Accounts that never changed plan have no state until their first event: the free tier.
+        self._default_calls_total = catalogue()[Tier.FREE].quotas[Resource.API_CALLS]
 
     def apply(self, state: QuotaState) -> None:
         key = (state.account_id, state.resource)
@@ -28,13 +42,42 @@ class QuotaProjection:
         if current is not None and (current.period, current.time) > (state.period, state.time):
             return
         self._states[key] = state
+        if state.resource is Resource.API_CALLS:
+            admitted = self._admitted.get(state.account_id)
+            while admitted and admitted[0] <= state.time:
+                admitted.popleft()
 
     def get(self, account_id: UUID, resource: Resource) -> QuotaState | None:
         return self._states.get((account_id, resource))
 
     def is_blocked(self, account_id: UUID, resource: Resource, now: datetime) -> bool:
+        """Whether `resource` is exhausted. For api_calls this is the edge's last check of an
+        API-key call, so a False answer is an admission and is counted locally."""
+        if resource is Resource.API_CALLS:
+            return self._admit_call(account_id, now)
         state = self._states.get((account_id, resource))
         if state is None or not state.blocked:
             return False
         # Flows reset with the period; a stock's block carries over until the level falls.
         return resource in STOCK_RESOURCES or state.period == period_of(now, self._tz)
+
+    def _admit_call(self, account_id: UUID, now: datetime) -> bool:
+        period = period_of(now, self._tz)
+        admitted = self._admitted.setdefault(account_id, deque())
+        while admitted and period_of(admitted[0], self._tz) != period:
+            admitted.popleft()  # last period's admissions do not count in this one
+        state = self._states.get((account_id, Resource.API_CALLS))
+        if state is None:
+            used, total = 0, self._default_calls_total
+        elif state.period != period:
+            used, total = 0, state.total  # a new period: the flow starts again
+        else:
+            used, total = state.used, state.total
+        if used + len(admitted) >= total:
+            return True
+        admitted.append(now)
+        return False
+
+    def pending_calls(self, account_id: UUID) -> int:
+        """api_calls admitted here and not yet counted by a state (for tests and benchmarks)."""
+        return len(self._admitted.get(account_id, ()))

@@ -1,7 +1,27 @@
 """Wiring of the quota service."""
 
+from pathlib import Path
+from weakref import WeakKeyDictionary
+
+from services.quota import api, consumers
+from services.quota.domain import system_clock
+from services.quota.service import QuotaService
 from services.runtime.component import Component, Runtime
+
+_SERVICES: "WeakKeyDictionary[Runtime, QuotaService]" = WeakKeyDictionary()
+
+
+def service_of(runtime: Runtime) -> QuotaService:
+    """The quota service of a running app (tests swap its clock to change periods)."""
+    return _SERVICES[runtime]
 
 
 def build(runtime: Runtime) -> Component:
-    return Component(name="quota")
+    service = QuotaService(runtime.pool, runtime.broker, runtime.settings, system_clock)
+    _SERVICES[runtime] = service
+    return Component(
+        name="quota",
+        router=api.build_router(runtime, service),
+        subscribers=consumers.build_router(service),
+        migrations=Path(__file__).parent / "migrations",
+    )

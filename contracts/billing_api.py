@@ -1,0 +1,73 @@
+"""Payloads of the billing endpoints (API.md, "Billing and plans"). Money is a decimal string."""
+
+from decimal import Decimal
+from typing import Annotated, Literal
+from uuid import UUID
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PositiveInt
+
+from contracts.common import Resource, Tier, UserType
+from contracts.events import RateLimit
+from contracts.quota_api import PeriodRange
+
+
+class PlanOut(BaseModel):
+    tier: Tier
+    monthly_price: Decimal
+    currency: str
+    quotas: dict[Resource, int]
+    rate_limit: RateLimit
+
+
+class PlanList(BaseModel):
+    items: list[PlanOut]
+
+
+class Subscription(BaseModel):
+    plan: Tier
+    user_type: UserType
+    period: PeriodRange
+
+
+class Package(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    resource: Resource
+    amount: PositiveInt = Field(description="Units of the resource; a whole multiple of the package unit of that resource.")
+
+
+class PlanUpgradeOrderIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["plan_upgrade"]
+    plan: Tier
+
+
+class PackageOrderIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["quota_package"]
+    package: Package
+
+
+OrderIn = Annotated[PlanUpgradeOrderIn | PackageOrderIn, Field(discriminator="kind")]
+
+
+class Order(BaseModel):
+    id: UUID
+    kind: Literal["plan_upgrade", "quota_package"]
+    status: Literal["pending", "paid"]
+    amount: Decimal = Field(description='Decimal string with 2 places, e.g. "12.50".')
+    currency: str
+    plan: Tier | None = Field(default=None, description="plan_upgrade: the plan bought.")
+    previous_plan: Tier | None = Field(default=None, description="plan_upgrade: the plan the amount was prorated from.")
+    package: Package | None = None
+    period: PeriodRange = Field(description="The period the order applies to (proration basis, package validity).")
+    created_at: AwareDatetime
+    paid_at: AwareDatetime | None = None
+
+
+class SwitchIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    plan: Tier

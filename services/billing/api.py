@@ -1,0 +1,97 @@
+"""Billing's HTTP routes (API.md, "Billing and plans")."""
+
+from typing import Annotated
+from uuid import UUID
+
+from fastapi import APIRouter, Body, Depends
+
+from contracts.billing_api import Order, OrderIn, PackageOrderIn, PlanList, PlanOut, PlanUpgradeOrderIn, Subscription, SwitchIn
+from contracts.common import Permission
+from contracts.errors import ErrorCode
+from contracts.plans import TIER_ORDER, catalogue
+from services.billing.domain import BillingRuleError
+from services.billing.service import BillingService, NotFound, PaymentRequired
+from services.edge.errors import ApiError, not_found
+from services.edge.principal import Principal
+from services.runtime.component import Runtime
+
+PRORATION = (
+    "Upgrade amount = (new monthly price - current monthly price) x (period end - now) / (period end - period start), "
+    "computed in exact decimals on microseconds and rounded once, half up, to cents. Downgrades cost and refund nothing."
+)
+RULE = "An individual account cannot order or switch to the enterprise tier: 409 user_type_plan_mismatch."
+
+
+def _rule_error(exc: BillingRuleError) -> ApiError:
+    status = 422 if exc.code == ErrorCode.VALIDATION_ERROR.value else 409
+    return ApiError(status, ErrorCode(exc.code), exc.message)
+
+
+def build_router(runtime: Runtime, service: BillingService) -> APIRouter:
+    router = APIRouter(tags=["billing"])
+    reader = Depends(runtime.edge.requires(Permission.BILLING_READ))
+    writer = Depends(runtime.edge.requires(Permission.BILLING_WRITE))
+
+    @router.get("/api/billing/plans", description="The public price list; needs no credentials (an extension: API.md is silent).")
+    async def plans() -> PlanList:
+        table = catalogue()
+        return PlanList(items=[PlanOut.model_validate(table[t].model_dump()) for t in TIER_ORDER])
+
+    @router.get("/api/billing/subscription", description="The account's plan, user type and current period (default: free).")
+    async def subscription(principal: Principal = reader) -> Subscription:
+        return await service.subscription(principal.account_id)
+
+    @router.post(
+        "/api/billing/orders",
+        status_code=201,
+        description=(
+            f"{PRORATION} Quota packages: `amount` must be a whole multiple of the resource's package unit "
+            f"(422 otherwise); price = amount / unit x unit price (services/billing/packages.toml); valid this period. "
+            f"A plan_upgrade to a plan that is not more expensive answers 409 conflict (use switch). {RULE}"
+        ),
+    )
+    async def create_order(body: Annotated[OrderIn, Body()], principal: Principal = writer) -> Order:
+        assert isinstance(body, PlanUpgradeOrderIn | PackageOrderIn)
+        try:
+            return await service.create_order(principal.account_id, body)
+        except BillingRuleError as exc:
+            raise _rule_error(exc) from None
+
+    @router.post(
+        "/api/billing/orders/{order_id}/pay",
+        description=(
+            "Pays the order through the payment provider; effects are immediate (the billing.v1 event is in Kafka "
+            "when this returns). Paying a paid order returns it unchanged. 409 conflict when the plan changed since "
+            f"the order or the order's period is over. {RULE}"
+        ),
+    )
+    async def pay(order_id: UUID, principal: Principal = writer) -> Order:
+        try:
+            return await service.pay(principal.account_id, order_id)
+        except NotFound:
+            raise not_found("order") from None
+        except BillingRuleError as exc:
+            raise _rule_error(exc) from None
+
+    @router.post(
+        "/api/billing/subscription/switch",
+        description=(
+            "200 with the subscription for downgrades and changes that cost nothing now (applied at once); for an "
+            "upgrade, 402 payment_required with the pending order in error.details.order (pay it with "
+            f"POST /api/billing/orders/{{id}}/pay). {PRORATION} {RULE}"
+        ),
+    )
+    async def switch(body: SwitchIn, principal: Principal = writer) -> Subscription:
+        try:
+            return await service.switch(principal.account_id, body.plan)
+        except BillingRuleError as exc:
+            raise _rule_error(exc) from None
+        except PaymentRequired as exc:
+            raise ApiError(
+                402,
+                ErrorCode.PAYMENT_REQUIRED,
+                f"Switching to {body.plan.value} costs {exc.order.amount} {exc.order.currency} this period; pay the order.",
+                details={"order": exc.order.model_dump(mode="json")},
+            ) from None
+
+    return router

@@ -1,0 +1,103 @@
+"""Pure billing rules: the version-12 user-type rule, proration, package prices, switches.
+
+Every path that can put an account on a tier (order creation, payment, switch) calls
+`ensure_plan_allowed`, under the account's row lock, so no path and no race bypasses it.
+"""
+
+import tomllib
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
+from enum import Enum
+from functools import cache
+from importlib import resources
+
+from contracts.common import Resource, Tier, UserType
+from contracts.plans import Plan
+
+CENT = Decimal("0.01")
+
+
+class BillingRuleError(Exception):
+    """A request the rules refuse; `code` names which."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class UserTypePlanMismatch(BillingRuleError):
+    def __init__(self, tier: Tier) -> None:
+        super().__init__(
+            "user_type_plan_mismatch",
+            f"Individual accounts cannot use the {tier.value} tier. Change your user type to enterprise first "
+            "(PUT /api/account/user-type), then order or switch again.",
+        )
+
+
+def ensure_plan_allowed(user_type: UserType, tier: Tier) -> None:
+    """Version 12: an individual user can neither order nor switch to the enterprise tier."""
+    if user_type is UserType.INDIVIDUAL and tier is Tier.ENTERPRISE:
+        raise UserTypePlanMismatch(tier)
+
+
+def prorate(old_price: Decimal, new_price: Decimal, now: datetime, start: datetime, end: datetime) -> Decimal:
+    """Upgrade amount = (new - old monthly price) x (end - now) / (end - start), in exact Decimal
+    arithmetic on microseconds, rounded once at the end to cents (half up). Never negative:
+    a downgrade costs nothing and refunds nothing. `now` outside the period is clamped into it."""
+    difference = new_price - old_price
+    if difference <= 0:
+        return Decimal("0.00")
+    whole = _micros(end - start)
+    left = min(max(_micros(end - now), 0), whole)
+    return (difference * Decimal(left) / Decimal(whole)).quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+def _micros(delta: timedelta) -> int:
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+@dataclass(frozen=True)
+class PackagePrice:
+    unit: int
+    unit_price: Decimal
+
+
+@cache
+def package_prices() -> dict[Resource, PackagePrice]:
+    raw = tomllib.loads(resources.files("services.billing").joinpath("packages.toml").read_text())
+    return {Resource(name): PackagePrice(int(b["unit"]), Decimal(b["unit_price"])) for name, b in raw["resources"].items()}
+
+
+def package_amount(resource: Resource, amount: int, prices: dict[Resource, PackagePrice] | None = None) -> Decimal:
+    price = (prices or package_prices())[resource]
+    if amount <= 0 or amount % price.unit:
+        raise BillingRuleError(
+            "validation_error", f"A {resource.value} package is a positive whole multiple of {price.unit} units."
+        )
+    return (price.unit_price * amount / price.unit).quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+class SwitchKind(Enum):
+    UNCHANGED = "unchanged"
+    IMMEDIATE = "immediate"  # a downgrade or a change that costs nothing now
+    NEEDS_PAYMENT = "needs_payment"
+
+
+def classify_switch(user_type: UserType, current: Plan, target: Plan, upgrade_amount: Decimal) -> SwitchKind:
+    ensure_plan_allowed(user_type, target.tier)
+    if target.tier is current.tier:
+        return SwitchKind.UNCHANGED
+    if target.monthly_price <= current.monthly_price or upgrade_amount <= 0:
+        return SwitchKind.IMMEDIATE
+    return SwitchKind.NEEDS_PAYMENT
+
+
+def ensure_upgrade(current: Plan, target: Plan) -> None:
+    """A plan_upgrade order must raise the price; cheaper or equal changes go through switch."""
+    if target.monthly_price <= current.monthly_price:
+        raise BillingRuleError(
+            "conflict",
+            f"{target.tier.value} is not an upgrade of {current.tier.value}; use POST /api/billing/subscription/switch.",
+        )

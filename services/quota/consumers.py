@@ -1,0 +1,69 @@
+"""Quota's subscribers: usage.v1 + calls.v1 in batches, billing.v1 one event at a time.
+
+Offsets are committed only after the batch is written (AckPolicy.NACK_ON_ERROR: a failure
+rewinds to the batch's first record, and the processed-ids table makes the replay harmless).
+Malformed records go to the dead-letter topic and the batch goes on without them.
+"""
+
+from faststream import AckPolicy
+from faststream.kafka import KafkaRouter
+from faststream.kafka.annotations import KafkaMessage
+from pydantic import TypeAdapter
+
+from contracts.events import BillingEvent, CallEvent, PackagePurchased, PlanChanged, UsageEvent
+from contracts.topics import BILLING, CALLS, USAGE, Topic
+from services.quota.service import QuotaService
+from services.runtime.deadletter import parse_or_dead_letter
+
+_BILLING = TypeAdapter[PlanChanged | PackagePurchased | object](BillingEvent)
+
+
+def build_router(service: QuotaService) -> KafkaRouter:
+    settings = service.settings
+    broker = service.broker
+    router = KafkaRouter()
+    topics: dict[str, tuple[Topic, type[UsageEvent] | type[CallEvent]]] = {
+        settings.topic(USAGE.name): (USAGE, UsageEvent),
+        settings.topic(CALLS.name): (CALLS, CallEvent),
+    }
+
+    @router.subscriber(
+        *topics,
+        group_id=settings.group("quota"),
+        auto_offset_reset="earliest",
+        batch=True,
+        max_records=1000,
+        batch_timeout_ms=10,
+        fetch_max_wait_ms=10,
+        ack_policy=AckPolicy.NACK_ON_ERROR,
+    )
+    async def on_usage_and_calls(msg: KafkaMessage) -> None:
+        records = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
+        events: list[UsageEvent | CallEvent] = []
+        for record in records:
+            topic, model = topics[record.topic]
+            event: UsageEvent | CallEvent | None = await parse_or_dead_letter(
+                broker, settings, topic, model, record.value or b"", key=record.key
+            )
+            if event is not None:
+                events.append(event)
+        await service.count(events)
+
+    @router.subscriber(
+        settings.topic(BILLING.name),
+        group_id=settings.group("quota"),
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=10,
+        ack_policy=AckPolicy.NACK_ON_ERROR,
+    )
+    async def on_billing(msg: KafkaMessage) -> None:
+        record = msg.raw_message
+        assert not isinstance(record, tuple)
+        event = await parse_or_dead_letter(broker, settings, BILLING, _BILLING, record.value or b"", key=record.key)
+        if isinstance(event, PlanChanged):
+            await service.apply_plan(event)
+        elif isinstance(event, PackagePurchased):
+            await service.apply_package(event)
+        # user_type_changed: nothing to count
+
+    return router

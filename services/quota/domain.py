@@ -1,0 +1,112 @@
+"""Pure quota rules: periods, totals, usage rates, bands, blocks and threshold crossings."""
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Literal
+from uuid import UUID, uuid5
+from zoneinfo import ZoneInfo
+
+from contracts.common import STOCK_RESOURCES, Resource
+from contracts.events import CallEvent, UsageEvent
+
+Clock = Callable[[], datetime]
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_THRESHOLD_NS = UUID("6f1d3f0e-4a59-4f53-9a43-2f4a1f0c5b11")
+
+
+def system_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+def period_of(moment: datetime, tz: ZoneInfo) -> str:
+    """`YYYY-MM`: the calendar month in the platform zone that `moment` falls in."""
+    local = moment.astimezone(tz)
+    return f"{local.year:04d}-{local.month:02d}"
+
+
+def period_bounds(period: str, tz: ZoneInfo) -> tuple[datetime, datetime]:
+    """[start, end) of a period: day 1 00:00 local time of the month and of the next month."""
+    year, month = (int(p) for p in period.split("-"))
+    start = datetime(year, month, 1, tzinfo=tz)
+    end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=tz)
+    return start, end
+
+
+def is_stock(resource: Resource) -> bool:
+    return resource in STOCK_RESOURCES
+
+
+# Calls the edge refused before the handler ran (bad credentials, roles, quota, rate limit)
+# used nothing, so they do not count against api_calls.
+REFUSED_STATUSES = frozenset({401, 403, 429})
+
+
+def call_counts(event: CallEvent) -> bool:
+    return event.status not in REFUSED_STATUSES
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    account_id: UUID
+    resource: Resource
+    period: str
+    quantity: int
+    last_time: datetime
+
+
+def deltas(events: Iterable[UsageEvent | CallEvent], tz: ZoneInfo) -> list[Delta]:
+    """Sum events per (account, resource, period of the event's own time), in arrival-independent form."""
+    sums: dict[tuple[UUID, Resource, str], tuple[int, datetime]] = {}
+    for event in events:
+        if isinstance(event, CallEvent):
+            if not call_counts(event):
+                continue
+            resource, quantity = Resource.API_CALLS, 1
+        else:
+            resource, quantity = event.resource, event.quantity
+        key = (event.account_id, resource, period_of(event.time, tz))
+        qty, last = sums.get(key, (0, EPOCH))
+        sums[key] = (qty + quantity, max(last, event.time))
+    return [Delta(a, r, p, q, t) for (a, r, p), (q, t) in sums.items()]
+
+
+def percent_floor(used: int, total: int) -> int:
+    """Whole percent of the quota used, 0..100 (a zero quota is fully used)."""
+    if total <= 0:
+        return 100
+    return max(0, min(100, used * 100 // total))
+
+
+def usage_rate(used: int, total: int) -> Decimal:
+    """Percent with 2 decimals (half up); may exceed 100 after an overshoot."""
+    if total <= 0:
+        return Decimal("100.00")
+    return (Decimal(max(used, 0)) * 100 / Decimal(total)).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+
+
+Band = Literal["green", "yellow", "red"]
+
+
+def band(rate: Decimal) -> Band:
+    if rate < 70:
+        return "green"
+    if rate <= 90:
+        return "yellow"
+    return "red"
+
+
+def is_exhausted(used: int, total: int) -> bool:
+    return used >= total
+
+
+def crossing(mark: int, used: int, total: int) -> int | None:
+    """The highest whole percent newly crossed above `mark` (the last one announced), if any."""
+    pct = percent_floor(used, total)
+    return pct if pct > mark and pct >= 1 else None
+
+
+def threshold_event_id(account_id: UUID, resource: Resource, period: str, pct: int) -> UUID:
+    """Deterministic, so a crossing re-announced after a crash is the same event for alerts."""
+    return uuid5(_THRESHOLD_NS, f"{account_id}:{resource.value}:{period}:{pct}")

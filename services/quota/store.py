@@ -1,0 +1,142 @@
+"""The quota service's Postgres adapter (schema `quota`). Every function runs inside the
+caller's transaction, so counters, idempotency marks and threshold marks commit together."""
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from psycopg import AsyncConnection
+
+from contracts.common import STOCK_RESOURCES, Resource, Tier
+from contracts.plans import catalogue
+from services.quota.domain import EPOCH, Delta
+
+Conn = AsyncConnection[Any]  # dict rows (see services/runtime/postgres.py)
+_STOCKS = [r.value for r in STOCK_RESOURCES]
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    resource: Resource
+    total: int
+    used: int
+    watermark: datetime
+
+
+async def mark_processed(conn: Conn, event_ids: list[UUID]) -> set[UUID]:
+    """Record event ids; returns those not seen before (the ones to count)."""
+    if not event_ids:
+        return set()
+    cur = await conn.execute(
+        "INSERT INTO quota.processed_events (event_id) SELECT unnest(%s::uuid[]) ON CONFLICT DO NOTHING RETURNING event_id",
+        (event_ids,),
+    )
+    return {row["event_id"] for row in await cur.fetchall()}
+
+
+async def lock_accounts(conn: Conn, account_ids: Iterable[UUID]) -> None:
+    """Serialise writers per account (in id order, so two batches never deadlock)."""
+    ordered = sorted(set(account_ids))
+    if not ordered:
+        return
+    await conn.execute("INSERT INTO quota.accounts (account_id) SELECT unnest(%s::uuid[]) ON CONFLICT DO NOTHING", (ordered,))
+    await conn.execute(
+        "SELECT account_id FROM quota.accounts WHERE account_id = ANY(%s) ORDER BY account_id FOR UPDATE", (ordered,)
+    )
+
+
+async def add_deltas(conn: Conn, deltas: list[Delta]) -> None:
+    if not deltas:
+        return
+    ordered = sorted(deltas, key=lambda d: (d.account_id, d.resource, d.period))
+    await conn.execute(
+        """
+        INSERT INTO quota.counters (account_id, resource, period, used, last_event_time)
+        SELECT * FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::bigint[], %s::timestamptz[])
+        ON CONFLICT (account_id, resource, period) DO UPDATE
+           SET used = quota.counters.used + EXCLUDED.used,
+               last_event_time = GREATEST(quota.counters.last_event_time, EXCLUDED.last_event_time)
+        """,
+        (
+            [d.account_id for d in ordered],
+            [d.resource.value for d in ordered],
+            [d.period for d in ordered],
+            [d.quantity for d in ordered],
+            [d.last_time for d in ordered],
+        ),
+    )
+
+
+async def set_plan(conn: Conn, account_id: UUID, plan: Tier, quotas: Mapping[Resource, int], time: datetime) -> bool:
+    """Apply a plan change unless a later one is already in place (events may come reordered)."""
+    cur = await conn.execute(
+        """
+        UPDATE quota.accounts SET plan = %s, quotas = %s, plan_time = %s
+         WHERE account_id = %s AND (plan_time IS NULL OR plan_time < %s)
+        """,
+        (plan.value, json.dumps({r.value: n for r, n in quotas.items()}), time, account_id, time),
+    )
+    return cur.rowcount > 0
+
+
+async def add_package(conn: Conn, order_id: UUID, account_id: UUID, resource: Resource, period: str, amount: int) -> bool:
+    cur = await conn.execute(
+        """
+        INSERT INTO quota.packages (order_id, account_id, resource, period, amount) VALUES (%s, %s, %s, %s, %s)
+        ON CONFLICT (order_id) DO NOTHING
+        """,
+        (order_id, account_id, resource.value, period, amount),
+    )
+    return cur.rowcount > 0
+
+
+async def lines(conn: Conn, account_id: UUID, period: str) -> dict[Resource, Line]:
+    """Total and used of every resource in `period`: flows count that period, stocks their level."""
+    cur = await conn.execute("SELECT quotas FROM quota.accounts WHERE account_id = %s", (account_id,))
+    row = await cur.fetchone()
+    plan_quotas: Mapping[str, int] = (
+        row["quotas"] if row and row["quotas"] else {r.value: n for r, n in catalogue()[Tier.FREE].quotas.items()}
+    )
+    cur = await conn.execute(
+        """
+        SELECT resource, sum(amount)::bigint AS amount FROM quota.packages
+         WHERE account_id = %s AND period = %s GROUP BY resource
+        """,
+        (account_id, period),
+    )
+    packages = {r["resource"]: int(r["amount"]) for r in await cur.fetchall()}
+    cur = await conn.execute(
+        """
+        SELECT resource, sum(used)::bigint AS used, max(last_event_time) AS watermark FROM quota.counters
+         WHERE account_id = %s AND (period = %s OR (resource = ANY(%s) AND period <= %s))
+         GROUP BY resource
+        """,
+        (account_id, period, _STOCKS, period),
+    )
+    counted = {r["resource"]: (int(r["used"]), r["watermark"]) for r in await cur.fetchall()}
+    result: dict[Resource, Line] = {}
+    for resource in Resource:
+        used, watermark = counted.get(resource.value, (0, EPOCH))
+        total = int(plan_quotas.get(resource.value, 0)) + packages.get(resource.value, 0)
+        result[resource] = Line(resource, total, max(used, 0), watermark)
+    return result
+
+
+async def marks(conn: Conn, account_id: UUID, period: str) -> dict[Resource, int]:
+    cur = await conn.execute(
+        "SELECT resource, pct FROM quota.threshold_marks WHERE account_id = %s AND period = %s", (account_id, period)
+    )
+    return {Resource(r["resource"]): int(r["pct"]) for r in await cur.fetchall()}
+
+
+async def set_mark(conn: Conn, account_id: UUID, resource: Resource, period: str, pct: int) -> None:
+    await conn.execute(
+        """
+        INSERT INTO quota.threshold_marks (account_id, resource, period, pct) VALUES (%s, %s, %s, %s)
+        ON CONFLICT (account_id, resource, period) DO UPDATE SET pct = EXCLUDED.pct
+        """,
+        (account_id, resource.value, period, pct),
+    )
