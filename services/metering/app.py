@@ -1,7 +1,39 @@
-"""Wiring of the metering service."""
+"""Wiring of the metering service: the sink, the analytics API, the ClickHouse schema."""
 
+import asyncio
+from pathlib import Path
+
+from contracts.topics import KEYS
+from services.edge.projection_reader import TopicFollower
+from services.metering import prices
+from services.metering.api import build_router
+from services.metering.consumers import build_sink
+from services.metering.keymasks import KeyMasks
+from services.metering.store import MeteringStore
 from services.runtime.component import Component, Runtime
 
 
 def build(runtime: Runtime) -> Component:
-    return Component(name="metering")
+    settings = runtime.settings
+    store = MeteringStore(settings.clickhouse_dsn, settings.clickhouse_database)
+    masks = KeyMasks()
+    follower = TopicFollower(settings.kafka_bootstrap_servers, settings.topic(KEYS.name), masks.apply)
+    price_table = prices.load(settings.metering_prices_file)
+
+    async def start() -> None:
+        await asyncio.to_thread(store.open)  # connect and apply the ClickHouse DDL
+        await follower.start()
+
+    async def stop() -> None:
+        await follower.stop()
+        await asyncio.to_thread(store.close)
+
+    return Component(
+        name="metering",
+        router=build_router(runtime, store, price_table, masks),
+        subscribers=build_sink(runtime, store),
+        migrations=Path(__file__).with_name("migrations"),
+        on_start=[start],
+        on_stop=[stop],
+        checks={"clickhouse": store.ping},
+    )

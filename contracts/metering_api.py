@@ -1,0 +1,116 @@
+"""Payloads of metering's HTTP API (API.md: Usage ingestion, Usage analytics). No I/O."""
+
+from datetime import datetime
+from typing import Literal
+from uuid import UUID
+
+from pydantic import BaseModel, Field
+
+from contracts.events import UsageEvent
+
+RangeName = Literal["today", "week", "month", "custom"]
+Granularity = Literal["hour", "day", "week"]
+GroupBy = Literal["model", "provider"]
+
+
+class IngestRequest(BaseModel):
+    events: list[UsageEvent] = Field(min_length=1, max_length=1000)
+
+
+class IngestResponse(BaseModel):
+    accepted: int = Field(description="events published to usage.v1 by this request")
+    duplicates: int = Field(description="events whose id was already ingested (or repeated in this request)")
+
+
+class TimeRange(BaseModel):
+    start: datetime
+    end: datetime
+
+
+class PeriodTotals(BaseModel):
+    total_tokens: int
+    calls: int
+    estimated_cost: str
+
+
+class ChangePct(BaseModel):
+    """Percent change against the previous period; null when the previous value is zero."""
+
+    total_tokens: float | None
+    calls: float | None
+    estimated_cost: float | None
+
+
+class ModelShare(BaseModel):
+    provider: str
+    model: str
+    total_tokens: int
+    share_pct: float
+
+
+class Overview(BaseModel):
+    range: TimeRange
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    calls: int
+    estimated_cost: str
+    currency: str
+    daily_average_tokens: float
+    previous: PeriodTotals
+    change_pct: ChangePct
+    models: list[ModelShare]
+
+
+class TrendPoint(BaseModel):
+    t: datetime
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    calls: int
+    estimated_cost: str
+
+
+class TrendSeries(BaseModel):
+    key: str
+    points: list[TrendPoint]
+
+
+class Trend(BaseModel):
+    granularity: Granularity
+    series: list[TrendSeries]
+    # Extensions (API.md is silent): the resolved range and the currency of estimated_cost.
+    range: TimeRange
+    currency: str
+
+
+class ProviderItem(BaseModel):
+    provider: str
+    model: str
+    calls: int
+    total_tokens: int
+    estimated_cost: str
+
+
+class ByProvider(BaseModel):
+    items: list[ProviderItem]
+    # Extensions (API.md is silent): the resolved range and the currency of estimated_cost.
+    range: TimeRange
+    currency: str
+
+
+class ActivityItem(BaseModel):
+    time: datetime
+    api_key_id: UUID
+    masked_key: str | None
+    method: str
+    path: str
+    status: int
+    ip: str
+    user_agent: str
+    latency_ms: float
+
+
+class ActivityLog(BaseModel):
+    items: list[ActivityItem]
+    next_cursor: str | None

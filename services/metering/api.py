@@ -1,0 +1,295 @@
+"""Metering's HTTP API: usage ingestion and usage analytics (API.md), scoped to the caller."""
+
+import asyncio
+import hmac
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, Query, Request
+from psycopg.rows import dict_row
+
+from contracts.common import Permission, Role
+from contracts.errors import ErrorCode
+from contracts.events import UsageEvent
+from contracts.metering_api import (
+    ActivityItem,
+    ActivityLog,
+    ByProvider,
+    ChangePct,
+    IngestRequest,
+    IngestResponse,
+    ModelShare,
+    Overview,
+    PeriodTotals,
+    ProviderItem,
+    TimeRange,
+    Trend,
+    TrendPoint,
+    TrendSeries,
+)
+from contracts.topics import USAGE
+from services.edge.errors import ApiError
+from services.edge.principal import Principal
+from services.metering import domain
+from services.metering.domain import Granularity, GroupBy, InvalidQuery, RangeName
+from services.metering.keymasks import KeyMasks
+from services.metering.prices import PriceTable
+from services.metering.store import ActivityFilter, MeteringStore
+from services.runtime.component import Runtime
+
+Clock = Callable[[], datetime]
+
+RANGE_DOC = (
+    "Ranges: `today`, `week` (ISO week, Monday first) and `month` are the whole calendar period containing now in `tz` "
+    "(IANA; default the platform time zone), DST-correct; `custom` takes `start` and `end` (RFC 3339 with offset), "
+    "widened to whole UTC hours (the rollup's resolution). The previous period is the calendar day/week/month before "
+    "(for custom: the same duration ending at `start`). `change_pct` is null when the previous value is 0 and the "
+    "current one is not. Costs are estimated at query time from the price table, as decimal strings with 6 places. "
+    "`calls` counts usage events of `ai_tokens` (model calls); `total_tokens` of an event is input+output when it "
+    "splits them, else its quantity. Zones with non-whole-hour offsets get buckets aligned to whole UTC hours."
+)
+
+
+def _invalid(exc: InvalidQuery) -> ApiError:
+    return ApiError(422, ErrorCode.VALIDATION_ERROR, str(exc), details=[{"field": exc.field, "message": str(exc)}])
+
+
+def _range_model(r: domain.TimeRange) -> TimeRange:
+    return TimeRange(start=r.local(r.start), end=r.local(r.end))
+
+
+def build_router(
+    runtime: Runtime, store: MeteringStore, prices: PriceTable, masks: KeyMasks, clock: Clock | None = None
+) -> APIRouter:
+    settings = runtime.settings
+    edge = runtime.edge
+    now: Clock = clock or (lambda: datetime.now(UTC))
+    router = APIRouter(tags=["metering"])
+    usage_reader = edge.requires(Permission.USAGE_READ)
+    any_principal = edge.requires()
+
+    def resolve(name: RangeName, tz: str | None, start: datetime | None, end: datetime | None) -> domain.TimeRange:
+        try:
+            return domain.resolve_range(name, domain.zone(tz, settings.platform_timezone), now(), start, end)
+        except InvalidQuery as exc:
+            raise _invalid(exc) from None
+
+    # ---- ingestion ---------------------------------------------------------------------------
+    async def ingest_caller(request: Request) -> UUID | None:
+        """None for the operator (ADMIN_TOKEN: any account); else the owner's account id."""
+        admin = settings.admin_token
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if admin is not None and scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), admin.get_secret_value()):
+            return None
+        principal: Principal = await any_principal(request)
+        if Role.OWNER not in principal.roles:
+            raise ApiError(403, ErrorCode.PERMISSION_DENIED, "Only an account owner may report usage (viewers are read-only).")
+        return principal.account_id
+
+    @router.post(
+        "/api/usage/events",
+        status_code=202,
+        response_model=IngestResponse,
+        summary="Report usage events (for platform services that do not speak Kafka)",
+        description=(
+            "Validated, idempotent on each event's `id`, and published to usage.v1 (key = account id) before the 202. "
+            "Callers (extension; API.md is silent): the operator's ADMIN_TOKEN may report for any account; an API key or "
+            "console session of an account *owner* may report only for its own account (an event of another account is "
+            "a 422 validation_error naming it). `duplicates` counts events whose id this endpoint had already accepted "
+            "(kept in Postgres `metering.ingested_events`) or that repeat an id within the request; the sink drops any "
+            "duplicate that reaches Kafka another way."
+        ),
+    )
+    async def ingest(body: IngestRequest, caller: Annotated[UUID | None, Depends(ingest_caller)]) -> IngestResponse:
+        if caller is not None:
+            foreign = [i for i, e in enumerate(body.events) if e.account_id != caller]
+            if foreign:
+                raise ApiError(
+                    422,
+                    ErrorCode.VALIDATION_ERROR,
+                    "Events may only be reported for the caller's own account.",
+                    details=[{"field": f"events.{i}.account_id", "message": "not the caller's account"} for i in foreign],
+                )
+        unique = domain.first_of_each_id(body.events)
+        ids = [e.id for e in unique]
+        async with runtime.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute("SELECT id FROM metering.ingested_events WHERE id = ANY(%s)", [ids])
+            known = {row["id"] for row in await cur.fetchall()}
+        fresh = [e for e in unique if e.id not in known]
+        topic = settings.topic(USAGE.name)
+        await asyncio.gather(*(_publish(runtime, topic, e) for e in fresh))
+        accepted = 0
+        if fresh:
+            async with runtime.pool.connection() as conn, conn.cursor() as cur:
+                await cur.execute(
+                    "INSERT INTO metering.ingested_events (id, account_id) SELECT * FROM unnest(%s::uuid[], %s::uuid[]) "
+                    "ON CONFLICT (id) DO NOTHING RETURNING id",
+                    [[e.id for e in fresh], [e.account_id for e in fresh]],
+                )
+                accepted = len(await cur.fetchall())
+        return IngestResponse(accepted=accepted, duplicates=len(body.events) - accepted)
+
+    # ---- analytics ---------------------------------------------------------------------------
+    @router.get("/api/ai/usage/overview", response_model=Overview, description=RANGE_DOC)
+    async def overview(
+        principal: Annotated[Principal, Depends(usage_reader)],
+        range: RangeName = "today",
+        tz: str | None = None,
+        start: datetime | None = None,
+        end: datetime | None = None,
+    ) -> Overview:
+        r = resolve(range, tz, start, end)
+        prev = domain.previous_range(r)
+        rows, prev_rows = await asyncio.gather(
+            store.usage_rows(principal.account_id, r.start, r.end, per="day"),
+            store.usage_rows(principal.account_id, prev.start, prev.end, per="day"),
+        )
+        cur, before = domain.totals(rows, prices), domain.totals(prev_rows, prices)
+        models = sorted(domain.by_model(rows, prices).items(), key=lambda kv: (-kv[1].total_tokens, kv[0]))
+        days = domain.elapsed_days(r, now())
+        return Overview(
+            range=_range_model(r),
+            input_tokens=cur.input_tokens,
+            output_tokens=cur.output_tokens,
+            total_tokens=cur.total_tokens,
+            calls=cur.calls,
+            estimated_cost=domain.money(cur.cost),
+            currency=prices.currency,
+            daily_average_tokens=domain.average(cur.total_tokens, days),
+            previous=PeriodTotals(total_tokens=before.total_tokens, calls=before.calls, estimated_cost=domain.money(before.cost)),
+            change_pct=ChangePct(
+                total_tokens=domain.change_pct(cur.total_tokens, before.total_tokens),
+                calls=domain.change_pct(cur.calls, before.calls),
+                estimated_cost=domain.change_pct(cur.cost, before.cost),
+            ),
+            models=[
+                ModelShare(
+                    provider=p, model=m, total_tokens=t.total_tokens, share_pct=domain.pct(t.total_tokens, cur.total_tokens)
+                )
+                for (p, m), t in models
+            ],
+        )
+
+    @router.get(
+        "/api/ai/usage/trend",
+        response_model=Trend,
+        description=RANGE_DOC
+        + " Every bucket of the range is present (zeros when empty); day and week buckets start at local midnight "
+        "(weeks on Monday), so the first may start before the range. Without `group_by` there is one series, key "
+        "`total`; with it one per model or provider, or exactly the comma-separated `keys`.",
+    )
+    async def trend(
+        principal: Annotated[Principal, Depends(usage_reader)],
+        range: RangeName = "today",
+        tz: str | None = None,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        granularity: Granularity = "day",
+        group_by: GroupBy | None = None,
+        keys: str | None = None,
+    ) -> Trend:
+        r = resolve(range, tz, start, end)
+        wanted = [k for k in (keys or "").split(",") if k.strip()] or None
+        if wanted and group_by is None:
+            raise _invalid(InvalidQuery("keys", "keys needs group_by"))
+        try:
+            domain.buckets(r, granularity)  # reject a too fine grid before reading anything
+        except InvalidQuery as exc:
+            raise _invalid(exc) from None
+        rows = await store.usage_rows(principal.account_id, r.start, r.end, per="hour")
+        grid = domain.trend(rows, prices, r, granularity, group_by, [k.strip() for k in wanted] if wanted else None)
+        return Trend(
+            granularity=granularity,
+            series=[
+                TrendSeries(
+                    key=key,
+                    points=[
+                        TrendPoint(
+                            t=r.local(t),
+                            input_tokens=v.input_tokens,
+                            output_tokens=v.output_tokens,
+                            total_tokens=v.total_tokens,
+                            calls=v.calls,
+                            estimated_cost=domain.money(v.cost),
+                        )
+                        for t, v in points
+                    ],
+                )
+                for key, points in grid.items()
+            ],
+            range=_range_model(r),
+            currency=prices.currency,
+        )
+
+    @router.get("/api/ai/usage/by-provider", response_model=ByProvider, description=RANGE_DOC)
+    async def by_provider(
+        principal: Annotated[Principal, Depends(usage_reader)],
+        range: RangeName = "today",
+        tz: str | None = None,
+        start: datetime | None = None,
+        end: datetime | None = None,
+    ) -> ByProvider:
+        r = resolve(range, tz, start, end)
+        rows = await store.usage_rows(principal.account_id, r.start, r.end, per="day")
+        items = sorted(domain.by_model(rows, prices).items(), key=lambda kv: (kv[0][0], -kv[1].total_tokens, kv[0][1]))
+        return ByProvider(
+            items=[
+                ProviderItem(provider=p, model=m, calls=t.calls, total_tokens=t.total_tokens, estimated_cost=domain.money(t.cost))
+                for (p, m), t in items
+            ],
+            range=_range_model(r),
+            currency=prices.currency,
+        )
+
+    @router.get(
+        "/api/activity-log",
+        response_model=ActivityLog,
+        description=(
+            "The account's API-key calls, newest first. `start` (inclusive) and `end` (exclusive) bound the time; "
+            "`limit` 1..200 (default 50); pass `next_cursor` back as `cursor` for the next page (keyset pagination: "
+            "stable while new calls arrive). `masked_key` comes from keys.v1 and is null for a key metering never saw."
+        ),
+    )
+    async def activity_log(
+        principal: Annotated[Principal, Depends(edge.requires(Permission.ACTIVITY_READ))],
+        start: datetime | None = None,
+        end: datetime | None = None,
+        api_key_id: UUID | None = None,
+        ip: Annotated[str | None, Query(max_length=64)] = None,
+        limit: Annotated[int, Query(ge=1, le=200)] = 50,
+        cursor: Annotated[str | None, Query(max_length=200)] = None,
+    ) -> ActivityLog:
+        for field, value in (("start", start), ("end", end)):
+            if value is not None and value.tzinfo is None:
+                raise _invalid(InvalidQuery(field, f"{field} needs a UTC offset (RFC 3339)"))
+        try:
+            after = domain.Cursor.decode(cursor) if cursor else None
+        except InvalidQuery as exc:
+            raise _invalid(exc) from None
+        where = ActivityFilter(start=start, end=end, api_key_id=api_key_id, ip=ip)
+        rows = await store.calls(principal.account_id, where, limit + 1, after)
+        page = rows[:limit]
+        items = [
+            ActivityItem(
+                time=row.time,
+                api_key_id=row.api_key_id,
+                masked_key=masks.get(row.api_key_id),
+                method=row.method,
+                path=row.path,
+                status=row.status,
+                ip=row.ip,
+                user_agent=row.user_agent,
+                latency_ms=row.latency_ms,
+            )
+            for row in page
+        ]
+        next_cursor = domain.Cursor(page[-1].time, page[-1].id).encode() if len(rows) > limit else None
+        return ActivityLog(items=items, next_cursor=next_cursor)
+
+    return router
+
+
+async def _publish(runtime: Runtime, topic: str, event: UsageEvent) -> None:
+    await runtime.broker.publish(event, topic, key=str(event.account_id).encode())

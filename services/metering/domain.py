@@ -1,0 +1,366 @@
+"""Metering's pure rules: time ranges and buckets in a time zone, totals, cost, shares, change.
+
+No I/O. Rows come in as hourly (or daily) sums from the rollup; everything here is exact
+integer and Decimal arithmetic, with time-zone work done by zoneinfo (DST-correct).
+"""
+
+import base64
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Literal, TypeVar
+from uuid import UUID
+from zoneinfo import ZoneInfo
+
+from contracts.events import CallEvent, UsageEvent
+from services.metering.prices import PriceTable
+
+RangeName = Literal["today", "week", "month", "custom"]
+Granularity = Literal["hour", "day", "week"]
+GroupBy = Literal["model", "provider"]
+
+HOUR = timedelta(hours=1)
+MAX_CUSTOM_SPAN = timedelta(days=400)
+MAX_BUCKETS = 24 * 400
+MONEY_QUANTUM = Decimal("0.000001")
+UNKNOWN = "unknown"  # provider/model of a usage event that names none
+TOTAL_KEY = "total"  # the one series of a trend without group_by
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class InvalidQuery(ValueError):
+    """A query the API answers with 422 validation_error; `field` names the culprit."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+# ---- time ranges ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TimeRange:
+    """[start, end) in UTC, whole hours, with the zone its calendar was taken in."""
+
+    start: datetime
+    end: datetime
+    tz: ZoneInfo
+    name: RangeName
+
+    def local(self, t: datetime) -> datetime:
+        return t.astimezone(self.tz)
+
+
+def zone(name: str | None, default: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name or default)
+    except (ValueError, KeyError, OSError) as exc:  # unknown or malformed IANA name
+        raise InvalidQuery("tz", f"unknown time zone {name!r}") from exc
+
+
+def floor_hour(t: datetime) -> datetime:
+    t = t.astimezone(UTC)
+    return t.replace(minute=0, second=0, microsecond=0)
+
+
+def ceil_hour(t: datetime) -> datetime:
+    floored = floor_hour(t)
+    return floored if floored == t.astimezone(UTC) else floored + HOUR
+
+
+def local_midnight(day: date, tz: ZoneInfo) -> datetime:
+    """The first instant of `day` in `tz`, in UTC (zoneinfo resolves DST gaps and folds)."""
+    return datetime.combine(day, time(0), tzinfo=tz).astimezone(UTC)
+
+
+def _period_start(name: RangeName, day: date) -> date:
+    if name == "today":
+        return day
+    if name == "week":
+        return day - timedelta(days=day.weekday())  # ISO week: Monday
+    return day.replace(day=1)
+
+
+def _next_period(name: RangeName, start: date) -> date:
+    if name == "today":
+        return start + timedelta(days=1)
+    if name == "week":
+        return start + timedelta(days=7)
+    return (start.replace(day=28) + timedelta(days=4)).replace(day=1)
+
+
+def _previous_period(name: RangeName, start: date) -> date:
+    if name == "today":
+        return start - timedelta(days=1)
+    if name == "week":
+        return start - timedelta(days=7)
+    return (start - timedelta(days=1)).replace(day=1)
+
+
+def resolve_range(
+    name: RangeName, tz: ZoneInfo, now: datetime, start: datetime | None = None, end: datetime | None = None
+) -> TimeRange:
+    """today/week/month: the whole calendar day, ISO week or month containing `now` in `tz`.
+    custom: [start, end), widened to whole UTC hours (the rollup's resolution)."""
+    if name == "custom":
+        if start is None or end is None:
+            raise InvalidQuery("start" if start is None else "end", "range=custom needs start and end")
+        if start.tzinfo is None or end.tzinfo is None:
+            raise InvalidQuery("start", "start and end need a UTC offset (RFC 3339)")
+        lo, hi = floor_hour(start), ceil_hour(end)
+        if hi <= lo:
+            raise InvalidQuery("end", "end must be after start")
+        if hi - lo > MAX_CUSTOM_SPAN:
+            raise InvalidQuery("end", f"a custom range spans at most {MAX_CUSTOM_SPAN.days} days")
+        return TimeRange(lo, hi, tz, name)
+    if start is not None or end is not None:
+        raise InvalidQuery("start", "start and end are only for range=custom")
+    first = _period_start(name, now.astimezone(tz).date())
+    return TimeRange(floor_hour(local_midnight(first, tz)), floor_hour(local_midnight(_next_period(name, first), tz)), tz, name)
+
+
+def previous_range(r: TimeRange) -> TimeRange:
+    """The period before `r` of equal length: the previous calendar day, ISO week or month for
+    today/week/month; for custom, the same duration ending where `r` starts."""
+    if r.name == "custom":
+        return TimeRange(r.start - (r.end - r.start), r.start, r.tz, r.name)
+    first = r.local(r.start).date()
+    prev = _previous_period(r.name, first)
+    return TimeRange(floor_hour(local_midnight(prev, r.tz)), r.start, r.tz, r.name)
+
+
+def elapsed_days(r: TimeRange, now: datetime) -> int:
+    """Local calendar days of `r` up to now (a started day counts; future days do not); >= 1."""
+    until = min(r.end, max(now, r.start))
+    if until <= r.start:
+        return 1
+    first = r.local(r.start).date()
+    last = r.local(until - timedelta(microseconds=1)).date()
+    return max(1, (last - first).days + 1)
+
+
+# ---- buckets -------------------------------------------------------------------------------
+def bucket_of(hour: datetime, granularity: Granularity, tz: ZoneInfo) -> datetime:
+    """The start (UTC) of the bucket holding the UTC hour `hour`: the hour itself, or the local
+    midnight of its day, or the local Monday midnight of its ISO week."""
+    if granularity == "hour":
+        return hour
+    day = hour.astimezone(tz).date()
+    if granularity == "week":
+        day -= timedelta(days=day.weekday())
+    return local_midnight(day, tz)
+
+
+def buckets(r: TimeRange, granularity: Granularity) -> list[datetime]:
+    """Every bucket overlapping `r`, in order (UTC starts), so empty ones can be filled."""
+    if granularity == "hour":
+        count = int((r.end - r.start) / HOUR)
+        if count > MAX_BUCKETS:
+            raise InvalidQuery("granularity", f"at most {MAX_BUCKETS} buckets; choose a coarser granularity")
+        return [r.start + i * HOUR for i in range(count)]
+    first = r.local(r.start).date()
+    last = r.local(r.end - timedelta(microseconds=1)).date()
+    step = 1
+    if granularity == "week":
+        first -= timedelta(days=first.weekday())
+        step = 7
+    out = []
+    day = first
+    while day <= last:
+        out.append(local_midnight(day, r.tz))
+        day += timedelta(days=step)
+    return out
+
+
+# ---- sums, cost, shares ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """Sums of one provider x model in one UTC hour (or UTC day: `start` at 00:00 UTC)."""
+
+    start: datetime
+    provider: str
+    model: str
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+@dataclass(slots=True)
+class Totals:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    calls: int = 0
+    cost: Decimal = Decimal(0)
+
+    def add(self, row: UsageRow, prices: PriceTable) -> None:
+        self.input_tokens += row.input_tokens
+        self.output_tokens += row.output_tokens
+        self.total_tokens += row.total_tokens
+        self.calls += row.calls
+        self.cost += prices.cost(row.provider, row.model, row.start.astimezone(UTC).date(), row.input_tokens, row.output_tokens)
+
+
+def money(amount: Decimal) -> str:
+    """A decimal string with 6 places (token prices are fractions of a cent)."""
+    return str(amount.quantize(MONEY_QUANTUM, rounding=ROUND_HALF_EVEN))
+
+
+def pct(part: Decimal | int, whole: Decimal | int) -> float:
+    if not whole:
+        return 0.0
+    return float((Decimal(part) * 100 / Decimal(whole)).quantize(Decimal("0.01"), rounding=ROUND_HALF_EVEN))
+
+
+def average(total: int, days: int) -> float:
+    """Per-day average, 2 decimals."""
+    return float((Decimal(total) / Decimal(max(days, 1))).quantize(Decimal("0.01"), rounding=ROUND_HALF_EVEN))
+
+
+def change_pct(current: Decimal | int, previous: Decimal | int) -> float | None:
+    """Percent change; 0 when both are zero, None (undefined) when only the previous one is."""
+    if not previous:
+        return 0.0 if not current else None
+    return pct(Decimal(current) - Decimal(previous), previous)
+
+
+def totals(rows: Iterable[UsageRow], prices: PriceTable) -> Totals:
+    out = Totals()
+    for row in rows:
+        out.add(row, prices)
+    return out
+
+
+def by_model(rows: Iterable[UsageRow], prices: PriceTable) -> dict[tuple[str, str], Totals]:
+    out: dict[tuple[str, str], Totals] = defaultdict(Totals)
+    for row in rows:
+        out[(row.provider, row.model)].add(row, prices)
+    return dict(out)
+
+
+def series_key(row: UsageRow, group_by: GroupBy | None) -> str:
+    if group_by == "model":
+        return row.model
+    if group_by == "provider":
+        return row.provider
+    return TOTAL_KEY
+
+
+def trend(
+    rows: Iterable[UsageRow],
+    prices: PriceTable,
+    r: TimeRange,
+    granularity: Granularity,
+    group_by: GroupBy | None,
+    keys: list[str] | None,
+) -> dict[str, list[tuple[datetime, Totals]]]:
+    """key -> every bucket of `r` in order with its totals (zeros where nothing happened).
+    With `keys`, exactly those series (in that order), even when empty."""
+    starts = buckets(r, granularity)
+    grid: dict[str, dict[datetime, Totals]] = {}
+    if keys:
+        for key in keys:
+            grid[key] = {}
+    elif group_by is None:
+        grid[TOTAL_KEY] = {}
+    for row in rows:
+        key = series_key(row, group_by)
+        if keys and key not in grid:
+            continue
+        cells = grid.setdefault(key, {})
+        cells.setdefault(bucket_of(row.start, granularity, r.tz), Totals()).add(row, prices)
+    ordered = keys if keys else sorted(grid)
+    return {key: [(s, grid[key].get(s) or Totals()) for s in starts] for key in ordered}
+
+
+# ---- events -> rows of the raw tables ---------------------------------------------------------
+USAGE_COLUMNS = (
+    "id",
+    "time",
+    "account_id",
+    "resource",
+    "quantity",
+    "provider",
+    "model",
+    "input_tokens",
+    "output_tokens",
+    "total_tokens",
+    "source",
+)
+CALL_COLUMNS = ("id", "time", "account_id", "api_key_id", "method", "path", "status", "ip", "user_agent", "latency_ms")
+
+
+def total_tokens(event: UsageEvent) -> int:
+    """input + output when the event splits its tokens, else its quantity."""
+    if event.input_tokens is None and event.output_tokens is None:
+        return max(event.quantity, 0)
+    return (event.input_tokens or 0) + (event.output_tokens or 0)
+
+
+def usage_columns(events: list[UsageEvent]) -> list[list[object]]:
+    """Column-oriented data for the usage_events insert (much faster than rows)."""
+    return [
+        [e.id for e in events],
+        [e.time.astimezone(UTC) for e in events],
+        [e.account_id for e in events],
+        [e.resource.value for e in events],
+        [e.quantity for e in events],
+        [e.provider or UNKNOWN for e in events],
+        [e.model or UNKNOWN for e in events],
+        [e.input_tokens or 0 for e in events],
+        [e.output_tokens or 0 for e in events],
+        [total_tokens(e) for e in events],
+        [e.source for e in events],
+    ]
+
+
+def call_columns(events: list[CallEvent]) -> list[list[object]]:
+    return [
+        [e.id for e in events],
+        [e.time.astimezone(UTC) for e in events],
+        [e.account_id for e in events],
+        [e.api_key_id for e in events],
+        [e.method for e in events],
+        [e.path for e in events],
+        [e.status for e in events],
+        [e.ip for e in events],
+        [e.user_agent for e in events],
+        [e.latency_ms for e in events],
+    ]
+
+
+E = TypeVar("E", UsageEvent, CallEvent)
+
+
+def first_of_each_id(events: list[E]) -> list[E]:
+    seen: set[UUID] = set()
+    out: list[E] = []
+    for e in events:
+        if e.id not in seen:
+            seen.add(e.id)
+            out.append(e)
+    return out
+
+
+# ---- activity-log cursor ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """Keyset position: the (time, id) of the last item returned (items go newest first)."""
+
+    time: datetime
+    id: UUID
+
+    def encode(self) -> str:
+        micros = (self.time - EPOCH) // timedelta(microseconds=1)
+        return base64.urlsafe_b64encode(f"{micros}:{self.id}".encode()).decode().rstrip("=")
+
+    @staticmethod
+    def decode(token: str) -> "Cursor":
+        try:
+            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+            micros, _, ident = raw.partition(":")
+            return Cursor(EPOCH + timedelta(microseconds=int(micros)), UUID(ident))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidQuery("cursor", "the cursor is not valid") from exc

@@ -1,0 +1,201 @@
+"""Metering's ClickHouse adapter: migrations, de-duplicated batch inserts, rollup and log reads.
+
+clickhouse-connect is synchronous (and chdb runs the engine in this process), so every call
+runs in a worker thread. Writer and reader have separate clients, each used by one thread at
+a time (a lock per client): the sink's inserts never queue behind an analytics query.
+Every query is parameterised (`{name:Type}` server-side binding); the same SQL runs on chdb
+and on a ClickHouse server.
+"""
+
+import asyncio
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+from uuid import UUID
+
+import clickhouse_connect.common
+from clickhouse_connect.driver.client import Client
+
+from contracts.events import CallEvent, UsageEvent
+from services.metering import domain
+from services.metering.domain import Cursor, UsageRow
+from services.runtime import clickhouse
+
+MIGRATIONS = Path(__file__).with_name("clickhouse")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class InsertResult:
+    inserted: int
+    duplicates: int
+
+
+@dataclass(frozen=True, slots=True)
+class ActivityFilter:
+    start: datetime | None = None
+    end: datetime | None = None
+    api_key_id: UUID | None = None
+    ip: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallRow:
+    id: UUID
+    time: datetime
+    api_key_id: UUID
+    method: str
+    path: str
+    status: int
+    ip: str
+    user_agent: str
+    latency_ms: float
+
+
+class _Guarded:
+    """One client, used by one thread at a time."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.lock = threading.Lock()
+
+    async def run(self, fn: Callable[[Client], T]) -> T:
+        def call() -> T:
+            with self.lock:
+                return fn(self.client)
+
+        return await asyncio.to_thread(call)
+
+
+def _utc(value: datetime) -> datetime:
+    """chdb may hand back naive datetimes for UTC columns; they are UTC."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class MeteringStore:
+    def __init__(self, dsn: str, database: str) -> None:
+        self.dsn = dsn
+        self.db = database
+        self._writer: _Guarded | None = None
+        self._reader: _Guarded | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def open(self) -> None:
+        """Connect and migrate (blocking: run in a thread). Idempotent."""
+        if self._writer is not None:
+            return
+        # An HTTP client would otherwise pin one server session and refuse concurrent queries.
+        clickhouse_connect.common.set_setting("autogenerate_session_id", False)
+        writer = clickhouse.connect(self.dsn)
+        clickhouse.apply_migrations(writer, self.db, MIGRATIONS)
+        self._writer = _Guarded(writer)
+        self._reader = _Guarded(clickhouse.connect(self.dsn))
+
+    def close(self) -> None:
+        for guarded in (self._writer, self._reader):
+            if guarded is not None:
+                with guarded.lock:
+                    guarded.client.close()
+        self._writer = self._reader = None
+
+    @property
+    def writer(self) -> _Guarded:
+        if self._writer is None:
+            raise RuntimeError("the metering store is not open")
+        return self._writer
+
+    @property
+    def reader(self) -> _Guarded:
+        if self._reader is None:
+            raise RuntimeError("the metering store is not open")
+        return self._reader
+
+    async def ping(self) -> bool:
+        rows = await self.reader.run(lambda c: c.query("SELECT 1").result_rows)
+        return rows == [(1,)]
+
+    # ---- the sink's writes ----------------------------------------------------------------
+    def _known_ids(self, client: Client, ids: Sequence[UUID]) -> set[UUID]:
+        if not ids:
+            return set()
+        result = client.query(
+            f"SELECT id FROM {self.db}.event_ids WHERE id IN {{ids:Array(UUID)}}", parameters={"ids": list(ids)}
+        )
+        return {row[0] for row in result.result_rows}
+
+    def _insert_new(
+        self,
+        client: Client,
+        table: str,
+        columns: Sequence[str],
+        events: list[Any],
+        to_columns: Callable[[list[Any]], list[list[object]]],
+    ) -> InsertResult:
+        unique = domain.first_of_each_id(events)
+        known = self._known_ids(client, [e.id for e in unique])
+        fresh = [e for e in unique if e.id not in known]
+        if fresh:
+            # One INSERT: the raw rows, their ids and the rollups are written by the same block.
+            client.insert(f"{self.db}.{table}", to_columns(fresh), column_names=list(columns), column_oriented=True)
+        return InsertResult(len(fresh), len(events) - len(fresh))
+
+    async def insert_usage(self, events: list[UsageEvent]) -> InsertResult:
+        """Insert the events whose id was never written; the rest are duplicates."""
+        return await self.writer.run(
+            lambda c: self._insert_new(c, "usage_events", domain.USAGE_COLUMNS, events, domain.usage_columns)
+        )
+
+    async def insert_calls(self, events: list[CallEvent]) -> InsertResult:
+        return await self.writer.run(
+            lambda c: self._insert_new(c, "call_events", domain.CALL_COLUMNS, events, domain.call_columns)
+        )
+
+    # ---- rollup reads -----------------------------------------------------------------------
+    async def usage_rows(self, account_id: UUID, start: datetime, end: datetime, *, per: str) -> list[UsageRow]:
+        """ai_tokens sums from the hourly rollup in [start, end), per UTC `hour` or UTC `day`."""
+        bucket = "hour" if per == "hour" else "toStartOfDay(hour)"
+        sql = (
+            f"SELECT toUnixTimestamp({bucket}) AS b, provider, model, sum(events), sum(input_tokens), "
+            f"sum(output_tokens), sum(total_tokens) FROM {self.db}.usage_hourly "
+            "WHERE account_id = {account:UUID} AND resource = 'ai_tokens' "
+            "AND hour >= {start:DateTime('UTC')} AND hour < {end:DateTime('UTC')} "
+            "GROUP BY b, provider, model"
+        )
+        params = {"account": account_id, "start": start, "end": end}
+        rows = await self.reader.run(lambda c: c.query(sql, parameters=params).result_rows)
+        return [
+            UsageRow(datetime.fromtimestamp(b, UTC), provider, model, int(n), int(i), int(o), int(t))
+            for b, provider, model, n, i, o, t in rows
+        ]
+
+    # ---- activity log (raw calls, keyset pagination) ---------------------------------------------
+    async def calls(self, account_id: UUID, where: ActivityFilter, limit: int, after: Cursor | None) -> list[CallRow]:
+        """Newest first; `after` continues below the last (time, id) returned."""
+        clauses = ["account_id = {account:UUID}"]
+        params: dict[str, Any] = {"account": account_id, "limit": limit}
+        if where.start is not None:
+            clauses.append("time >= {start:DateTime64(6, 'UTC')}")
+            params["start"] = where.start.astimezone(UTC)
+        if where.end is not None:
+            clauses.append("time < {end:DateTime64(6, 'UTC')}")
+            params["end"] = where.end.astimezone(UTC)
+        if where.api_key_id is not None:
+            clauses.append("api_key_id = {key:UUID}")
+            params["key"] = where.api_key_id
+        if where.ip is not None:
+            clauses.append("ip = {ip:String}")
+            params["ip"] = where.ip
+        if after is not None:
+            clauses.append("(time, id) < ({ct:DateTime64(6, 'UTC')}, {cid:UUID})")
+            params["ct"] = after.time
+            params["cid"] = after.id
+        sql = (
+            "SELECT id, time, api_key_id, method, path, status, ip, user_agent, latency_ms "
+            f"FROM {self.db}.call_events FINAL WHERE {' AND '.join(clauses)} "
+            "ORDER BY time DESC, id DESC LIMIT {limit:UInt32}"
+        )
+        rows = await self.reader.run(lambda c: c.query(sql, parameters=params).result_rows)
+        return [CallRow(r[0], _utc(r[1]), r[2], r[3], r[4], int(r[5]), r[6], r[7], float(r[8])) for r in rows]

@@ -1,0 +1,63 @@
+"""Helpers for metering's integration tests: a signed-in account without the keys service,
+usage and call events on the real topics, polling without sleeps longer than needed."""
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from faststream.kafka import KafkaBroker
+from pydantic import BaseModel
+
+from contracts.common import Role, UserType
+from contracts.events import AccountState
+from contracts.topics import ACCOUNTS
+from services.edge import sessions
+from services.runtime.settings import Settings
+
+T = TypeVar("T")
+
+
+def session_token(settings: Settings, account_id: uuid.UUID) -> str:
+    """A console session token signed like the edge signs them (same SESSION_SECRET)."""
+    expires = int(time.time()) + 3600
+    return sessions.issue(settings.session_secret.get_secret_value().encode(), sessions.SessionClaims(account_id, "sid", expires))
+
+
+async def publish_account(broker: KafkaBroker, settings: Settings, account_id: uuid.UUID, roles: list[Role]) -> None:
+    state = AccountState(account_id=account_id, time=datetime.now(UTC), roles=roles, user_type=UserType.INDIVIDUAL)
+    await broker.publish(state, settings.topic(ACCOUNTS.name), key=str(account_id).encode())
+
+
+async def sign_in(app: Any, roles: list[Role] | None = None) -> tuple[uuid.UUID, dict[str, str]]:
+    """A new account known to the in-process edge, and headers carrying its console session."""
+    runtime = app.state.runtime
+    account_id = uuid.uuid4()
+    await publish_account(runtime.broker, runtime.settings, account_id, roles or [Role.OWNER])
+    await wait_until(lambda: _known(runtime, account_id), timeout=20)
+    token = runtime.edge.issue_session(account_id, "sid", datetime.now(UTC))
+    return account_id, {"Authorization": f"Bearer {token}"}
+
+
+async def _known(runtime: Any, account_id: uuid.UUID) -> bool:
+    return runtime.edge.accounts.get(account_id) is not None
+
+
+async def publish_all(broker: KafkaBroker, topic: str, events: list[BaseModel], key_of: Callable[[Any], bytes]) -> None:
+    """Publish concurrently (the producer batches them) and wait for every ack."""
+    for i in range(0, len(events), 2000):
+        await asyncio.gather(*(broker.publish(e, topic, key=key_of(e)) for e in events[i : i + 2000]))
+
+
+async def wait_until(check: Callable[[], Awaitable[T]], timeout: float = 30, interval: float = 0.1) -> T:
+    """Poll `check` until it returns something truthy; fail with the last value after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: T = await check()
+    while not last:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not met in {timeout}s; last value: {last!r}")
+        await asyncio.sleep(interval)
+        last = await check()
+    return last
