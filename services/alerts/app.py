@@ -1,7 +1,28 @@
 """Wiring of the alerts service."""
 
+from pathlib import Path
+
+from services.alerts import api, consumers
+from services.alerts.channels import EmailChannel, InSiteChannel, SmsChannel
+from services.alerts.dispatcher import Dispatcher
 from services.runtime.component import Component, Runtime
 
 
 def build(runtime: Runtime) -> Component:
-    return Component(name="alerts")
+    settings = runtime.settings
+    sms = SmsChannel(settings)
+    dispatcher = Dispatcher(runtime.pool, [InSiteChannel(), EmailChannel(settings), sms], settings.console_url)
+
+    async def stop() -> None:
+        await dispatcher.stop()
+        await sms.close()
+
+    component = Component(
+        name="alerts",
+        router=api.build_router(runtime, dispatcher),
+        subscribers=consumers.build_router(runtime, dispatcher),
+        migrations=Path(__file__).parent / "migrations",
+        on_start=[dispatcher.start],
+        on_stop=[stop],
+    )
+    return component

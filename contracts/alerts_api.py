@@ -1,0 +1,114 @@
+"""Payloads of the alerts API (API.md, "Alerts"); extensions are marked as such."""
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated
+from uuid import UUID
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from contracts.common import AlertMetric
+
+
+class Channel(StrEnum):
+    IN_SITE = "in_site"
+    EMAIL = "email"
+    SMS = "sms"
+
+
+class DeliveryStatus(StrEnum):
+    PENDING = "pending"
+    SENT = "sent"
+    FAILED = "failed"
+
+
+# A pragmatic address check (no DNS, no dependency): one @, no spaces, a dot in the domain.
+EMAIL_PATTERN = r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$"
+# E.164: a plus, a country code that does not start with 0, at most 15 digits in all.
+PHONE_PATTERN = r"^\+[1-9]\d{6,14}$"
+
+
+class EmailRecipient(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    email: str = Field(pattern=EMAIL_PATTERN, max_length=254, examples=["ops@example.com"])
+
+
+class PhoneRecipient(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    phone: str = Field(pattern=PHONE_PATTERN, examples=["+4915112345678"], description="E.164")
+
+
+class UserRecipient(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    user_id: UUID = Field(description="A user of this account; the addressee of the in-site notification.")
+
+
+Recipient = EmailRecipient | PhoneRecipient | UserRecipient
+
+
+class RuleIn(BaseModel):
+    """`POST /api/ai/usage/alert`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metric: AlertMetric
+    threshold_pct: int = Field(ge=1, le=100)
+    channels: Annotated[list[Channel], Field(min_length=1, max_length=3)]
+    recipients: Annotated[list[Recipient], Field(default_factory=list, max_length=20)]
+
+
+class RuleOut(BaseModel):
+    id: UUID
+    metric: AlertMetric
+    threshold_pct: int
+    channels: list[Channel]
+    recipients: list[Recipient]
+    created_at: AwareDatetime
+    fired_this_period: bool
+    last_fired_at: AwareDatetime | None
+    # Extension: deliveries of this rule that exhausted their retries (see .../deliveries).
+    failed_deliveries: int = 0
+
+
+class RuleList(BaseModel):
+    rules: list[RuleOut]
+
+
+class DeliveryOut(BaseModel):
+    """Extension: one message of one firing on one channel to one recipient."""
+
+    id: UUID
+    firing_id: UUID
+    period: str
+    threshold_pct: int
+    channel: Channel
+    recipient: str
+    status: DeliveryStatus
+    attempts: int
+    last_error: str | None
+    created_at: datetime
+    sent_at: datetime | None
+
+
+class DeliveryList(BaseModel):
+    items: list[DeliveryOut]
+
+
+class NotificationLinks(BaseModel):
+    upgrade_plan: str
+    buy_quota_package: str
+
+
+class NotificationOut(BaseModel):
+    id: UUID
+    created_at: AwareDatetime
+    title: str
+    message: str
+    metric: AlertMetric
+    threshold_pct: int
+    links: NotificationLinks
+    read: bool
+
+
+class NotificationList(BaseModel):
+    items: list[NotificationOut]

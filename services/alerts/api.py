@@ -1,0 +1,142 @@
+"""Routes of the alerts service (API.md, "Alerts"); extensions say so in their descriptions."""
+
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Annotated
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, Query, Response
+
+from contracts.alerts_api import (
+    DeliveryList,
+    DeliveryOut,
+    NotificationList,
+    NotificationOut,
+    RuleIn,
+    RuleList,
+    RuleOut,
+)
+from contracts.common import Permission
+from contracts.errors import ErrorCode
+from services.alerts import domain, firing, store
+from services.alerts.dispatcher import Dispatcher
+from services.edge.errors import ApiError, not_found
+from services.edge.principal import Principal
+from services.edge.quota_gate import period_of
+from services.runtime.component import Runtime
+
+RULE_DESCRIPTION = """Create an alert rule. A rule fires once per (rule, threshold, period), immediately when
+usage crosses its threshold, on every channel it names; a rule whose threshold is already passed this period
+fires once at creation.
+
+Channels and recipients must fit each other (otherwise 422 `validation_error` with `details`):
+`email` needs an `{email}` recipient and `sms` a `{phone}` recipient (E.164), and each such recipient needs its
+channel; `in_site` needs no recipient: it goes to the account's inbox (`GET /api/notifications`). A `{user_id}`
+recipient names that inbox's user, needs `in_site`, and must be the account's own id (an account has one user).
+
+Extension: the response also carries `created_at` and `failed_deliveries`."""
+
+
+def _rule_out(view: store.RuleView) -> RuleOut:
+    rule = view.rule
+    return RuleOut(
+        id=rule.id,
+        metric=rule.metric,
+        threshold_pct=rule.threshold_pct,
+        channels=rule.channels,
+        recipients=rule.recipients,
+        created_at=rule.created_at,
+        fired_this_period=view.fired_this_period,
+        last_fired_at=view.last_fired_at,
+        failed_deliveries=view.failed_deliveries,
+    )
+
+
+def _notification_out(row: store.Row) -> NotificationOut:
+    return NotificationOut(
+        id=row["id"],
+        created_at=row["created_at"],
+        title=row["title"],
+        message=row["message"],
+        metric=row["metric"],
+        threshold_pct=row["threshold_pct"],
+        links=row["links"],
+        read=row["read_at"] is not None,
+    )
+
+
+def build_router(runtime: Runtime, dispatcher: Dispatcher) -> APIRouter:
+    pool, edge, tz = runtime.pool, runtime.edge, runtime.settings.tz
+    router = APIRouter(tags=["alerts"])
+    can_read = Depends(edge.requires(Permission.ALERTS_READ))
+    can_write = Depends(edge.requires(Permission.ALERTS_WRITE))
+
+    @router.post("/api/ai/usage/alert", status_code=201, response_model=RuleOut, description=RULE_DESCRIPTION)
+    async def create_rule(body: RuleIn, principal: Principal = can_write) -> RuleOut:
+        problems = domain.validate_rule(principal.account_id, body.channels, body.recipients)
+        if problems:
+            raise ApiError(422, ErrorCode.VALIDATION_ERROR, "The rule is not valid.", details=[asdict(p) for p in problems])
+        now = datetime.now(UTC)
+        async with pool.connection() as conn, conn.transaction():
+            rule = await store.insert_rule(
+                conn, principal.account_id, body.metric, body.threshold_pct, body.channels, body.recipients
+            )
+            delivery_ids = await firing.fire_at_creation(conn, rule, now, tz)
+        dispatcher.submit(delivery_ids)
+        fired = bool(delivery_ids)
+        return _rule_out(store.RuleView(rule, fired, now if fired else None, 0))
+
+    @router.get("/api/ai/usage/alert", response_model=RuleList)
+    async def list_rules(principal: Principal = can_read) -> RuleList:
+        async with pool.connection() as conn:
+            views = await store.list_rules(conn, principal.account_id, period_of(datetime.now(UTC), tz))
+        return RuleList(rules=[_rule_out(v) for v in views])
+
+    @router.delete("/api/ai/usage/alert/{rule_id}", status_code=204, response_class=Response)
+    async def delete_rule(rule_id: UUID, principal: Principal = can_write) -> Response:
+        async with pool.connection() as conn, conn.transaction():
+            if not await store.delete_rule(conn, principal.account_id, rule_id):
+                raise not_found("alert rule")
+        return Response(status_code=204)
+
+    @router.get(
+        "/api/ai/usage/alert/{rule_id}/deliveries",
+        response_model=DeliveryList,
+        description="Extension: every message of this rule's firings with its status (pending, sent, failed), "
+        "attempts and last error, so a delivery that kept failing is visible.",
+    )
+    async def list_deliveries(rule_id: UUID, principal: Principal = can_read) -> DeliveryList:
+        async with pool.connection() as conn:
+            if not await store.rule_exists(conn, principal.account_id, rule_id):
+                raise not_found("alert rule")
+            rows = await store.list_deliveries(conn, principal.account_id, rule_id)
+        return DeliveryList(items=[DeliveryOut.model_validate(r) for r in rows])
+
+    @router.get(
+        "/api/notifications",
+        response_model=NotificationList,
+        description="The account's in-site notifications, newest first. Extension: `limit` (default 50) and `unread_only`.",
+    )
+    async def list_notifications(
+        principal: Principal = can_read,
+        limit: Annotated[int, Query(ge=1, le=200)] = 50,
+        unread_only: bool = False,
+    ) -> NotificationList:
+        async with pool.connection() as conn:
+            rows = await store.list_notifications(conn, principal.account_id, limit, unread_only)
+        return NotificationList(items=[_notification_out(r) for r in rows])
+
+    @router.post(
+        "/api/notifications/{notification_id}/read",
+        response_model=NotificationOut,
+        description="Extension: mark one notification read (idempotent); answers the notification. Needs only "
+        "`alerts:read`: reading one's inbox is not changing alert rules.",
+    )
+    async def mark_read(notification_id: UUID, principal: Principal = can_read) -> NotificationOut:
+        async with pool.connection() as conn, conn.transaction():
+            row = await store.mark_read(conn, principal.account_id, notification_id)
+        if row is None:
+            raise not_found("notification")
+        return _notification_out(row)
+
+    return router

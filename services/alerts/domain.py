@@ -1,0 +1,167 @@
+"""The alert rules, free of I/O: what a rule accepts, when it fires, what it sends to whom."""
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+from urllib.parse import quote
+from uuid import UUID
+
+from contracts.alerts_api import Channel, EmailRecipient, PhoneRecipient, Recipient, UserRecipient
+from contracts.common import METRIC_RESOURCE, STOCK_RESOURCES, AlertMetric, Resource
+
+# ---- rule validation --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a rule body is refused; reported in the 422's `details` like schema errors."""
+
+    field: str
+    message: str
+    type: str = "value_error"
+
+
+def validate_rule(account_id: UUID, channels: Sequence[Channel], recipients: Sequence[Recipient]) -> list[Problem]:
+    """Channels and recipients must fit each other, so no recipient is silently ignored:
+
+    - `email` needs at least one `{email}` recipient, and an `{email}` recipient needs `email`;
+    - `sms` likewise with `{phone}`;
+    - `in_site` needs no recipient: it lands in the account's inbox (`GET /api/notifications`).
+      A `{user_id}` recipient names that inbox's user and needs `in_site`; an account has one
+      user (the account itself), so any other id is refused rather than leaking usage figures.
+    """
+    problems: list[Problem] = []
+    if len(set(channels)) != len(channels):
+        problems.append(Problem("channels", "Each channel may appear once."))
+    keys = [recipient_key(account_id, r) for r in recipients]
+    if len(set(keys)) != len(keys):
+        problems.append(Problem("recipients", "Each recipient may appear once."))
+    kinds = {type(r) for r in recipients}
+    wanted = set(channels)
+    for channel, kind, what in ((Channel.EMAIL, EmailRecipient, "email"), (Channel.SMS, PhoneRecipient, "phone")):
+        if channel in wanted and kind not in kinds:
+            problems.append(Problem("recipients", f"The {channel.value} channel needs at least one {{{what}}} recipient."))
+        if kind in kinds and channel not in wanted:
+            problems.append(Problem("channels", f"A {{{what}}} recipient needs the {channel.value} channel."))
+    if UserRecipient in kinds and Channel.IN_SITE not in wanted:
+        problems.append(Problem("channels", "A {user_id} recipient needs the in_site channel."))
+    for index, recipient in enumerate(recipients):
+        if isinstance(recipient, UserRecipient) and recipient.user_id != account_id:
+            problems.append(Problem(f"recipients.{index}.user_id", "The user is not a user of this account."))
+    return problems
+
+
+def recipient_key(account_id: UUID, recipient: Recipient) -> str:
+    """The normal form a delivery is unique on: `email:a@b.c`, `phone:+49...`, `account:<id>`."""
+    if isinstance(recipient, EmailRecipient):
+        local, _, domain = recipient.email.partition("@")
+        return f"email:{local}@{domain.lower()}"
+    if isinstance(recipient, PhoneRecipient):
+        return f"phone:{recipient.phone}"
+    return f"account:{account_id}"
+
+
+def address_of(key: str) -> str:
+    """The address part of a recipient key (the e-mail address, the phone number, the account)."""
+    return key.partition(":")[2]
+
+
+@dataclass(frozen=True)
+class PlannedDelivery:
+    channel: Channel
+    recipient: str
+
+
+def plan_deliveries(account_id: UUID, channels: Iterable[Channel], recipients: Sequence[Recipient]) -> list[PlannedDelivery]:
+    """One message per channel and recipient; in-site goes once to the account's inbox."""
+    planned: list[PlannedDelivery] = []
+    for channel in dict.fromkeys(channels):
+        if channel is Channel.IN_SITE:
+            planned.append(PlannedDelivery(channel, f"account:{account_id}"))
+            continue
+        kind = EmailRecipient if channel is Channel.EMAIL else PhoneRecipient
+        keys = dict.fromkeys(recipient_key(account_id, r) for r in recipients if isinstance(r, kind))
+        planned.extend(PlannedDelivery(channel, key) for key in keys)
+    return planned
+
+
+# ---- when a rule fires ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RuleThreshold:
+    rule_id: UUID
+    threshold_pct: int
+
+
+def rules_to_fire(rules: Iterable[RuleThreshold], crossed_pct: int, already_fired: set[UUID]) -> list[RuleThreshold]:
+    """Every rule at or below the highest percent crossed that has not fired this period
+    (a jump from 50% to 95% fires the 80% and the 90% rule)."""
+    return sorted(
+        (r for r in rules if r.threshold_pct <= crossed_pct and r.rule_id not in already_fired),
+        key=lambda r: (r.threshold_pct, str(r.rule_id)),
+    )
+
+
+def usage_rate(used: int, total: int) -> Decimal:
+    """Percent used, two decimals; a zero limit with any use counts as fully used."""
+    if total <= 0:
+        return Decimal(100 if used > 0 else 0).quantize(Decimal("0.01"))
+    return (Decimal(used) * 100 / Decimal(total)).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+
+
+def fires_at_creation(
+    threshold_pct: int, resource: Resource, state_period: str | None, used: int, total: int, current_period: str
+) -> bool:
+    """A new rule whose threshold is already passed this period fires once at creation. A flow's
+    usage from an earlier period does not count; a stock's level carries over."""
+    if state_period is None:
+        return False
+    if resource not in STOCK_RESOURCES and state_period != current_period:
+        return False
+    return usage_rate(used, total) >= threshold_pct
+
+
+# ---- what is sent ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Links:
+    upgrade_plan: str
+    buy_quota_package: str
+
+
+def links_for(console_url: str, resource: Resource) -> Links:
+    base = console_url.rstrip("/")
+    return Links(upgrade_plan=f"{base}/plan", buy_quota_package=f"{base}/quota?buy={quote(resource.value)}")
+
+
+@dataclass(frozen=True)
+class AlertMessage:
+    """The facts every channel's message names: metric, threshold, usage and limit, and links."""
+
+    metric: AlertMetric
+    threshold_pct: int
+    used: int
+    total: int
+    period: str
+    links: Links
+
+    @property
+    def resource(self) -> Resource:
+        return METRIC_RESOURCE[self.metric]
+
+    @property
+    def usage_pct(self) -> Decimal:
+        return usage_rate(self.used, self.total)
+
+    @property
+    def title(self) -> str:
+        return f"Usage alert: {self.metric.value} passed {self.threshold_pct}% of your limit"
+
+    def summary(self) -> str:
+        """The plain sentence used by in-site notifications and as the template's core."""
+        return (
+            f"Your {self.metric.value} usage reached {self.threshold_pct}% alert threshold in {self.period}: "
+            f"{self.used:,} used of a {self.total:,} limit ({self.usage_pct}%)."
+        )

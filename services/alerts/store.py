@@ -1,0 +1,289 @@
+"""The alerts service's Postgres adapter (schema `alerts`). Callers own the transactions."""
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID, uuid4
+
+from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
+from pydantic import TypeAdapter
+
+from contracts.alerts_api import Channel, DeliveryStatus, Recipient
+from contracts.common import METRIC_RESOURCE, AlertMetric, Resource
+from contracts.events import QuotaState
+from services.alerts import domain
+
+Row = dict[str, Any]
+# Any: the shared pool is not typed by row factory (it makes dict rows, see runtime.postgres).
+Conn = AsyncConnection[Any]
+_RECIPIENTS: TypeAdapter[list[Recipient]] = TypeAdapter(list[Recipient])
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: UUID
+    account_id: UUID
+    metric: AlertMetric
+    threshold_pct: int
+    channels: list[Channel]
+    recipients: list[Recipient]
+    created_at: datetime
+
+    @property
+    def resource(self) -> Resource:
+        return METRIC_RESOURCE[self.metric]
+
+
+def _rule(row: Row) -> Rule:
+    return Rule(
+        id=row["id"],
+        account_id=row["account_id"],
+        metric=AlertMetric(row["metric"]),
+        threshold_pct=row["threshold_pct"],
+        channels=[Channel(c) for c in row["channels"]],
+        recipients=_RECIPIENTS.validate_python(row["recipients"]),
+        created_at=row["created_at"],
+    )
+
+
+# ---- rules ------------------------------------------------------------------------------------
+async def insert_rule(
+    conn: Conn, account_id: UUID, metric: AlertMetric, threshold_pct: int, channels: list[Channel], recipients: list[Recipient]
+) -> Rule:
+    cur = await conn.execute(
+        """INSERT INTO alerts.rules (id, account_id, metric, resource, threshold_pct, channels, recipients)
+           VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING *""",
+        (
+            uuid4(),
+            account_id,
+            metric.value,
+            METRIC_RESOURCE[metric].value,
+            threshold_pct,
+            [c.value for c in channels],
+            Jsonb(_RECIPIENTS.dump_python(recipients, mode="json")),
+        ),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return _rule(row)
+
+
+@dataclass(frozen=True)
+class RuleView:
+    rule: Rule
+    fired_this_period: bool
+    last_fired_at: datetime | None
+    failed_deliveries: int
+
+
+async def list_rules(conn: Conn, account_id: UUID, current_period: str) -> list[RuleView]:
+    cur = await conn.execute(
+        """SELECT r.*,
+                  EXISTS (SELECT 1 FROM alerts.firings f WHERE f.rule_id = r.id AND f.period = %s) AS fired_this_period,
+                  (SELECT max(f.fired_at) FROM alerts.firings f WHERE f.rule_id = r.id) AS last_fired_at,
+                  (SELECT count(*) FROM alerts.deliveries d JOIN alerts.firings f ON f.id = d.firing_id
+                    WHERE f.rule_id = r.id AND d.status = 'failed') AS failed_deliveries
+             FROM alerts.rules r WHERE r.account_id = %s ORDER BY r.created_at, r.id""",
+        (current_period, account_id),
+    )
+    return [
+        RuleView(_rule(row), row["fired_this_period"], row["last_fired_at"], int(row["failed_deliveries"]))
+        for row in await cur.fetchall()
+    ]
+
+
+async def delete_rule(conn: Conn, account_id: UUID, rule_id: UUID) -> bool:
+    cur = await conn.execute("DELETE FROM alerts.rules WHERE id = %s AND account_id = %s", (rule_id, account_id))
+    return cur.rowcount == 1
+
+
+async def rule_exists(conn: Conn, account_id: UUID, rule_id: UUID) -> bool:
+    cur = await conn.execute("SELECT 1 FROM alerts.rules WHERE id = %s AND account_id = %s", (rule_id, account_id))
+    return await cur.fetchone() is not None
+
+
+async def rules_for(conn: Conn, account_id: UUID, resource: Resource, max_threshold: int) -> list[Rule]:
+    cur = await conn.execute(
+        "SELECT * FROM alerts.rules WHERE account_id = %s AND resource = %s AND threshold_pct <= %s",
+        (account_id, resource.value, max_threshold),
+    )
+    return [_rule(row) for row in await cur.fetchall()]
+
+
+# ---- quota states -----------------------------------------------------------------------------
+async def save_quota_state(conn: Conn, state: QuotaState) -> None:
+    """Keep the newest state per account and resource (a late or redelivered one changes nothing)."""
+    await conn.execute(
+        """INSERT INTO alerts.quota_states AS q (account_id, resource, period, total, used, time)
+           VALUES (%s, %s, %s, %s, %s, %s)
+           ON CONFLICT (account_id, resource) DO UPDATE
+              SET period = excluded.period, total = excluded.total, used = excluded.used, time = excluded.time
+            WHERE (excluded.period, excluded.time) >= (q.period, q.time)""",
+        (state.account_id, state.resource.value, state.period, state.total, state.used, state.time),
+    )
+
+
+async def quota_state(conn: Conn, account_id: UUID, resource: Resource) -> Row | None:
+    cur = await conn.execute(
+        "SELECT period, total, used FROM alerts.quota_states WHERE account_id = %s AND resource = %s",
+        (account_id, resource.value),
+    )
+    return await cur.fetchone()
+
+
+# ---- firings and deliveries --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Firing:
+    rule: Rule
+    period: str
+    used: int
+    total: int
+    cause: str
+    event_id: UUID | None = None
+
+
+async def record_firing(conn: Conn, firing: Firing) -> list[UUID]:
+    """Insert the firing and its deliveries; returns the new delivery ids, or [] when this
+    (rule, threshold, period) has fired already. Run inside the caller's transaction."""
+    rule = firing.rule
+    cur = await conn.execute(
+        """INSERT INTO alerts.firings (id, rule_id, account_id, metric, threshold_pct, period, used, total, cause, event_id)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+           ON CONFLICT ON CONSTRAINT firings_once DO NOTHING RETURNING id""",
+        (
+            uuid4(),
+            rule.id,
+            rule.account_id,
+            rule.metric.value,
+            rule.threshold_pct,
+            firing.period,
+            firing.used,
+            firing.total,
+            firing.cause,
+            firing.event_id,
+        ),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return []
+    planned = domain.plan_deliveries(rule.account_id, rule.channels, rule.recipients)
+    ids = [uuid4() for _ in planned]
+    async with conn.cursor() as cursor:
+        await cursor.executemany(
+            "INSERT INTO alerts.deliveries (id, firing_id, channel, recipient) VALUES (%s, %s, %s, %s)",
+            [(i, row["id"], p.channel.value, p.recipient) for i, p in zip(ids, planned, strict=True)],
+        )
+    return ids
+
+
+async def fired_rules(conn: Conn, rule_ids: list[UUID], period: str) -> set[UUID]:
+    cur = await conn.execute("SELECT rule_id FROM alerts.firings WHERE rule_id = ANY(%s) AND period = %s", (rule_ids, period))
+    return {row["rule_id"] for row in await cur.fetchall()}
+
+
+@dataclass(frozen=True)
+class PendingDelivery:
+    id: UUID
+    account_id: UUID
+    channel: Channel
+    recipient: str
+    attempts: int
+    metric: AlertMetric
+    threshold_pct: int
+    period: str
+    used: int
+    total: int
+
+
+async def lock_pending(conn: Conn, delivery_id: UUID) -> PendingDelivery | None:
+    """Lock one pending delivery for sending, or None if it is done or another sender has it.
+    The lock lives as long as the caller's transaction (and its connection)."""
+    cur = await conn.execute(
+        """SELECT d.id, d.channel, d.recipient, d.attempts,
+                  f.account_id, f.metric, f.threshold_pct, f.period, f.used, f.total
+             FROM alerts.deliveries d JOIN alerts.firings f ON f.id = d.firing_id
+            WHERE d.id = %s AND d.status = 'pending'
+              FOR UPDATE OF d SKIP LOCKED""",
+        (delivery_id,),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    return PendingDelivery(
+        id=row["id"],
+        account_id=row["account_id"],
+        channel=Channel(row["channel"]),
+        recipient=row["recipient"],
+        attempts=row["attempts"],
+        metric=AlertMetric(row["metric"]),
+        threshold_pct=row["threshold_pct"],
+        period=row["period"],
+        used=row["used"],
+        total=row["total"],
+    )
+
+
+async def finish_delivery(conn: Conn, delivery_id: UUID, status: DeliveryStatus, attempts: int, error: str | None) -> None:
+    await conn.execute(
+        """UPDATE alerts.deliveries
+              SET status = %s, attempts = attempts + %s, last_error = %s,
+                  sent_at = CASE WHEN %s = 'sent' THEN now() END
+            WHERE id = %s""",
+        (status.value, attempts, error, status.value, delivery_id),
+    )
+
+
+async def pending_ids(conn: Conn, limit: int = 500) -> list[UUID]:
+    """Pending deliveries no sender holds right now (a crashed sender's rows are free again)."""
+    cur = await conn.execute(
+        """SELECT id FROM alerts.deliveries WHERE status = 'pending'
+            ORDER BY created_at LIMIT %s FOR UPDATE SKIP LOCKED""",
+        (limit,),
+    )
+    return [row["id"] for row in await cur.fetchall()]
+
+
+async def list_deliveries(conn: Conn, account_id: UUID, rule_id: UUID) -> list[Row]:
+    cur = await conn.execute(
+        """SELECT d.*, f.period, f.threshold_pct FROM alerts.deliveries d JOIN alerts.firings f ON f.id = d.firing_id
+            WHERE f.rule_id = %s AND f.account_id = %s ORDER BY d.created_at, d.channel, d.recipient""",
+        (rule_id, account_id),
+    )
+    return list(await cur.fetchall())
+
+
+# ---- in-site notifications ----------------------------------------------------------------------
+async def insert_notification(conn: Conn, delivery_id: UUID, account_id: UUID, message: domain.AlertMessage) -> None:
+    await conn.execute(
+        """INSERT INTO alerts.notifications (id, delivery_id, account_id, title, message, metric, threshold_pct, links)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (delivery_id) DO NOTHING""",
+        (
+            uuid4(),
+            delivery_id,
+            account_id,
+            message.title,
+            message.summary(),
+            message.metric.value,
+            message.threshold_pct,
+            Jsonb({"upgrade_plan": message.links.upgrade_plan, "buy_quota_package": message.links.buy_quota_package}),
+        ),
+    )
+
+
+async def list_notifications(conn: Conn, account_id: UUID, limit: int, unread_only: bool) -> list[Row]:
+    cur = await conn.execute(
+        """SELECT * FROM alerts.notifications WHERE account_id = %s AND (NOT %s OR read_at IS NULL)
+            ORDER BY created_at DESC, id LIMIT %s""",
+        (account_id, unread_only, limit),
+    )
+    return list(await cur.fetchall())
+
+
+async def mark_read(conn: Conn, account_id: UUID, notification_id: UUID) -> Row | None:
+    cur = await conn.execute(
+        """UPDATE alerts.notifications SET read_at = coalesce(read_at, now())
+            WHERE id = %s AND account_id = %s RETURNING *""",
+        (notification_id, account_id),
+    )
+    return await cur.fetchone()

@@ -1,0 +1,251 @@
+"""Alert rules end to end on real Kafka, Postgres, an aiosmtpd SMTP server and an HTTP gateway."""
+
+import uuid
+
+import pytest
+
+from contracts.common import Resource
+from tests.integration.test_alerts_helpers import (  # noqa: F401  (fixtures)
+    CONSOLE_URL,
+    SmsGateway,
+    SmtpServer,
+    alert_settings,
+    all_settled,
+    eventually,
+    firing_count,
+    login,
+    next_period,
+    publish_crossing,
+    publish_quota_state,
+    query,
+    sms_gateway_fixture,
+    smtp_server_fixture,
+    this_period,
+)
+from tests.support.apps import running_app
+
+pytestmark = pytest.mark.integration
+
+EMAILS = ["ops@example.com", "cfo@example.com"]
+PHONE = "+4915112345678"
+
+
+def _rule(threshold: int, metric: str = "total_tokens", channels: tuple[str, ...] = ("in_site", "email", "sms")) -> dict:
+    recipients: list[dict] = []
+    if "email" in channels:
+        recipients += [{"email": e} for e in EMAILS]
+    if "sms" in channels:
+        recipients.append({"phone": PHONE})
+    return {"metric": metric, "threshold_pct": threshold, "channels": list(channels), "recipients": recipients}
+
+
+async def test_a_jump_fires_the_80_and_90_rules_once_each_on_every_channel_and_again_next_period(
+    settings, smtp_server: SmtpServer, sms_gateway: SmsGateway
+):
+    settings = alert_settings(settings, smtp_server, sms_gateway)
+    account = uuid.uuid4()
+    async with running_app(settings, targets=("alerts",)) as (app, client):
+        broker = app.state.runtime.broker
+        headers = await login(app, account)
+        r80 = (await client.post("/api/ai/usage/alert", json=_rule(80), headers=headers)).json()
+        r90 = (await client.post("/api/ai/usage/alert", json=_rule(90), headers=headers)).json()
+        assert r80["fired_this_period"] is False and r80["last_fired_at"] is None
+        # An api_calls rule must not fire on an ai_tokens crossing.
+        other = await client.post("/api/ai/usage/alert", json=_rule(10, "api_calls", ("in_site",)), headers=headers)
+        assert other.status_code == 201
+
+        period = this_period()
+        await publish_crossing(broker, settings, account, 50, period=period)
+        jump = await publish_crossing(broker, settings, account, 95, period=period)
+        await publish_crossing(broker, settings, account, 95, period=period, event_id=jump.id)  # redelivered duplicate
+
+        async def two_notifications() -> bool:
+            items = (await client.get("/api/notifications", headers=headers)).json()["items"]
+            return len(items) == 2
+
+        await eventually(two_notifications)
+        await eventually(lambda: all_settled(settings, account))
+
+        notes = (await client.get("/api/notifications", headers=headers)).json()["items"]
+        assert sorted(n["threshold_pct"] for n in notes) == [80, 90]
+        for note in notes:
+            assert note["metric"] == "total_tokens" and note["read"] is False
+            assert "95,000" in note["message"] and "100,000" in note["message"]
+            assert note["links"] == {
+                "upgrade_plan": f"{CONSOLE_URL}/plan",
+                "buy_quota_package": f"{CONSOLE_URL}/quota?buy=ai_tokens",
+            }
+        # E-mail: one per rule and recipient, multipart text + HTML, stable Message-ID, both links.
+        for address in EMAILS:
+            mails = smtp_server.to(address)
+            assert len(mails) == 2, [m["Subject"] for m in mails]
+            assert sorted("80%" in m["Subject"] for m in mails) == [False, True]
+            for mail in mails:
+                assert mail.is_multipart()
+                parts = {p.get_content_type(): p.get_payload(decode=True).decode() for p in mail.walk() if not p.is_multipart()}
+                assert set(parts) == {"text/plain", "text/html"}
+                for body in parts.values():
+                    assert "total_tokens" in body and "95,000" in body and "100,000" in body
+                    assert f"{CONSOLE_URL}/plan" in body and f"{CONSOLE_URL}/quota?buy=ai_tokens" in body
+                assert mail["Message-ID"].startswith("<") and mail["Message-ID"].endswith("@alerts.tollgate>")
+        assert len({m["Message-ID"] for m in smtp_server.messages}) == 4
+        # SMS: one per rule, with the token, an idempotency key and the facts.
+        sms = sms_gateway.received()
+        assert len(sms) == 2
+        for request in sms:
+            assert request["headers"]["authorization"] == "Bearer gateway-token"
+            assert request["json"]["to"] == PHONE
+            assert request["headers"]["idempotency-key"] == request["json"]["reference"]
+            text = request["json"]["message"]
+            assert "total_tokens" in text and "95,000" in text and "100,000" in text and f"{CONSOLE_URL}/plan" in text
+
+        listed = {r["id"]: r for r in (await client.get("/api/ai/usage/alert", headers=headers)).json()["rules"]}
+        assert listed[r80["id"]]["fired_this_period"] and listed[r90["id"]]["fired_this_period"]
+        assert listed[r80["id"]]["last_fired_at"] is not None
+        assert listed[other.json()["id"]]["fired_this_period"] is False
+        assert listed[r80["id"]]["failed_deliveries"] == 0
+
+        # More usage in the period: nothing more. A later 99% rule is the sentinel: the topic is
+        # ordered per account, so once it fired, the 96/97% events before it were handled.
+        await publish_crossing(broker, settings, account, 96, period=period)
+        await publish_crossing(broker, settings, account, 97, period=period)
+        sentinel = await client.post("/api/ai/usage/alert", json=_rule(99, channels=("in_site",)), headers=headers)
+        await publish_crossing(broker, settings, account, 99, period=period)
+        await eventually(lambda: firing_count(settings, account) == 3)
+        await eventually(lambda: all_settled(settings, account))
+        assert len(smtp_server.messages) == 4 and len(sms_gateway.received()) == 2
+        rows = query(settings, "SELECT rule_id FROM alerts.firings WHERE account_id = %s", account)
+        assert sorted(str(r["rule_id"]) for r in rows) == sorted([r80["id"], r90["id"], sentinel.json()["id"]])
+
+        # The next period: both can fire again.
+        await publish_crossing(broker, settings, account, 85, period=next_period(period))
+        await eventually(lambda: firing_count(settings, account) == 4)
+        await publish_crossing(broker, settings, account, 91, period=next_period(period))
+        await eventually(lambda: firing_count(settings, account) == 5)
+        await eventually(lambda: all_settled(settings, account))
+        assert len(smtp_server.messages) == 8 and len(sms_gateway.received()) == 4
+        assert len({m["Message-ID"] for m in smtp_server.messages}) == 8
+
+
+async def test_a_rule_whose_threshold_is_already_passed_fires_once_at_creation(
+    settings, smtp_server: SmtpServer, sms_gateway: SmsGateway
+):
+    settings = alert_settings(settings, smtp_server, sms_gateway)
+    account = uuid.uuid4()
+    async with running_app(settings, targets=("alerts",)) as (app, client):
+        broker = app.state.runtime.broker
+        headers = await login(app, account)
+        period = this_period()
+        await publish_quota_state(broker, settings, account, Resource.AI_TOKENS, used=850, total=1000, period=period)
+        # Last period's flow usage does not count for this period.
+        year, month = (int(p) for p in period.split("-"))
+        previous = f"{year - (month == 1):04d}-{(month - 2) % 12 + 1:02d}"
+        await publish_quota_state(broker, settings, account, Resource.API_CALLS, used=900, total=1000, period=previous)
+        await eventually(lambda: len(query(settings, "SELECT 1 FROM alerts.quota_states WHERE account_id = %s", account)) == 2)
+
+        created = await client.post("/api/ai/usage/alert", json=_rule(80, channels=("in_site", "email")), headers=headers)
+        assert created.status_code == 201, created.text
+        assert created.json()["fired_this_period"] is True
+        not_yet = await client.post("/api/ai/usage/alert", json=_rule(90, channels=("in_site",)), headers=headers)
+        assert not_yet.json()["fired_this_period"] is False
+        calls = await client.post("/api/ai/usage/alert", json=_rule(1, "api_calls", ("in_site",)), headers=headers)
+        assert calls.json()["fired_this_period"] is False
+
+        await eventually(lambda: all_settled(settings, account))
+        notes = (await client.get("/api/notifications", headers=headers)).json()["items"]
+        assert [(n["threshold_pct"], n["metric"]) for n in notes] == [(80, "total_tokens")]
+        assert "850" in notes[0]["message"] and "1,000" in notes[0]["message"]
+        assert len(smtp_server.to(EMAILS[0])) == 1
+
+        # The crossing that arrives later fires the 90% rule only, never the 80% one again.
+        await publish_crossing(broker, settings, account, 92, period=period, total=1000)
+        await eventually(lambda: firing_count(settings, account) == 2)
+        await eventually(lambda: all_settled(settings, account))
+        notes = (await client.get("/api/notifications", headers=headers)).json()["items"]
+        assert sorted(n["threshold_pct"] for n in notes) == [80, 90]
+        assert len(smtp_server.messages) == 2  # 80% rule: two addresses, once
+
+
+async def test_rules_are_validated_scoped_to_the_account_and_notifications_can_be_read(settings):
+    account, stranger = uuid.uuid4(), uuid.uuid4()
+    async with running_app(settings, targets=("alerts",)) as (app, client):
+        headers = await login(app, account)
+        other_headers = await login(app, stranger)
+        viewer_headers = await login(app, uuid.uuid4(), roles=["viewer"])
+
+        bad_bodies = [
+            {"metric": "tokens", "threshold_pct": 80, "channels": ["in_site"], "recipients": []},
+            {"metric": "api_calls", "threshold_pct": 0, "channels": ["in_site"], "recipients": []},
+            {"metric": "api_calls", "threshold_pct": 101, "channels": ["in_site"], "recipients": []},
+            {"metric": "api_calls", "threshold_pct": 50, "channels": [], "recipients": []},
+            {"metric": "api_calls", "threshold_pct": 50, "channels": ["pigeon"], "recipients": []},
+            {"metric": "api_calls", "threshold_pct": 50, "channels": ["email"], "recipients": [{"email": "not-an-address"}]},
+            {"metric": "api_calls", "threshold_pct": 50, "channels": ["sms"], "recipients": [{"phone": "12345"}]},
+            {"metric": "api_calls", "threshold_pct": 50, "channels": ["email"], "recipients": []},
+            {"metric": "api_calls", "threshold_pct": 50, "channels": ["in_site"], "recipients": [{"email": "a@b.io"}]},
+            {"metric": "api_calls", "threshold_pct": 50, "channels": ["sms"], "recipients": [{"email": "a@b.io"}]},
+            {"metric": "api_calls", "threshold_pct": 50, "channels": ["in_site"], "recipients": [{"user_id": str(stranger)}]},
+            {"metric": "api_calls", "threshold_pct": 50, "channels": ["in_site", "in_site"], "recipients": []},
+            {
+                "metric": "api_calls",
+                "threshold_pct": 50,
+                "channels": ["in_site"],
+                "recipients": [{"email": "a@b.io", "phone": "+4915112345678"}],
+            },
+        ]
+        for body in bad_bodies:
+            response = await client.post("/api/ai/usage/alert", json=body, headers=headers)
+            assert response.status_code == 422, (body, response.text)
+            error = response.json()["error"]
+            assert error["code"] == "validation_error" and error["details"], body
+
+        good = {
+            "metric": "storage",
+            "threshold_pct": 75,
+            "channels": ["in_site", "sms"],
+            "recipients": [{"phone": "+14155550100"}, {"user_id": str(account)}],
+        }
+        created = await client.post("/api/ai/usage/alert", json=good, headers=headers)
+        assert created.status_code == 201, created.text
+        rule = created.json()
+        assert {k: rule[k] for k in good} == good
+        assert (await client.get("/api/ai/usage/alert", headers=headers)).json()["rules"][0]["id"] == rule["id"]
+
+        # Another account sees nothing and cannot delete it; a viewer reads but cannot write.
+        assert (await client.get("/api/ai/usage/alert", headers=other_headers)).json() == {"rules": []}
+        assert (await client.delete(f"/api/ai/usage/alert/{rule['id']}", headers=other_headers)).status_code == 404
+        denied = await client.post("/api/ai/usage/alert", json=good, headers=viewer_headers)
+        assert denied.status_code == 403 and denied.json()["error"]["code"] == "permission_denied"
+        assert (await client.get("/api/ai/usage/alert", headers=viewer_headers)).status_code == 200
+        assert (await client.get("/api/ai/usage/alert")).json()["error"]["code"] == "missing_credentials"
+
+        # A notification: read by its owner only.
+        await publish_crossing(
+            app.state.runtime.broker, settings, account, 80, period=this_period(), resource=Resource.STORAGE_BYTES
+        )
+
+        async def one_notification() -> bool:
+            return len((await client.get("/api/notifications", headers=headers)).json()["items"]) == 1
+
+        await eventually(one_notification)
+        note = (await client.get("/api/notifications", headers=headers)).json()["items"][0]
+        assert note["links"]["buy_quota_package"].endswith("/quota?buy=storage_bytes")
+        assert (await client.post(f"/api/notifications/{note['id']}/read", headers=other_headers)).status_code == 404
+        assert (await client.get("/api/notifications", headers=other_headers)).json() == {"items": []}
+        read = await client.post(f"/api/notifications/{note['id']}/read", headers=headers)
+        assert read.status_code == 200 and read.json()["read"] is True
+        assert (await client.get("/api/notifications?unread_only=true", headers=headers)).json() == {"items": []}
+
+        # No SMS gateway is configured here: the SMS delivery fails for good and is visible.
+        await eventually(lambda: all_settled(settings, account))
+        listed = (await client.get("/api/ai/usage/alert", headers=headers)).json()["rules"][0]
+        assert listed["fired_this_period"] is True and listed["failed_deliveries"] == 1
+        deliveries = (await client.get(f"/api/ai/usage/alert/{rule['id']}/deliveries", headers=headers)).json()["items"]
+        assert sorted((d["channel"], d["status"]) for d in deliveries) == [("in_site", "sent"), ("sms", "failed")]
+        assert "SMS_GATEWAY_URL" in next(d["last_error"] for d in deliveries if d["status"] == "failed")
+        assert (await client.get(f"/api/ai/usage/alert/{rule['id']}/deliveries", headers=other_headers)).status_code == 404
+
+        assert (await client.delete(f"/api/ai/usage/alert/{rule['id']}", headers=headers)).status_code == 204
+        assert (await client.delete(f"/api/ai/usage/alert/{rule['id']}", headers=headers)).status_code == 404
+        assert (await client.get("/api/ai/usage/alert", headers=headers)).json() == {"rules": []}
+        assert len((await client.get("/api/notifications", headers=headers)).json()["items"]) == 1  # history stays
