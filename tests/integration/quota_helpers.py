@@ -31,8 +31,8 @@ async def publish(settings: Settings, topic: str, events: list[BaseModel], key: 
         await producer.stop()
 
 
-async def eventually(probe: Callable[[], Awaitable[T | None]], timeout: float = 20.0) -> T:
-    deadline = time.monotonic() + timeout
+async def eventually(probe: Callable[[], Awaitable[T | None]], within: float = 20.0) -> T:
+    deadline = time.monotonic() + within
     while True:
         value = await probe()
         if value:
