@@ -13,6 +13,8 @@ from fastapi.responses import FileResponse, RedirectResponse
 from services.edge.errors import not_found
 
 STATIC = Path(__file__).resolve().parent / "static"
+# Client-side routes: each serves the same page, so links in e-mails and notifications work.
+PAGES = frozenset({"signin", "register", "keys", "quota", "usage", "alerts", "plan"})
 
 _MEDIA_TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -50,6 +52,12 @@ def router() -> APIRouter:
     @api.get("/console/")
     async def console_slash() -> RedirectResponse:
         return RedirectResponse("/console", status_code=308)
+
+    @api.get("/console/{page}")
+    async def console_route(page: str) -> FileResponse:
+        if page not in PAGES:
+            raise not_found("console page")
+        return FileResponse(assets["index.html"], media_type=_MEDIA_TYPES[".html"], headers=_HEADERS)
 
     @api.get("/console/assets/{name}")
     async def console_asset(name: str) -> FileResponse:

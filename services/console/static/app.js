@@ -1,4 +1,4 @@
-// The console shell: hash routing (#/keys ...), the signed-in account, navigation and toasts.
+// The console shell: path routing (/console/keys ...), the signed-in account, navigation and toasts.
 import { ApiError, get, session } from "./api.js";
 import { clear, errorBox, h } from "./dom.js";
 import * as alertsPage from "./page-alerts.js";
@@ -27,7 +27,7 @@ const whoami = document.getElementById("whoami");
 const unread = document.getElementById("unread");
 const toastEl = document.getElementById("toast");
 
-const state = { account: null, cleanup: [] };
+const state = { account: null, cleanup: [], next: null };
 
 export function toast(message) {
   toastEl.textContent = message;
@@ -36,14 +36,19 @@ export function toast(message) {
   toast.timer = setTimeout(() => toastEl.classList.remove("show"), 4000);
 }
 
-export function navigate(route) {
-  if (location.hash === `#/${route}`) render();
-  else location.hash = `#/${route}`;
+const BASE = "/console";
+
+/** Path routing (/console/keys ...): links in e-mails and notifications open the right page. */
+export function navigate(route, { replace = false } = {}) {
+  const url = `${BASE}/${route}`;
+  if (replace) history.replaceState(null, "", url);
+  else if (location.pathname + location.search !== url) history.pushState(null, "", url);
+  render();
 }
 
-function parseHash() {
-  const [route, qs] = location.hash.replace(/^#\/?/, "").split("?");
-  return { route: route || "", params: new URLSearchParams(qs || "") };
+function parseLocation() {
+  const rest = location.pathname.startsWith(BASE) ? location.pathname.slice(BASE.length) : "";
+  return { route: rest.replace(/^\/+|\/+$/g, ""), params: new URLSearchParams(location.search) };
 }
 
 async function loadAccount() {
@@ -78,15 +83,16 @@ function setChrome(signedIn, route) {
 }
 
 async function render() {
-  const { route: wanted, params } = parseHash();
+  const { route: wanted, params } = parseLocation();
   for (const fn of state.cleanup.splice(0)) fn();
   const signedIn = Boolean(session.token);
   let route = wanted in PAGES ? wanted : signedIn ? DEFAULT : "signin";
-  if (!signedIn && !PUBLIC.has(route)) route = "signin";
-  if (signedIn && PUBLIC.has(route)) route = DEFAULT;
-  if (`#/${route}` !== location.hash.split("?")[0]) {
-    history.replaceState(null, "", `#/${route}`);
+  if (!signedIn && !PUBLIC.has(route)) {
+    if (wanted in PAGES) state.next = location.pathname + location.search; // come back here after signing in
+    route = "signin";
   }
+  if (signedIn && PUBLIC.has(route)) route = DEFAULT;
+  if (route !== wanted) history.replaceState(null, "", `${BASE}/${route}`);
   setChrome(signedIn, route);
   const page = PAGES[route];
   const container = h("div", { class: "page" });
@@ -100,6 +106,14 @@ async function render() {
     refreshUnread,
     reloadAccount: loadAccount,
     onCleanup: (fn) => state.cleanup.push(fn),
+    afterSignIn: () => {
+      const next = state.next;
+      state.next = null;
+      if (next) {
+        history.replaceState(null, "", next);
+        render();
+      } else navigate(DEFAULT);
+    },
   };
   try {
     if (signedIn && !state.account) ctx.account = await loadAccount();
@@ -133,12 +147,21 @@ window.addEventListener("tollgate:signed-out", () => {
   navigate("signin");
 });
 
-window.addEventListener("hashchange", () => {
-  if (location.hash.startsWith("#/") || location.hash === "") render();
+window.addEventListener("popstate", () => render());
+
+// Same-document navigation for console links (plain clicks only: new tabs etc. still work).
+document.addEventListener("click", (event) => {
+  const link = event.target.closest("a[href]");
+  if (!link || event.defaultPrevented || event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey || event.altKey) return;
+  const url = new URL(link.href, location.href);
+  if (url.origin !== location.origin || !url.pathname.startsWith(`${BASE}/`) || url.pathname.startsWith(`${BASE}/assets/`)) return;
+  event.preventDefault();
+  history.pushState(null, "", url.pathname + url.search);
+  render();
 });
 
 document.querySelector(".skip-link").addEventListener("click", (event) => {
-  event.preventDefault(); // keep the route in the hash
+  event.preventDefault();
   main.focus();
 });
 

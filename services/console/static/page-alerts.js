@@ -16,10 +16,10 @@ const splitList = (text) => text.split(/[\s,;]+/).map((x) => x.trim()).filter(Bo
 function consoleLink(url) {
   try {
     const parsed = new URL(url, location.href);
-    if (parsed.pathname.startsWith("/console")) return `${location.origin}/console${parsed.hash}`;
-    return parsed.protocol === "https:" || parsed.protocol === "http:" ? parsed.href : "#/plan";
+    if (parsed.pathname.startsWith("/console")) return `${location.origin}${parsed.pathname}${parsed.search}`;
+    return parsed.protocol === "https:" || parsed.protocol === "http:" ? parsed.href : "/console/plan";
   } catch {
-    return "#/plan";
+    return "/console/plan";
   }
 }
 
@@ -120,7 +120,6 @@ export async function render(container, ctx) {
     formErrors.replaceChildren();
     const channels = [...form.querySelectorAll("input[name=channels]:checked")].map((x) => x.value);
     const recipients = [
-      ...(channels.includes("in_site") ? [{ user_id: ctx.account.id }] : []),
       ...splitList(emails.value).map((email) => ({ email })),
       ...splitList(phones.value).map((phone) => ({ phone })),
     ];

@@ -20,7 +20,7 @@ function signInForm(ctx) {
     field("Password", password),
     errors,
     h("div", { class: "actions" }, submit),
-    h("p", {}, "New to Tollgate? ", h("a", { href: "#/register" }, "Create an account")),
+    h("p", {}, "New to Tollgate? ", h("a", { href: "/console/register" }, "Create an account")),
   );
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -28,7 +28,7 @@ function signInForm(ctx) {
     try {
       await busy(submit, () => signIn(email.value.trim(), password.value));
       await ctx.reloadAccount();
-      ctx.navigate("keys");
+      ctx.afterSignIn();
     } catch (err) {
       errors.append(errorBox(err));
     }
@@ -65,7 +65,7 @@ function registerForm(ctx) {
     ),
     errors,
     h("div", { class: "actions" }, submit),
-    h("p", {}, "Already registered? ", h("a", { href: "#/signin" }, "Sign in")),
+    h("p", {}, "Already registered? ", h("a", { href: "/console/signin" }, "Sign in")),
   );
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -78,7 +78,7 @@ function registerForm(ctx) {
       });
       await ctx.reloadAccount();
       ctx.toast("Welcome! Your account is on the free plan.");
-      ctx.navigate("keys");
+      ctx.afterSignIn();
     } catch (err) {
       errors.append(errorBox(err));
     }

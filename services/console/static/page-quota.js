@@ -112,7 +112,7 @@ export async function render(container, ctx) {
     pkg.form.hidden = false;
     pkg.form.querySelector("select").focus();
   };
-  const upgrade = h("a", { class: "button primary", href: "#/plan" }, "Upgrade plan");
+  const upgrade = h("a", { class: "button primary", href: "/console/plan" }, "Upgrade plan");
   const buy = h("button", { type: "button", class: "secondary" }, "Buy a package");
   buy.addEventListener("click", () => openPackage());
 

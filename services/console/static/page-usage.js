@@ -195,6 +195,7 @@ function activitySection() {
   const apply = h("button", { type: "submit", class: "primary" }, "Filter");
   const form = h("form", { class: "row filters", "aria-label": "Activity filters" }, field("API key", key), field("IP address", ip), field("From", start), field("To", end), h("div", { class: "actions" }, apply));
   let cursor = null;
+  const keyNames = new Map(); // api_key_id -> "name (sk-abcd...wxyz)" from the keys list
 
   const params = () => ({
     api_key_id: key.value,
@@ -209,7 +210,7 @@ function activitySection() {
       "tr",
       {},
       h("td", { "data-label": "Time" }, dateTime(item.time)),
-      h("td", { "data-label": "Key" }, h("code", {}, item.masked_key || item.api_key_id || "–")),
+      h("td", { "data-label": "Key" }, keyNames.get(item.api_key_id) || h("code", {}, item.masked_key || item.api_key_id || "–")),
       h("td", { "data-label": "Method" }, item.method),
       h("td", { "data-label": "Path", class: "path" }, item.path),
       h("td", { "data-label": "Status" }, h("span", { class: `http http-${String(item.status)[0]}xx` }, String(item.status))),
@@ -237,7 +238,8 @@ function activitySection() {
   async function loadKeys() {
     try {
       const data = await get("/api/api-keys");
-      key.replaceChildren(h("option", { value: "" }, "All keys"), ...data.items.map((k) => h("option", { value: k.id }, `${k.name} (${k.masked_key})`)));
+      for (const k of data.items) keyNames.set(k.id, `${k.name} (${k.masked_key})`);
+      key.replaceChildren(h("option", { value: "" }, "All keys"), ...data.items.map((k) => h("option", { value: k.id }, keyNames.get(k.id))));
     } catch {
       // The filter still works without names (all keys).
     }

@@ -1,0 +1,335 @@
+"""The console in a real browser (the machine's Chromium through Playwright) against a real
+`tollgate serve` process on real Kafka, Postgres and ClickHouse.
+
+One story, as a user would live it: register, create a key and see it once, call the API with it,
+watch the activity log and usage move, disable it and see the call fail, exhaust a quota (red
+band, 403), upgrade and see it clear, add an alert and receive the in-site notification.
+Screenshots of every page at laptop and phone width go to artifacts/screenshots/.
+"""
+
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from services import console
+from tests.support.apps import REPO, ServeProcess
+
+SCREENSHOTS = REPO / "artifacts" / "screenshots"
+LAPTOP = {"width": 1366, "height": 850}
+PHONE = {"width": 390, "height": 844}
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+WAIT_MS = 20_000
+
+
+@pytest.fixture
+def server(settings, tmp_path: Path) -> Iterator[ServeProcess]:
+    # The subprocess owns its own chdb path (one process per path).
+    proc = ServeProcess(settings.model_copy(update={"clickhouse_dsn": f"chdb://{tmp_path}/ch"}))
+    try:
+        proc.wait_ready(90)
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.fail("Chromium is missing: `make browser` (deploy/local/prereqs.sh --browser) installs it")
+    with sync_playwright() as pw:
+        launched = pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+def poll(check: Callable[[], Any], what: str, timeout: float = 20) -> Any:
+    """Wait for an eventually-consistent effect (events travel through Kafka) without fixed sleeps."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def shot(page: Page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    width = page.viewport_size["width"] if page.viewport_size else 0
+    page.screenshot(path=str(SCREENSHOTS / f"{name}-{'phone' if width < 600 else 'laptop'}.png"), full_page=True)
+
+
+def open_page(page: Page, base: str, route: str, heading: str) -> None:
+    page.goto(f"{base}/console/{route}")
+    expect(page.get_by_role("heading", level=1)).to_have_text(heading, timeout=WAIT_MS)
+
+
+def usage_event(account_id: str, tokens_in: int, tokens_out: int, provider: str, model: str) -> dict[str, Any]:
+    return {
+        "id": str(uuid.uuid4()),
+        "time": datetime.now(UTC).isoformat(),
+        "account_id": account_id,
+        "resource": "ai_tokens",
+        "quantity": tokens_in + tokens_out,
+        "provider": provider,
+        "model": model,
+        "input_tokens": tokens_in,
+        "output_tokens": tokens_out,
+        "source": "console-e2e",
+    }
+
+
+@pytest.mark.integration
+def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(server: ServeProcess, browser: Browser) -> None:
+    base = server.base_url
+    context = browser.new_context(viewport=LAPTOP, base_url=base)
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
+    page = context.new_page()
+    page_errors: list[str] = []
+    page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+    api = httpx.Client(base_url=base, timeout=10, headers={"User-Agent": "console-e2e/1.0"})
+
+    # ---- sign in / register ----------------------------------------------------------------
+    page.goto(f"{base}/console")
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible(timeout=WAIT_MS)
+    shot(page, "signin")
+    page.get_by_role("link", name="Create an account").click()
+    expect(page.get_by_role("heading", name="Create an account")).to_be_visible()
+    shot(page, "register")
+    email = f"ada-{uuid.uuid4().hex[:8]}@example.com"
+    page.get_by_label("Name").fill("Ada Lovelace")
+    page.get_by_label("Email").fill(email)
+    page.get_by_label("Password").fill("correct horse battery")
+    page.get_by_label("Individual").check()
+    page.get_by_role("button", name="Create account").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("API keys", timeout=WAIT_MS)
+    token = page.evaluate("sessionStorage.getItem('tollgate.session')")
+    assert token and not token.startswith("sk-")
+    account = api.get("/api/account", headers={"Authorization": f"Bearer {token}"}).json()
+    assert account["email"] == email and account["user_type"] == "individual" and account["plan"] == "free"
+
+    # ---- create a key: the full secret is on screen once, with a copy button -----------------
+    page.get_by_label("Name").fill("ci key")
+    page.get_by_role("button", name="Create key").click()
+    secret_box = page.get_by_label("Full API key for ci key")
+    expect(secret_box).to_be_visible(timeout=WAIT_MS)
+    secret = secret_box.input_value()
+    assert re.fullmatch(r"sk-[A-Za-z0-9_-]{40,}", secret), secret
+    expect(page.get_by_text("shown only this once")).to_be_visible()
+    page.get_by_role("button", name="Copy key").click()
+    expect(page.get_by_role("button", name="Copied")).to_be_visible()
+    assert page.evaluate("navigator.clipboard.readText()") == secret
+    shot(page, "keys-new-secret")
+    page.get_by_role("button", name="I have stored it").click()
+    masked = f"sk-{secret[3:7]}...{secret[-4:]}"
+    row = page.locator("#keys-table tbody tr", has_text="ci key")
+    expect(row).to_contain_text(masked)
+    expect(row).to_contain_text("Enabled")
+    assert secret not in page.content()
+    page.reload()
+    expect(page.locator("#keys-table tbody tr", has_text="ci key")).to_contain_text(masked, timeout=WAIT_MS)
+    assert secret not in page.content()  # never shown again
+    shot(page, "keys")
+
+    # ---- use it from a program: calls and usage ---------------------------------------------
+    key = {"Authorization": f"Bearer {secret}"}
+    for _ in range(2):
+        assert api.get("/api/geo/projects", headers=key).status_code == 200
+    events = [
+        usage_event(account["id"], 1200, 300, "openai", "gpt-4o"),
+        usage_event(account["id"], 600, 400, "anthropic", "claude-sonnet"),
+    ]
+    ingest = api.post("/api/usage/events", headers=key, json={"events": events})
+    assert ingest.status_code == 202, ingest.text
+
+    # ---- the usage page and activity log update ----------------------------------------------
+    open_page(page, base, "usage", "Usage")
+    show = page.get_by_role("button", name="Show")
+    total = page.locator("#usage-overview .stat", has_text="Total tokens").locator(".stat-value")
+
+    def usage_shows_tokens() -> bool:
+        show.click()
+        page.wait_for_timeout(150)
+        return total.inner_text(timeout=WAIT_MS).replace(",", "") == "2500"
+
+    poll(usage_shows_tokens, "the usage overview to count 2,500 tokens")
+    expect(page.locator("#provider-table")).to_contain_text("gpt-4o")
+    expect(page.locator("#provider-table")).to_contain_text("anthropic")
+    expect(page.get_by_role("img", name=re.compile("Share of tokens by model"))).to_be_visible()
+    expect(page.locator(".line-chart polyline")).to_have_count(2)
+
+    filter_button = page.get_by_role("button", name="Filter")
+    activity = page.locator("#activity-table tbody tr")
+
+    def activity_shows_calls() -> bool:
+        filter_button.click()
+        page.wait_for_timeout(150)
+        return activity.filter(has_text="/api/geo/projects").count() >= 2
+
+    poll(activity_shows_calls, "the activity log to list the key's calls")
+    expect(activity.first).to_contain_text("console-e2e/1.0")
+    page.get_by_label("API key").select_option(label=f"ci key ({masked})")
+    filter_button.click()
+    expect(activity.filter(has_text=masked).first).to_be_visible()
+    shot(page, "usage")
+
+    # ---- toggle the key off: the call fails at once; back on: it works ----------------------
+    open_page(page, base, "keys", "API keys")
+    page.get_by_role("button", name="Disable key ci key").click()
+    expect(page.locator("#keys-table tbody tr", has_text="ci key")).to_contain_text("Disabled", timeout=WAIT_MS)
+    refused = api.get("/api/geo/projects", headers=key)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "api_key_disabled"
+    page.get_by_role("button", name="Enable key ci key").click()
+    expect(page.locator("#keys-table tbody tr", has_text="ci key")).to_contain_text("Enabled", timeout=WAIT_MS)
+    assert api.get("/api/geo/projects", headers=key).status_code == 200
+
+    # ---- exhaust a quota: red band in the console and 403 from the API ----------------------
+    for n in range(3):  # the free plan allows 3 GEO projects
+        created = api.post("/api/geo/projects", headers=key, json={"name": f"site {n}"})
+        assert created.status_code == 201, created.text
+
+    def fourth_project_refused() -> httpx.Response | None:
+        attempt = api.post("/api/geo/projects", headers=key, json={"name": "one too many"})
+        if attempt.status_code == 201:  # the block had not reached the edge yet: undo and retry
+            api.delete(f"/api/geo/projects/{attempt.json()['id']}", headers=key)
+            return None
+        return attempt
+
+    blocked = poll(fourth_project_refused, "the 4th GEO project to be refused")
+    assert blocked.status_code == 403 and blocked.json()["error"]["code"] == "insufficient_quota"
+
+    open_page(page, base, "quota", "Quota")
+    geo = page.locator('.quota-card[data-resource="geo_projects"]')
+    expect(geo).to_have_attribute("data-band", "red", timeout=WAIT_MS)
+    expect(geo).to_contain_text("Exhausted")
+    expect(geo.get_by_role("progressbar")).to_have_attribute("aria-valuenow", "100")
+    expect(page.locator('.quota-card[data-resource="api_calls"]')).to_have_attribute("data-band", "green")
+    expect(page.locator("#quota-period")).to_contain_text("reset")
+    shot(page, "quota")
+
+    # ---- plan: the individual/enterprise rule explained, then upgrade with proration shown ---
+    page.get_by_role("link", name="Upgrade plan").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Plan & account", timeout=WAIT_MS)
+    expect(page.locator("#current-plan")).to_have_text("Free", timeout=WAIT_MS)
+    page.get_by_role("button", name="Upgrade to Enterprise").click()
+    mismatch = page.locator("#plan-mismatch")
+    expect(mismatch).to_be_visible(timeout=WAIT_MS)
+    expect(mismatch).to_contain_text("Your account's user type is individual")
+    shot(page, "plan-mismatch")
+    page.get_by_role("button", name="Upgrade to Basic").click()
+    amount = page.locator("#order-amount")
+    expect(amount).to_have_text(re.compile(r"^\d+\.\d{2} USD$"), timeout=WAIT_MS)
+    assert 0 < float(amount.inner_text().split()[0]) <= 9.90  # the price difference, prorated
+    shot(page, "plan-checkout")
+    page.get_by_role("button", name=re.compile(r"^Pay ")).click()
+    expect(page.locator("#current-plan")).to_have_text("Basic", timeout=WAIT_MS)
+    shot(page, "plan")
+
+    def project_allowed_again() -> bool:
+        return api.post("/api/geo/projects", headers=key, json={"name": "after upgrade"}).status_code == 201
+
+    poll(project_allowed_again, "GEO projects to be allowed after the upgrade")
+    open_page(page, base, "quota", "Quota")
+    expect(geo).to_have_attribute("data-band", "green", timeout=WAIT_MS)
+    expect(geo).to_contain_text("Available")
+
+    # ---- alerts: a rule, then the crossing, then the in-site notification -------------------
+    open_page(page, base, "alerts", "Alerts")
+    page.get_by_label("Metric").select_option("total_tokens")
+    page.get_by_label("Threshold (% of quota)").fill("50")
+    page.get_by_role("button", name="Add rule").click()
+    rule = page.locator("#rules-table tbody tr", has_text="Total tokens")
+    expect(rule).to_contain_text("50%", timeout=WAIT_MS)
+    expect(rule).to_contain_text("Not fired")
+    # Basic allows 1,000,000 AI tokens: 600,000 more crosses 50%.
+    crossing = api.post(
+        "/api/usage/events", headers=key, json={"events": [usage_event(account["id"], 400_000, 200_000, "openai", "gpt-4o")]}
+    )
+    assert crossing.status_code == 202, crossing.text
+    notes = page.locator("#notifications .notification")
+    refresh = page.get_by_role("button", name="Refresh")
+
+    def notified() -> bool:
+        refresh.click()
+        page.wait_for_timeout(150)
+        return notes.count() > 0
+
+    poll(notified, "the in-site notification", timeout=30)
+    expect(notes.first).to_contain_text("50%")
+    expect(notes.first.get_by_role("link", name="Upgrade plan")).to_have_attribute("href", f"{base}/console/plan")
+    expect(page.locator("#unread")).to_have_text("1")
+    shot(page, "alerts")
+    notes.first.get_by_role("link", name="Buy quota package").click()  # the quick link opens the package form
+    expect(page.get_by_role("heading", name="Buy a quota package")).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#buy-package select")).to_have_value("ai_tokens")
+
+    # ---- every page at phone width: readable, no sideways scrolling, menu works -------------
+    page.set_viewport_size(PHONE)
+    for route, heading in (
+        ("keys", "API keys"),
+        ("quota", "Quota"),
+        ("usage", "Usage"),
+        ("alerts", "Alerts"),
+        ("plan", "Plan & account"),
+    ):
+        open_page(page, base, route, heading)
+        page.wait_for_load_state("networkidle")
+        shot(page, route)
+        overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 1, f"{route} scrolls sideways by {overflow}px at phone width"
+    menu = page.get_by_role("button", name="Menu")
+    expect(page.get_by_role("link", name="Quota")).to_be_hidden()
+    menu.click()
+    expect(menu).to_have_attribute("aria-expanded", "true")
+    page.get_by_role("link", name="Quota").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Quota", timeout=WAIT_MS)
+
+    # ---- sign out: the session is gone from the browser --------------------------------------
+    page.get_by_role("button", name="Sign out").click()
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible(timeout=WAIT_MS)
+    assert page.evaluate("sessionStorage.getItem('tollgate.session')") is None
+    shot(page, "signin")
+    page.set_viewport_size(LAPTOP)
+    page.goto(f"{base}/console/register")
+    shot(page, "register")
+    assert page_errors == [], page_errors
+    context.close()
+
+
+async def test_the_console_is_served_same_origin_only() -> None:
+    """No CDN, no inline script: a CSP that allows only this origin, and pages for deep links."""
+    app = FastAPI()
+    app.include_router(console.router())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://console.test") as client:
+        index = await client.get("/console/alerts")
+        assert index.status_code == 200 and "text/html" in index.headers["content-type"]
+        csp = index.headers["content-security-policy"]
+        assert "default-src 'self'" in csp and "script-src 'self'" in csp
+        assert (await client.get("/console/assets/app.js")).headers["content-type"].startswith("text/javascript")
+        assert (await client.get("/console/assets/..%2F__init__.py")).status_code == 404
+        assert (await client.get("/console/assets/__init__.py")).status_code == 404
+        assert (await client.get("/console/nowhere")).status_code == 404
+    for asset in console.STATIC.iterdir():
+        text = asset.read_text()
+        assert not re.search(r"(src|href)=\"https?://", text), f"{asset.name} loads something from another host"
+        assert "<script>" not in text, f"{asset.name} has an inline script"
