@@ -23,17 +23,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aiokafka import AIOKafkaProducer  # noqa: E402
+from aiokafka import AIOKafkaProducer
 
-from bench.stats import percentile, ratio_line, summary_ms  # noqa: E402
-from contracts.common import Resource  # noqa: E402
-from contracts.events import CallEvent, QuotaState, UsageEvent  # noqa: E402
-from contracts.topics import CALLS, QUOTA, USAGE  # noqa: E402
-from services.edge.quota_gate import QuotaProjection, period_of  # noqa: E402
-from services.runtime.settings import Settings  # noqa: E402
-from tests.support import databases  # noqa: E402
-from tests.support.apps import running_app  # noqa: E402
-from tests.support.infra import delete_topics_with_prefix, endpoints  # noqa: E402
+from bench.stats import percentile, ratio_line, summary_ms
+from contracts.common import Resource
+from contracts.events import CallEvent, QuotaState, UsageEvent
+from contracts.topics import CALLS, QUOTA, USAGE
+from services.edge.quota_gate import QuotaProjection, period_of
+from services.runtime.settings import Settings
+from tests.support import databases
+from tests.support.apps import running_app
+from tests.support.infra import delete_topics_with_prefix, endpoints
 
 FREE_CALLS = 1000
 REMAINING = 100
