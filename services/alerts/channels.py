@@ -22,7 +22,7 @@ from services.runtime.settings import Settings
 
 TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
-    autoescape=select_autoescape(["html"]),
+    autoescape=select_autoescape(enabled_extensions=("html", "html.j2")),
     undefined=StrictUndefined,
     keep_trailing_newline=True,
 )

@@ -1,0 +1,42 @@
+"""Message rendering: multipart e-mail from the templates, escaped HTML, SMS text, stable ids."""
+
+import uuid
+
+from contracts.alerts_api import Channel
+from contracts.common import AlertMetric
+from services.alerts import domain, store
+from services.alerts.channels import EmailChannel, message_id, render
+from services.runtime.settings import Settings
+
+DELIVERY = uuid.UUID("11111111-2222-3333-4444-555555555555")
+LINKS = domain.links_for("https://console.example", domain.METRIC_RESOURCE[AlertMetric.TOTAL_TOKENS])
+MESSAGE = domain.AlertMessage(AlertMetric.TOTAL_TOKENS, 80, 95_000, 100_000, "2026-11", LINKS)
+
+
+def _pending(recipient: str) -> store.PendingDelivery:
+    return store.PendingDelivery(
+        DELIVERY, uuid.uuid4(), Channel.EMAIL, recipient, 0, AlertMetric.TOTAL_TOKENS, 80, "2026-11", 95_000, 100_000
+    )
+
+
+def test_the_email_is_multipart_text_and_html_with_a_stable_message_id():
+    mail = EmailChannel(Settings(mail_from="Alerts <a@t.example>")).compose(_pending("email:ops@example.com"), MESSAGE)
+    assert mail["To"] == "ops@example.com" and mail["From"] == "Alerts <a@t.example>"
+    assert mail["Message-ID"] == message_id(DELIVERY) == f"<{DELIVERY}@alerts.tollgate>"
+    assert "total_tokens" in mail["Subject"] and "80%" in mail["Subject"]
+    text = mail.get_body(("plain",)).get_content()
+    html = mail.get_body(("html",)).get_content()
+    for body in (text, html):
+        assert "total_tokens" in body and "80%" in body and "95,000" in body and "100,000" in body and "95.00%" in body
+        assert "https://console.example/plan" in body and "https://console.example/quota?buy=ai_tokens" in body
+    assert '<a href="https://console.example/plan">' in html
+
+
+def test_html_escapes_and_the_sms_is_one_line():
+    hostile = domain.AlertMessage(AlertMetric.API_CALLS, 90, 1, 2, "2026-11", domain.Links("x<script>", "y&z"))
+    html = render("email.html.j2", hostile, DELIVERY)
+    assert "<script>" not in html and "x&lt;script&gt;" in html and "y&amp;z" in html
+    sms = render("sms.txt.j2", MESSAGE, DELIVERY).strip()
+    assert "\n" not in sms
+    assert "total_tokens" in sms and "80%" in sms and "95,000" in sms and "100,000" in sms
+    assert "https://console.example/plan" in sms and "https://console.example/quota?buy=ai_tokens" in sms
