@@ -35,7 +35,7 @@ async def sign_in(app: Any, roles: list[Role] | None = None) -> tuple[uuid.UUID,
     """A new account known to the in-process edge, and headers carrying its console session."""
     runtime = app.state.runtime
     account_id = uuid.uuid4()
-    await publish_account(runtime.broker, runtime.settings, account_id, roles or [Role.OWNER])
+    await publish_account(runtime.broker, runtime.settings, account_id, [Role.OWNER] if roles is None else roles)
     await wait_until(lambda: _known(runtime, account_id), timeout=20)
     token = runtime.edge.issue_session(account_id, "sid", datetime.now(UTC))
     return account_id, {"Authorization": f"Bearer {token}"}
@@ -51,7 +51,7 @@ async def publish_all(broker: KafkaBroker, topic: str, events: list[BaseModel], 
         await asyncio.gather(*(broker.publish(e, topic, key=key_of(e)) for e in events[i : i + 2000]))
 
 
-async def wait_until(check: Callable[[], Awaitable[T]], timeout: float = 30, interval: float = 0.1) -> T:
+async def wait_until(check: Callable[[], Awaitable[T]], timeout: float = 30, interval: float = 0.1) -> T:  # noqa: ASYNC109
     """Poll `check` until it returns something truthy; fail with the last value after `timeout`."""
     deadline = time.monotonic() + timeout
     last: T = await check()
