@@ -6,6 +6,7 @@ calling `Principal`. The edge answers 401/403 itself with the contract's codes.
 
 import hashlib
 import json
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from uuid import UUID
@@ -14,14 +15,17 @@ from fastapi import Request
 
 from contracts.common import Permission, Resource, Role
 from contracts.errors import ErrorCode
-from contracts.events import AccountState, KeyState, QuotaState
-from contracts.topics import ACCOUNTS, KEYS, QUOTA
+from contracts.events import AccountState, KeyState, PlanChanged, QuotaState, RateLimit
+from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA
 from services.edge import sessions
-from services.edge.errors import ApiError
+from services.edge.calls import Call, CallRecorder, client_ip, parse_networks
+from services.edge.errors import RESPONSE_DONE, RESPONSE_HEADERS, ApiError
 from services.edge.principal import Principal
 from services.edge.projection_reader import TopicFollower
-from services.edge.projections import AccountProjection, KeyProjection
+from services.edge.projections import AccountProjection, KeyProjection, PlanLimits
 from services.edge.quota_gate import QuotaProjection
+from services.edge.rate_limit import Limits
+from services.edge.rate_store import make_store
 from services.runtime.settings import Settings
 
 API_KEY_PREFIX = "sk-"
@@ -42,21 +46,30 @@ class Edge:
         self.accounts = AccountProjection()
         self.keys = KeyProjection()
         self.quota = QuotaProjection(settings.tz)
+        self.plans = PlanLimits()
+        self.limiter = make_store(settings.redis_url)
+        self.calls = CallRecorder(settings)
+        self._limits: dict[RateLimit, Limits] = {}
+        self._trusted = parse_networks(settings.trusted_proxies)
         self._secret = settings.session_secret.get_secret_value().encode()
         self._followers = [
             TopicFollower(settings.kafka_bootstrap_servers, settings.topic(ACCOUNTS.name), self._apply_account),
             TopicFollower(settings.kafka_bootstrap_servers, settings.topic(KEYS.name), self._apply_key),
             TopicFollower(settings.kafka_bootstrap_servers, settings.topic(QUOTA.name), self._apply_quota),
+            TopicFollower(settings.kafka_bootstrap_servers, settings.topic(BILLING.name), self._apply_billing),
         ]
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         for follower in self._followers:
             await follower.start()
+        await self.calls.start()
 
     async def stop(self) -> None:
+        await self.calls.stop()
         for follower in self._followers:
             await follower.stop()
+        await self.limiter.close()
 
     def is_ready(self) -> bool:
         return all(f.caught_up.is_set() for f in self._followers)
@@ -71,6 +84,13 @@ class Edge:
                 self.keys.remove(UUID(key.decode()))
             return
         self.keys.apply(KeyState.model_validate(json.loads(value)))
+
+    def _apply_billing(self, _key: bytes | None, value: bytes | None) -> None:
+        if value is None:
+            return
+        body = json.loads(value)
+        if isinstance(body, dict) and body.get("type") == "plan_changed":  # the rest is not the edge's business
+            self.plans.apply(PlanChanged.model_validate(body))
 
     def _apply_quota(self, _key: bytes | None, value: bytes | None) -> None:
         if value is not None:
@@ -94,6 +114,9 @@ class Edge:
         async def dependency(request: Request) -> Principal:
             now = datetime.now(UTC)
             principal = self.authenticate(request, now)
+            if principal.api_key_id is not None:
+                self._record_call(request, principal, now)
+                await self._rate_limit(request, principal)
             if console_only and not principal.is_console:
                 raise ApiError(403, ErrorCode.CONSOLE_SESSION_REQUIRED, "This call needs a console session, not an API key.")
             if permission is not None and not principal.can(permission):
@@ -103,6 +126,41 @@ class Edge:
             return principal
 
         return dependency
+
+    async def _rate_limit(self, request: Request, principal: Principal) -> None:
+        """429 when the account's or the key's bucket or window is exhausted; X-RateLimit-* on
+        every API-key response (RequestIdMiddleware adds them, to errors as well)."""
+        assert principal.api_key_id is not None
+        rate = self.plans.rate_limit(principal.account_id)
+        limits = self._limits.get(rate)
+        if limits is None:
+            limits = self._limits[rate] = Limits.of(rate)
+        subjects = (f"a:{principal.account_id}", f"k:{principal.api_key_id}")
+        decision = await self.limiter.hit(subjects, limits, time.time())
+        setattr(request.state, RESPONSE_HEADERS, decision.headers())
+        if not decision.allowed:
+            raise ApiError(429, ErrorCode.RATE_LIMITED, f"Too many requests; retry in {decision.retry_after_s} s.")
+
+    def _record_call(self, request: Request, principal: Principal, now: datetime) -> None:
+        """Arrange a calls.v1 event for when the response has been sent (status and latency known)."""
+        assert principal.api_key_id is not None
+        route = request.scope.get("route")
+        peer = request.client.host if request.client is not None else ""
+        call = (
+            now,
+            principal.account_id,
+            principal.api_key_id,
+            request.method,
+            str(getattr(route, "path", request.url.path)),  # the template, not the raw URL
+            client_ip(peer, request.headers.get("x-forwarded-for", ""), self._trusted),
+            request.headers.get("user-agent", ""),
+        )
+
+        def done(status: int, seconds: float) -> None:
+            at, account, key, method, path, ip, agent = call
+            self.calls.record(Call(at, account, key, method, path, status, ip, agent, round(seconds * 1000, 3)))
+
+        setattr(request.state, RESPONSE_DONE, done)
 
     def check_quota(self, principal: Principal, consumes: Resource | None, now: datetime) -> None:
         """403 insufficient_quota when a resource this call consumes is exhausted this period.

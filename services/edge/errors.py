@@ -2,6 +2,8 @@
 
 import logging
 import secrets
+import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -15,6 +17,10 @@ from contracts.errors import ErrorBody, ErrorCode, ErrorDetail
 log = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "X-Request-ID"
+# Request-state slots the edge fills on the request path and RequestIdMiddleware honours.
+RESPONSE_HEADERS = "edge_response_headers"  # dict[str, str] added to the response, errors included
+RESPONSE_DONE = "edge_response_done"  # ResponseDone called with (status, seconds) once it is sent
+ResponseDone = Callable[[int, float], None]
 _STATUS_CODES = {
     401: ErrorCode.MISSING_CREDENTIALS,
     403: ErrorCode.PERMISSION_DENIED,
@@ -109,11 +115,26 @@ class RequestIdMiddleware:
         request_id = (
             incoming if 0 < len(incoming) <= 128 and incoming.isascii() and incoming.isprintable() else secrets.token_hex(12)
         )
-        scope.setdefault("state", {})["request_id"] = request_id
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        started = time.perf_counter()
+        status = 500
 
         async def send_with_id(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
-                message.setdefault("headers", []).append((b"x-request-id", request_id.encode()))
+                status = message["status"]
+                headers = message.setdefault("headers", [])
+                headers.append((b"x-request-id", request_id.encode()))
+                # e.g. X-RateLimit-* that the edge decided for this call, on success and error alike
+                extra: dict[str, str] | None = state.get(RESPONSE_HEADERS)
+                if extra:
+                    headers.extend((k.lower().encode(), v.encode()) for k, v in extra.items())
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            done: ResponseDone | None = state.get(RESPONSE_DONE)
+            if done is not None:  # after the last byte left: e.g. the edge's calls.v1 event
+                done(status, time.perf_counter() - started)

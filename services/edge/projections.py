@@ -2,7 +2,9 @@
 
 from uuid import UUID
 
-from contracts.events import AccountState, KeyState
+from contracts.common import Tier
+from contracts.events import AccountState, KeyState, PlanChanged, RateLimit
+from contracts.plans import catalogue
 
 
 class AccountProjection:
@@ -50,3 +52,21 @@ class KeyProjection:
 
     def __len__(self) -> int:
         return len(self._by_hash)
+
+
+class PlanLimits:
+    """account id -> the rate limits of its current plan, from billing.v1 `plan_changed`;
+    accounts that never changed plan are on free."""
+
+    def __init__(self) -> None:
+        self._by_account: dict[UUID, PlanChanged] = {}
+        self.default: RateLimit = catalogue()[Tier.FREE].rate_limit
+
+    def apply(self, event: PlanChanged) -> None:
+        current = self._by_account.get(event.account_id)
+        if current is None or current.time <= event.time:
+            self._by_account[event.account_id] = event
+
+    def rate_limit(self, account_id: UUID) -> RateLimit:
+        event = self._by_account.get(account_id)
+        return self.default if event is None else event.rate_limit

@@ -1,0 +1,151 @@
+"""Where rate-limit slots live: this process (default) or Redis (`REDIS_URL`, several replicas).
+
+Both run `rate_limit.evaluate`'s arithmetic atomically over all of a request's subjects: the
+in-process store needs no lock (no await between read and write on the event loop); the Redis
+store is one Lua script, so replicas share the limits exactly. Redis keeps the doubles as
+`%.17g` strings, which round-trip exactly, so both stores give the same decisions.
+"""
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+from prometheus_client import Counter
+from redis.asyncio import Redis
+
+from services.edge.rate_limit import WINDOW_S, Decision, Limits, Slot, evaluate
+
+log = logging.getLogger(__name__)
+
+STORE_ERRORS = Counter("tollgate_edge_rate_limit_store_errors_total", "Rate-limit store failures (the call was let through)")
+
+
+class RateLimitStore(Protocol):
+    async def hit(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision: ...
+
+    async def close(self) -> None: ...
+
+
+class MemoryStore:
+    def __init__(self, max_subjects: int = 200_000) -> None:
+        self._slots: dict[str, Slot] = {}
+        self._max = max_subjects
+
+    async def hit(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision:
+        decision, after = evaluate([self._slots.get(s) for s in subjects], limits, now)
+        if after is not None:
+            if len(self._slots) >= self._max:
+                self._forget_idle(now)
+            for subject, slot in zip(subjects, after, strict=True):
+                self._slots[subject] = slot
+        return decision
+
+    def _forget_idle(self, now: float) -> None:
+        """Slots idle for two minutes are full buckets and empty windows: same as absent."""
+        idle = [s for s, slot in self._slots.items() if now - slot.updated > 2 * WINDOW_S + 3600]
+        for subject in idle:
+            del self._slots[subject]
+
+    async def close(self) -> None:
+        return None
+
+
+# The same arithmetic as rate_limit.py, statement for statement (keep them in step).
+LUA = """
+local now = tonumber(ARGV[1])
+local rate = tonumber(ARGV[2])
+local burst = tonumber(ARGV[3])
+local limit = tonumber(ARGV[4])
+local ttl = tonumber(ARGV[5])
+local W = 60.0
+local wnow = math.floor(now / W) * W
+local slots = {}
+local function estimate(s)
+  return s.prev * math.max(0.0, (W - math.max(0.0, now - s.wstart)) / W) + s.cur
+end
+for i, key in ipairs(KEYS) do
+  local h = redis.call('HMGET', key, 'tokens', 'updated', 'wstart', 'cur', 'prev')
+  local s
+  if not h[1] then
+    s = {tokens = burst, updated = now, wstart = wnow, cur = 0.0, prev = 0.0}
+  else
+    s = {tokens = tonumber(h[1]), updated = tonumber(h[2]), wstart = tonumber(h[3]), cur = tonumber(h[4]), prev = tonumber(h[5])}
+    s.tokens = math.min(burst, s.tokens + math.max(0.0, now - s.updated) * rate)
+    s.updated = math.max(now, s.updated)
+    if wnow == s.wstart then
+    elseif wnow == s.wstart + W then
+      s.prev = s.cur; s.cur = 0.0; s.wstart = wnow
+    elseif wnow > s.wstart then
+      s.prev = 0.0; s.cur = 0.0; s.wstart = wnow
+    end
+  end
+  slots[i] = s
+end
+local allowed = true
+local wait = 0.0
+for i, s in ipairs(slots) do
+  local est = estimate(s)
+  if s.tokens < 1.0 or est + 1.0 > limit then
+    allowed = false
+    local bw = 0.0
+    if s.tokens < 1.0 then bw = (1.0 - s.tokens) / rate end
+    local ww = 0.0
+    if est + 1.0 > limit then
+      local elapsed = math.max(0.0, now - s.wstart)
+      if s.cur + 1.0 <= limit and s.prev > 0 then
+        ww = math.max(0.0, W - elapsed - W * (limit - s.cur - 1.0) / s.prev)
+      else
+        ww = s.wstart + W - now
+        if s.cur > 0 then ww = ww + math.max(0.0, W - W * (limit - 1.0) / s.cur) end
+        ww = math.max(0.0, ww)
+      end
+    end
+    wait = math.max(wait, math.max(bw, ww))
+  end
+end
+if allowed then
+  for i, s in ipairs(slots) do
+    s.tokens = s.tokens - 1.0
+    s.cur = s.cur + 1.0
+    redis.call('HSET', KEYS[i], 'tokens', string.format('%.17g', s.tokens), 'updated', string.format('%.17g', s.updated),
+      'wstart', string.format('%.17g', s.wstart), 'cur', string.format('%.17g', s.cur), 'prev', string.format('%.17g', s.prev))
+    redis.call('EXPIRE', KEYS[i], ttl)
+  end
+end
+local remaining = limit
+for i, s in ipairs(slots) do
+  remaining = math.min(remaining, math.floor(limit - estimate(s)))
+end
+local retry = 0
+if not allowed then retry = math.max(1, math.ceil(wait)) end
+return {allowed and 1 or 0, math.max(0, remaining), math.max(0, math.ceil(wnow + W - now)), retry}
+"""
+
+
+class RedisStore:
+    def __init__(self, url: str, prefix: str = "tollgate:rl:") -> None:
+        self._redis: Redis[bytes] = Redis.from_url(url)
+        self._prefix = prefix
+        self._script = self._redis.register_script(LUA)
+
+    async def hit(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision:
+        # Idle slots expire once a full bucket and an empty window would be the same thing.
+        ttl = int(2 * WINDOW_S + math.ceil(limits.burst / limits.per_second))
+        try:
+            allowed, remaining, reset, retry = await self._script(
+                keys=[self._prefix + s for s in subjects],
+                args=[repr(now), repr(limits.per_second), limits.burst, limits.per_minute, ttl],
+            )
+        except Exception:  # a limiter outage must not take the API down: let the call through
+            STORE_ERRORS.inc()
+            log.warning("rate-limit store failed; allowing the call", exc_info=True)
+            return Decision(True, limits.per_minute, limits.per_minute, 0, 0)
+        return Decision(bool(allowed), limits.per_minute, int(remaining), int(reset), int(retry))
+
+    async def close(self) -> None:
+        await self._redis.aclose()  # type: ignore[attr-defined]  # types-redis predates aclose()
+
+
+def make_store(redis_url: str | None) -> RateLimitStore:
+    return RedisStore(redis_url) if redis_url else MemoryStore()

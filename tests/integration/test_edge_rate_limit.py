@@ -1,0 +1,162 @@
+"""Rate limits through the real edge (in process and on a real redis-server) and calls.v1 events."""
+
+import asyncio
+import random
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from faststream.kafka import KafkaBroker
+
+from contracts.common import Tier
+from contracts.events import CallEvent, PlanChanged, RateLimit
+from contracts.plans import catalogue
+from contracts.topics import BILLING, CALLS
+from services.edge.rate_limit import Limits
+from services.edge.rate_store import MemoryStore, RedisStore
+from tests.integration.test_keys_api import bearer, code, new_key, signup
+from tests.support.apps import free_port, running_app
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed (deploy/local/prereqs.sh installs it)")
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        import redis
+
+        client = redis.Redis(port=port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def test_redis_store_decides_exactly_like_the_in_process_store(redis_url):
+    rng = random.Random(7)
+    memory, shared = MemoryStore(), RedisStore(redis_url, prefix=f"t{uuid.uuid4().hex[:8]}:")
+    limits = Limits(per_second=3.7, burst=5, per_minute=40)
+    now = 1_800_000_017.25
+    try:
+        for _ in range(600):
+            now += rng.choice([0.0, 0.0, 0.01, 0.13, 0.4, 2.5, 31.0])
+            subjects = ("acct", rng.choice(["k1", "k2", "k3"]))
+            assert await memory.hit(subjects, limits, now) == await shared.hit(subjects, limits, now)
+    finally:
+        await shared.close()
+
+
+async def _publish_plan(settings, account_id: uuid.UUID, rate: RateLimit) -> None:
+    event = PlanChanged(
+        time=datetime.now(UTC), account_id=account_id, plan=Tier.BASIC, quotas=catalogue()[Tier.BASIC].quotas, rate_limit=rate
+    )
+    async with KafkaBroker(settings.kafka_bootstrap_servers) as broker:
+        await broker.publish(event.model_dump_json().encode(), settings.topic(BILLING.name), key=str(account_id).encode())
+
+
+async def _until(predicate, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+async def test_plan_limits_429_with_headers_and_rejections_consume_nothing(settings, store, request):
+    if store == "redis":
+        settings = settings.model_copy(update={"redis_url": request.getfixturevalue("redis_url")})
+    async with running_app(settings) as (app, client):
+        edge = app.state.runtime.edge
+        account, console = await signup(client)
+        secret = (await new_key(client, console))["key"]
+
+        first = await client.get("/api/geo/projects", headers=bearer(secret))
+        free = catalogue()[Tier.FREE].rate_limit
+        assert first.headers["X-RateLimit-Limit"] == str(free.per_minute)
+        assert first.headers["X-RateLimit-Remaining"] == str(free.per_minute - 1)
+        assert 0 < int(first.headers["X-RateLimit-Reset"]) <= 60
+
+        tight = RateLimit(per_second=0.001, burst=3, per_minute=50)
+        account_id = uuid.UUID(account["id"])
+        await _publish_plan(settings, account_id, tight)
+        await _until(lambda: edge.plans.rate_limit(account_id) == tight)
+        statuses = [(await client.get("/api/geo/projects", headers=bearer(secret))).status_code for _ in range(6)]
+        assert statuses == [200, 200, 200, 429, 429, 429]  # the bucket is capped at the new burst, 3
+        limited = await client.get("/api/geo/projects", headers=bearer(secret))
+        assert limited.status_code == 429 and code(limited) == "rate_limited"
+        assert int(limited.headers["Retry-After"]) >= 1
+        # rejected calls took nothing from the window: 4 of 50 used, whatever the 429s
+        assert limited.headers["X-RateLimit-Remaining"] == "46"
+        assert limited.headers["X-RateLimit-Limit"] == "50"
+
+        # keys follows billing.v1 too: the account now shows its plan
+        async def plan() -> str:
+            return str((await client.get("/api/account", headers=console)).json()["plan"])
+
+        deadline = time.monotonic() + 10
+        while await plan() != "basic":
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+
+
+async def test_every_api_key_call_becomes_a_calls_event_with_the_real_client_ip(settings):
+    settings = settings.model_copy(update={"trusted_proxies": ["127.0.0.1/32", "10.0.0.0/8"]})
+    async with running_app(settings) as (_app, client):
+        account, console = await signup(client)
+        key = await new_key(client, console)
+        headers = {**bearer(key["key"]), "User-Agent": "pytest-agent/1", "X-Forwarded-For": "198.51.100.7, 203.0.113.9, 10.1.2.3"}
+        assert (await client.get("/api/geo/projects", headers=headers)).status_code == 200
+        project_id = str(uuid.uuid4())
+        assert (await client.delete(f"/api/geo/projects/{project_id}", headers=headers)).status_code == 404
+        assert (await client.get("/api/geo/projects", headers=console)).status_code == 200  # console: no event
+
+        consumer = AIOKafkaConsumer(
+            settings.topic(CALLS.name), bootstrap_servers=settings.kafka_bootstrap_servers, auto_offset_reset="earliest"
+        )
+        await consumer.start()
+        events: list[CallEvent] = []
+        try:
+            deadline = time.monotonic() + 15
+            while len(events) < 2 and time.monotonic() < deadline:
+                for records in (await consumer.getmany(timeout_ms=200)).values():
+                    events += [CallEvent.model_validate_json(r.value) for r in records]
+        finally:
+            await consumer.stop()
+        events.sort(key=lambda e: e.time)
+        assert [(e.method, e.path, e.status) for e in events] == [
+            ("GET", "/api/geo/projects", 200),
+            ("DELETE", "/api/geo/projects/{project_id}", 404),  # the template, not the raw URL
+        ]
+        for event in events:
+            assert str(event.account_id) == account["id"] and str(event.api_key_id) == key["id"]
+            assert event.ip == "203.0.113.9"  # the first hop not among the trusted proxies
+            assert event.user_agent == "pytest-agent/1" and event.latency_ms > 0
+
+        # keys consumes calls.v1 in batches: last_used_at appears
+        deadline = time.monotonic() + 15
+        while (await client.get("/api/api-keys", headers=console)).json()["items"][0]["last_used_at"] is None:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)

@@ -1,0 +1,94 @@
+"""The rate-limit rules alone: token bucket + sliding window over several subjects."""
+
+import asyncio
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.edge.rate_limit import Limits, Slot, evaluate
+from services.edge.rate_store import MemoryStore
+
+T0 = 1_800_000_000.0  # a minute boundary
+
+
+def run(store: MemoryStore, subjects: tuple[str, ...], limits: Limits, now: float):
+    return asyncio.run(store.hit(subjects, limits, now))
+
+
+def test_burst_then_refill_at_the_bucket_rate():
+    store, limits = MemoryStore(), Limits(per_second=2, burst=3, per_minute=1000)
+    assert [run(store, ("k",), limits, T0).allowed for _ in range(4)] == [True, True, True, False]
+    denied = run(store, ("k",), limits, T0)
+    assert denied.retry_after_s == 1 and denied.headers()["Retry-After"] == "1"
+    assert run(store, ("k",), limits, T0 + 0.5).allowed  # one token back after 1/2 s
+    assert not run(store, ("k",), limits, T0 + 0.5).allowed
+
+
+def test_sliding_window_counts_the_previous_minute_by_its_overlap():
+    store, limits = MemoryStore(), Limits(per_second=1000, burst=1000, per_minute=10)
+    assert all(run(store, ("k",), limits, T0 + 50).allowed for _ in range(10))
+    denied = run(store, ("k",), limits, T0 + 50)
+    assert not denied.allowed and denied.remaining == 0 and denied.reset_s == 10
+    # 15 s into the next minute the previous one still weighs 10 * 45/60 = 7.5: room for 2
+    assert [run(store, ("k",), limits, T0 + 75).allowed for _ in range(3)] == [True, True, False]
+    assert run(store, ("k",), limits, T0 + 125).allowed
+
+
+def test_headers_on_success():
+    decision = run(MemoryStore(), ("a", "k"), Limits(per_second=5, burst=20, per_minute=120), T0 + 12.5)
+    assert decision.headers() == {"X-RateLimit-Limit": "120", "X-RateLimit-Remaining": "119", "X-RateLimit-Reset": "48"}
+
+
+def test_a_rejected_request_consumes_nothing_from_the_other_limit_or_subject():
+    store, limits = MemoryStore(), Limits(per_second=1, burst=2, per_minute=3)
+    assert run(store, ("acct", "key1"), limits, T0).allowed
+    assert run(store, ("acct", "key1"), limits, T0).allowed
+    for _ in range(10):  # the buckets are empty: rejected, and the windows keep their room
+        assert not run(store, ("acct", "key1"), limits, T0).allowed
+    assert run(store, ("acct", "key2"), limits, T0 + 1).allowed  # the account's 3rd of 3 this minute
+    for _ in range(10):  # the account's window is full: rejected, and no bucket pays for it
+        assert not run(store, ("acct", "key1"), limits, T0 + 1.5).allowed
+    slots = store._slots
+    assert slots["key1"].tokens == 0 and slots["key2"].tokens == 1 and slots["acct"].cur == 3
+
+
+times = st.lists(st.floats(min_value=0, max_value=300, allow_nan=False), min_size=1, max_size=200).map(sorted)
+limit_sets = st.builds(
+    Limits,
+    per_second=st.floats(min_value=0.1, max_value=20),
+    burst=st.integers(min_value=1, max_value=30),
+    per_minute=st.integers(min_value=1, max_value=60),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(times=times, limits=limit_sets)
+def test_never_more_than_the_bucket_and_the_minute_allow(times, limits):
+    slot: Slot | None = None
+    allowed: list[float] = []
+    for t in times:
+        decision, after = evaluate([slot], limits, T0 + t)
+        if after is not None:
+            slot = after[0]
+            allowed.append(t)
+        assert decision.allowed == (after is not None)
+        assert 0 <= decision.remaining <= limits.per_minute
+    for i, t in enumerate(allowed):
+        for span in (0.0, 1.0, 10.0):  # the bucket: burst + refill over any span
+            assert sum(1 for u in allowed[: i + 1] if u >= t - span) <= limits.burst + limits.per_second * span + 1e-6
+        minute = (T0 + t) // 60
+        assert sum(1 for u in allowed if (T0 + u) // 60 == minute) <= limits.per_minute
+
+
+@settings(max_examples=150, deadline=None)
+@given(times=times, limits=limit_sets)
+def test_retry_after_is_honest(times, limits):
+    """A caller that waits the Retry-After it was given (and sends nothing meanwhile) gets in."""
+    slot: Slot | None = None
+    for t in times:
+        decision, after = evaluate([slot], limits, T0 + t)
+        if after is not None:
+            slot = after[0]
+            continue
+        retry, _ = evaluate([slot], limits, T0 + t + decision.retry_after_s + 1e-6)
+        assert retry.allowed, (decision, slot)
