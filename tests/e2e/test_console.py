@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from services import console
+from services.edge.errors import install_error_handlers
 from tests.support.apps import REPO, ServeProcess
 
 SCREENSHOTS = REPO / "artifacts" / "screenshots"
@@ -319,6 +320,7 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(server: 
 async def test_the_console_is_served_same_origin_only() -> None:
     """No CDN, no inline script: a CSP that allows only this origin, and pages for deep links."""
     app = FastAPI()
+    install_error_handlers(app)
     app.include_router(console.router())
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://console.test") as client:
         index = await client.get("/console/alerts")

@@ -52,7 +52,7 @@ export function pct(n) {
 
 /** "+12.5%" / "−3%" / "new" for a change against the previous period. */
 export function change(n) {
-  if (n === null || n === undefined) return "no previous data";
+  if (n === null || n === undefined) return "new: none in the previous period";
   const v = Number(n);
   if (!Number.isFinite(v)) return "new";
   const sign = v > 0 ? "+" : v < 0 ? "−" : "±";

@@ -40,8 +40,10 @@ function notificationItem(n) {
   );
 }
 
-function recipientsText(recipients) {
-  return (recipients || []).map((r) => r.email || r.phone || (r.user_id ? "you (in-site)" : JSON.stringify(r))).join(", ");
+function recipientsText(rule) {
+  const named = (rule.recipients || []).filter((r) => !r.user_id).map((r) => r.email || r.phone || JSON.stringify(r));
+  if (rule.channels.includes("in_site")) named.unshift("your in-site inbox");
+  return named.join(", ");
 }
 
 export async function render(container, ctx) {
@@ -92,7 +94,7 @@ export async function render(container, ctx) {
       h("td", { "data-label": "Metric" }, METRICS[rule.metric] || rule.metric),
       h("td", { "data-label": "Threshold" }, `${rule.threshold_pct}%`),
       h("td", { "data-label": "Channels" }, rule.channels.map((c) => (CHANNELS.find(([v]) => v === c) || [c, c])[1]).join(", ")),
-      h("td", { "data-label": "Recipients" }, recipientsText(rule.recipients)),
+      h("td", { "data-label": "Recipients" }, recipientsText(rule)),
       h("td", { "data-label": "This period" }, rule.fired_this_period ? `Fired ${dateTime(rule.last_fired_at)}` : "Not fired"),
       h("td", { class: "row-actions" }, remove),
     );

@@ -146,7 +146,7 @@ export async function render(container, ctx) {
       return h(
         "tr",
         { class: current ? "current" : "", dataset: { tier: p.tier } },
-        h("th", { scope: "row", "data-label": "Plan" }, titleCase(p.tier), note ? h("br") : null, note),
+        h("th", { scope: "row", "data-label": "Plan" }, h("span", {}, titleCase(p.tier), note)),
         h("td", { "data-label": "Price / month", class: "num" }, money(p.monthly_price, p.currency)),
         resources.map((r) => h("td", { "data-label": RESOURCES[r], class: "num" }, amount(r, p.quotas[r]))),
         h("td", { "data-label": "Rate limit" }, `${num(p.rate_limit.per_second)}/s (burst ${num(p.rate_limit.burst)}), ${num(p.rate_limit.per_minute)}/min`),
