@@ -4,10 +4,10 @@ from pathlib import Path
 from weakref import WeakKeyDictionary
 
 from services.billing import api, consumers
-from services.billing.outbox import OutboxRelay
 from services.billing.payments import TestProvider
 from services.billing.service import BillingService
 from services.runtime.component import Component, Runtime
+from services.runtime.outbox_relay import OutboxRelay
 
 _SERVICES: "WeakKeyDictionary[Runtime, BillingService]" = WeakKeyDictionary()
 
@@ -18,7 +18,7 @@ def service_of(runtime: Runtime) -> BillingService:
 
 
 def build(runtime: Runtime) -> Component:
-    relay = OutboxRelay(runtime.pool, runtime.broker)
+    relay = OutboxRelay(runtime.pool, runtime.settings, "billing")
     service = BillingService(runtime.pool, relay, runtime.settings, runtime.edge.accounts, TestProvider())
     _SERVICES[runtime] = service
     return Component(

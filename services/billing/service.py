@@ -17,10 +17,10 @@ from contracts.quota_api import PeriodRange
 from contracts.topics import BILLING
 from services.billing import domain, store
 from services.billing.domain import BillingRuleError, SwitchKind
-from services.billing.outbox import OutboxRelay
 from services.billing.payments import PaymentProvider
 from services.edge.projections import AccountProjection
 from services.edge.quota_gate import period_of
+from services.runtime.outbox_relay import OutboxRelay
 from services.runtime.settings import Settings
 
 Clock = Callable[[], datetime]
@@ -162,7 +162,7 @@ class BillingService:
                     period=order.period,
                     order_id=order.id,
                 )
-                await store.add_to_outbox(conn, self.settings.topic(BILLING.name), str(account_id), event)
+                await self.relay.add(conn, BILLING, str(account_id).encode(), event.model_dump_json().encode())
             paid = await store.lock_order(conn, order_id, account_id)
             assert paid is not None
         await self.relay.flush()
@@ -195,7 +195,7 @@ class BillingService:
         event = PlanChanged(
             time=now, account_id=account_id, plan=new, previous_plan=old, quotas=dict(plan.quotas), rate_limit=plan.rate_limit
         )
-        await store.add_to_outbox(conn, self.settings.topic(BILLING.name), str(account_id), event)
+        await self.relay.add(conn, BILLING, str(account_id).encode(), event.model_dump_json().encode())
 
     # ---- facts from other services ---------------------------------------------------------------
     async def apply_user_type(self, event: UserTypeChanged | AccountState) -> None:

@@ -9,7 +9,6 @@ from uuid import UUID
 from psycopg import AsyncConnection
 
 from contracts.common import Resource, Tier, UserType
-from contracts.events import Event
 
 Conn = AsyncConnection[Any]  # dict rows (see services/runtime/postgres.py)
 
@@ -124,22 +123,3 @@ async def mark_paid(conn: Conn, order_id: UUID, now: datetime, reference: str) -
         "UPDATE billing.orders SET status = 'paid', paid_at = %s, payment_reference = %s WHERE id = %s",
         (now, reference, order_id),
     )
-
-
-async def add_to_outbox(conn: Conn, topic: str, key: str, event: Event) -> None:
-    await conn.execute(
-        "INSERT INTO billing.outbox (topic, key, payload) VALUES (%s, %s, %s)",
-        (topic, key.encode(), event.model_dump_json().encode()),
-    )
-
-
-async def take_unsent(conn: Conn, limit: int) -> list[dict[str, Any]]:
-    cur = await conn.execute(
-        "SELECT seq, topic, key, payload FROM billing.outbox WHERE sent_at IS NULL ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED",
-        (limit,),
-    )
-    return list(await cur.fetchall())
-
-
-async def mark_sent(conn: Conn, seqs: list[int]) -> None:
-    await conn.execute("UPDATE billing.outbox SET sent_at = now() WHERE seq = ANY(%s)", (seqs,))

@@ -11,7 +11,7 @@ sees the rows: they are either sent by this pass or were sent by the holder befo
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import Any, cast
 
 from aiokafka import AIOKafkaProducer
 from psycopg import AsyncConnection, sql
@@ -54,7 +54,8 @@ class OutboxRelay:
         self._task: asyncio.Task[None] | None = None
 
     # ---- writing, inside the caller's transaction --------------------------------------------
-    async def add(self, conn: AsyncConnection[DictRow], topic: Topic, key: bytes, value: bytes | None) -> int:
+    async def add(self, conn: AsyncConnection[Any], topic: Topic, key: bytes, value: bytes | None) -> int:
+        """Queue an event inside the caller's transaction (the pool gives dict rows)."""
         cur = await conn.execute(
             sql.SQL("INSERT INTO {} (topic, key, value) VALUES (%s, %s, %s) RETURNING seq").format(self._table),
             (topic.name, key, value),

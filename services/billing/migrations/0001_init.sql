@@ -33,7 +33,7 @@ CREATE TABLE billing.outbox (
     seq         bigserial PRIMARY KEY,
     topic       text  NOT NULL,
     key         bytea NOT NULL,
-    payload     bytea NOT NULL,
+    value       bytea,          -- NULL would be a tombstone (billing.v1 has none)
     created_at  timestamptz NOT NULL DEFAULT now(),
     sent_at     timestamptz
 );
