@@ -1,0 +1,156 @@
+"""The sink survives SIGKILL at any point: a real `tollgate serve --target metering` is killed
+while it is writing, restarted, and the counts in ClickHouse are exact (nothing lost, nothing
+counted twice), with duplicates and malformed messages in the stream."""
+
+import asyncio
+import json
+import subprocess
+import sys
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+from aiokafka import AIOKafkaProducer
+from faststream.kafka import KafkaBroker
+
+from contracts.common import Resource, Role
+from contracts.events import CallEvent, UsageEvent
+from contracts.topics import CALLS, USAGE
+from services.runtime.kafka import ensure_topics
+from tests.support.apps import REPO, ServeProcess
+from tests.support.metering import publish_account, session_token, wait_until
+
+pytestmark = pytest.mark.integration
+
+START = datetime(2026, 9, 1, tzinfo=UTC)
+RANGE = {"range": "custom", "start": "2026-01-01T00:00:00Z", "end": "2027-01-01T00:00:00Z"}
+
+
+def usage(account: uuid.UUID, n: int) -> UsageEvent:
+    return UsageEvent(
+        time=START + timedelta(seconds=37 * n),
+        account_id=account,
+        resource=Resource.AI_TOKENS,
+        quantity=n % 97 + 3,
+        provider="openai",
+        model="gpt-4o",
+        input_tokens=n % 89,
+        output_tokens=n % 97 + 3 - n % 89 if n % 97 + 3 > n % 89 else 0,
+        source="kill-test",
+    )
+
+
+def call(account: uuid.UUID, n: int) -> CallEvent:
+    return CallEvent(
+        time=START + timedelta(seconds=11 * n),
+        account_id=account,
+        api_key_id=uuid.UUID(int=n % 3 + 1),
+        method="GET",
+        path="/api/geo/projects",
+        status=200,
+        ip="10.0.0.1",
+        latency_ms=1.5,
+    )
+
+
+async def produce(settings, records: list[tuple[str, bytes, bytes]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        for i in range(0, len(records), 5000):
+            futures = [await producer.send(t, v, key=k) for t, k, v in records[i : i + 5000]]
+            await asyncio.gather(*futures)
+            await asyncio.sleep(0.05)  # a steady stream, so the kill lands while batches are in flight
+    finally:
+        await producer.stop()
+
+
+def read_back(dsn: str, database: str) -> dict:
+    """Open the subprocess's chdb path in a fresh interpreter (one engine path per process)."""
+    script = f"""
+import json
+from services.runtime import clickhouse
+c = clickhouse.connect({dsn!r})
+db = {database!r}
+q = lambda s: c.query(s).result_rows
+print(json.dumps({{
+  "usage_rows": q(f"SELECT count() FROM {{db}}.usage_events")[0][0],
+  "usage_ids": q(f"SELECT uniqExact(id) FROM {{db}}.usage_events")[0][0],
+  "rollup": [int(x) for x in q(f"SELECT sum(events), sum(total_tokens) FROM {{db}}.usage_hourly")[0]],
+  "call_rows": q(f"SELECT count() FROM {{db}}.call_events")[0][0],
+  "calls_rollup": int(q(f"SELECT sum(calls) FROM {{db}}.calls_hourly")[0][0]),
+}}))
+"""
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+async def test_sigkill_mid_batch_then_restart_counts_exactly(settings, tmp_path):
+    sub = settings.model_copy(update={"clickhouse_dsn": f"chdb://{tmp_path}/ch"})
+    await ensure_topics(sub)
+    account = uuid.uuid4()
+    broker = KafkaBroker(sub.kafka_bootstrap_servers)
+    async with broker:
+        await publish_account(broker, sub, account, [Role.OWNER])
+    token = session_token(sub, account)
+    headers = {"Authorization": f"Bearer {token}"}
+
+    usage_events = [usage(account, n) for n in range(60_000)]
+    call_events = [call(account, n) for n in range(6_000)]
+    ut, ct = sub.topic(USAGE.name), sub.topic(CALLS.name)
+    key = str(account).encode()
+    records = [(ut, key, e.model_dump_json().encode()) for e in usage_events]
+    records += [(ct, key, e.model_dump_json().encode()) for e in call_events]
+    records += [(ut, key, e.model_dump_json().encode()) for e in usage_events[:5_000]]  # duplicates
+    records += [(ut, key, b"not json"), (ct, key, b'{"id": 1}')]  # malformed
+    records.sort(key=lambda r: hash(r[2]) % 7)  # interleave topics and duplicates
+
+    def visible_calls(proc: ServeProcess) -> int:
+        try:
+            r = httpx.get(f"{proc.base_url}/api/ai/usage/overview", params=RANGE, headers=headers, timeout=5)
+        except httpx.HTTPError:
+            return -1
+        return int(r.json()["calls"]) if r.status_code == 200 else -1
+
+    first = ServeProcess(sub, targets="metering")
+    try:
+        await asyncio.to_thread(first.wait_ready)
+        producing = asyncio.create_task(produce(sub, records))
+
+        async def some_written() -> bool:
+            return 0 < await asyncio.to_thread(visible_calls, first) < len(usage_events)
+
+        await wait_until(some_written, timeout=120, interval=0.05)
+        first.kill()  # SIGKILL while the stream is being written
+        killed_at = visible_calls(first)
+        await producing
+    finally:
+        first.kill()
+    assert killed_at == -1
+
+    second = ServeProcess(sub, targets="metering")
+    try:
+        await asyncio.to_thread(second.wait_ready)
+        # A sentinel after everything else on the same partition: once visible, all before it is.
+        sentinel = usage(account, 100_000)  # a new id, inside RANGE
+        await produce(sub, [(ut, key, sentinel.model_dump_json().encode())])
+
+        async def caught_up() -> bool:
+            return await asyncio.to_thread(visible_calls, second) >= len(usage_events) + 1
+
+        await wait_until(caught_up, timeout=120, interval=0.2)
+        assert visible_calls(second) == len(usage_events) + 1
+    finally:
+        second.stop()
+
+    counts = await asyncio.to_thread(read_back, sub.clickhouse_dsn, sub.clickhouse_database)
+    expected_tokens = sum(e.input_tokens + e.output_tokens for e in [*usage_events, sentinel])
+    assert counts == {
+        "usage_rows": len(usage_events) + 1,
+        "usage_ids": len(usage_events) + 1,
+        "rollup": [len(usage_events) + 1, expected_tokens],
+        "call_rows": len(call_events),
+        "calls_rollup": len(call_events),
+    }
