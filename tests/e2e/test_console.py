@@ -179,6 +179,10 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(server: 
     expect(page.get_by_role("img", name=re.compile("Share of tokens by model"))).to_be_visible()
     expect(page.locator(".line-chart polyline")).to_have_count(2)
 
+    page.get_by_text("This month", exact=True).click()  # a range change reloads at once
+    expect(page.get_by_label("Granularity")).to_have_value("day")
+    expect(total).to_have_text("2,500")
+
     filter_button = page.get_by_role("button", name="Filter")
     activity = page.locator("#activity-table tbody tr")
 
@@ -283,6 +287,33 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(server: 
     notes.first.get_by_role("link", name="Buy quota package").click()  # the quick link opens the package form
     expect(page.get_by_role("heading", name="Buy a quota package")).to_be_visible(timeout=WAIT_MS)
     expect(page.locator("#buy-package select")).to_have_value("ai_tokens")
+
+    # ---- rotate without grace (new key shown once, old one dead), then delete with confirmation
+    open_page(page, base, "keys", "API keys")
+    page.get_by_label("Name").fill("temp key")
+    page.get_by_role("button", name="Create key").click()
+    old_secret = page.get_by_label("Full API key for temp key").input_value()
+    page.get_by_role("button", name="I have stored it").click()
+    page.get_by_role("button", name="Rotate key temp key").click()
+    dialog = page.get_by_role("dialog", name="Rotate key “temp key”")
+    dialog.get_by_label("Grace period for the old key").select_option("0")
+    dialog.get_by_role("button", name="Rotate key").click()
+    new_secret = page.get_by_label("Full API key for temp key").input_value()
+    assert new_secret.startswith("sk-") and new_secret != old_secret
+    page.get_by_role("button", name="I have stored it").click()
+    expect(page.locator("#keys-table tbody tr", has_text="temp key")).to_have_count(1)
+    assert api.get("/api/geo/projects", headers={"Authorization": f"Bearer {old_secret}"}).status_code == 401
+    assert api.get("/api/geo/projects", headers={"Authorization": f"Bearer {new_secret}"}).status_code == 200
+    page.get_by_role("button", name="Delete key temp key").click()
+    confirm = page.get_by_role("dialog", name="Delete key “temp key”?")
+    expect(confirm).to_contain_text("permanent")
+    confirm.get_by_role("button", name="Cancel").click()
+    expect(page.locator("#keys-table tbody tr", has_text="temp key")).to_have_count(1)
+    page.get_by_role("button", name="Delete key temp key").click()
+    page.get_by_role("dialog").get_by_role("button", name="Delete key").click()
+    expect(page.locator("#keys-table tbody tr", has_text="temp key")).to_have_count(0, timeout=WAIT_MS)
+    gone = api.get("/api/geo/projects", headers={"Authorization": f"Bearer {new_secret}"})
+    assert gone.status_code == 401 and gone.json()["error"]["code"] == "invalid_api_key"
 
     # ---- every page at phone width: readable, no sideways scrolling, menu works -------------
     page.set_viewport_size(PHONE)

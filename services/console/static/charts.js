@@ -49,10 +49,10 @@ function niceMax(max) {
 }
 
 /** series: [{key, points: [{t, value}]}] sharing the same buckets -> a multi-line chart. */
-export function lineChart(series, { label, format = String, formatTime = (t) => t }) {
-  const width = 720;
-  const height = 260;
-  const pad = { left: 64, right: 16, top: 12, bottom: 36 };
+export function lineChart(series, { label, format = String, formatTime = (t) => t, width = 720 }) {
+  // Drawn at the container's width so labels keep a readable size on a phone.
+  const height = width < 500 ? 220 : 260;
+  const pad = { left: width < 500 ? 52 : 64, right: 16, top: 12, bottom: 36 };
   const innerW = width - pad.left - pad.right;
   const innerH = height - pad.top - pad.bottom;
   const times = (series.find((x) => x.points.length) || { points: [] }).points.map((p) => p.t);
@@ -67,7 +67,7 @@ export function lineChart(series, { label, format = String, formatTime = (t) => 
     svg.append(s("line", { x1: pad.left, x2: width - pad.right, y1: y(v), y2: y(v), class: "grid" }));
     svg.append(s("text", { x: pad.left - 8, y: y(v) + 4, "text-anchor": "end", class: "axis" }, format(v)));
   }
-  const tickCount = Math.min(times.length, 6);
+  const tickCount = Math.min(times.length, width < 500 ? 3 : 6);
   for (let k = 0; k < tickCount; k += 1) {
     const i = tickCount === 1 ? 0 : Math.round((k / (tickCount - 1)) * (times.length - 1));
     svg.append(s("text", { x: x(i), y: height - 12, "text-anchor": "middle", class: "axis" }, formatTime(times[i])));

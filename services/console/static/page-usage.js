@@ -133,7 +133,12 @@ function trendSection(state) {
     const indexed = all.map((x) => shown.find((y) => y.key === x.key) || { key: x.key, points: [] });
     chartSlot.replaceChildren(
       all.length
-        ? lineChart(indexed.map((x) => ({ ...x, points: x.points.length ? x.points : [] })), { label, format: state.metric === "estimated_cost" ? dec : num, formatTime: fmtTime })
+        ? lineChart(indexed.map((x) => ({ ...x, points: x.points.length ? x.points : [] })), {
+            label,
+            format: state.metric === "estimated_cost" ? dec : num,
+            formatTime: fmtTime,
+            width: Math.max(300, Math.min(960, chartSlot.clientWidth || 720)),
+          })
         : h("p", { class: "muted" }, "No usage in this range."),
       all.length ? h("fieldset", { class: "series-toggles" }, h("legend", {}, `Compare ${state.groupBy}s`), toggles) : null,
     );
@@ -152,7 +157,7 @@ function trendSection(state) {
   granularity.addEventListener("change", () => { state.granularity = granularity.value; load(); });
   groupBy.addEventListener("change", () => { state.groupBy = groupBy.value; hidden.clear(); load(); });
   metric.addEventListener("change", () => { state.metric = metric.value; draw(); });
-  return { section, load };
+  return { section, load, draw };
 }
 
 function providerTable(items, currency) {
@@ -202,7 +207,7 @@ function activitySection() {
     ip: ip.value.trim(),
     start: start.value ? new Date(start.value).toISOString() : "",
     end: end.value ? new Date(end.value).toISOString() : "",
-    limit: 50,
+    limit: 25,
   });
 
   function line(item) {
@@ -304,4 +309,11 @@ export async function render(container, ctx) {
     activity.section,
   );
   await Promise.all([loadAnalytics(), activity.load()]);
+  let pending = 0;
+  const onResize = () => {
+    clearTimeout(pending);
+    pending = setTimeout(trend.draw, 150);
+  };
+  window.addEventListener("resize", onResize);
+  ctx.onCleanup(() => window.removeEventListener("resize", onResize));
 }
