@@ -69,7 +69,7 @@ async def test_redis_store_decides_exactly_like_the_in_process_store(redis_url):
         await shared.close()
 
 
-async def _publish_plan(settings, account_id: uuid.UUID, rate: RateLimit) -> None:
+async def publish_plan(settings, account_id: uuid.UUID, rate: RateLimit) -> None:
     event = PlanChanged(
         time=datetime.now(UTC), account_id=account_id, plan=Tier.BASIC, quotas=catalogue()[Tier.BASIC].quotas, rate_limit=rate
     )
@@ -101,7 +101,7 @@ async def test_plan_limits_429_with_headers_and_rejections_consume_nothing(setti
 
         tight = RateLimit(per_second=0.001, burst=3, per_minute=50)
         account_id = uuid.UUID(account["id"])
-        await _publish_plan(settings, account_id, tight)
+        await publish_plan(settings, account_id, tight)
         await _until(lambda: edge.plans.rate_limit(account_id) == tight)
         statuses = [(await client.get("/api/geo/projects", headers=bearer(secret))).status_code for _ in range(6)]
         assert statuses == [200, 200, 200, 429, 429, 429]  # the bucket is capped at the new burst, 3
