@@ -147,12 +147,20 @@ async def test_a_consumer_killed_mid_delivery_is_resumed_by_the_next_one_without
         try:
             await asyncio.to_thread(second.wait_ready)
             await eventually(lambda: all_settled(settings, account), within=30)
+            # A sentinel behind the redelivered event (same partition): once its rule fired, the
+            # duplicate was consumed too (after the group dropped the killed member).
+            async with httpx.AsyncClient(base_url=second.base_url) as client:
+                sentinel = {"metric": "total_tokens", "threshold_pct": 86, "channels": ["in_site"], "recipients": []}
+                assert (await client.post("/api/ai/usage/alert", json=sentinel, headers=headers)).status_code == 201
+            await publish_crossing(broker, settings, account, 86, period=this_period())
+            await eventually(lambda: firing_count(settings, account) == 2, within=45)
+            await eventually(lambda: all_settled(settings, account))
         finally:
             second.stop()
 
-    assert firing_count(settings, account) == 1
-    assert delivery_statuses(settings, account) == {"sent": 4}
-    assert len(query(settings, "SELECT 1 FROM alerts.notifications WHERE account_id = %s", account)) == 1
+    assert [r["threshold_pct"] for r in query(settings, "SELECT threshold_pct FROM alerts.firings ORDER BY 1")] == [80, 86]
+    assert delivery_statuses(settings, account) == {"sent": 5}
+    assert len(query(settings, "SELECT 1 FROM alerts.notifications WHERE account_id = %s", account)) == 2  # 80% + sentinel
     assert sorted(m["To"] for m in smtp_server.messages) == sorted(EMAILS)  # sent before the kill, not again
     # The SMS was in the one repeat window (received, not yet recorded): it went again with the
     # same idempotency key, so the gateway delivers one message.
