@@ -1,0 +1,109 @@
+"""Metering's pure rules: ranges and buckets across DST, cost with effective dates, shares, cursor."""
+
+import uuid
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from services.metering import domain, prices
+from services.metering.domain import InvalidQuery, UsageRow
+
+BERLIN = ZoneInfo("Europe/Berlin")
+NY = ZoneInfo("America/New_York")
+TABLE = prices.parse(
+    """
+currency = "USD"
+[[prices]]
+provider = "p"
+model = "m"
+input_per_1m = "1.00"
+output_per_1m = "2.00"
+effective_from = 2026-01-01
+[[prices]]
+provider = "p"
+model = "m"
+input_per_1m = "0.50"
+output_per_1m = "1.00"
+effective_from = 2026-03-01
+"""
+)
+
+
+def test_today_in_a_zone_is_its_calendar_day_and_dst_days_have_23_or_25_hours():
+    spring = domain.resolve_range("today", BERLIN, datetime(2026, 3, 29, 12, tzinfo=UTC))
+    assert spring.end - spring.start == timedelta(hours=23)
+    assert spring.start == datetime(2026, 3, 28, 23, tzinfo=UTC)
+    autumn = domain.resolve_range("today", NY, datetime(2026, 11, 1, 12, tzinfo=UTC))
+    assert autumn.end - autumn.start == timedelta(hours=25)
+    assert len(domain.buckets(autumn, "hour")) == 25
+    assert domain.buckets(autumn, "day") == [datetime(2026, 11, 1, 4, tzinfo=UTC)]
+
+
+def test_week_and_month_and_their_previous_periods():
+    now = datetime(2026, 3, 4, 10, tzinfo=UTC)  # a Wednesday
+    week = domain.resolve_range("week", BERLIN, now)
+    assert week.local(week.start).date() == date(2026, 3, 2) and week.local(week.end).date() == date(2026, 3, 9)
+    prev = domain.previous_range(week)
+    assert prev.local(prev.start).date() == date(2026, 2, 23) and prev.end == week.start
+    month = domain.resolve_range("month", BERLIN, now)
+    prev = domain.previous_range(month)
+    assert prev.local(prev.start) == datetime(2026, 2, 1, tzinfo=BERLIN) and prev.end == month.start
+    assert domain.elapsed_days(month, now) == 4
+
+
+def test_custom_ranges_widen_to_hours_and_reject_nonsense():
+    r = domain.resolve_range(
+        "custom", UTC_ZONE, datetime.now(UTC), datetime(2026, 1, 1, 10, 30, tzinfo=UTC), datetime(2026, 1, 1, 11, 5, tzinfo=UTC)
+    )
+    assert (r.start.hour, r.end.hour) == (10, 12)
+    assert domain.previous_range(r).start == datetime(2026, 1, 1, 8, tzinfo=UTC)
+    with pytest.raises(InvalidQuery):
+        domain.resolve_range("custom", UTC_ZONE, datetime.now(UTC), None, None)
+    with pytest.raises(InvalidQuery):
+        domain.resolve_range(
+            "custom", UTC_ZONE, datetime.now(UTC), datetime(2026, 1, 2, tzinfo=UTC), datetime(2026, 1, 1, tzinfo=UTC)
+        )
+    with pytest.raises(InvalidQuery):
+        domain.zone("Nowhere/Else", "UTC")
+
+
+UTC_ZONE = ZoneInfo("UTC")
+
+
+def test_week_buckets_start_on_local_monday_and_empty_buckets_are_filled():
+    r = domain.resolve_range(
+        "custom", BERLIN, datetime.now(UTC), datetime(2026, 3, 25, tzinfo=BERLIN), datetime(2026, 4, 2, tzinfo=BERLIN)
+    )
+    starts = domain.buckets(r, "week")
+    assert [s.astimezone(BERLIN).date() for s in starts] == [date(2026, 3, 23), date(2026, 3, 30)]
+    row = UsageRow(datetime(2026, 3, 30, 8, tzinfo=UTC), "p", "m", 1, 1000, 1000, 2000)
+    grid = domain.trend([row], TABLE, r, "week", None, None)
+    assert [t.total_tokens for _, t in grid["total"]] == [0, 2000]
+    keyed = domain.trend([row], TABLE, r, "day", "model", ["m", "zzz"])
+    assert list(keyed) == ["m", "zzz"] and sum(t.calls for _, t in keyed["zzz"]) == 0
+
+
+def test_cost_uses_the_price_in_force_on_the_day_in_decimal():
+    assert TABLE.cost("p", "m", date(2026, 2, 28), 1_000_000, 1_000_000) == Decimal("3.00")
+    assert TABLE.cost("p", "m", date(2026, 3, 1), 1_000_000, 1_000_000) == Decimal("1.50")
+    assert TABLE.cost("p", "m", date(2025, 12, 31), 10, 10) == 0
+    assert TABLE.cost("x", "y", date(2026, 3, 1), 10, 10) == 0
+    assert domain.money(Decimal(3) / Decimal(1_000_000)) == "0.000003"
+    assert prices.load().currency == "USD"  # the shipped table parses
+
+
+def test_shares_changes_and_averages():
+    assert domain.change_pct(150, 100) == 50.0
+    assert domain.change_pct(0, 0) == 0.0
+    assert domain.change_pct(5, 0) is None
+    assert domain.pct(1, 3) == 33.33
+    assert domain.average(10, 3) == 3.33
+
+
+def test_cursor_round_trips_and_rejects_garbage():
+    c = domain.Cursor(datetime(2026, 1, 1, 0, 0, 0, 123000, tzinfo=UTC), uuid.uuid4())
+    assert domain.Cursor.decode(c.encode()) == c
+    with pytest.raises(InvalidQuery):
+        domain.Cursor.decode("not-a-cursor")
