@@ -86,7 +86,13 @@ def build_router(runtime: Runtime, dispatcher: Dispatcher) -> APIRouter:
         fired = bool(delivery_ids)
         return _rule_out(store.RuleView(rule, fired, now if fired else None, 0))
 
-    @router.get("/api/ai/usage/alert", response_model=RuleList)
+    @router.get(
+        "/api/ai/usage/alert",
+        response_model=RuleList,
+        description="The account's rules with `fired_this_period` (fired in the current period of the platform time "
+        "zone) and `last_fired_at`. Extension: `created_at`, and `failed_deliveries` (messages that exhausted their "
+        "retries; see `.../{id}/deliveries`).",
+    )
     async def list_rules(principal: Principal = can_read) -> RuleList:
         async with pool.connection() as conn:
             views = await store.list_rules(conn, principal.account_id, period_of(datetime.now(UTC), tz))

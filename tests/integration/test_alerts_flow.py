@@ -1,10 +1,13 @@
 """Alert rules end to end on real Kafka, Postgres, an aiosmtpd SMTP server and an HTTP gateway."""
 
+import asyncio
 import uuid
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 
 from contracts.common import Resource
+from contracts.topics import QUOTA_THRESHOLDS, dead_letter
 from tests.integration.test_alerts_helpers import (  # noqa: F401  (fixtures)
     CONSOLE_URL,
     SmsGateway,
@@ -219,10 +222,11 @@ async def test_rules_are_validated_scoped_to_the_account_and_notifications_can_b
         assert (await client.get("/api/ai/usage/alert", headers=viewer_headers)).status_code == 200
         assert (await client.get("/api/ai/usage/alert")).json()["error"]["code"] == "missing_credentials"
 
+        # A malformed crossing goes to the dead-letter topic; the consumer keeps going.
+        broker = app.state.runtime.broker
+        await broker.publish(b"{not json", settings.topic(QUOTA_THRESHOLDS.name), key=str(account).encode())
         # A notification: read by its owner only.
-        await publish_crossing(
-            app.state.runtime.broker, settings, account, 80, period=this_period(), resource=Resource.STORAGE_BYTES
-        )
+        await publish_crossing(broker, settings, account, 80, period=this_period(), resource=Resource.STORAGE_BYTES)
 
         async def one_notification() -> bool:
             return len((await client.get("/api/notifications", headers=headers)).json()["items"]) == 1
@@ -235,6 +239,17 @@ async def test_rules_are_validated_scoped_to_the_account_and_notifications_can_b
         read = await client.post(f"/api/notifications/{note['id']}/read", headers=headers)
         assert read.status_code == 200 and read.json()["read"] is True
         assert (await client.get("/api/notifications?unread_only=true", headers=headers)).json() == {"items": []}
+        dead = AIOKafkaConsumer(
+            settings.topic(dead_letter(QUOTA_THRESHOLDS).name),
+            bootstrap_servers=settings.kafka_bootstrap_servers,
+            auto_offset_reset="earliest",
+        )
+        await dead.start()
+        try:
+            record = await asyncio.wait_for(dead.getone(), 20)
+        finally:
+            await dead.stop()
+        assert record.value == b"{not json" and dict(record.headers)["x-error"]
 
         # No SMS gateway is configured here: the SMS delivery fails for good and is visible.
         await eventually(lambda: all_settled(settings, account))
