@@ -327,6 +327,10 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(server: 
         open_page(page, base, route, heading)
         page.wait_for_load_state("networkidle")
         shot(page, route)
+        if route == "usage":  # the charts, close up, as a phone draws them
+            page.locator("section", has=page.get_by_role("heading", name="Trend")).screenshot(
+                path=str(SCREENSHOTS / "usage-trend-phone.png")
+            )
         overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
         assert overflow <= 1, f"{route} scrolls sideways by {overflow}px at phone width"
     menu = page.get_by_role("button", name="Menu")

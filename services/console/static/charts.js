@@ -49,7 +49,9 @@ function niceMax(max) {
 }
 
 /** series: [{key, points: [{t, value}]}] sharing the same buckets -> a multi-line chart. */
-export function lineChart(series, { label, format = String, formatTime = (t) => t, width = 720 }) {
+const compact = new Intl.NumberFormat(undefined, { notation: "compact", maximumFractionDigits: 2 });
+
+export function lineChart(series, { label, format = String, formatTime = (t) => t, width = 720, formatAxis = (v) => compact.format(v) }) {
   // Drawn at the container's width so labels keep a readable size on a phone.
   const height = width < 500 ? 220 : 260;
   const pad = { left: width < 500 ? 52 : 64, right: 16, top: 12, bottom: 36 };
@@ -65,12 +67,14 @@ export function lineChart(series, { label, format = String, formatTime = (t) => 
   for (const frac of [0, 0.25, 0.5, 0.75, 1]) {
     const v = max * frac;
     svg.append(s("line", { x1: pad.left, x2: width - pad.right, y1: y(v), y2: y(v), class: "grid" }));
-    svg.append(s("text", { x: pad.left - 8, y: y(v) + 4, "text-anchor": "end", class: "axis" }, format(v)));
+    svg.append(s("text", { x: pad.left - 8, y: y(v) + 4, "text-anchor": "end", class: "axis" }, formatAxis(v)));
   }
   const tickCount = Math.min(times.length, width < 500 ? 3 : 6);
   for (let k = 0; k < tickCount; k += 1) {
     const i = tickCount === 1 ? 0 : Math.round((k / (tickCount - 1)) * (times.length - 1));
-    svg.append(s("text", { x: x(i), y: height - 12, "text-anchor": "middle", class: "axis" }, formatTime(times[i])));
+    // The outer labels hug the plot's edges so they are never clipped.
+    const anchor = tickCount > 1 && k === 0 ? "start" : tickCount > 1 && k === tickCount - 1 ? "end" : "middle";
+    svg.append(s("text", { x: x(i), y: height - 12, "text-anchor": anchor, class: "axis" }, formatTime(times[i])));
   }
   series.forEach((line, idx) => {
     if (!line.points.length) return; // a hidden series keeps its colour slot
