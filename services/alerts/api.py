@@ -82,9 +82,9 @@ def build_router(runtime: Runtime, dispatcher: Dispatcher) -> APIRouter:
                 conn, principal.account_id, body.metric, body.threshold_pct, body.channels, body.recipients
             )
             delivery_ids = await firing.fire_at_creation(conn, rule, now, tz)
+            views = await store.list_rules(conn, principal.account_id, period_of(now, tz), rule_id=rule.id)
         dispatcher.submit(delivery_ids)
-        fired = bool(delivery_ids)
-        return _rule_out(store.RuleView(rule, fired, now if fired else None, 0))
+        return _rule_out(views[0])
 
     @router.get(
         "/api/ai/usage/alert",

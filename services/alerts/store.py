@@ -77,15 +77,16 @@ class RuleView:
     failed_deliveries: int
 
 
-async def list_rules(conn: Conn, account_id: UUID, current_period: str) -> list[RuleView]:
+async def list_rules(conn: Conn, account_id: UUID, current_period: str, rule_id: UUID | None = None) -> list[RuleView]:
     cur = await conn.execute(
         """SELECT r.*,
                   EXISTS (SELECT 1 FROM alerts.firings f WHERE f.rule_id = r.id AND f.period = %s) AS fired_this_period,
                   (SELECT max(f.fired_at) FROM alerts.firings f WHERE f.rule_id = r.id) AS last_fired_at,
                   (SELECT count(*) FROM alerts.deliveries d JOIN alerts.firings f ON f.id = d.firing_id
                     WHERE f.rule_id = r.id AND d.status = 'failed') AS failed_deliveries
-             FROM alerts.rules r WHERE r.account_id = %s ORDER BY r.created_at, r.id""",
-        (current_period, account_id),
+             FROM alerts.rules r WHERE r.account_id = %s AND (%s::uuid IS NULL OR r.id = %s)
+            ORDER BY r.created_at, r.id""",
+        (current_period, account_id, rule_id, rule_id),
     )
     return [
         RuleView(_rule(row), row["fired_this_period"], row["last_fired_at"], int(row["failed_deliveries"]))

@@ -148,7 +148,7 @@ async def test_a_rule_whose_threshold_is_already_passed_fires_once_at_creation(
 
         created = await client.post("/api/ai/usage/alert", json=_rule(80, channels=("in_site", "email")), headers=headers)
         assert created.status_code == 201, created.text
-        assert created.json()["fired_this_period"] is True
+        assert created.json()["fired_this_period"] is True and created.json()["last_fired_at"] is not None
         not_yet = await client.post("/api/ai/usage/alert", json=_rule(90, channels=("in_site",)), headers=headers)
         assert not_yet.json()["fired_this_period"] is False
         calls = await client.post("/api/ai/usage/alert", json=_rule(1, "api_calls", ("in_site",)), headers=headers)
