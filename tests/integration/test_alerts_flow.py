@@ -2,12 +2,14 @@
 
 import asyncio
 import uuid
+from datetime import UTC, datetime
 
 import pytest
 from aiokafka import AIOKafkaConsumer
 
 from contracts.common import Resource
-from contracts.topics import QUOTA_THRESHOLDS, dead_letter
+from contracts.events import UsageEvent
+from contracts.topics import QUOTA_THRESHOLDS, USAGE, dead_letter
 from tests.integration.test_alerts_helpers import (  # noqa: F401  (fixtures)
     CONSOLE_URL,
     SmsGateway,
@@ -264,3 +266,35 @@ async def test_rules_are_validated_scoped_to_the_account_and_notifications_can_b
         assert (await client.delete(f"/api/ai/usage/alert/{rule['id']}", headers=headers)).status_code == 404
         assert (await client.get("/api/ai/usage/alert", headers=headers)).json() == {"rules": []}
         assert len((await client.get("/api/notifications", headers=headers)).json()["items"]) == 1  # history stays
+
+
+async def test_usage_counted_by_the_quota_service_fires_the_rules(settings):
+    """With the real quota service: usage.v1 -> quota -> quota-thresholds.v1 / quota.v1 -> alerts."""
+    account = uuid.uuid4()
+    async with running_app(settings, targets=("quota", "alerts")) as (app, client):
+        broker = app.state.runtime.broker
+        headers = await login(app, account)
+        for threshold in (80, 90):
+            rule = _rule(threshold, channels=("in_site",))
+            assert (await client.post("/api/ai/usage/alert", json=rule, headers=headers)).status_code == 201
+        free_tokens = 100_000  # the free tier's ai_tokens (contracts/plans.toml)
+        for quantity in (free_tokens // 2, free_tokens * 45 // 100):  # 50%, then a jump to 95%
+            usage = UsageEvent(
+                time=datetime.now(UTC), account_id=account, resource=Resource.AI_TOKENS, quantity=quantity, source="test"
+            )
+            await broker.publish(usage, settings.topic(USAGE.name), key=str(account).encode())
+
+        async def both_fired() -> bool:
+            items = (await client.get("/api/notifications", headers=headers)).json()["items"]
+            return sorted(n["threshold_pct"] for n in items) == [80, 90]
+
+        await eventually(both_fired, within=30)
+        # quota.v1 reached alerts too: a new 95% rule fires at creation, a 96% rule does not.
+        await eventually(
+            lambda: query(settings, "SELECT used FROM alerts.quota_states WHERE account_id = %s", account) == [{"used": 95_000}]
+        )
+        r95 = await client.post("/api/ai/usage/alert", json=_rule(95, channels=("in_site",)), headers=headers)
+        r96 = await client.post("/api/ai/usage/alert", json=_rule(96, channels=("in_site",)), headers=headers)
+        assert (r95.json()["fired_this_period"], r96.json()["fired_this_period"]) == (True, False)
+        await eventually(lambda: all_settled(settings, account))
+        assert firing_count(settings, account) == 3
