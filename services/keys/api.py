@@ -22,10 +22,12 @@ from contracts.keys_api import (
     RotateRequest,
     UserTypeRequest,
 )
+from services.edge.calls import client_ip, parse_networks
 from services.edge.edge import Edge
 from services.edge.errors import ApiError, not_found
 from services.edge.principal import Principal
 from services.keys import store
+from services.keys.login_throttle import LoginThrottle
 from services.keys.service import KeysService
 from services.runtime.settings import Settings
 
@@ -63,6 +65,7 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
     api = APIRouter(tags=["keys"])
     console = edge.requires(console_only=True)
     console_keys_write = edge.requires(Permission.KEYS_WRITE, console_only=True)
+    throttle, trusted = LoginThrottle(), parse_networks(settings.trusted_proxies)
 
     def operator(request: Request) -> None:
         """Bearer ADMIN_TOKEN; the routes do not exist (404) while the setting is unset."""
@@ -87,10 +90,13 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
     @api.post(
         "/api/auth/login",
         description="A console session token (never starts with `sk-`). "
-        "Extension: 401 `invalid_credentials` on a wrong e-mail or password.",
+        "Extension: 401 `invalid_credentials` on a wrong e-mail or password; 429 `rate_limited` with "
+        "`Retry-After` after too many failures for the e-mail or from the client IP (services/keys/login_throttle.py).",
     )
-    async def login(body: LoginRequest) -> LoginResponse:
-        token, ttl = await service.login(body.email, body.password)
+    async def login(body: LoginRequest, request: Request) -> LoginResponse:
+        peer = request.client.host if request.client is not None else ""
+        with throttle.attempt(body.email, client_ip(peer, request.headers.get("x-forwarded-for", ""), trusted)):
+            token, ttl = await service.login(body.email, body.password)
         return LoginResponse(access_token=token, expires_in=ttl)
 
     @api.get("/api/account", description=CONSOLE)
