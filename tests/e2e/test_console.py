@@ -204,7 +204,7 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(server: 
     expect(page.locator("#keys-table tbody tr", has_text="ci key")).to_contain_text("Disabled", timeout=WAIT_MS)
     refused = api.get("/api/geo/projects", headers=key)
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "api_key_disabled"
-    page.get_by_role("button", name="Enable key ci key").click()
+    page.get_by_role("button", name="Enable key ci key").press("Enter")  # by keyboard
     expect(page.locator("#keys-table tbody tr", has_text="ci key")).to_contain_text("Enabled", timeout=WAIT_MS)
     assert api.get("/api/geo/projects", headers=key).status_code == 200
 
@@ -287,6 +287,13 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(server: 
     notes.first.get_by_role("link", name="Buy quota package").click()  # the quick link opens the package form
     expect(page.get_by_role("heading", name="Buy a quota package")).to_be_visible(timeout=WAIT_MS)
     expect(page.locator("#buy-package select")).to_have_value("ai_tokens")
+    page.get_by_label("Amount").fill("100000")
+    page.get_by_role("button", name="See the price").click()
+    pay_package = page.get_by_role("button", name=re.compile(r"^Pay \d+\.\d{2} USD$"))
+    expect(pay_package).to_be_visible(timeout=WAIT_MS)
+    pay_package.click()
+    ai_tokens = page.locator('.quota-card[data-resource="ai_tokens"]')
+    expect(ai_tokens).to_contain_text("1,100,000", timeout=WAIT_MS)  # the package is added to this period
 
     # ---- rotate without grace (new key shown once, old one dead), then delete with confirmation
     open_page(page, base, "keys", "API keys")
@@ -307,7 +314,8 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(server: 
     page.get_by_role("button", name="Delete key temp key").click()
     confirm = page.get_by_role("dialog", name="Delete key “temp key”?")
     expect(confirm).to_contain_text("permanent")
-    confirm.get_by_role("button", name="Cancel").click()
+    page.keyboard.press("Escape")  # the dialog is keyboard-operable: Escape cancels
+    expect(confirm).to_be_hidden()
     expect(page.locator("#keys-table tbody tr", has_text="temp key")).to_have_count(1)
     page.get_by_role("button", name="Delete key temp key").click()
     page.get_by_role("dialog").get_by_role("button", name="Delete key").click()

@@ -58,7 +58,7 @@ function resourceCard(item, onBuy) {
 
 function packageForm(ctx, reload) {
   const resource = select("resource", Object.entries(RESOURCES), "ai_tokens");
-  const qty = h("input", { type: "number", name: "amount", min: 1, step: 1, required: true, value: "1000" });
+  const qty = h("input", { type: "number", name: "amount", min: 1, step: 1, required: true });
   const errors = h("div");
   const result = h("div", { "aria-live": "polite" });
   const order = h("button", { type: "submit", class: "primary" }, "See the price");
@@ -67,7 +67,7 @@ function packageForm(ctx, reload) {
     { class: "card inline-form", id: "buy-package", "aria-labelledby": "pkg-title", hidden: true },
     h("h2", { id: "pkg-title" }, "Buy a quota package"),
     h("p", { class: "muted" }, "A package adds to this period's quota at once."),
-    h("div", { class: "row" }, field("Resource", resource), field("Amount", qty)),
+    h("div", { class: "row" }, field("Resource", resource), field("Amount", qty, "Sold in whole packages; you see the price before paying.")),
     errors,
     h("div", { class: "actions" }, order),
     result,
@@ -88,7 +88,7 @@ function packageForm(ctx, reload) {
           ctx.toast("Package paid: the quota is added.");
           form.hidden = true;
           result.replaceChildren();
-          await reload();
+          await reload(created.package?.resource || resource.value);
         } catch (err) {
           errors.append(errorBox(err));
         }
@@ -106,7 +106,8 @@ export async function render(container, ctx) {
   const summary = h("p", { class: "lead", id: "quota-period" });
   const grid = h("div", { class: "quota-grid" });
   const errors = h("div");
-  const pkg = packageForm(ctx, () => load());
+  let report = null;
+  const pkg = packageForm(ctx, (resource) => loadUntilGrown(resource));
   const openPackage = (resource) => {
     if (resource && resource in RESOURCES) pkg.choose(resource);
     pkg.form.hidden = false;
@@ -120,6 +121,7 @@ export async function render(container, ctx) {
     errors.replaceChildren();
     try {
       const data = await get("/api/billing/check-quota");
+      report = data;
       const { start, end } = data.period;
       summary.replaceChildren(
         "Period ",
@@ -129,6 +131,18 @@ export async function render(container, ctx) {
       grid.replaceChildren(...data.items.map((item) => resourceCard(item, openPackage)));
     } catch (err) {
       errors.append(errorBox(err));
+    }
+  }
+
+  const totalOf = (data, resource) => Number(data?.items.find((i) => i.resource === resource)?.total ?? 0);
+
+  /** A paid package reaches the counters through billing's event a moment later: refresh until it shows. */
+  async function loadUntilGrown(resource) {
+    const before = totalOf(report, resource);
+    for (let attempt = 0; attempt < 20; attempt += 1) {
+      await load();
+      if (totalOf(report, resource) > before || errors.childElementCount) return;
+      await new Promise((resolve) => setTimeout(resolve, 300));
     }
   }
 
