@@ -1,6 +1,7 @@
 """Subscribers of the keys service: the account's plan (billing.v1) for GET /api/account, and
 each key's last_used_at from calls.v1, in batches (one UPDATE per batch, off the request path)."""
 
+import asyncio
 from datetime import datetime
 from typing import cast
 from uuid import UUID
@@ -16,6 +17,7 @@ from services.keys.service import KeysService
 from services.runtime.deadletter import parse_or_dead_letter
 from services.runtime.settings import Settings
 
+LAST_USED_EVERY_S = 1.0
 _BILLING: TypeAdapter[BillingEvent] = TypeAdapter(BillingEvent)
 
 
@@ -38,7 +40,7 @@ def subscribers(service: KeysService, broker: KafkaBroker, settings: Settings) -
         group_id=settings.group("keys.last-used"),
         auto_offset_reset="earliest",
         batch=True,
-        max_records=2000,
+        max_records=10_000,
         batch_timeout_ms=1000,
         ack_policy=AckPolicy.NACK_ON_ERROR,
     )
@@ -49,5 +51,8 @@ def subscribers(service: KeysService, broker: KafkaBroker, settings: Settings) -
             if event is not None and (event.api_key_id not in used or used[event.api_key_id] < event.time):
                 used[event.api_key_id] = event.time
         await service.note_calls(used)  # GREATEST(): replays and reordering change nothing
+        # last_used_at is coarse by nature: at most one UPDATE per second, whatever the call
+        # rate (the next poll then returns the whole backlog as one batch).
+        await asyncio.sleep(LAST_USED_EVERY_S)
 
     return router

@@ -1,0 +1,223 @@
+"""Edge benchmark: what the front door costs, and how fast a toggle is in force elsewhere.
+
+1. Requests/s and latency of `GET /api/geo/projects` (one Postgres read) through the full edge
+   (bearer API key -> SHA-256 -> key projection -> roles -> rate limiter -> quota gate ->
+   calls.v1 event) vs the same handler with the edge disabled (its dependency overridden by a
+   fixed principal), same process, same app, same run, interleaved rounds. Requests are driven
+   straight into the ASGI app (no HTTP client in the way, so the edge's share is not diluted).
+2. Toggle-to-rejection lag across two `serve` processes: the clock starts when process A's
+   toggle response arrives and stops when process B first answers 401 for the key.
+
+Real Kafka and Postgres: the local test stack or TEST_KAFKA_BOOTSTRAP_SERVERS / TEST_DATABASE_URL.
+
+    .venv/bin/python bench/edge.py [--requests 2000] [--rounds 5] [--toggles 40]
+"""
+
+import argparse
+import asyncio
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+from faststream.kafka import KafkaBroker
+
+from bench.stats import percentile, ratio_line, summary_ms
+from contracts.common import Resource, Role, Tier
+from contracts.events import PlanChanged, QuotaState, RateLimit
+from contracts.plans import catalogue
+from contracts.topics import BILLING, QUOTA
+from services.edge.principal import Principal
+from services.edge.quota_gate import period_of
+from services.runtime.settings import Settings
+from tests.support import databases
+from tests.support.apps import ServeProcess, running_app
+from tests.support.infra import delete_topics_with_prefix, endpoints
+
+PATH = "/api/geo/projects"
+PASSWORD = "bench-password-123"
+# Room enough that the limiter runs its full arithmetic on every call but never says no.
+ROOMY = RateLimit(per_second=1_000_000, burst=1_000_000, per_minute=100_000_000)
+
+
+async def asgi_get(app: FastAPI, headers: list[tuple[bytes, bytes]]) -> int:
+    scope: dict[str, Any] = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+        "path": PATH, "raw_path": PATH.encode(), "query_string": b"", "root_path": "", "headers": headers,
+        "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8080),
+    }  # fmt: skip
+    status = 0
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+
+    await app(scope, receive, send)
+    return status
+
+
+def edge_dependency(app: FastAPI) -> Any:
+    """The edge dependency of the GET route (FastAPI may keep included routers unflattened)."""
+    pending = list(app.routes)
+    while pending:
+        route = pending.pop()
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            pending += included.routes
+        elif isinstance(route, APIRoute) and route.path == PATH and "GET" in route.methods:
+            return route.dependant.dependencies[0].call
+    raise LookupError(PATH)
+
+
+async def run_block(app: FastAPI, headers: list[tuple[bytes, bytes]], n: int) -> tuple[float, list[float]]:
+    samples = []
+    started = time.perf_counter()
+    for _ in range(n):
+        t = time.perf_counter()
+        status = await asgi_get(app, headers)
+        samples.append(time.perf_counter() - t)
+        if status != 200:
+            raise RuntimeError(f"unexpected status {status}")
+    return time.perf_counter() - started, samples
+
+
+async def publish_plan(settings: Settings, account_id: uuid.UUID) -> None:
+    event = PlanChanged(
+        time=datetime.now(UTC),
+        account_id=account_id,
+        plan=Tier.ENTERPRISE,
+        quotas=catalogue()[Tier.ENTERPRISE].quotas,
+        rate_limit=ROOMY,
+    )
+    # No quota service runs here: stand in for it with a state that leaves the api_calls quota open.
+    quota = QuotaState(
+        time=datetime.now(UTC), account_id=account_id, resource=Resource.API_CALLS,
+        period=period_of(datetime.now(UTC), settings.tz), total=10**12, used=0, blocked=False,
+    )  # fmt: skip
+    async with KafkaBroker(settings.kafka_bootstrap_servers) as broker:
+        await broker.publish(event.model_dump_json().encode(), settings.topic(BILLING.name), key=str(account_id).encode())
+        key = f"{account_id}:{Resource.API_CALLS.value}".encode()
+        await broker.publish(quota.model_dump_json().encode(), settings.topic(QUOTA.name), key=key)
+
+
+async def signup(client: httpx.AsyncClient, settings: Settings) -> tuple[uuid.UUID, dict[str, str]]:
+    email = f"bench-{uuid.uuid4().hex[:8]}@example.com"
+    body = {"email": email, "password": PASSWORD, "name": "Bench", "user_type": "enterprise"}
+    account = (await client.post("/api/auth/register", json=body)).json()
+    token = (await client.post("/api/auth/login", json={"email": email, "password": PASSWORD})).json()["access_token"]
+    account_id = uuid.UUID(account["id"])
+    await publish_plan(settings, account_id)
+    return account_id, {"Authorization": f"Bearer {token}"}
+
+
+async def throughput(settings: Settings, requests: int, rounds: int) -> dict[str, Any]:
+    async with running_app(settings, targets=("keys", "geo")) as (app, client):
+        edge = app.state.runtime.edge
+        account_id, console = await signup(client, settings)
+        secret = (await client.post("/api/api-keys", json={"name": "bench"}, headers=console)).json()["key"]
+        for _ in range(1000):  # until this edge has seen the plan and the quota state
+            if edge.plans.rate_limit(account_id) == ROOMY and edge.quota.get(account_id, Resource.API_CALLS) is not None:
+                break
+            await asyncio.sleep(0.01)
+        headers = [(b"authorization", f"Bearer {secret}".encode()), (b"user-agent", b"bench")]
+        dependency = edge_dependency(app)
+        principal = Principal(account_id=account_id, roles=frozenset({Role.OWNER}))
+
+        async def fixed() -> Principal:
+            return principal
+
+        result: dict[str, Any] = {"edge_s": 0.0, "bare_s": 0.0, "edge": [], "bare": []}
+        for round_no in range(rounds + 1):  # round 0 warms up both paths
+            for mode in ("edge", "bare"):
+                if mode == "bare":
+                    app.dependency_overrides[dependency] = fixed
+                else:
+                    app.dependency_overrides.pop(dependency, None)
+                elapsed, samples = await run_block(app, headers, requests // rounds if round_no else 200)
+                if round_no:
+                    result[f"{mode}_s"] += elapsed
+                    result[mode] += samples
+        app.dependency_overrides.clear()
+        await asyncio.sleep(0.5)  # let the calls.v1 producer drain before the app stops
+        return result
+
+
+async def toggle_lag(settings: Settings, toggles: int) -> list[float]:
+    a, b = ServeProcess(settings, "keys,geo"), ServeProcess(settings, "keys,geo")
+    try:
+        a.wait_ready()
+        b.wait_ready()
+        async with httpx.AsyncClient(base_url=a.base_url) as on_a, httpx.AsyncClient(base_url=b.base_url) as on_b:
+            _, console = await signup(on_a, settings)
+            key = (await on_a.post("/api/api-keys", json={"name": "lag"}, headers=console)).json()
+            auth = {"Authorization": f"Bearer {key['key']}"}
+            for _ in range(1000):  # until B has the key
+                if (await on_b.get(PATH, headers=auth)).status_code == 200:
+                    break
+                await asyncio.sleep(0.01)
+            lags = []
+            for _ in range(toggles):
+                off = await on_a.post(f"/api/api-keys/{key['id']}/toggle", headers=console)
+                started = time.perf_counter()
+                assert off.json()["status"] == "disabled"
+                while (await on_b.get(PATH, headers=auth)).status_code != 401:
+                    pass
+                lags.append(time.perf_counter() - started)
+                await on_a.post(f"/api/api-keys/{key['id']}/toggle", headers=console)
+                while (await on_b.get(PATH, headers=auth)).status_code != 200:
+                    pass
+            return lags
+    finally:
+        a.stop()
+        b.stop()
+
+
+async def main(requests: int, rounds: int, toggles: int) -> None:
+    with endpoints() as infra:
+        tag = uuid.uuid4().hex[:8]
+        template = databases.create_template(infra.database_url)
+        url = databases.clone(infra.database_url, template)
+        settings = Settings(
+            kafka_bootstrap_servers=infra.kafka_bootstrap, database_url=url, topic_prefix=f"bench{tag}.",
+            clickhouse_dsn=f"chdb://{infra.chdb_root}", clickhouse_database=f"b_{tag}", session_secret=f"bench-{tag}",
+        )  # fmt: skip
+        try:
+            result = await throughput(settings, requests, rounds)
+            lags = await toggle_lag(settings, toggles)
+        finally:
+            databases.drop(infra.database_url, url)
+            databases.drop_template(infra.database_url, template)
+            await delete_topics_with_prefix(infra.kafka_bootstrap, settings.topic_prefix)
+    edge_rps = len(result["edge"]) / result["edge_s"]
+    bare_rps = len(result["bare"]) / result["bare_s"]
+    edge_ms = [s * 1000 for s in result["edge"]]
+    bare_ms = [s * 1000 for s in result["bare"]]
+    print(f"GET {PATH} through the full edge:     {edge_rps:,.0f} req/s, {summary_ms(result['edge'])}")
+    print(f"GET {PATH} with the edge disabled:    {bare_rps:,.0f} req/s, {summary_ms(result['bare'])}")
+    print(ratio_line("requests/s, edge vs no edge (goal >= 0.8)", edge_rps, bare_rps, "req/s"))
+    print(
+        f"added latency: p50 {percentile(edge_ms, 50) - percentile(bare_ms, 50):.3f} ms, "
+        f"p99 {percentile(edge_ms, 99) - percentile(bare_ms, 99):.3f} ms (goal p99 <= 2 ms)"
+    )
+    print(f"toggle-to-rejection lag on another process: {summary_ms(lags)} (goal p99 <= 50 ms)")
+    print(ratio_line("toggle lag p99 vs goal", percentile([x * 1000 for x in lags], 99), 50.0, "ms"))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--toggles", type=int, default=40)
+    args = parser.parse_args()
+    asyncio.run(main(args.requests, args.rounds, args.toggles))
