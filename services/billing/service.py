@@ -2,11 +2,13 @@
 come from services/billing/domain.py and every change is written to the outbox in the same
 transaction, then relayed to billing.v1 before the call returns."""
 
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
 from uuid import UUID, uuid4
 
+from aiokafka.errors import KafkaTimeoutError
 from psycopg_pool import AsyncConnectionPool
 
 from contracts.billing_api import Order, Package, PackageOrderIn, PlanUpgradeOrderIn, Subscription
@@ -20,8 +22,11 @@ from services.billing.domain import BillingRuleError, SwitchKind
 from services.billing.payments import PaymentProvider
 from services.edge.projections import AccountProjection
 from services.edge.quota_gate import period_of
+from services.runtime.kafka import within_publish_timeout
 from services.runtime.outbox_relay import OutboxRelay
 from services.runtime.settings import Settings
+
+log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
 
@@ -165,7 +170,7 @@ class BillingService:
                 await self.relay.add(conn, BILLING, str(account_id).encode(), event.model_dump_json().encode())
             paid = await store.lock_order(conn, order_id, account_id)
             assert paid is not None
-        await self.relay.flush()
+        await self._deliver()
         return self._out(paid)
 
     async def switch(self, account_id: UUID, tier: Tier) -> Subscription:
@@ -186,8 +191,16 @@ class BillingService:
             user_type = account.user_type
         if order is not None:
             raise PaymentRequired(self._out(order))
-        await self.relay.flush()
+        await self._deliver()
         return Subscription(plan=tier, user_type=user_type, period=PeriodRange(start=start, end=end))
+
+    async def _deliver(self) -> None:
+        """Publish the committed change now; if Kafka is away the payment or switch still stands
+        (it is committed) and the relay publishes it as soon as Kafka is back."""
+        try:
+            await within_publish_timeout(self.relay.flush())
+        except KafkaTimeoutError:
+            log.warning("billing.v1 delivery delayed; the outbox relay will publish it")
 
     async def _change_plan(self, conn: store.Conn, account_id: UUID, old: Tier, new: Tier, now: datetime) -> None:
         plan = catalogue()[new]

@@ -38,6 +38,7 @@ from services.metering.keymasks import KeyMasks
 from services.metering.prices import PriceTable
 from services.metering.store import ActivityFilter, MeteringStore
 from services.runtime.component import Runtime
+from services.runtime.kafka import within_publish_timeout
 
 Clock = Callable[[], datetime]
 
@@ -119,7 +120,8 @@ def build_router(
             known = {row["id"] for row in await cur.fetchall()}
         fresh = [e for e in unique if e.id not in known]
         topic = settings.topic(USAGE.name)
-        await asyncio.gather(*(_publish(runtime, topic, e) for e in fresh))
+        # Unacknowledged within the timeout -> 503; the caller retries with the same ids (idempotent).
+        await within_publish_timeout(asyncio.gather(*(_publish(runtime, topic, e) for e in fresh)))
         accepted = 0
         if fresh:
             async with runtime.pool.connection() as conn, conn.cursor() as cur:

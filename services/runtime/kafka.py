@@ -1,15 +1,31 @@
 """Kafka plumbing: topic provisioning and the FastStream broker every process shares."""
 
+import asyncio
 import logging
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import KafkaTimeoutError, TopicAlreadyExistsError
 from faststream.kafka import KafkaBroker
 
 from contracts.topics import ALL_DEAD_LETTER_TOPICS, ALL_TOPICS, Topic
 from services.runtime.settings import Settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# How long a request may wait for Kafka's ack before it answers 503 (the producer alone would
+# keep retrying while the broker is away, and the caller would hang).
+PUBLISH_TIMEOUT_S = 5.0
+
+
+async def within_publish_timeout(pending: Awaitable[T], seconds: float = PUBLISH_TIMEOUT_S) -> T:
+    """Await a publish or an outbox flush; KafkaTimeoutError (-> 503) if Kafka does not ack in time."""
+    try:
+        return await asyncio.wait_for(pending, seconds)
+    except TimeoutError as exc:
+        raise KafkaTimeoutError(f"no acknowledgement from Kafka within {seconds:.0f}s") from exc
 
 
 def make_broker(settings: Settings) -> KafkaBroker:

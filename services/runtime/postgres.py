@@ -18,6 +18,9 @@ def open_pool(database_url: str, *, max_size: int = 10) -> AsyncConnectionPool:
         kwargs={"row_factory": dict_row, "autocommit": False, "connect_timeout": 3},
         # A request waits at most this long for a connection, then answers 503 (never hangs).
         timeout=3.0,
+        # Hand out only live connections: after a Postgres restart, stale ones are replaced
+        # instead of failing the first request that draws them.
+        check=AsyncConnectionPool.check_connection,
         open=False,
     )
 

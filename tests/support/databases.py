@@ -30,6 +30,12 @@ def create_template(server_url: str) -> str:
     return name
 
 
+def create_empty(server_url: str, name: str) -> str:
+    with _admin(server_url) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return _url_for(server_url, name)
+
+
 def clone(server_url: str, template: str) -> str:
     """A fresh database with the schema already in place; returns its URL."""
     name = f"t_{uuid.uuid4().hex[:12]}"
