@@ -82,7 +82,11 @@ function setChrome(signedIn, route) {
   menuToggle.setAttribute("aria-expanded", "false");
 }
 
+let generation = 0;
+
 async function render() {
+  generation += 1;
+  const mine = generation; // a newer navigation makes this render's late results moot
   const { route: wanted, params } = parseLocation();
   for (const fn of state.cleanup.splice(0)) fn();
   const signedIn = Boolean(session.token);
@@ -123,6 +127,7 @@ async function render() {
     if (err instanceof ApiError && err.status === 401) return; // signed-out handler re-renders
     container.append(errorBox(err));
   }
+  if (mine !== generation) return;
   document.title = `${container.querySelector("h1")?.textContent || "Console"} · Tollgate`;
   // Move focus to the new page so keyboard and screen-reader users start at its heading.
   if (!main.contains(document.activeElement)) main.focus({ preventScroll: true });
