@@ -1,0 +1,247 @@
+"""Metering benchmark against the local test stack (Kafka :29092, Postgres :25432) or env.
+
+1. Sustained events/s Kafka -> ClickHouse by the real sink, vs raw aiokafka consumption of the
+   same backlog in the same run (ratio).
+2. p50/p99 of overview, 30-day hourly trend and by-provider through the HTTP API (rollups) with
+   BENCH_EVENTS (default 10M) loaded, vs the same aggregations on the raw table.
+3. Produce-to-visible freshness p99.
+
+Run: .venv/bin/python bench/metering.py   (BENCH_SINK_EVENTS, BENCH_EVENTS to resize)
+"""
+
+import asyncio
+import os
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import psycopg
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.stats import ratio_line, summary_ms
+from contracts.common import Resource
+from contracts.events import UsageEvent
+from contracts.topics import USAGE
+from services.runtime.host import create_app
+from services.runtime.kafka import ensure_topics
+from services.runtime.settings import Settings
+from tests.support.metering import session_token, wait_until
+
+KAFKA = os.environ.get("TEST_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:29092")
+PG = os.environ.get("TEST_DATABASE_URL", "postgresql://tollgate@127.0.0.1:25432/postgres")
+SINK_EVENTS = int(os.environ.get("BENCH_SINK_EVENTS", "300000"))
+LOADED_EVENTS = int(os.environ.get("BENCH_EVENTS", "10000000"))
+MODELS = [("openai", "gpt-4o"), ("openai", "gpt-4o-mini"), ("anthropic", "claude-sonnet-4"), ("google", "gemini-2.5-flash")]
+
+
+def make_settings(tag: str, db_url: str, chdb: str) -> Settings:
+    return Settings(
+        kafka_bootstrap_servers=KAFKA,
+        database_url=db_url,
+        clickhouse_dsn=f"chdb://{chdb}",
+        clickhouse_database=f"bench_{tag}",
+        topic_prefix=f"bench{tag}.",
+        session_secret=f"bench-{tag}",
+    )
+
+
+async def produce_backlog(settings: Settings, n: int) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=KAFKA, acks="all", linger_ms=20, max_batch_size=512 * 1024)
+    await producer.start()
+    topic = settings.topic(USAGE.name)
+    now = datetime.now(UTC)
+    accounts = [uuid.uuid4() for _ in range(50)]
+    try:
+        for start in range(0, n, 20_000):
+            futures = []
+            for i in range(start, min(n, start + 20_000)):
+                provider, model = MODELS[i % len(MODELS)]
+                e = UsageEvent(
+                    time=now - timedelta(seconds=i),
+                    account_id=accounts[i % 50],
+                    resource=Resource.AI_TOKENS,
+                    quantity=30,
+                    provider=provider,
+                    model=model,
+                    input_tokens=10,
+                    output_tokens=20,
+                    source="bench",
+                )
+                futures.append(await producer.send(topic, e.model_dump_json().encode(), key=str(e.account_id).encode()))
+            await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def raw_consume(settings: Settings, n: int) -> float:
+    consumer = AIOKafkaConsumer(
+        settings.topic(USAGE.name),
+        bootstrap_servers=KAFKA,
+        group_id=settings.group("bench.raw"),
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+    )
+    await consumer.start()
+    try:
+        seen = 0
+        started = time.perf_counter()
+        while seen < n:
+            batches = await consumer.getmany(timeout_ms=100, max_records=10_000)
+            seen += sum(len(r) for r in batches.values())
+            if batches:
+                await consumer.commit()
+        return n / (time.perf_counter() - started)
+    finally:
+        await consumer.stop()
+
+
+def ch_count(app, sql: str) -> int:
+    client = app.state.bench_client
+    return int(client.query(sql).result_rows[0][0])
+
+
+async def main() -> None:
+    tag = uuid.uuid4().hex[:8]
+    db = f"bench_{tag}"
+    with psycopg.connect(PG, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {db}")
+    db_url = PG.rsplit("/", 1)[0] + f"/{db}"
+    tmp = tempfile.mkdtemp(prefix="tollgate-bench-")
+    settings = make_settings(tag, db_url, f"{tmp}/ch")
+    print(f"# metering bench {datetime.now(UTC):%Y-%m-%d %H:%M}Z, {os.cpu_count()} cores, chdb at {tmp}")
+    try:
+        await ensure_topics(settings)
+        t = time.perf_counter()
+        await produce_backlog(settings, SINK_EVENTS)
+        print(f"produced {SINK_EVENTS:,} events in {time.perf_counter() - t:.1f}s")
+        baseline = await raw_consume(settings, SINK_EVENTS)
+
+        from services.runtime import clickhouse
+
+        app = create_app(["metering"], settings)
+        async with app.router.lifespan_context(app):
+            ch = clickhouse.connect(settings.clickhouse_dsn)
+            table = f"{settings.clickhouse_database}.usage_hourly"
+
+            async def written() -> int:
+                rows = await asyncio.to_thread(lambda: ch.query(f"SELECT sum(events) FROM {table}").result_rows)
+                return int(rows[0][0] or 0)
+
+            # Sustained rate: from the first rows written (consumer group joined) to the last.
+            first = await wait_until(written, timeout=120, interval=0.02)
+            started = time.perf_counter()
+
+            async def drained() -> bool:
+                return await written() >= SINK_EVENTS
+
+            await wait_until(drained, timeout=600, interval=0.05)
+            sink_rate = (SINK_EVENTS - first) / (time.perf_counter() - started)
+            print(ratio_line("sink Kafka->ClickHouse (sustained)", sink_rate, baseline, "events/s"))
+
+            await freshness(app, settings, ch)
+            await queries(app, settings, ch)
+    finally:
+        with psycopg.connect(PG, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+async def freshness(app, settings: Settings, ch) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=KAFKA, acks="all", linger_ms=0)
+    await producer.start()
+    samples = []
+    try:
+        for _ in range(100):
+            e = UsageEvent(
+                time=datetime.now(UTC), account_id=uuid.uuid4(), resource=Resource.AI_TOKENS, quantity=1, source="fresh"
+            )
+            sent = time.perf_counter()
+            await producer.send_and_wait(settings.topic(USAGE.name), e.model_dump_json().encode(), key=b"k")
+            sql = f"SELECT count() FROM {settings.clickhouse_database}.usage_hourly WHERE account_id = '{e.account_id}'"
+
+            async def visible(sql: str = sql) -> bool:
+                return bool(await asyncio.to_thread(lambda: ch.query(sql).result_rows[0][0]))
+
+            await wait_until(visible, timeout=30, interval=0.005)
+            samples.append(time.perf_counter() - sent)
+    finally:
+        await producer.stop()
+    print(f"produce-to-visible freshness: {summary_ms(samples)}")
+
+
+async def queries(app, settings: Settings, ch) -> None:
+    db = settings.clickhouse_database
+    account = uuid.uuid4()
+    accounts = 10
+    t = time.perf_counter()
+    # Loaded straight into the raw table (the MVs fill the rollups as for the sink's inserts).
+    n_models = len(MODELS)
+    providers = "[" + ",".join(f"'{p}'" for p, _ in MODELS) + "]"
+    models = "[" + ",".join(f"'{m}'" for _, m in MODELS) + "]"
+    chunk = 2_000_000
+    for offset in range(0, LOADED_EVENTS, chunk):
+        size = min(chunk, LOADED_EVENTS - offset)
+        ch.command(
+            f"INSERT INTO {db}.usage_events (id, time, account_id, resource, quantity, provider, model, input_tokens, "
+            f"output_tokens, total_tokens, source) SELECT generateUUIDv4(number), "
+            f"now64(3) - toIntervalMillisecond((number * 2593) % (30 * 86400000)), "
+            f"if(number % {accounts} = 0, toUUID('{account}'), toUUID(concat('00000000-0000-0000-0000-', leftPad(toString(number % {accounts}), 12, '0')))), "  # noqa: E501
+            f"'ai_tokens', 30, {providers}[(number % {n_models}) + 1], {models}[(number % {n_models}) + 1], 10, 20, 30, 'bench' "
+            f"FROM numbers({offset}, {size})"
+        )
+    per_account = LOADED_EVENTS // accounts
+    print(
+        f"loaded {LOADED_EVENTS:,} events ({per_account:,} for the measured account, 30 days) in {time.perf_counter() - t:.1f}s"
+    )
+
+    token = session_token(settings, account)
+    from contracts.common import Role
+    from tests.support.metering import publish_account
+
+    runtime = app.state.runtime
+    await publish_account(runtime.broker, settings, account, [Role.OWNER])
+
+    async def known() -> bool:
+        return runtime.edge.accounts.get(account) is not None
+
+    await wait_until(known, timeout=20)
+    headers = {"Authorization": f"Bearer {token}"}
+    end = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    start = end - timedelta(days=30)
+    window = {"range": "custom", "start": start.isoformat(), "end": end.isoformat()}
+    raw_where = f"account_id = '{account}' AND resource = 'ai_tokens' AND time >= '{start:%Y-%m-%d %H:%M:%S}' AND time < '{end:%Y-%m-%d %H:%M:%S}'"  # noqa: E501
+    raw_sql = {
+        "overview": f"SELECT toDate(time) d, provider, model, count(), sum(input_tokens), sum(output_tokens), sum(total_tokens) FROM {db}.usage_events FINAL WHERE {raw_where} GROUP BY d, provider, model",  # noqa: E501
+        "trend (30 d hourly)": f"SELECT toStartOfHour(time) h, provider, model, count(), sum(input_tokens), sum(output_tokens), sum(total_tokens) FROM {db}.usage_events FINAL WHERE {raw_where} GROUP BY h, provider, model",  # noqa: E501
+        "by-provider": f"SELECT toDate(time) d, provider, model, count(), sum(total_tokens) FROM {db}.usage_events FINAL WHERE {raw_where} GROUP BY d, provider, model",  # noqa: E501
+    }
+    api = {
+        "overview": ("/api/ai/usage/overview", window),
+        "trend (30 d hourly)": ("/api/ai/usage/trend", dict(window, granularity="hour", group_by="model")),
+        "by-provider": ("/api/ai/usage/by-provider", window),
+    }
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
+        for name, (path, params) in api.items():
+            r = await client.get(path, params=params, headers=headers)
+            assert r.status_code == 200, r.text
+            api_samples, raw_samples = [], []
+            for _ in range(100):
+                t = time.perf_counter()
+                await client.get(path, params=params, headers=headers)
+                api_samples.append(time.perf_counter() - t)
+            for _ in range(20):
+                t = time.perf_counter()
+                await asyncio.to_thread(lambda s=raw_sql[name]: ch.query(s).result_rows)
+                raw_samples.append(time.perf_counter() - t)
+            print(f"{name}: API on rollups {summary_ms(api_samples)} | same aggregation on raw table {summary_ms(raw_samples)}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
