@@ -22,7 +22,10 @@ KEYS = Topic("keys.v1", partitions=3, config=COMPACTED)
 ACCOUNTS = Topic("accounts.v1", partitions=3, config=COMPACTED)
 QUOTA = Topic("quota.v1", partitions=6, config=COMPACTED)
 QUOTA_THRESHOLDS = Topic("quota-thresholds.v1", partitions=6)
-BILLING = Topic("billing.v1", partitions=3)
+# Kept forever: every edge rebuilds each account's plan (its rate limits) by replaying it from
+# the start, and the topic holds a few events per account per month. (Compaction cannot serve:
+# one account's plan_changed and package_purchased events share the key.)
+BILLING = Topic("billing.v1", partitions=3, config={"retention.ms": "-1"})
 
 ALL_TOPICS: tuple[Topic, ...] = (USAGE, CALLS, KEYS, ACCOUNTS, QUOTA, QUOTA_THRESHOLDS, BILLING)
 

@@ -20,7 +20,7 @@ from contracts.events import (
     UserTypeChanged,
 )
 from contracts.plans import catalogue, parse_catalogue
-from contracts.topics import ALL_TOPICS, KEYS, QUOTA, dead_letter
+from contracts.topics import ALL_TOPICS, BILLING, KEYS, QUOTA, dead_letter
 
 NOW = datetime(2026, 11, 22, 8, 0, tzinfo=UTC)
 ACCOUNT = uuid4()
@@ -101,6 +101,7 @@ def test_events_refuse_naive_times_and_bad_fields():
 def test_compacted_topics_and_dead_letters():
     assert KEYS.config["cleanup.policy"] == "compact" and QUOTA.config["cleanup.policy"] == "compact"
     assert len({t.name for t in ALL_TOPICS}) == len(ALL_TOPICS)
+    assert BILLING.config["retention.ms"] == "-1"  # edges replay plans from the start
     assert dead_letter(KEYS).name == "keys.v1.dlq"
     assert KEYS.prefixed("t1.") == "t1.keys.v1"
 
