@@ -7,7 +7,7 @@ from importlib import resources
 
 from pydantic import BaseModel, ConfigDict
 
-from contracts.common import Resource, Tier
+from contracts.common import Resource, Tier, UserType
 from contracts.events import RateLimit
 
 
@@ -19,6 +19,12 @@ class Plan(BaseModel):
     currency: str
     quotas: dict[Resource, int]
     rate_limit: RateLimit
+
+
+def user_type_may_take(user_type: UserType, tier: Tier) -> bool:
+    """Version 12 of the rules: an individual user may not be on the enterprise tier (API.md,
+    409 user_type_plan_mismatch). Billing checks it on orders and switches, keys on user-type changes."""
+    return not (user_type is UserType.INDIVIDUAL and tier is Tier.ENTERPRISE)
 
 
 TIER_ORDER: tuple[Tier, ...] = (Tier.FREE, Tier.BASIC, Tier.PROFESSIONAL, Tier.ENTERPRISE)

@@ -13,7 +13,7 @@ from functools import cache
 from importlib import resources
 
 from contracts.common import Resource, Tier, UserType
-from contracts.plans import Plan
+from contracts.plans import Plan, user_type_may_take
 
 CENT = Decimal("0.01")
 
@@ -38,7 +38,7 @@ class UserTypePlanMismatch(BillingRuleError):
 
 def ensure_plan_allowed(user_type: UserType, tier: Tier) -> None:
     """Version 12: an individual user can neither order nor switch to the enterprise tier."""
-    if user_type is UserType.INDIVIDUAL and tier is Tier.ENTERPRISE:
+    if not user_type_may_take(user_type, tier):
         raise UserTypePlanMismatch(tier)
 
 

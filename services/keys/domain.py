@@ -4,7 +4,7 @@ import secrets
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from contracts.common import KeyStatus, Role, Tier, UserType
+from contracts.common import KeyStatus, Role, UserType
 from contracts.events import AccountState, KeyState
 from services.edge.edge import API_KEY_PREFIX, hash_secret
 
@@ -40,11 +40,6 @@ def rotation_expiry(current: datetime | None, now: datetime, grace_seconds: int)
     return end if current is None else min(current, end)
 
 
-def user_type_allowed(user_type: UserType, plan: Tier) -> bool:
-    """An individual user cannot be on the enterprise tier (API.md, 409 user_type_plan_mismatch)."""
-    return not (user_type == UserType.INDIVIDUAL and plan == Tier.ENTERPRISE)
-
-
 def key_state(
     *,
     key_id: UUID,
@@ -54,6 +49,7 @@ def key_state(
     expires_at: datetime | None,
     roles: list[Role],
     now: datetime,
+    masked_key: str | None = None,
     deleted: bool = False,
 ) -> KeyState:
     return KeyState(
@@ -64,6 +60,7 @@ def key_state(
         status=status,
         expires_at=expires_at,
         roles=roles,
+        masked_key=masked_key,
         deleted=deleted,
     )
 

@@ -18,6 +18,7 @@ from contracts.common import KeyStatus, Role, Tier, UserType
 from contracts.errors import ErrorCode
 from contracts.events import AccountState, KeyState, UserTypeChanged
 from contracts.keys_api import RegisterRequest
+from contracts.plans import user_type_may_take
 from contracts.topics import ACCOUNTS, BILLING, KEYS
 from services.edge.edge import Edge
 from services.edge.errors import ApiError, not_found
@@ -146,7 +147,7 @@ class KeysService:
             current = await store.account_by_id(conn, account_id, for_update=True)
             if current is None:
                 raise not_found("account")
-            if not domain.user_type_allowed(user_type, Tier(current["plan"])):
+            if not user_type_may_take(user_type, Tier(current["plan"])):
                 raise ApiError(
                     409,
                     ErrorCode.USER_TYPE_PLAN_MISMATCH,
@@ -192,6 +193,7 @@ class KeysService:
             expires_at=row["expires_at"],
             roles=roles,
             now=now,
+            masked_key=row["masked_key"],  # metering's activity log shows it
             deleted=deleted,
         )
 

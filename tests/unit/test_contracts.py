@@ -5,7 +5,7 @@ from uuid import uuid4
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from contracts.common import STOCK_RESOURCES, Permission, Resource, Role, Tier, permissions_of
+from contracts.common import STOCK_RESOURCES, Permission, Resource, Role, Tier, UserType, permissions_of
 from contracts.events import (
     AccountState,
     BillingEvent,
@@ -19,7 +19,7 @@ from contracts.events import (
     UsageEvent,
     UserTypeChanged,
 )
-from contracts.plans import catalogue, parse_catalogue
+from contracts.plans import catalogue, parse_catalogue, user_type_may_take
 from contracts.topics import ALL_TOPICS, BILLING, KEYS, QUOTA, dead_letter
 
 NOW = datetime(2026, 11, 22, 8, 0, tzinfo=UTC)
@@ -127,3 +127,9 @@ def test_a_catalogue_missing_a_tier_is_refused():
             'currency = "USD"\n[tiers.free]\nmonthly_price = "0"\nrate_limit = {per_second=1, burst=1, per_minute=1}\n'
             "quotas = {ai_tokens=1, api_calls=1, geo_projects=1, storage_bytes=1, ai_conversations=1, content_publishes=1}\n"
         )
+
+
+def test_only_individuals_are_kept_off_the_enterprise_tier():
+    assert not user_type_may_take(UserType.INDIVIDUAL, Tier.ENTERPRISE)
+    assert all(user_type_may_take(UserType.INDIVIDUAL, t) for t in Tier if t is not Tier.ENTERPRISE)
+    assert all(user_type_may_take(UserType.ENTERPRISE, t) for t in Tier)
