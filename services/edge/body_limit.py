@@ -2,6 +2,7 @@
 
 import json
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contracts.errors import ErrorCode
@@ -9,8 +10,12 @@ from contracts.errors import ErrorCode
 MAX_BODY_BYTES = 2 * 1024 * 1024  # 1,000 usage events fit with room to spare
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(HTTPException):
+    """An HTTPException so that FastAPI's body parsing re-raises it instead of answering 400
+    "error parsing the body"; the error handler turns a 413 into payload_too_large."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, f"The request body is larger than {max_bytes} bytes.")
 
 
 class BodyLimitMiddleware:
@@ -35,7 +40,7 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise _TooLarge
+                    raise _TooLarge(self.max_bytes)
             return message
 
         async def tracked_send(message: Message) -> None:

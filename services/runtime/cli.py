@@ -46,7 +46,10 @@ def serve(
     from services.runtime.settings import get_settings
 
     configure(get_settings().log_level)
-    uvicorn.run(create_app([target]), host=host, port=port, log_config=None, access_log=False)
+    from services.runtime.http_limits import BoundedHttpToolsProtocol
+
+    # http=: uvicorn's httptools protocol, but with bounded request heads (414/431).
+    uvicorn.run(create_app([target]), host=host, port=port, log_config=None, access_log=False, http=BoundedHttpToolsProtocol)
 
 
 @stack_app.command("up")
