@@ -240,18 +240,30 @@ def postgres_down(cfg: StackConfig) -> None:
 
 
 # ---- the whole stack -----------------------------------------------------------------------
-def stop_pid_file(pid_file: Path, name: str, timeout: float = 20) -> None:
+def stop_pid_file(pid_file: Path, name: str, timeout: float = 30) -> None:
+    """SIGTERM the process group, SIGKILL it if it lingers; return only once it is gone."""
     pid = _read_pid(pid_file)
     if pid is None:
         return
     os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while _pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if _pid_alive(pid):
+    if not _wait_gone(pid, timeout):
         os.killpg(pid, signal.SIGKILL)
+        _wait_gone(pid, 10)
     pid_file.unlink(missing_ok=True)
     _log(f"{name} stopped")
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.waitpid(pid, os.WNOHANG)  # reap it if it is our child, or it lingers as a zombie
+        except ChildProcessError:
+            pass
+        if not _pid_alive(pid):
+            return True
+        time.sleep(0.05)
+    return not _pid_alive(pid)
 
 
 def up(cfg: StackConfig) -> None:

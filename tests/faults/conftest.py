@@ -11,8 +11,10 @@ from services.runtime.settings import Settings
 from tests.support import databases
 from tests.support.infra import REPO
 
+# Ports below the ephemeral range (32768+): while the broker is down, clients retrying a port
+# inside it can connect to themselves and hold the port the restarted broker needs.
 FAULT_STACK = stack.StackConfig(
-    state_dir=REPO / ".tollgate" / "fault-stack", kafka_port=39092, controller_port=39093, postgres_port=35432
+    state_dir=REPO / ".tollgate" / "fault-stack", kafka_port=27092, controller_port=27093, postgres_port=27432
 )
 
 
