@@ -17,10 +17,14 @@ _BILLING = TypeAdapter[PlanChanged | PackagePurchased | UserTypeChanged](Billing
 def build_router(service: BillingService, broker: KafkaBroker) -> KafkaRouter:
     settings = service.settings
     router = KafkaRouter()
-    group = settings.group("billing")
+    # One consumer group per subscriber: subscribers sharing a group would make each other
+    # rebalance (a heartbeat's wait each) every time one of them starts or stops.
 
     @router.subscriber(
-        settings.topic(ACCOUNTS.name), group_id=group, auto_offset_reset="earliest", ack_policy=AckPolicy.NACK_ON_ERROR
+        settings.topic(ACCOUNTS.name),
+        group_id=settings.group("billing.accounts"),
+        auto_offset_reset="earliest",
+        ack_policy=AckPolicy.NACK_ON_ERROR,
     )
     async def on_account(msg: KafkaMessage) -> None:
         record = msg.raw_message
@@ -32,7 +36,10 @@ def build_router(service: BillingService, broker: KafkaBroker) -> KafkaRouter:
             await service.apply_user_type(event)
 
     @router.subscriber(
-        settings.topic(BILLING.name), group_id=group, auto_offset_reset="earliest", ack_policy=AckPolicy.NACK_ON_ERROR
+        settings.topic(BILLING.name),
+        group_id=settings.group("billing.user-types"),
+        auto_offset_reset="earliest",
+        ack_policy=AckPolicy.NACK_ON_ERROR,
     )
     async def on_billing(msg: KafkaMessage) -> None:
         record = msg.raw_message
