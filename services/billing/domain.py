@@ -70,13 +70,20 @@ def package_prices() -> dict[Resource, PackagePrice]:
     return {Resource(name): PackagePrice(int(b["unit"]), Decimal(b["unit_price"])) for name, b in raw["resources"].items()}
 
 
+MAX_ORDER_AMOUNT = Decimal(10) ** 12  # billing.orders.amount is numeric(14, 2)
+MAX_PACKAGE_QUANTITY = 2**63 - 1  # billing.orders.quantity is a bigint
+
+
 def package_amount(resource: Resource, amount: int, prices: dict[Resource, PackagePrice] | None = None) -> Decimal:
     price = (prices or package_prices())[resource]
     if amount <= 0 or amount % price.unit:
         raise BillingRuleError(
             "validation_error", f"A {resource.value} package is a positive whole multiple of {price.unit} units."
         )
-    return (price.unit_price * amount / price.unit).quantize(CENT, rounding=ROUND_HALF_UP)
+    total = (price.unit_price * amount / price.unit).quantize(CENT, rounding=ROUND_HALF_UP)
+    if amount > MAX_PACKAGE_QUANTITY or total >= MAX_ORDER_AMOUNT:  # else the INSERT overflows: a 500
+        raise BillingRuleError("validation_error", f"A {resource.value} package of {amount} units is too large for one order.")
+    return total
 
 
 class SwitchKind(Enum):

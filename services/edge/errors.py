@@ -98,7 +98,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", extra={"request_id": request_id_of(request)})
-        return error_response(request, 500, ErrorCode.INTERNAL_ERROR, "Something went wrong on our side.")
+        # Starlette answers this one from its outermost middleware, outside RequestIdMiddleware: set the id here.
+        return error_response(
+            request,
+            500,
+            ErrorCode.INTERNAL_ERROR,
+            "Something went wrong on our side.",
+            headers={REQUEST_ID_HEADER: request_id_of(request)},
+        )
 
 
 class RequestIdMiddleware:

@@ -57,6 +57,12 @@ def _invalid(exc: InvalidQuery) -> ApiError:
     return ApiError(422, ErrorCode.VALIDATION_ERROR, str(exc), details=[{"field": exc.field, "message": str(exc)}])
 
 
+def _storable(field: str, value: datetime | None) -> None:
+    """ClickHouse's DateTime64 holds the years 1900..2299; a bound outside would fail the query (a 500)."""
+    if value is not None and not 1900 < value.year < 2299:
+        raise _invalid(InvalidQuery(field, f"{field} must lie between the years 1901 and 2298"))
+
+
 def _range_model(r: domain.TimeRange) -> TimeRange:
     return TimeRange(start=r.local(r.start), end=r.local(r.end))
 
@@ -72,6 +78,8 @@ def build_router(
     any_principal = edge.requires()
 
     def resolve(name: RangeName, tz: str | None, start: datetime | None, end: datetime | None) -> domain.TimeRange:
+        _storable("start", start)
+        _storable("end", end)
         try:
             return domain.resolve_range(name, domain.zone(tz, settings.platform_timezone), now(), start, end)
         except InvalidQuery as exc:
@@ -266,6 +274,7 @@ def build_router(
         for field, value in (("start", start), ("end", end)):
             if value is not None and value.tzinfo is None:
                 raise _invalid(InvalidQuery(field, f"{field} needs a UTC offset (RFC 3339)"))
+            _storable(field, value)
         try:
             after = domain.Cursor.decode(cursor) if cursor else None
         except InvalidQuery as exc:
