@@ -98,7 +98,7 @@ async def overshoot(settings: Settings, gate: QuotaProjection, producer: AIOKafk
     def blocked() -> bool:
         now = datetime.now(UTC)
         if local_count:
-            return gate.is_blocked(account, Resource.API_CALLS, now)
+            return not gate.admit_call(account, now)  # the edge's admission: counts locally
         state = gate.get(account, Resource.API_CALLS)
         return state is not None and state.blocked and state.period == period_of(now, settings.tz)
 

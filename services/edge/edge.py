@@ -8,6 +8,7 @@ import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from uuid import UUID
 
@@ -29,6 +30,7 @@ from services.edge.rate_store import make_store
 from services.runtime.settings import Settings
 
 API_KEY_PREFIX = "sk-"
+MAX_CACHED_SUBJECTS = 100_000
 
 
 def hash_secret(secret: str) -> str:
@@ -36,8 +38,47 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+@dataclass(frozen=True, slots=True)
+class _CallDone:
+    """The request's part of a calls.v1 event; called with (status, seconds) once the response
+    has been sent (RequestIdMiddleware), it hands the whole call to the recorder."""
+
+    recorder: CallRecorder
+    at: datetime
+    account_id: UUID
+    api_key_id: UUID
+    method: str
+    path: str  # the route template, not the raw URL
+    ip: str
+    user_agent: str
+
+    def __call__(self, status: int, seconds: float) -> None:
+        self.recorder.record(
+            Call(
+                self.at,
+                self.account_id,
+                self.api_key_id,
+                self.method,
+                self.path,
+                status,
+                self.ip,
+                self.user_agent,
+                round(seconds * 1000, 3),
+            )
+        )
+
+
 def _unauthorized(code: ErrorCode, message: str) -> ApiError:
     return ApiError(401, code, message, headers={"WWW-Authenticate": "Bearer"})
+
+
+def _insufficient_quota(resource: Resource) -> ApiError:
+    return ApiError(
+        403,
+        ErrorCode.INSUFFICIENT_QUOTA,
+        f"The {resource.value} quota of this period is exhausted; upgrade the plan or buy a quota package.",
+        details={"resource": resource.value},
+    )
 
 
 class Edge:
@@ -50,6 +91,8 @@ class Edge:
         self.limiter = make_store(settings.redis_url)
         self.calls = CallRecorder(settings)
         self._limits: dict[RateLimit, Limits] = {}
+        # key id -> (its account, its rate-limit subjects): no string formatting per call
+        self._subjects: dict[UUID, tuple[UUID, tuple[str, str]]] = {}
         self._trusted = parse_networks(settings.trusted_proxies)
         self._secret = settings.session_secret.get_secret_value().encode()
         self._followers = [
@@ -135,8 +178,15 @@ class Edge:
         limits = self._limits.get(rate)
         if limits is None:
             limits = self._limits[rate] = Limits.of(rate)
-        subjects = (f"a:{principal.account_id}", f"k:{principal.api_key_id}")
-        decision = await self.limiter.hit(subjects, limits, time.time())
+        subjects = self._subjects.get(principal.api_key_id)
+        if subjects is None or subjects[0] != principal.account_id:
+            if len(self._subjects) >= MAX_CACHED_SUBJECTS:
+                self._subjects.clear()
+            subjects = self._subjects[principal.api_key_id] = (
+                principal.account_id,
+                (f"a:{principal.account_id}", f"k:{principal.api_key_id}"),
+            )
+        decision = await self.limiter.hit(subjects[1], limits, time.time())
         setattr(request.state, RESPONSE_HEADERS, decision.headers())
         if not decision.allowed:
             raise ApiError(429, ErrorCode.RATE_LIMITED, f"Too many requests; retry in {decision.retry_after_s} s.")
@@ -144,38 +194,29 @@ class Edge:
     def _record_call(self, request: Request, principal: Principal, now: datetime) -> None:
         """Arrange a calls.v1 event for when the response has been sent (status and latency known)."""
         assert principal.api_key_id is not None
-        route = request.scope.get("route")
-        peer = request.client.host if request.client is not None else ""
-        call = (
+        path = getattr(request.scope.get("route"), "path", None) or request.url.path  # the URL only if no route
+        client = request.scope.get("client")
+        headers = request.headers
+        done = _CallDone(
+            self.calls,
             now,
             principal.account_id,
             principal.api_key_id,
             request.method,
-            str(getattr(route, "path", request.url.path)),  # the template, not the raw URL
-            client_ip(peer, request.headers.get("x-forwarded-for", ""), self._trusted),
-            request.headers.get("user-agent", ""),
+            str(path),
+            client_ip(client[0] if client else "", headers.get("x-forwarded-for", ""), self._trusted),
+            headers.get("user-agent", ""),
         )
-
-        def done(status: int, seconds: float) -> None:
-            at, account, key, method, path, ip, agent = call
-            self.calls.record(Call(at, account, key, method, path, status, ip, agent, round(seconds * 1000, 3)))
-
         setattr(request.state, RESPONSE_DONE, done)
 
     def check_quota(self, principal: Principal, consumes: Resource | None, now: datetime) -> None:
         """403 insufficient_quota when a resource this call consumes is exhausted this period.
-        Every API-key call consumes api_calls; a route may name one more resource."""
-        wanted = [consumes] if consumes is not None else []
-        if not principal.is_console:
-            wanted.append(Resource.API_CALLS)
-        for resource in wanted:
-            if self.quota.is_blocked(principal.account_id, resource, now):
-                raise ApiError(
-                    403,
-                    ErrorCode.INSUFFICIENT_QUOTA,
-                    f"The {resource.value} quota of this period is exhausted; upgrade the plan or buy a quota package.",
-                    details={"resource": resource.value},
-                )
+        Every API-key call consumes api_calls (and is admitted, i.e. counted, only if every check
+        passed); a route may name one more resource."""
+        if consumes is not None and self.quota.is_blocked(principal.account_id, consumes, now):
+            raise _insufficient_quota(consumes)
+        if not principal.is_console and not self.quota.admit_call(principal.account_id, now):
+            raise _insufficient_quota(Resource.API_CALLS)
 
     def authenticate(self, request: Request, now: datetime) -> Principal:
         header = request.headers.get("authorization", "")

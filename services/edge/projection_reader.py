@@ -16,6 +16,14 @@ log = logging.getLogger(__name__)
 Apply = Callable[[bytes | None, bytes | None], None]
 
 
+# How long the broker holds an idle fetch. Not a latency floor: the broker answers a waiting
+# fetch as soon as a record is appended (min bytes 1), so a toggle reaches every edge at once
+# whatever this is (measured: lag p50 ~3.6 ms at 20 ms and at 500 ms). It only sets how often
+# an idle follower asks again: four followers at 20 ms cost an idle `serve` ~7.6% of a core,
+# at 500 ms ~2%, CPU the request path then does not have to compete with.
+FETCH_MAX_WAIT_MS = 500
+
+
 class TopicFollower:
     def __init__(self, bootstrap_servers: str, topic: str, apply: Apply) -> None:
         self._bootstrap = bootstrap_servers
@@ -27,7 +35,10 @@ class TopicFollower:
 
     async def start(self) -> None:
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", fetch_max_wait_ms=20
+            bootstrap_servers=self._bootstrap,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
         )
         await consumer.start()
         partitions = [TopicPartition(self._topic, p) for p in sorted(await self._partitions())]

@@ -6,6 +6,7 @@ also counts the api_calls it admits itself: a state's `time` is the latest event
 counted, and admissions after it are added to the state's `used` until a newer state covers
 them. Within one process this bounds the overshoot to the calls admitted concurrently with the
 crossing; across N edge replicas, to what the other replicas admit during the pipeline delay.
+`admit_call` is that admission (it records); `is_blocked` only answers.
 """
 
 from collections import deque
@@ -31,8 +32,9 @@ class QuotaProjection:
     def __init__(self, tz: ZoneInfo) -> None:
         self._tz = tz
         self._states: dict[tuple[UUID, Resource], QuotaState] = {}
-        # api_calls this process admitted that no state has counted yet (times, oldest first).
-        self._admitted: dict[UUID, deque[datetime]] = {}
+        # api_calls this process admitted that no state has counted yet: per account, the period
+        # they were admitted in and their times, oldest first.
+        self._admitted: dict[UUID, tuple[str, deque[datetime]]] = {}
         # Accounts that never changed plan have no state until their first event: the free tier.
         self._default_calls_total = catalogue()[Tier.FREE].quotas[Resource.API_CALLS]
 
@@ -42,8 +44,8 @@ class QuotaProjection:
         if current is not None and (current.period, current.time) > (state.period, state.time):
             return
         self._states[key] = state
-        if state.resource is Resource.API_CALLS:
-            admitted = self._admitted.get(state.account_id)
+        if state.resource is Resource.API_CALLS and state.account_id in self._admitted:
+            admitted = self._admitted[state.account_id][1]
             while admitted and admitted[0] <= state.time:
                 admitted.popleft()
 
@@ -51,21 +53,32 @@ class QuotaProjection:
         return self._states.get((account_id, resource))
 
     def is_blocked(self, account_id: UUID, resource: Resource, now: datetime) -> bool:
-        """Whether `resource` is exhausted. For api_calls this is the edge's last check of an
-        API-key call, so a False answer is an admission and is counted locally."""
+        """Whether `resource` is exhausted at `now` (a pure question: nothing is recorded; for
+        api_calls the calls admitted here and not yet counted by a state count as used)."""
         if resource is Resource.API_CALLS:
-            return self._admit_call(account_id, now)
+            period = period_of(now, self._tz)
+            entry = self._admitted.get(account_id)
+            pending = len(entry[1]) if entry is not None and entry[0] == period else 0
+            return self._calls_exhausted(account_id, period, pending)
         state = self._states.get((account_id, resource))
         if state is None or not state.blocked:
             return False
         # Flows reset with the period; a stock's block carries over until the level falls.
         return resource in STOCK_RESOURCES or state.period == period_of(now, self._tz)
 
-    def _admit_call(self, account_id: UUID, now: datetime) -> bool:
+    def admit_call(self, account_id: UUID, now: datetime) -> bool:
+        """Admit one API call at `now` if the api_calls quota has room, counting it locally until
+        a state covers it; False (and nothing counted) when the quota is exhausted."""
         period = period_of(now, self._tz)
-        admitted = self._admitted.setdefault(account_id, deque())
-        while admitted and period_of(admitted[0], self._tz) != period:
-            admitted.popleft()  # last period's admissions do not count in this one
+        entry = self._admitted.get(account_id)
+        if entry is None or entry[0] != period:  # last period's admissions do not count in this one
+            entry = self._admitted[account_id] = (period, deque())
+        if self._calls_exhausted(account_id, period, len(entry[1])):
+            return False
+        entry[1].append(now)
+        return True
+
+    def _calls_exhausted(self, account_id: UUID, period: str, pending: int) -> bool:
         state = self._states.get((account_id, Resource.API_CALLS))
         if state is None:
             used, total = 0, self._default_calls_total
@@ -73,11 +86,9 @@ class QuotaProjection:
             used, total = 0, state.total  # a new period: the flow starts again
         else:
             used, total = state.used, state.total
-        if used + len(admitted) >= total:
-            return True
-        admitted.append(now)
-        return False
+        return used + pending >= total
 
     def pending_calls(self, account_id: UUID) -> int:
         """api_calls admitted here and not yet counted by a state (for tests and benchmarks)."""
-        return len(self._admitted.get(account_id, ()))
+        entry = self._admitted.get(account_id)
+        return 0 if entry is None else len(entry[1])

@@ -74,7 +74,7 @@ def test_the_gate_counts_its_own_admissions_until_a_state_covers_them():
     a = uuid.uuid4()
     t0 = datetime(2026, 3, 10, tzinfo=UTC)
     gate.apply(QuotaState(time=t0, account_id=a, resource=Resource.API_CALLS, period="2026-03", total=5, used=3, blocked=False))
-    admitted = [not gate.is_blocked(a, Resource.API_CALLS, t0 + timedelta(seconds=i)) for i in range(1, 5)]
+    admitted = [gate.admit_call(a, t0 + timedelta(seconds=i)) for i in range(1, 5)]
     assert admitted == [True, True, False, False]  # 3 counted + 2 local = the limit, not more
     # quota counted the two calls: the state covers them, still 5 of 5.
     gate.apply(
@@ -121,5 +121,5 @@ def test_accounts_without_a_state_are_held_to_the_free_tier_by_local_counting():
     gate = QuotaProjection(ZoneInfo("UTC"))
     a = uuid.uuid4()
     now = datetime(2026, 3, 10, tzinfo=UTC)
-    admitted = sum(not gate.is_blocked(a, Resource.API_CALLS, now) for _ in range(1500))
+    admitted = sum(gate.admit_call(a, now) for _ in range(1500))
     assert admitted == 1000

@@ -1,0 +1,115 @@
+"""The edge's request path and calls.v1 recorder without Kafka: what a call hands over, the
+partition each account's calls go to, and the bounded buffer's drop count."""
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from aiokafka.partitioner import DefaultPartitioner
+from prometheus_client import REGISTRY
+from starlette.requests import Request
+
+from contracts.common import Permission, Role
+from contracts.errors import ErrorCode
+from contracts.events import AccountState, KeyState, RateLimit
+from services.edge.calls import Call, CallRecorder, PartitionMap
+from services.edge.edge import Edge, hash_secret
+from services.edge.errors import RESPONSE_DONE, RESPONSE_HEADERS, ApiError
+from services.runtime.settings import Settings
+
+SECRET = "sk-" + "x" * 40
+
+
+def settings(**extra: Any) -> Settings:
+    return Settings(kafka_bootstrap_servers="127.0.0.1:1", database_url="postgresql://u@h/d", session_secret="s", **extra)
+
+
+def dropped(reason: str) -> float:
+    return REGISTRY.get_sample_value("tollgate_edge_call_events_dropped_total", {"reason": reason}) or 0.0
+
+
+def test_partitions_are_the_ones_per_message_send_would_pick_and_follow_a_new_partition_count():
+    partitions = PartitionMap()
+    accounts = [uuid.uuid4() for _ in range(50)]
+    partitions.set_partitions({0, 1, 2})
+    assert [partitions.of(a) for a in accounts] == [DefaultPartitioner()(str(a).encode(), [0, 1, 2], [0, 1, 2]) for a in accounts]
+    assert len({partitions.of(a) for a in accounts}) == 3
+    partitions.set_partitions({0, 1, 2, 3, 4, 5})  # the topic grew: nothing memoised survives
+    six = list(range(6))
+    assert [partitions.of(a) for a in accounts] == [DefaultPartitioner()(str(a).encode(), six, six) for a in accounts]
+
+
+def test_a_full_buffer_drops_and_counts_without_waiting_or_failing():
+    recorder = CallRecorder(settings(), max_buffer=3)
+    call = Call(datetime.now(UTC), uuid.uuid4(), uuid.uuid4(), "GET", "/api/x", 200, "127.0.0.1", "ua", 1.0)
+    before = dropped("buffer_full")
+    for _ in range(5):
+        recorder.record(call)
+    assert dropped("buffer_full") - before == 2
+
+
+def _edge(**extra: Any) -> tuple[Edge, uuid.UUID, uuid.UUID]:
+    edge = Edge(settings(**extra))
+    account, key = uuid.uuid4(), uuid.uuid4()
+    state = KeyState(
+        time=datetime.now(UTC), account_id=account, key_id=key, hash=hash_secret(SECRET), status="enabled", roles=[Role.OWNER]
+    )
+    edge.keys.apply(state)
+    return edge, account, key
+
+
+def _request(headers: dict[str, str], peer: str = "10.0.0.5") -> Request:
+    scope = {
+        "type": "http", "method": "GET", "path": "/api/geo/projects/42", "raw_path": b"/api/geo/projects/42",
+        "query_string": b"", "root_path": "", "scheme": "http", "server": ("t", 80), "client": (peer, 5000), "state": {},
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+    }  # fmt: skip
+    return Request(scope)
+
+
+async def test_an_api_key_call_hands_over_its_event_and_headers_once_the_response_is_sent():
+    edge, account, key = _edge(trusted_proxies=["10.0.0.0/8"])
+    request = _request({"Authorization": f"Bearer {SECRET}", "User-Agent": "ua/1", "X-Forwarded-For": "198.51.100.7, 10.1.1.1"})
+
+    class Route:
+        path = "/api/geo/projects/{project_id}"
+
+    request.scope["route"] = Route()
+    principal = await edge.requires(Permission.PROJECTS_READ)(request)
+    assert principal.account_id == account and principal.api_key_id == key
+    state = request.scope["state"]
+    assert state[RESPONSE_HEADERS]["X-RateLimit-Remaining"] == str(edge.plans.default.per_minute - 1)
+    assert edge.quota.pending_calls(account) == 1  # admitted, so counted
+    assert edge.calls._queue.empty()  # nothing yet: status and latency come with the response
+    state[RESPONSE_DONE](204, 0.0123)
+    call = edge.calls._queue.get_nowait()
+    assert (call.account_id, call.api_key_id, call.method, call.path, call.status) == (account, key, "GET", Route.path, 204)
+    assert (call.ip, call.user_agent, call.latency_ms) == ("198.51.100.7", "ua/1", 12.3)
+    event = call.event()
+    assert event.api_key_id == key and event.path == Route.path and event.ip == "198.51.100.7"
+
+
+async def test_a_rate_limited_call_still_becomes_an_event_and_is_not_admitted_to_the_quota():
+    edge, account, _key = _edge()
+    edge.plans.default = RateLimit(per_second=0.001, burst=1, per_minute=100)
+    dependency = edge.requires(Permission.PROJECTS_READ)
+    await dependency(_request({"Authorization": f"Bearer {SECRET}"}))
+    refused = _request({"Authorization": f"Bearer {SECRET}"})
+    with pytest.raises(ApiError) as caught:
+        await dependency(refused)
+    assert caught.value.status == 429 and caught.value.code is ErrorCode.RATE_LIMITED
+    assert refused.scope["state"][RESPONSE_HEADERS]["Retry-After"] == "1000"
+    assert RESPONSE_DONE in refused.scope["state"]  # the 429 is a call too (quota ignores it)
+    assert edge.quota.pending_calls(account) == 1
+
+
+async def test_console_sessions_record_no_call_and_consume_no_api_calls():
+    edge, account, _key = _edge()
+    edge.accounts.apply(AccountState(time=datetime.now(UTC), account_id=account, roles=[Role.OWNER], user_type="individual"))
+    token = edge.issue_session(account, "sid", datetime.now(UTC) - timedelta(seconds=1))
+    request = _request({"Authorization": f"Bearer {token}"})
+    principal = await edge.requires(Permission.PROJECTS_READ)(request)
+    assert principal.is_console
+    assert RESPONSE_DONE not in request.scope["state"] and RESPONSE_HEADERS not in request.scope["state"]
+    assert edge.quota.pending_calls(account) == 0

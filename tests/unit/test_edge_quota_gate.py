@@ -1,0 +1,50 @@
+"""The quota gate's two questions: `is_blocked` only answers, `admit_call` answers and counts."""
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from contracts.common import Resource
+from contracts.events import QuotaState
+from services.edge.quota_gate import QuotaProjection
+
+T0 = datetime(2026, 3, 10, tzinfo=UTC)
+
+
+def _state(account: uuid.UUID, used: int, total: int, at: datetime = T0, period: str = "2026-03") -> QuotaState:
+    return QuotaState(
+        time=at, account_id=account, resource=Resource.API_CALLS, period=period, total=total, used=used, blocked=used >= total
+    )
+
+
+def test_is_blocked_records_nothing_however_often_it_is_asked():
+    gate, a = QuotaProjection(ZoneInfo("UTC")), uuid.uuid4()
+    gate.apply(_state(a, used=3, total=5))
+    for i in range(10):
+        assert not gate.is_blocked(a, Resource.API_CALLS, T0 + timedelta(seconds=i))
+    assert gate.pending_calls(a) == 0
+    assert [gate.admit_call(a, T0 + timedelta(seconds=i)) for i in range(3)] == [True, True, False]
+    assert gate.pending_calls(a) == 2  # the refused one is not counted
+    assert gate.is_blocked(a, Resource.API_CALLS, T0 + timedelta(seconds=4))  # 3 counted + 2 admitted here
+
+
+def test_admissions_of_a_past_period_count_neither_for_the_question_nor_for_admission():
+    gate, a = QuotaProjection(ZoneInfo("UTC")), uuid.uuid4()
+    gate.apply(_state(a, used=4, total=5))
+    assert gate.admit_call(a, T0) and not gate.admit_call(a, T0)
+    april = datetime(2026, 4, 1, tzinfo=UTC)
+    assert not gate.is_blocked(a, Resource.API_CALLS, april)  # a new period: the flow starts again
+    assert gate.pending_calls(a) == 1  # the question changed nothing
+    assert [gate.admit_call(a, april) for _ in range(6)] == [True] * 5 + [False]
+    assert gate.pending_calls(a) == 5
+
+
+def test_a_state_covering_admissions_replaces_them():
+    gate, a = QuotaProjection(ZoneInfo("UTC")), uuid.uuid4()
+    gate.apply(_state(a, used=0, total=3))
+    assert all(gate.admit_call(a, T0 + timedelta(seconds=i)) for i in (1, 2, 3))
+    assert not gate.admit_call(a, T0 + timedelta(seconds=4))
+    gate.apply(_state(a, used=2, total=3, at=T0 + timedelta(seconds=2)))  # quota counted the first two
+    assert gate.pending_calls(a) == 1 and gate.is_blocked(a, Resource.API_CALLS, T0 + timedelta(seconds=5))
+    gate.apply(_state(a, used=3, total=10, at=T0 + timedelta(seconds=3)))  # and the third; an upgrade
+    assert gate.pending_calls(a) == 0 and gate.admit_call(a, T0 + timedelta(seconds=6))
