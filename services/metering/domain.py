@@ -361,6 +361,9 @@ class Cursor:
         try:
             raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
             micros, _, ident = raw.partition(":")
-            return Cursor(EPOCH + timedelta(microseconds=int(micros)), UUID(ident))
-        except (ValueError, UnicodeDecodeError) as exc:
+            cursor = Cursor(EPOCH + timedelta(microseconds=int(micros)), UUID(ident))
+        except (ValueError, UnicodeDecodeError, OverflowError) as exc:  # a huge number overflows the date
             raise InvalidQuery("cursor", "the cursor is not valid") from exc
+        if not 1900 < cursor.time.year < 2299:  # outside ClickHouse's DateTime64: the query would fail
+            raise InvalidQuery("cursor", "the cursor is not valid")
+        return cursor
