@@ -152,10 +152,8 @@ def build_router(
     ) -> Overview:
         r = resolve(range, tz, start, end)
         prev = domain.previous_range(r)
-        rows, prev_rows = await asyncio.gather(
-            store.usage_rows(principal.account_id, r.start, r.end, per="day"),
-            store.usage_rows(principal.account_id, prev.start, prev.end, per="day"),
-        )
+        # The previous period ends where the current one starts: one read of the rollup for both.
+        prev_rows, rows = await store.daily_rows_split(principal.account_id, prev.start, r.start, r.end)
         cur, before = domain.totals(rows, prices), domain.totals(prev_rows, prices)
         models = sorted(domain.by_model(rows, prices).items(), key=lambda kv: (-kv[1].total_tokens, kv[0]))
         days = domain.elapsed_days(r, now())

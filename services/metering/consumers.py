@@ -2,16 +2,22 @@
 
 Each subscriber is a FastStream batch consumer (one consumer group per topic): a batch is
 whatever arrived, up to `max_records` (count) or after `batch_timeout_ms` of waiting (time).
-Per batch: parse (malformed -> dead-letter topic with the error), drop ids already written
-(a primary-key lookup in ClickHouse), insert the rest in one INSERT, and only then commit
-the offsets (AckPolicy.NACK_ON_ERROR: commit after the handler returns; on an error seek back
-so the batch is redelivered). A crash before the commit redelivers the batch, and the id
-lookup turns the replay into duplicates that are not inserted again.
+Per batch: parse (malformed -> dead-letter topic with the error, acknowledged before anything
+is committed), drop ids already written (one lookup in ClickHouse per batch), insert the rest
+in one INSERT, and only then commit the batch's offsets. The insert runs while the next batch
+is fetched and parsed (services/metering/pipeline.py: explicit per-partition offsets committed
+after the insert, one insert in flight, rewind on failure), so AckPolicy.MANUAL: FastStream
+commits nothing itself. A crash before the commit redelivers the batch, and the id lookup
+turns the replay into duplicates that are not inserted again.
 """
 
+import asyncio
 import logging
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
+from aiokafka import AIOKafkaConsumer
 from faststream import AckPolicy
 from faststream.kafka import KafkaMessage, KafkaRouter
 from faststream.message import StreamMessage
@@ -20,9 +26,10 @@ from pydantic import BaseModel
 
 from contracts.events import CallEvent, UsageEvent
 from contracts.topics import CALLS, USAGE, Topic
+from services.metering.pipeline import InsertPipeline
 from services.metering.store import InsertResult, MeteringStore
 from services.runtime.component import Runtime
-from services.runtime.deadletter import parse_or_dead_letter
+from services.runtime.deadletter import send_to_dead_letter
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +45,31 @@ async def _raw_values(msg: StreamMessage[Any]) -> Any:
     return [record.value for record in msg.raw_message]
 
 
-async def _parse_batch(runtime: Runtime, topic: Topic, model: type[M], msg: KafkaMessage) -> list[M]:
+def split_valid(validate: Callable[[bytes], M], records: Sequence[Any]) -> tuple[list[M], list[tuple[Any, str]]]:
+    """Validate each raw message once, in one tight loop (the sink's hot path: no await and no
+    per-message dispatch); returns the events and the (record, error) of the malformed ones."""
     events: list[M] = []
-    for record in msg.raw_message:
-        event = await parse_or_dead_letter(runtime.broker, runtime.settings, topic, model, record.value or b"", key=record.key)
-        if event is None:
-            SINK_EVENTS.labels(topic.name, "dead_lettered").inc()
-        else:
-            events.append(event)
+    rejected: list[tuple[Any, str]] = []
+    for record in records:
+        try:
+            events.append(validate(record.value or b""))
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError; so is bad JSON
+            rejected.append((record, str(exc)))
+    return events, rejected
+
+
+async def _parse_batch(runtime: Runtime, topic: Topic, model: type[M], msg: KafkaMessage) -> list[M]:
+    events, rejected = split_valid(model.model_validate_json, msg.raw_message)
+    if rejected:
+        # Published concurrently, but all acknowledged before the handler returns: the offsets
+        # are committed only after every malformed message is safe in the dead-letter topic.
+        await asyncio.gather(
+            *(
+                send_to_dead_letter(runtime.broker, runtime.settings, topic, r.value or b"", error, key=r.key)
+                for r, error in rejected
+            )
+        )
+        SINK_EVENTS.labels(topic.name, "dead_lettered").inc(len(rejected))
     return events
 
 
@@ -54,9 +78,24 @@ def _count(topic: Topic, result: InsertResult) -> None:
     SINK_EVENTS.labels(topic.name, "duplicate").inc(result.duplicates)
 
 
-def build_sink(runtime: Runtime, store: MeteringStore) -> KafkaRouter:
+@dataclass
+class Sink:
+    router: KafkaRouter
+    pipelines: list[InsertPipeline] = field(default_factory=list)
+
+    async def drain(self) -> None:
+        for pipeline in self.pipelines:
+            await pipeline.drain()
+
+
+def build_sink(runtime: Runtime, store: MeteringStore) -> Sink:
     settings = runtime.settings
     router = KafkaRouter()
+    usage = InsertPipeline("metering.usage")
+    calls = InsertPipeline("metering.calls")
+
+    def submit(pipeline: InsertPipeline, msg: KafkaMessage, write: Callable[[], Awaitable[None]]) -> Awaitable[None]:
+        return pipeline.submit(cast(AIOKafkaConsumer, msg.consumer), msg.raw_message, write)
 
     @router.subscriber(
         settings.topic(USAGE.name),
@@ -65,14 +104,18 @@ def build_sink(runtime: Runtime, store: MeteringStore) -> KafkaRouter:
         max_records=MAX_RECORDS,
         batch_timeout_ms=BATCH_TIMEOUT_MS,
         auto_offset_reset="earliest",
-        ack_policy=AckPolicy.NACK_ON_ERROR,
+        ack_policy=AckPolicy.MANUAL,  # the pipeline commits each batch after its insert
         decoder=_raw_values,
         max_partition_fetch_bytes=8 * 1024 * 1024,
     )
     async def sink_usage(body: Any, msg: KafkaMessage) -> None:
         events = await _parse_batch(runtime, USAGE, UsageEvent, msg)
-        if events:
-            _count(USAGE, await store.insert_usage(events))
+
+        async def write() -> None:
+            if events:
+                _count(USAGE, await store.insert_usage(events))
+
+        await submit(usage, msg, write)
 
     @router.subscriber(
         settings.topic(CALLS.name),
@@ -81,13 +124,17 @@ def build_sink(runtime: Runtime, store: MeteringStore) -> KafkaRouter:
         max_records=MAX_RECORDS,
         batch_timeout_ms=BATCH_TIMEOUT_MS,
         auto_offset_reset="earliest",
-        ack_policy=AckPolicy.NACK_ON_ERROR,
+        ack_policy=AckPolicy.MANUAL,  # the pipeline commits each batch after its insert
         decoder=_raw_values,
         max_partition_fetch_bytes=8 * 1024 * 1024,
     )
     async def sink_calls(body: Any, msg: KafkaMessage) -> None:
         events = await _parse_batch(runtime, CALLS, CallEvent, msg)
-        if events:
-            _count(CALLS, await store.insert_calls(events))
 
-    return router
+        async def write() -> None:
+            if events:
+                _count(CALLS, await store.insert_calls(events))
+
+        await submit(calls, msg, write)
+
+    return Sink(router, [usage, calls])

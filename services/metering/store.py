@@ -1,13 +1,15 @@
 """Metering's ClickHouse adapter: migrations, de-duplicated batch inserts, rollup and log reads.
 
-clickhouse-connect is synchronous (and chdb runs the engine in this process), so every call
-runs in a worker thread. Writer and reader have separate clients, each used by one thread at
-a time (a lock per client): the sink's inserts never queue behind an analytics query.
-Every query is parameterised (`{name:Type}` server-side binding); the same SQL runs on chdb
-and on a ClickHouse server.
+clickhouse-connect is synchronous (and chdb runs the engine in this process, releasing the
+GIL while it works), so every call runs in a worker thread. Clients are opened once at start:
+one writer (the sink's inserts never queue behind an analytics query) and a small pool of
+readers, each client used by one thread at a time, so concurrent API requests do not queue
+behind one lock. Every query is parameterised (`{name:Type}` server-side binding); the same
+SQL runs on chdb and on a ClickHouse server.
 """
 
 import asyncio
+import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +27,10 @@ from services.metering.domain import Cursor, UsageRow
 from services.runtime import clickhouse
 
 MIGRATIONS = Path(__file__).with_name("clickhouse")
+READERS = 4
+# Rollup reads touch a few granules: one thread each is faster than fanning out, and keeps
+# the tail low when the machine is busy (measured in bench/metering.py).
+SMALL_READ = "SETTINGS max_threads = 1"
 T = TypeVar("T")
 
 
@@ -69,6 +75,34 @@ class _Guarded:
 
         return await asyncio.to_thread(call)
 
+    def close(self) -> None:
+        with self.lock:
+            self.client.close()
+
+
+class _Pool:
+    """A few clients; a call takes a free one (or waits for one) in its worker thread."""
+
+    def __init__(self, clients: list[Client]) -> None:
+        self.clients = clients
+        self._free: queue.SimpleQueue[Client] = queue.SimpleQueue()
+        for client in clients:
+            self._free.put(client)
+
+    async def run(self, fn: Callable[[Client], T]) -> T:
+        def call() -> T:
+            client = self._free.get()
+            try:
+                return fn(client)
+            finally:
+                self._free.put(client)
+
+        return await asyncio.to_thread(call)
+
+    def close(self) -> None:
+        for _ in self.clients:  # waits for the ones in use
+            self._free.get().close()
+
 
 def _utc(value: datetime) -> datetime:
     """chdb may hand back naive datetimes for UTC columns; they are UTC."""
@@ -80,7 +114,7 @@ class MeteringStore:
         self.dsn = dsn
         self.db = database
         self._writer: _Guarded | None = None
-        self._reader: _Guarded | None = None
+        self._reader: _Pool | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
     def open(self) -> None:
@@ -92,13 +126,12 @@ class MeteringStore:
         writer = clickhouse.connect(self.dsn)
         clickhouse.apply_migrations(writer, self.db, MIGRATIONS)
         self._writer = _Guarded(writer)
-        self._reader = _Guarded(clickhouse.connect(self.dsn))
+        self._reader = _Pool([clickhouse.connect(self.dsn) for _ in range(READERS)])
 
     def close(self) -> None:
-        for guarded in (self._writer, self._reader):
-            if guarded is not None:
-                with guarded.lock:
-                    guarded.client.close()
+        for clients in (self._writer, self._reader):
+            if clients is not None:
+                clients.close()
         self._writer = self._reader = None
 
     @property
@@ -108,7 +141,7 @@ class MeteringStore:
         return self._writer
 
     @property
-    def reader(self) -> _Guarded:
+    def reader(self) -> _Pool:
         if self._reader is None:
             raise RuntimeError("the metering store is not open")
         return self._reader
@@ -154,22 +187,38 @@ class MeteringStore:
         )
 
     # ---- rollup reads -----------------------------------------------------------------------
+    _SUMS = "provider, model, sum(events), sum(input_tokens), sum(output_tokens), sum(total_tokens)"
+
     async def usage_rows(self, account_id: UUID, start: datetime, end: datetime, *, per: str) -> list[UsageRow]:
         """ai_tokens sums from the hourly rollup in [start, end), per UTC `hour` or UTC `day`."""
         bucket = "hour" if per == "hour" else "toStartOfDay(hour)"
         sql = (
-            f"SELECT toUnixTimestamp({bucket}) AS b, provider, model, sum(events), sum(input_tokens), "
-            f"sum(output_tokens), sum(total_tokens) FROM {self.db}.usage_hourly "
+            f"SELECT toUnixTimestamp({bucket}) AS b, {self._SUMS} FROM {self.db}.usage_hourly "
             "WHERE account_id = {account:UUID} AND resource = 'ai_tokens' "
             "AND hour >= {start:DateTime('UTC')} AND hour < {end:DateTime('UTC')} "
-            "GROUP BY b, provider, model"
+            f"GROUP BY b, provider, model {SMALL_READ}"
         )
         params = {"account": account_id, "start": start, "end": end}
         rows = await self.reader.run(lambda c: c.query(sql, parameters=params).result_rows)
-        return [
-            UsageRow(datetime.fromtimestamp(b, UTC), provider, model, int(n), int(i), int(o), int(t))
-            for b, provider, model, n, i, o, t in rows
-        ]
+        return [_usage_row(row) for row in rows]
+
+    async def daily_rows_split(
+        self, account_id: UUID, start: datetime, split: datetime, end: datetime
+    ) -> tuple[list[UsageRow], list[UsageRow]]:
+        """Per UTC day sums of [start, split) and of [split, end), in one read of the rollup
+        (the overview's previous and current period: one query instead of two)."""
+        sql = (
+            f"SELECT hour >= {{split:DateTime('UTC')}} AS current, toUnixTimestamp(toStartOfDay(hour)) AS b, {self._SUMS} "
+            f"FROM {self.db}.usage_hourly "
+            "WHERE account_id = {account:UUID} AND resource = 'ai_tokens' "
+            "AND hour >= {start:DateTime('UTC')} AND hour < {end:DateTime('UTC')} "
+            f"GROUP BY current, b, provider, model {SMALL_READ}"
+        )
+        params = {"account": account_id, "start": start, "split": split, "end": end}
+        rows = await self.reader.run(lambda c: c.query(sql, parameters=params).result_rows)
+        before = [_usage_row(row[1:]) for row in rows if not row[0]]
+        after = [_usage_row(row[1:]) for row in rows if row[0]]
+        return before, after
 
     # ---- activity log (raw calls, keyset pagination) ---------------------------------------------
     async def calls(self, account_id: UUID, where: ActivityFilter, limit: int, after: Cursor | None) -> list[CallRow]:
@@ -199,3 +248,8 @@ class MeteringStore:
         )
         rows = await self.reader.run(lambda c: c.query(sql, parameters=params).result_rows)
         return [CallRow(r[0], _utc(r[1]), r[2], r[3], r[4], int(r[5]), r[6], r[7], float(r[8])) for r in rows]
+
+
+def _usage_row(row: Sequence[Any]) -> UsageRow:
+    b, provider, model, n, i, o, t = row
+    return UsageRow(datetime.fromtimestamp(b, UTC), provider, model, int(n), int(i), int(o), int(t))

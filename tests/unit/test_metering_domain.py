@@ -107,3 +107,14 @@ def test_cursor_round_trips_and_rejects_garbage():
     assert domain.Cursor.decode(c.encode()) == c
     with pytest.raises(InvalidQuery):
         domain.Cursor.decode("not-a-cursor")
+
+
+@pytest.mark.parametrize("name", ["today", "week", "month", "custom"])
+@pytest.mark.parametrize("tz", [BERLIN, NY, UTC_ZONE])
+def test_the_previous_period_ends_where_the_current_starts(name, tz):
+    """The overview reads both periods with one rollup query split at the current start."""
+    now = datetime(2026, 3, 29, 1, 30, tzinfo=UTC)  # Berlin's spring-forward night
+    span = (now - timedelta(days=3), now) if name == "custom" else (None, None)
+    r = domain.resolve_range(name, tz, now, *span)
+    prev = domain.previous_range(r)
+    assert prev.end == r.start and prev.start < r.start
