@@ -177,20 +177,32 @@ class CallRecorder:
                 self._queue.task_done()
 
     async def send(self, producer: AIOKafkaProducer, calls: list[Call]) -> int:
-        """Send `calls` as record batches, one partition each; how many Kafka acknowledged."""
+        """Send `calls` as record batches, one partition each; how many Kafka acknowledged. A batch
+        that cannot even be queued (e.g. Kafka away past the timeout) is not counted as sent and
+        does not stop the others, so sent + dropped is exact per batch."""
         self._partitions.set_partitions(await producer.partitions_for(self._topic))
-        filling: dict[int, tuple[BatchBuilder, int]] = {}
         pending: list[tuple[asyncio.Future[Any], int]] = []
+        for partition, batch, count in self._batches(producer, calls):
+            try:
+                pending.append((await producer.send_batch(batch, self._topic, partition=partition), count))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("could not queue %d call events for partition %d", count, partition, exc_info=True)
+        results = await asyncio.gather(*(future for future, _ in pending), return_exceptions=True)
+        return sum(count for (_, count), result in zip(pending, results, strict=True) if not isinstance(result, BaseException))
+
+    def _batches(self, producer: AIOKafkaProducer, calls: list[Call]) -> list[tuple[int, BatchBuilder, int]]:
+        """The calls' events in record batches per partition (each as full as aiokafka allows)."""
+        done: list[tuple[int, BatchBuilder, int]] = []
+        filling: dict[int, tuple[BatchBuilder, int]] = {}
         for call in calls:
             partition = self._partitions.of(call.account_id)
             key, value = str(call.account_id).encode(), call.event().model_dump_json().encode()
             batch, count = filling.get(partition) or (producer.create_batch(), 0)
-            if batch.append(key=key, value=value, timestamp=None) is None:  # full: off it goes
-                pending.append((await producer.send_batch(batch, self._topic, partition=partition), count))
+            if batch.append(key=key, value=value, timestamp=None) is None:  # full: start another
+                done.append((partition, batch, count))
                 batch, count = producer.create_batch(), 0
                 batch.append(key=key, value=value, timestamp=None)  # an empty batch takes any record
             filling[partition] = (batch, count + 1)
-        for partition, (batch, count) in filling.items():
-            pending.append((await producer.send_batch(batch, self._topic, partition=partition), count))
-        results = await asyncio.gather(*(future for future, _ in pending), return_exceptions=True)
-        return sum(count for (_, count), result in zip(pending, results, strict=True) if not isinstance(result, BaseException))
+        return done + [(partition, batch, count) for partition, (batch, count) in filling.items()]

@@ -27,7 +27,7 @@ async def test_batched_calls_arrive_once_partitioned_by_account_and_in_order(set
     await ensure_topics(settings, (CALLS,))
     accounts = [uuid.uuid4() for _ in range(7)]
     key = uuid.uuid4()
-    recorder = CallRecorder(settings, batch=40)  # several batches per partition per pass
+    recorder = CallRecorder(settings)  # recorded before it runs: its first pass fills several record batches per partition
     await recorder.start()
     before = sent()
     total = 1400
