@@ -32,6 +32,7 @@ from tests.support.platform import (
     Ingress,
     Tenant,
     Traffic,
+    client,
     expect,
     metered_tokens,
     new_tenant,
@@ -109,8 +110,7 @@ async def main(accounts: int, seconds: float, tokens_per_event: int) -> int:
     base = f"http://127.0.0.1:{port}"
     ingress = Ingress.single(base)
     try:
-        limits = httpx.Limits(max_connections=4 * accounts, max_keepalive_connections=4 * accounts)
-        async with httpx.AsyncClient(timeout=30, limits=limits) as http:
+        async with client(30, connections=4 * accounts) as http:
             tenants = [await new_tenant(http, ingress) for _ in range(accounts)]
             for tenant in tenants:
                 for pct in RULES_PCT:

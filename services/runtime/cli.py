@@ -18,6 +18,7 @@ stack_app = typer.Typer(help="The local stack (Kafka, Postgres, chdb) without Do
 app.add_typer(stack_app, name="stack")
 
 STATE_DIR = Path(os.environ.get("TOLLGATE_STATE_DIR", ".tollgate"))
+KEEP_ALIVE_S = 75
 DEMO_EMAIL = "demo@tollgate.local"
 DEMO_PASSWORD = "demo-password-123"
 
@@ -49,7 +50,17 @@ def serve(
     from services.runtime.http_limits import BoundedHttpToolsProtocol
 
     # http=: uvicorn's httptools protocol, but with bounded request heads (414/431).
-    uvicorn.run(create_app([target]), host=host, port=port, log_config=None, access_log=False, http=BoundedHttpToolsProtocol)
+    uvicorn.run(
+        create_app([target]),
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        http=BoundedHttpToolsProtocol,
+        # Longer than the idle timeout of ingresses and client pools in front of us, so that they,
+        # not we, close idle connections (else a request can race the close and fail).
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )
 
 
 @stack_app.command("up")

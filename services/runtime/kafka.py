@@ -39,6 +39,8 @@ def make_broker(settings: Settings) -> KafkaBroker:
         request_timeout_ms=5000,
         client_id="tollgate",
         logger=log,
+        # FastStream logs every message it handles; at INFO that is a line per event on hot paths.
+        log_level=logging.DEBUG,
     )
 
 

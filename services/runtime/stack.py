@@ -230,12 +230,14 @@ def _ensure_database(cfg: StackConfig) -> None:
 
 def postgres_down(cfg: StackConfig) -> None:
     data = (cfg.state_dir / "postgres" / "data").resolve()
-    if _read_pid(data / "postmaster.pid"):
+    pid = _read_pid(data / "postmaster.pid")
+    if pid is not None:
         subprocess.run(
             _as_postgres_user([_postgres_bin("pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]),
             check=False,
             stdout=subprocess.DEVNULL,
         )
+        _wait_gone(pid, 15)  # pg_ctl returns when the pid file goes, a moment before the process
         _log("postgres stopped")
 
 

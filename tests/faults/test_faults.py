@@ -20,6 +20,7 @@ from tests.support.platform import (
     Ingress,
     Tenant,
     Traffic,
+    client,
     expect,
     metered_tokens,
     new_tenant,
@@ -79,7 +80,7 @@ async def test_kafka_stopped_for_ten_seconds_under_traffic(fault_stack, fault_se
     try:
         with_serve.wait_ready()
         ingress = Ingress.single(with_serve.base_url)
-        async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as http:
+        async with client(CLIENT_TIMEOUT_S) as http:
             tenant = await new_tenant(http, ingress)
 
             async def outage() -> None:
@@ -103,7 +104,7 @@ async def test_postgres_restarted_under_traffic(fault_stack, fault_settings: Set
     try:
         with_serve.wait_ready()
         ingress = Ingress.single(with_serve.base_url)
-        async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as http:
+        async with client(CLIENT_TIMEOUT_S) as http:
             tenant = await new_tenant(http, ingress)
 
             async def restart() -> None:
@@ -138,7 +139,7 @@ async def test_consumers_killed_mid_batch_in_the_split_mode(fault_settings: Sett
                 **{name: proc.base_url for name, proc in consumers.items()},
             }
         )
-        async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as http:
+        async with client(CLIENT_TIMEOUT_S) as http:
             tenant = await new_tenant(http, ingress)  # professional: 10M tokens; 1 % = 100k
             rules_pct = (1, 5, 10, 20)
             for pct in rules_pct:

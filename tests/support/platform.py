@@ -13,6 +13,13 @@ from typing import Any
 
 import httpx
 
+
+def client(timeout: float, connections: int = 100) -> httpx.AsyncClient:
+    """A client whose idle connections expire before the server's keep-alive does."""
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=2.0)
+    return httpx.AsyncClient(timeout=timeout, limits=limits)
+
+
 ROUTES: tuple[tuple[str, str], ...] = (
     ("/api/auth/", "keys"),
     ("/api/account", "keys"),
@@ -177,12 +184,17 @@ async def run_traffic(
             except httpx.HTTPError:
                 seen.posts.append((0, time.monotonic() - started))
             await asyncio.sleep(post_interval)
-        while event is not None and seen.posts and seen.posts[-1][0] != 202:  # settle the last one
-            response = await http.post(ingress.url("/api/usage/events"), json={"events": [event]}, headers=tenant.console())
+        settle_by = time.monotonic() + 60
+        while seen.posts and seen.posts[-1][0] != 202 and time.monotonic() < settle_by:  # settle the last one
+            try:
+                response = await http.post(ingress.url("/api/usage/events"), json={"events": [event]}, headers=tenant.console())
+            except httpx.HTTPError:
+                await asyncio.sleep(0.5)
+                continue
+            seen.posts.append((response.status_code, 0.0))
             if response.status_code == 202:
                 seen.accepted_tokens += tokens_per_event
                 seen.accepted_events += 1
-                break
             await asyncio.sleep(0.5)
 
     await asyncio.gather(calls(), posts())
