@@ -16,6 +16,7 @@ from services.edge.edge import Edge
 from services.edge.errors import RequestIdMiddleware, install_error_handlers
 from services.runtime import postgres
 from services.runtime.component import Check, Component, Runtime
+from services.runtime.data_errors import install_data_error_handler
 from services.runtime.health import health_router
 from services.runtime.kafka import ensure_topics, make_broker
 from services.runtime.logs import current_request_id
@@ -114,6 +115,7 @@ def create_app(targets: Sequence[str] = ("all",), settings: Settings | None = No
     app.state.components = components
     install_error_handlers(app)
     install_unavailable_handlers(app)
+    install_data_error_handler(app)
     app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(_MetricsMiddleware)
     app.add_middleware(RequestIdMiddleware)  # outermost: every response, even a 413, has an id

@@ -119,3 +119,32 @@ def _login(served: Served) -> dict[str, str]:
             break
     assert login.status_code == 200, login.text
     return {"Authorization": f"Bearer {login.json()['access_token']}"}
+
+
+def test_values_the_database_cannot_store_are_a_422_never_a_500(served: Served):
+    """Found by schemathesis: a NUL character in any stored text was a 500 (psycopg.DataError)."""
+    session = _login(served)
+    cases = [
+        ("POST", "/api/geo/projects", {"name": "nul\u0000name"}, session),
+        ("POST", "/api/api-keys", {"name": "key\u0000"}, session),
+        (
+            "POST",
+            "/api/auth/register",
+            {"email": "a\u0000b@example.com", "password": "x" * 12, "name": "n", "user_type": "individual"},
+            {},
+        ),
+        ("POST", "/api/auth/login", {"email": "a\u0000b@example.com", "password": "x" * 12}, {}),
+        (
+            "POST",
+            "/api/billing/orders",
+            {"kind": "quota_package", "package": {"resource": "geo_projects", "amount": 10**15}},
+            session,
+        ),
+        ("GET", "/api/activity-log?start=0382-01-17T22:49:20Z", None, session),
+        ("GET", "/api/ai/usage/overview?range=custom&start=0382-01-17T00:00:00Z&end=0382-01-18T00:00:00Z", None, session),
+    ]
+    for method, path, body, headers in cases:
+        response = httpx.request(method, f"{served.base_url}{path}", json=body, headers=headers, timeout=30)
+        assert response.status_code == 422, (path, response.status_code, response.text[:300])
+        error = response.json()["error"]
+        assert error["code"] == "validation_error" and error["request_id"] == response.headers["X-Request-ID"]
