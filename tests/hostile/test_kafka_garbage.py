@@ -205,9 +205,10 @@ async def test_garbage_on_every_topic_is_dead_lettered_and_every_consumer_keeps_
     async def metered() -> bool:
         overview = (await client.get("/api/ai/usage/overview?range=today", headers=a.headers)).json()
         log = (await client.get("/api/activity-log", headers=a.headers)).json()["items"]
-        return overview["total_tokens"] == half and any(i["api_key_id"] == key["id"] for i in log)
+        mine = [i for i in log if i["api_key_id"] == key["id"]]
+        return overview["total_tokens"] == half and mine and mine[0]["masked_key"] == key["masked_key"]
 
-    await eventually(metered, what="metering wrote usage.v1 and calls.v1")
+    await eventually(metered, what="metering wrote usage.v1 and calls.v1; its keys.v1 follower knows the mask")
 
     async def notified() -> bool:
         return bool((await client.get("/api/notifications", headers=a.headers)).json()["items"])
