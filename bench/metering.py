@@ -7,6 +7,10 @@
 3. Produce-to-visible freshness p99.
 
 Run: .venv/bin/python bench/metering.py   (BENCH_SINK_EVENTS, BENCH_EVENTS to resize)
+
+The machine is shared, so besides wall-clock rates it prints the load average before and after
+and the CPU seconds this process spent per event (sink and raw consumer): a figure that moves
+much less with the neighbours' load than events/s does.
 """
 
 import asyncio
@@ -79,6 +83,15 @@ async def produce_backlog(settings: Settings, n: int) -> None:
         await producer.stop()
 
 
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 async def raw_consume(settings: Settings, n: int) -> float:
     consumer = AIOKafkaConsumer(
         settings.topic(USAGE.name),
@@ -116,12 +129,15 @@ async def main() -> None:
     tmp = tempfile.mkdtemp(prefix="tollgate-bench-")
     settings = make_settings(tag, db_url, f"{tmp}/ch")
     print(f"# metering bench {datetime.now(UTC):%Y-%m-%d %H:%M}Z, {os.cpu_count()} cores, chdb at {tmp}")
+    print(f"load average at start: {load_average()}")
     try:
         await ensure_topics(settings)
         t = time.perf_counter()
         await produce_backlog(settings, SINK_EVENTS)
         print(f"produced {SINK_EVENTS:,} events in {time.perf_counter() - t:.1f}s")
+        cpu = cpu_seconds()
         baseline = await raw_consume(settings, SINK_EVENTS)
+        raw_cpu_us = (cpu_seconds() - cpu) / SINK_EVENTS * 1e6
 
         from services.runtime import clickhouse
 
@@ -136,17 +152,20 @@ async def main() -> None:
 
             # Sustained rate: from the first rows written (consumer group joined) to the last.
             first = await wait_until(written, timeout=120, interval=0.02)
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), cpu_seconds()
 
             async def drained() -> bool:
                 return await written() >= SINK_EVENTS
 
             await wait_until(drained, timeout=600, interval=0.05)
             sink_rate = (SINK_EVENTS - first) / (time.perf_counter() - started)
+            sink_cpu_us = (cpu_seconds() - cpu) / (SINK_EVENTS - first) * 1e6
             print(ratio_line("sink Kafka->ClickHouse (sustained)", sink_rate, baseline, "events/s"))
+            print(f"CPU per event (this process, all threads incl. chdb): sink {sink_cpu_us:.1f} us, raw {raw_cpu_us:.1f} us")
 
             await freshness(app, settings, ch)
             await queries(app, settings, ch)
+        print(f"load average at end: {load_average()}")
     finally:
         with psycopg.connect(PG, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
@@ -187,14 +206,27 @@ async def queries(app, settings: Settings, ch) -> None:
     chunk = 2_000_000
     for offset in range(0, LOADED_EVENTS, chunk):
         size = min(chunk, LOADED_EVENTS - offset)
-        ch.command(
+        # In a thread: blocking the event loop for a minute would expire the sink's Kafka session.
+        await asyncio.to_thread(
+            ch.command,
             f"INSERT INTO {db}.usage_events (id, time, account_id, resource, quantity, provider, model, input_tokens, "
             f"output_tokens, total_tokens, source) SELECT generateUUIDv4(number), "
             f"now64(3) - toIntervalMillisecond((number * 2593) % (30 * 86400000)), "
             f"if(number % {accounts} = 0, toUUID('{account}'), toUUID(concat('00000000-0000-0000-0000-', leftPad(toString(number % {accounts}), 12, '0')))), "  # noqa: E501
             f"'ai_tokens', 30, {providers}[(number % {n_models}) + 1], {models}[(number % {n_models}) + 1], 10, 20, 30, 'bench' "
-            f"FROM numbers({offset}, {size})"
+            f"FROM numbers({offset}, {size})",
         )
+
+    # Historical data is not being bulk-loaded while it is queried: let the merges of the load finish
+    # (bounded), so the timings below are of queries, not of queries racing a 10M-row merge.
+    async def merged() -> bool:
+        rows = await asyncio.to_thread(lambda: ch.query(f"SELECT count() FROM system.merges WHERE database = '{db}'").result_rows)
+        return rows[0][0] == 0
+
+    try:
+        await wait_until(merged, timeout=90, interval=0.5)
+    except TimeoutError:
+        print("merges still running after 90 s; measuring anyway")
     per_account = LOADED_EVENTS // accounts
     print(
         f"loaded {LOADED_EVENTS:,} events ({per_account:,} for the measured account, 30 days) in {time.perf_counter() - t:.1f}s"

@@ -5,6 +5,7 @@ re-prices history. Pure: parsing and lookups, no I/O except `load` reading one f
 """
 
 import bisect
+import functools
 import tomllib
 from dataclasses import dataclass
 from datetime import date
@@ -31,9 +32,15 @@ class PriceTable:
         for price in sorted(prices, key=lambda p: p.effective_from):
             self._by_model.setdefault((price.provider, price.model), []).append(price)
         self._starts = {k: [p.effective_from for p in v] for k, v in self._by_model.items()}
+        # The table never changes once loaded, and a 30-day hourly trend asks for the same
+        # (provider, model, day) 24 times: remember recent answers.
+        self.at = functools.lru_cache(maxsize=16_384)(self._at)  # type: ignore[method-assign]
 
     def at(self, provider: str, model: str, day: date) -> Price | None:
         """The price in force on `day` (UTC), or None when none applies yet or the model is unknown."""
+        return self._at(provider, model, day)
+
+    def _at(self, provider: str, model: str, day: date) -> Price | None:
         starts = self._starts.get((provider, model))
         if not starts:
             return None

@@ -241,10 +241,13 @@ class MeteringStore:
             clauses.append("(time, id) < ({ct:DateTime64(6, 'UTC')}, {cid:UUID})")
             params["ct"] = after.time
             params["cid"] = after.id
+        # No FINAL (it would merge every row of the account before the LIMIT): the sink already
+        # drops known ids, and a copy that slipped through (a rebalance race) sits next to its
+        # twin in (time, id) order, so LIMIT 1 BY id drops it while the read stays in key order.
         sql = (
             "SELECT id, time, api_key_id, method, path, status, ip, user_agent, latency_ms "
-            f"FROM {self.db}.call_events FINAL WHERE {' AND '.join(clauses)} "
-            "ORDER BY time DESC, id DESC LIMIT {limit:UInt32}"
+            f"FROM {self.db}.call_events WHERE {' AND '.join(clauses)} "
+            "ORDER BY time DESC, id DESC LIMIT 1 BY id LIMIT {limit:UInt32}"
         )
         rows = await self.reader.run(lambda c: c.query(sql, parameters=params).result_rows)
         return [CallRow(r[0], _utc(r[1]), r[2], r[3], r[4], int(r[5]), r[6], r[7], float(r[8])) for r in rows]
