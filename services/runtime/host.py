@@ -5,11 +5,13 @@ import importlib
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from prometheus_client import Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from contracts.errors import ErrorBody
 from services.console import router as console_router
 from services.edge.body_limit import BodyLimitMiddleware
 from services.edge.edge import Edge
@@ -31,6 +33,21 @@ HTTP_LATENCY = Histogram(
     ["method", "route", "status"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
+
+
+_ERROR_STATUSES = {
+    401: "Missing, invalid, disabled or expired credentials",
+    403: "Not allowed: console session required, permission denied, or quota exhausted",
+    404: "Not found (also another account's objects)",
+    409: "Conflicts with the current state",
+    422: "The body or query is not valid; `details` lists the fields",
+    429: "Rate-limited; see Retry-After",
+    503: "A dependency is unavailable; retry after Retry-After",
+}
+# Every error a route can answer uses the contract's body; documented on every operation.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text} for status, text in _ERROR_STATUSES.items()
+}
 
 
 def expand_targets(targets: Sequence[str]) -> list[str]:
@@ -137,7 +154,7 @@ def create_app(targets: Sequence[str] = ("all",), settings: Settings | None = No
     app.include_router(health_router(checks))
     for component in components:
         if component.router is not None:
-            app.include_router(component.router)
+            app.include_router(component.router, responses=ERROR_RESPONSES)
     app.include_router(console_router())  # every mode serves the console; it calls only the public API
     return app
 

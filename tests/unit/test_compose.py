@@ -1,5 +1,6 @@
 """docker-compose.yml cannot run here (no Docker engine); keep it correct by reading it."""
 
+import json
 import re
 from pathlib import Path
 
@@ -27,11 +28,14 @@ def test_every_service_runs_as_its_own_target_with_the_stack_settings():
         assert env["KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092"
         assert env["CLICKHOUSE_DSN"].startswith("http://")
         assert set(service["depends_on"]) == {"kafka", "postgres", "clickhouse"}
+        trusted = Settings(trusted_proxies=json.loads(env["TRUSTED_PROXIES"])).trusted_proxies
+        assert "172.16.0.0/12" in trusted  # the ingress's address is believed, so the client IP is real
 
 
 def test_the_ingress_routes_only_to_services_that_exist():
     conf = (REPO / "deploy" / "ingress.conf").read_text()
     upstreams = set(re.findall(r"proxy_pass http://(\w+);", conf))
+    assert "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;" in conf
     assert upstreams == set(SERVICES)
     ingress = _compose()["services"]["ingress"]
     assert "./deploy/ingress.conf:/etc/nginx/nginx.conf:ro" in ingress["volumes"]
