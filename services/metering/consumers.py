@@ -94,11 +94,14 @@ def build_sink(runtime: Runtime, store: MeteringStore) -> Sink:
     usage = InsertPipeline("metering.usage")
     calls = InsertPipeline("metering.calls")
 
-    def submit(pipeline: InsertPipeline, msg: KafkaMessage, write: Callable[[], Awaitable[None]]) -> Awaitable[None]:
-        return pipeline.submit(cast(AIOKafkaConsumer, msg.consumer), msg.raw_message, write)
+    def submit(
+        pipeline: InsertPipeline, msg: KafkaMessage, write: Callable[[], Awaitable[None]], generation: int
+    ) -> Awaitable[bool]:
+        return pipeline.submit(cast(AIOKafkaConsumer, msg.consumer), msg.raw_message, write, generation)
 
     @router.subscriber(
         settings.topic(USAGE.name),
+        listener=usage,  # drains the in-flight insert before partitions move
         group_id=settings.group("metering.usage"),
         batch=True,
         max_records=MAX_RECORDS,
@@ -109,16 +112,18 @@ def build_sink(runtime: Runtime, store: MeteringStore) -> Sink:
         max_partition_fetch_bytes=8 * 1024 * 1024,
     )
     async def sink_usage(body: Any, msg: KafkaMessage) -> None:
+        generation = usage.generation  # before any await: the batch was fetched in this generation
         events = await _parse_batch(runtime, USAGE, UsageEvent, msg)
 
         async def write() -> None:
             if events:
                 _count(USAGE, await store.insert_usage(events))
 
-        await submit(usage, msg, write)
+        await submit(usage, msg, write, generation)
 
     @router.subscriber(
         settings.topic(CALLS.name),
+        listener=calls,  # drains the in-flight insert before partitions move
         group_id=settings.group("metering.calls"),
         batch=True,
         max_records=MAX_RECORDS,
@@ -129,12 +134,13 @@ def build_sink(runtime: Runtime, store: MeteringStore) -> Sink:
         max_partition_fetch_bytes=8 * 1024 * 1024,
     )
     async def sink_calls(body: Any, msg: KafkaMessage) -> None:
+        generation = calls.generation  # before any await: the batch was fetched in this generation
         events = await _parse_batch(runtime, CALLS, CallEvent, msg)
 
         async def write() -> None:
             if events:
                 _count(CALLS, await store.insert_calls(events))
 
-        await submit(calls, msg, write)
+        await submit(calls, msg, write, generation)
 
     return Sink(router, [usage, calls])

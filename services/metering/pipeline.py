@@ -7,6 +7,11 @@ already include the next batch). At most one insert is in flight per subscriber,
 stay in order. If an insert fails, the consumer is rewound to the first offset of that batch
 (and of the batch being parsed meanwhile), so both are consumed again: nothing is committed
 past a row that is not in ClickHouse.
+
+It is also the subscriber's rebalance listener: before partitions move, the in-flight insert
+finishes and commits (the consumer waits for the callback), and a batch fetched before the
+rebalance but not yet submitted is dropped, not written: its partitions' new owner reads it
+from the committed offsets, so two members never insert the same batch concurrently.
 """
 
 import asyncio
@@ -14,7 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
 log = logging.getLogger(__name__)
@@ -45,18 +50,26 @@ class InsertFailedError(RuntimeError):
     """The previous batch's insert failed; it and the current batch will be consumed again."""
 
 
-class InsertPipeline:
+class InsertPipeline(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, name: str) -> None:
         self.name = name
+        self.generation = 0  # +1 at every rebalance; a handler notes it before it parses
         self._inflight: asyncio.Task[None] | None = None
         self._first: Offsets = {}
 
-    async def submit(self, consumer: AIOKafkaConsumer, records: Sequence[Any], write: Callable[[], Awaitable[Any]]) -> None:
-        """Start inserting this batch (after the previous insert is done) and return."""
+    async def submit(
+        self, consumer: AIOKafkaConsumer, records: Sequence[Any], write: Callable[[], Awaitable[Any]], generation: int
+    ) -> bool:
+        """Start inserting this batch (after the previous insert is done) and return; False if
+        the batch was fetched before a rebalance and is dropped (its new owner reads it)."""
         first, after = batch_offsets(records)
         await self.settle(consumer, first)
+        if generation != self.generation:
+            log.info("%s: dropped a batch fetched before a rebalance; it is read again from the committed offsets", self.name)
+            return False
         self._first = first
         self._inflight = asyncio.create_task(self._write_then_commit(consumer, write, first, after))
+        return True
 
     async def settle(self, consumer: AIOKafkaConsumer, pending: Offsets | None = None) -> None:
         """Wait for the in-flight insert. If it failed, rewind to its batch and to `pending` (a
@@ -88,6 +101,13 @@ class InsertPipeline:
             # E.g. the partitions moved to another member during a rebalance: it re-reads the
             # batch and its id lookup drops the rows written here.
             log.warning("%s: commit after insert failed (%s); the batch will be re-read and deduplicated", self.name, exc)
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.generation += 1
+        await self.drain()
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        """Nothing to load: aiokafka resumes each partition from its committed offset."""
 
     async def drain(self) -> None:
         """At shutdown: let the in-flight insert finish (its commit may fail; it is re-read)."""
