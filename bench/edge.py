@@ -28,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.dependencies.models import Dependant
-from fastapi.routing import APIRoute
 from faststream.kafka import KafkaBroker
 
 from bench.stats import percentile, ratio_line, summary_ms
@@ -70,15 +69,17 @@ async def asgi_get(app: FastAPI, headers: list[tuple[bytes, bytes]]) -> int:
 
 
 def edge_dependency(app: FastAPI) -> Dependant:
-    """The edge's sub-dependant of the GET route (FastAPI may keep included routers unflattened)."""
-    pending = list(app.routes)
+    """The edge's sub-dependant of the GET route as served. FastAPI 0.165 serves an included
+    router's routes through per-inclusion contexts with their own Dependant, so this walks
+    `effective_candidates()` where a route has them (`throughput` checks the swap took)."""
+    pending: list[Any] = list(app.routes)
     while pending:
         route = pending.pop()
-        included = getattr(route, "original_router", None)
-        if included is not None:
-            pending += included.routes
-        elif isinstance(route, APIRoute) and route.path == PATH and "GET" in route.methods:
-            return route.dependant.dependencies[0]
+        if hasattr(route, "effective_candidates"):
+            pending += route.effective_candidates()
+        elif getattr(route, "path", None) == PATH and "GET" in (getattr(route, "methods", None) or ()):
+            dependant: Dependant = route.dependant
+            return dependant.dependencies[0]
     raise LookupError(PATH)
 
 
@@ -144,6 +145,11 @@ async def throughput(settings: Settings, requests: int, rounds: int) -> dict[str
         # app.dependency_overrides: with any override set FastAPI rebuilds every sub-dependant of
         # every request (get_dependant, inspect.signature), which would slow the baseline and
         # flatter the ratio.
+        dependant.call = fixed  # the swap must take: only the edge refuses a call without credentials
+        swapped = await asgi_get(app, [])
+        dependant.call = edge_call
+        if (swapped, await asgi_get(app, [])) != (200, 401):
+            raise RuntimeError("swapping the edge dependency had no effect; edge_dependency() found the wrong route")
         result: dict[str, Any] = {"edge_s": 0.0, "bare_s": 0.0, "edge": [], "bare": [], "rounds": []}
         per_block = max(1, requests // rounds)
         try:
