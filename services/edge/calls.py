@@ -57,7 +57,7 @@ def client_ip(peer: str, forwarded_for: str, trusted: tuple[Network, ...]) -> st
     return hops[0] if hops else peer
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per call, and frozen __init__ is slower
 class Call:
     """What the request path hands over (cheap); the event is built off the path."""
 

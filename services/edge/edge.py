@@ -38,7 +38,7 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs a setattr call per field
 class _CallDone:
     """The request's part of a calls.v1 event; called with (status, seconds) once the response
     has been sent (RequestIdMiddleware), it hands the whole call to the recorder."""
@@ -93,6 +93,8 @@ class Edge:
         self._limits: dict[RateLimit, Limits] = {}
         # key id -> (its account, its rate-limit subjects): no string formatting per call
         self._subjects: dict[UUID, tuple[UUID, tuple[str, str]]] = {}
+        # key id -> (key state, account state, principal built from them)
+        self._principals: dict[UUID, tuple[KeyState, AccountState | None, Principal]] = {}
         self._trusted = parse_networks(settings.trusted_proxies)
         self._secret = settings.session_secret.get_secret_value().encode()
         self._followers = [
@@ -248,5 +250,14 @@ class Edge:
         if state.expires_at is not None and now >= state.expires_at:
             raise _unauthorized(ErrorCode.API_KEY_EXPIRED, "The API key has expired.")
         account = self.accounts.get(state.account_id)
+        # The principal of a key is a function of the two (immutable) states it was built from:
+        # reuse it while both are the very objects the projections still hold.
+        cached = self._principals.get(state.key_id)
+        if cached is not None and cached[0] is state and cached[1] is account:
+            return cached[2]
         roles = account.roles if account is not None else state.roles
-        return Principal(account_id=state.account_id, roles=frozenset(Role(r) for r in roles), api_key_id=state.key_id)
+        principal = Principal(account_id=state.account_id, roles=frozenset(Role(r) for r in roles), api_key_id=state.key_id)
+        if len(self._principals) >= MAX_CACHED_SUBJECTS:
+            self._principals.clear()
+        self._principals[state.key_id] = (state, account, principal)
+        return principal

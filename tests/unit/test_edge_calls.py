@@ -113,3 +113,22 @@ async def test_console_sessions_record_no_call_and_consume_no_api_calls():
     assert principal.is_console
     assert RESPONSE_DONE not in request.scope["state"] and RESPONSE_HEADERS not in request.scope["state"]
     assert edge.quota.pending_calls(account) == 0
+
+
+async def test_the_reused_principal_follows_a_role_change_and_a_toggle_at_once():
+    edge, account, key = _edge()
+    dependency = edge.requires(Permission.PROJECTS_WRITE)
+    edge.accounts.apply(AccountState(time=datetime.now(UTC), account_id=account, roles=[Role.VIEWER], user_type="individual"))
+    for _ in range(2):  # the second call is served from the cache, and still refused
+        with pytest.raises(ApiError) as caught:
+            await dependency(_request({"Authorization": f"Bearer {SECRET}"}))
+        assert caught.value.code is ErrorCode.PERMISSION_DENIED
+    edge.accounts.apply(AccountState(time=datetime.now(UTC), account_id=account, roles=[Role.OWNER], user_type="individual"))
+    assert (await dependency(_request({"Authorization": f"Bearer {SECRET}"}))).roles == {Role.OWNER}
+    disabled = KeyState(
+        time=datetime.now(UTC), account_id=account, key_id=key, hash=hash_secret(SECRET), status="disabled", roles=[Role.OWNER]
+    )
+    edge.keys.apply(disabled)
+    with pytest.raises(ApiError) as caught:
+        await dependency(_request({"Authorization": f"Bearer {SECRET}"}))
+    assert caught.value.code is ErrorCode.API_KEY_DISABLED
