@@ -10,7 +10,7 @@ crossing; across N edge replicas, to what the other replicas admit during the pi
 """
 
 from collections import deque
-from datetime import datetime
+from datetime import UTC, datetime
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
@@ -37,6 +37,18 @@ class QuotaProjection:
         self._admitted: dict[UUID, tuple[str, deque[datetime]]] = {}
         # Accounts that never changed plan have no state until their first event: the free tier.
         self._default_calls_total = catalogue()[Tier.FREE].quotas[Resource.API_CALLS]
+        # The current period and its bounds in UTC: a call compares two instants instead of
+        # converting to the platform zone.
+        self._span: tuple[datetime, datetime, str] | None = None
+
+    def _period(self, now: datetime) -> str:
+        span = self._span
+        if span is None or not span[0] <= now < span[1]:
+            local = now.astimezone(self._tz)
+            start = datetime(local.year, local.month, 1, tzinfo=self._tz)
+            end = datetime(local.year + local.month // 12, local.month % 12 + 1, 1, tzinfo=self._tz)
+            span = self._span = (start.astimezone(UTC), end.astimezone(UTC), period_of(now, self._tz))
+        return span[2]
 
     def apply(self, state: QuotaState) -> None:
         key = (state.account_id, state.resource)
@@ -56,7 +68,7 @@ class QuotaProjection:
         """Whether `resource` is exhausted at `now` (a pure question: nothing is recorded; for
         api_calls the calls admitted here and not yet counted by a state count as used)."""
         if resource is Resource.API_CALLS:
-            period = period_of(now, self._tz)
+            period = self._period(now)
             entry = self._admitted.get(account_id)
             pending = len(entry[1]) if entry is not None and entry[0] == period else 0
             return self._calls_exhausted(account_id, period, pending)
@@ -64,12 +76,12 @@ class QuotaProjection:
         if state is None or not state.blocked:
             return False
         # Flows reset with the period; a stock's block carries over until the level falls.
-        return resource in STOCK_RESOURCES or state.period == period_of(now, self._tz)
+        return resource in STOCK_RESOURCES or state.period == self._period(now)
 
     def admit_call(self, account_id: UUID, now: datetime) -> bool:
         """Admit one API call at `now` if the api_calls quota has room, counting it locally until
         a state covers it; False (and nothing counted) when the quota is exhausted."""
-        period = period_of(now, self._tz)
+        period = self._period(now)
         entry = self._admitted.get(account_id)
         if entry is None or entry[0] != period:  # last period's admissions do not count in this one
             entry = self._admitted[account_id] = (period, deque())

@@ -26,7 +26,9 @@ class Limits:
         return cls(float(rate.per_second), rate.burst, rate.per_minute)
 
 
-@dataclass(frozen=True, slots=True)
+# Slot and Decision are made on every API-key call: slotted, not frozen (a frozen dataclass's
+# __init__ pays a setattr call per field); nothing mutates them.
+@dataclass(slots=True)
 class Slot:
     """One subject's state: the bucket, and the current and previous fixed minute."""
 
@@ -37,7 +39,7 @@ class Slot:
     prev: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Decision:
     allowed: bool
     limit: int  # X-RateLimit-Limit: requests per minute

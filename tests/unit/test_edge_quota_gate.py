@@ -1,12 +1,13 @@
 """The quota gate's two questions: `is_blocked` only answers, `admit_call` answers and counts."""
 
+import random
 import uuid
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from contracts.common import Resource
 from contracts.events import QuotaState
-from services.edge.quota_gate import QuotaProjection
+from services.edge.quota_gate import QuotaProjection, period_of
 
 T0 = datetime(2026, 3, 10, tzinfo=UTC)
 
@@ -48,3 +49,13 @@ def test_a_state_covering_admissions_replaces_them():
     assert gate.pending_calls(a) == 1 and gate.is_blocked(a, Resource.API_CALLS, T0 + timedelta(seconds=5))
     gate.apply(_state(a, used=3, total=10, at=T0 + timedelta(seconds=3)))  # and the third; an upgrade
     assert gate.pending_calls(a) == 0 and gate.admit_call(a, T0 + timedelta(seconds=6))
+
+
+def test_the_memoised_period_is_period_of_for_any_order_of_instants_around_month_ends():
+    tz = ZoneInfo("America/Sao_Paulo")
+    gate = QuotaProjection(tz)
+    edges = [datetime(2026, m, 1, 3, tzinfo=UTC) for m in range(1, 13)] + [datetime(2027, 1, 1, 3, tzinfo=UTC)]
+    instants = [e + timedelta(microseconds=d) for e in edges for d in (-3_600_000_001, -1, 0, 1, 7_200_000_000)]
+    rng = random.Random(3)
+    for now in instants + rng.sample(instants, len(instants)):  # in order, then jumping back and forth
+        assert gate._period(now) == period_of(now, tz), now
