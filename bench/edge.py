@@ -2,9 +2,10 @@
 
 1. Requests/s and latency of `GET /api/geo/projects` (one Postgres read) through the full edge
    (bearer API key -> SHA-256 -> key projection -> roles -> rate limiter -> quota gate ->
-   calls.v1 event) vs the same handler with the edge disabled (its dependency swapped for one
-   returning a fixed principal), same process, same app, same run, interleaved rounds. Requests are driven
-   straight into the ASGI app (no HTTP client in the way, so the edge's share is not diluted).
+   calls.v1 event) vs the same handler with the edge disabled (its dependency's callable swapped
+   for one returning a fixed principal), same process, same app, same run, short interleaved
+   rounds. Requests are driven straight into the ASGI app (no HTTP client in the way, so the
+   edge's share is not diluted). Also prints the median of the per-round ratios.
 2. Toggle-to-rejection lag across two `serve` processes: the clock starts when process A's
    toggle response arrives and stops when process B first answers 401 for the key.
 
