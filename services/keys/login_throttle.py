@@ -93,7 +93,7 @@ class LoginThrottle:
         now = self._clock()
         wait = max(self._emails.retry_after(subject, now), self._ips.retry_after(ip, now))
         if wait > 0:
-            seconds = max(1, math.ceil(wait))
+            seconds = max(1, math.ceil(round(wait, 6)))  # round: float noise must not add a second
             raise ApiError(
                 429,
                 ErrorCode.RATE_LIMITED,
