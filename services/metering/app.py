@@ -19,21 +19,19 @@ def build(runtime: Runtime) -> Component:
     masks = KeyMasks()
     follower = TopicFollower(settings.kafka_bootstrap_servers, settings.topic(KEYS.name), masks.apply)
     price_table = prices.load(settings.metering_prices_file)
-    sink = build_sink(runtime, store)
 
     async def start() -> None:
         await asyncio.to_thread(store.open)  # connect and apply the ClickHouse DDL
         await follower.start()
 
     async def stop() -> None:
-        await sink.drain()  # the broker has stopped: let the last insert finish before closing
         await follower.stop()
         await asyncio.to_thread(store.close)
 
     return Component(
         name="metering",
         router=build_router(runtime, store, price_table, masks),
-        subscribers=sink.router,
+        subscribers=build_sink(runtime, store),
         migrations=Path(__file__).with_name("migrations"),
         on_start=[start],
         on_stop=[stop],

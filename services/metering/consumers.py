@@ -2,22 +2,18 @@
 
 Each subscriber is a FastStream batch consumer (one consumer group per topic): a batch is
 whatever arrived, up to `max_records` (count) or after `batch_timeout_ms` of waiting (time).
-Per batch: parse (malformed -> dead-letter topic with the error, acknowledged before anything
-is committed), drop ids already written (one lookup in ClickHouse per batch), insert the rest
-in one INSERT, and only then commit the batch's offsets. The insert runs while the next batch
-is fetched and parsed (services/metering/pipeline.py: explicit per-partition offsets committed
-after the insert, one insert in flight, rewind on failure), so AckPolicy.MANUAL: FastStream
-commits nothing itself. A crash before the commit redelivers the batch, and the id lookup
-turns the replay into duplicates that are not inserted again.
+Per batch: parse (malformed -> dead-letter topic with the error), drop ids already written
+(one lookup in ClickHouse per batch), insert the rest in one INSERT, and only then commit
+the offsets (AckPolicy.NACK_ON_ERROR: commit after the handler returns; on an error seek back
+so the batch is redelivered). A crash before the commit redelivers the batch, and the id
+lookup turns the replay into duplicates that are not inserted again.
 """
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
-from aiokafka import AIOKafkaConsumer
 from faststream import AckPolicy
 from faststream.kafka import KafkaMessage, KafkaRouter
 from faststream.message import StreamMessage
@@ -26,7 +22,6 @@ from pydantic import BaseModel
 
 from contracts.events import CallEvent, UsageEvent
 from contracts.topics import CALLS, USAGE, Topic
-from services.metering.pipeline import InsertPipeline
 from services.metering.store import InsertResult, MeteringStore
 from services.runtime.component import Runtime
 from services.runtime.deadletter import send_to_dead_letter
@@ -78,69 +73,40 @@ def _count(topic: Topic, result: InsertResult) -> None:
     SINK_EVENTS.labels(topic.name, "duplicate").inc(result.duplicates)
 
 
-@dataclass
-class Sink:
-    router: KafkaRouter
-    pipelines: list[InsertPipeline] = field(default_factory=list)
-
-    async def drain(self) -> None:
-        for pipeline in self.pipelines:
-            await pipeline.drain()
-
-
-def build_sink(runtime: Runtime, store: MeteringStore) -> Sink:
+def build_sink(runtime: Runtime, store: MeteringStore) -> KafkaRouter:
     settings = runtime.settings
     router = KafkaRouter()
-    usage = InsertPipeline("metering.usage")
-    calls = InsertPipeline("metering.calls")
-
-    def submit(
-        pipeline: InsertPipeline, msg: KafkaMessage, write: Callable[[], Awaitable[None]], generation: int
-    ) -> Awaitable[bool]:
-        return pipeline.submit(cast(AIOKafkaConsumer, msg.consumer), msg.raw_message, write, generation)
 
     @router.subscriber(
         settings.topic(USAGE.name),
-        listener=usage,  # drains the in-flight insert before partitions move
         group_id=settings.group("metering.usage"),
         batch=True,
         max_records=MAX_RECORDS,
         batch_timeout_ms=BATCH_TIMEOUT_MS,
         auto_offset_reset="earliest",
-        ack_policy=AckPolicy.MANUAL,  # the pipeline commits each batch after its insert
+        ack_policy=AckPolicy.NACK_ON_ERROR,
         decoder=_raw_values,
         max_partition_fetch_bytes=8 * 1024 * 1024,
     )
     async def sink_usage(body: Any, msg: KafkaMessage) -> None:
-        generation = usage.generation  # before any await: the batch was fetched in this generation
         events = await _parse_batch(runtime, USAGE, UsageEvent, msg)
-
-        async def write() -> None:
-            if events:
-                _count(USAGE, await store.insert_usage(events))
-
-        await submit(usage, msg, write, generation)
+        if events:
+            _count(USAGE, await store.insert_usage(events))
 
     @router.subscriber(
         settings.topic(CALLS.name),
-        listener=calls,  # drains the in-flight insert before partitions move
         group_id=settings.group("metering.calls"),
         batch=True,
         max_records=MAX_RECORDS,
         batch_timeout_ms=BATCH_TIMEOUT_MS,
         auto_offset_reset="earliest",
-        ack_policy=AckPolicy.MANUAL,  # the pipeline commits each batch after its insert
+        ack_policy=AckPolicy.NACK_ON_ERROR,
         decoder=_raw_values,
         max_partition_fetch_bytes=8 * 1024 * 1024,
     )
     async def sink_calls(body: Any, msg: KafkaMessage) -> None:
-        generation = calls.generation  # before any await: the batch was fetched in this generation
         events = await _parse_batch(runtime, CALLS, CallEvent, msg)
+        if events:
+            _count(CALLS, await store.insert_calls(events))
 
-        async def write() -> None:
-            if events:
-                _count(CALLS, await store.insert_calls(events))
-
-        await submit(calls, msg, write, generation)
-
-    return Sink(router, [usage, calls])
+    return router
