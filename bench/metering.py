@@ -14,6 +14,7 @@ much less with the neighbours' load than events/s does.
 """
 
 import asyncio
+import gc
 import os
 import sys
 import tempfile
@@ -258,6 +259,16 @@ async def queries(app, settings: Settings, ch) -> None:
         "trend (30 d hourly)": ("/api/ai/usage/trend", dict(window, granularity="hour", group_by="model")),
         "by-provider": ("/api/ai/usage/by-provider", window),
     }
+    pauses: list[tuple[int, float]] = []
+    started_at = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:  # tail latency: how much of it is the collector?
+        if phase == "start":
+            started_at[0] = time.perf_counter()
+        elif info["generation"] == 2:
+            pauses.append((info["generation"], time.perf_counter() - started_at[0]))
+
+    gc.callbacks.append(on_gc)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
         for name, (path, params) in api.items():
@@ -273,6 +284,10 @@ async def queries(app, settings: Settings, ch) -> None:
                 await asyncio.to_thread(lambda s=raw_sql[name]: ch.query(s).result_rows)
                 raw_samples.append(time.perf_counter() - t)
             print(f"{name}: API on rollups {summary_ms(api_samples)} | same aggregation on raw table {summary_ms(raw_samples)}")
+    gc.callbacks.remove(on_gc)
+    if pauses:
+        worst = max(d for _, d in pauses) * 1000
+        print(f"full (gen2) GC collections during the query phase: {len(pauses)}, longest {worst:.0f} ms")
 
 
 if __name__ == "__main__":
