@@ -152,11 +152,11 @@ class MeteringStore:
         return rows == [(1,)]
 
     # ---- the sink's writes ----------------------------------------------------------------
-    def _known_ids(self, client: Client, ids: Sequence[UUID]) -> set[UUID]:
+    def _known_ids(self, client: Client, table: str, ids: Sequence[UUID]) -> set[UUID]:
         """The ids of `ids` already written, in lookups of at most LOOKUP_CHUNK ids: the engine
         (chdb 26.9) falls off a cliff above ~65k ids in one IN set (60k: 0.2 s, 70k: 67 s)."""
         known: set[UUID] = set()
-        sql = f"SELECT id FROM {self.db}.event_ids WHERE id IN {{ids:Array(UUID)}}"
+        sql = f"SELECT id FROM {self.db}.{table} WHERE id IN {{ids:Array(UUID)}}"  # the by_id projection
         for i in range(0, len(ids), LOOKUP_CHUNK):
             result = client.query(sql, parameters={"ids": list(ids[i : i + LOOKUP_CHUNK])})
             known.update(row[0] for row in result.result_rows)
@@ -171,10 +171,10 @@ class MeteringStore:
         to_columns: Callable[[list[Any]], list[list[object]]],
     ) -> InsertResult:
         unique = domain.first_of_each_id(events)
-        known = self._known_ids(client, [e.id for e in unique])
+        known = self._known_ids(client, table, [e.id for e in unique])
         fresh = [e for e in unique if e.id not in known]
         if fresh:
-            # One INSERT: the raw rows, their ids and the rollups are written by the same block.
+            # One INSERT: the raw rows with their id index and rollup (projections), part by part.
             client.insert(f"{self.db}.{table}", to_columns(fresh), column_names=list(columns), column_oriented=True)
         return InsertResult(len(fresh), len(events) - len(fresh))
 

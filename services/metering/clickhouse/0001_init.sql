@@ -2,6 +2,10 @@
 -- Raw tables: one row per event, partitioned by month of the event time, ordered for
 -- per-account time-range reads. ReplacingMergeTree on (account_id, time, id): the sink already
 -- drops known ids before inserting, and a merge removes any copy that slipped through.
+-- The hourly rollup and the id index are PROJECTIONS, stored inside each part of the raw table:
+-- an INSERT's raw rows, rollup rows and ids are committed together (one part per partition), so
+-- a process killed mid-insert cannot leave ids recorded whose rollup rows are missing (as it
+-- could with materialized views into separate tables). Merges that drop a copy rebuild them.
 
 CREATE TABLE IF NOT EXISTS {db}.usage_events
 (
@@ -16,11 +20,19 @@ CREATE TABLE IF NOT EXISTS {db}.usage_events
     output_tokens UInt64,
     total_tokens  UInt64,
     source        LowCardinality(String),
-    ingested_at   DateTime64(3, 'UTC') DEFAULT now64(3)
+    ingested_at   DateTime64(3, 'UTC') DEFAULT now64(3),
+    PROJECTION by_id (SELECT id ORDER BY id),
+    PROJECTION hourly
+    (
+        SELECT account_id, toStartOfHour(time), resource, provider, model,
+               count(), sum(quantity), sum(input_tokens), sum(output_tokens), sum(total_tokens)
+        GROUP BY account_id, toStartOfHour(time), resource, provider, model
+    )
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(time)
-ORDER BY (account_id, time, id);
+ORDER BY (account_id, time, id)
+SETTINGS deduplicate_merge_projection_mode = 'rebuild';
 
 CREATE TABLE IF NOT EXISTS {db}.call_events
 (
@@ -34,49 +46,24 @@ CREATE TABLE IF NOT EXISTS {db}.call_events
     ip          String,
     user_agent  String,
     latency_ms  Float64,
-    ingested_at DateTime64(3, 'UTC') DEFAULT now64(3)
+    ingested_at DateTime64(3, 'UTC') DEFAULT now64(3),
+    PROJECTION by_id (SELECT id ORDER BY id),
+    PROJECTION hourly
+    (
+        SELECT account_id, toStartOfHour(time), api_key_id, method, path, status, count(), sum(latency_ms)
+        GROUP BY account_id, toStartOfHour(time), api_key_id, method, path, status
+    )
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toYYYYMM(time)
-ORDER BY (account_id, time, id);
+ORDER BY (account_id, time, id)
+SETTINGS deduplicate_merge_projection_mode = 'rebuild';
 
--- Every event id the sink has written, ordered by id. The sink's duplicate check is a primary-key
--- lookup here instead of a scan of the raw tables.
-CREATE TABLE IF NOT EXISTS {db}.event_ids
-(
-    id    UUID,
-    topic LowCardinality(String),
-    time  DateTime64(3, 'UTC')
-)
-ENGINE = ReplacingMergeTree
-ORDER BY id;
-
-CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.usage_event_ids_mv TO {db}.event_ids AS
-SELECT id, 'usage' AS topic, time FROM {db}.usage_events;
-
-CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.call_event_ids_mv TO {db}.event_ids AS
-SELECT id, 'calls' AS topic, time FROM {db}.call_events;
-
--- Rollup: account x hour (UTC) x resource x provider x model. The API reads only this table
--- for overview, trend and by-provider. Rows are summed by merges: always read with sum().
-CREATE TABLE IF NOT EXISTS {db}.usage_hourly
-(
-    account_id    UUID,
-    hour          DateTime('UTC'),
-    resource      LowCardinality(String),
-    provider      LowCardinality(String),
-    model         LowCardinality(String),
-    events        UInt64,
-    quantity      Int64,
-    input_tokens  UInt64,
-    output_tokens UInt64,
-    total_tokens  UInt64
-)
-ENGINE = SummingMergeTree((events, quantity, input_tokens, output_tokens, total_tokens))
-PARTITION BY toYYYYMM(hour)
-ORDER BY (account_id, hour, resource, provider, model);
-
-CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.usage_hourly_mv TO {db}.usage_hourly AS
+-- The rollups analysts and the API read: account x UTC hour x resource x provider x model, and
+-- account x UTC hour x key x method x path x status. Views over the raw tables whose GROUP BY is
+-- the `hourly` projection's, so a filtered read is served from the projection (a few granules),
+-- not from the raw rows. Always read them with sum() and GROUP BY.
+CREATE VIEW IF NOT EXISTS {db}.usage_hourly AS
 SELECT
     account_id,
     toStartOfHour(time) AS hour,
@@ -91,23 +78,7 @@ SELECT
 FROM {db}.usage_events
 GROUP BY account_id, hour, resource, provider, model;
 
--- Rollup of API calls for analysts: account x hour x key x method x path x status.
-CREATE TABLE IF NOT EXISTS {db}.calls_hourly
-(
-    account_id     UUID,
-    hour           DateTime('UTC'),
-    api_key_id     UUID,
-    method         LowCardinality(String),
-    path           String,
-    status         UInt16,
-    calls          UInt64,
-    latency_ms_sum Float64
-)
-ENGINE = SummingMergeTree((calls, latency_ms_sum))
-PARTITION BY toYYYYMM(hour)
-ORDER BY (account_id, hour, api_key_id, method, path, status);
-
-CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.calls_hourly_mv TO {db}.calls_hourly AS
+CREATE VIEW IF NOT EXISTS {db}.calls_hourly AS
 SELECT
     account_id,
     toStartOfHour(time) AS hour,
