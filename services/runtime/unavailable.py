@@ -7,7 +7,7 @@ may retry. `Retry-After` says when.
 import logging
 
 import psycopg
-from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
+from aiokafka.errors import KafkaError
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -33,10 +33,8 @@ def install_unavailable_handlers(app: FastAPI) -> None:
     async def _postgres(request: Request, exc: psycopg.OperationalError) -> JSONResponse:
         return await _down(request, exc, "database")
 
-    @app.exception_handler(KafkaTimeoutError)
-    async def _kafka_timeout(request: Request, exc: KafkaTimeoutError) -> JSONResponse:
-        return await _down(request, exc, "event log")
-
-    @app.exception_handler(KafkaConnectionError)
-    async def _kafka_connection(request: Request, exc: KafkaConnectionError) -> JSONResponse:
+    # Any Kafka error on the request path (timeout, lost connection, a producer fenced or out of
+    # sequence after a broker restart) means the log did not take the write: retryable.
+    @app.exception_handler(KafkaError)
+    async def _kafka(request: Request, exc: KafkaError) -> JSONResponse:
         return await _down(request, exc, "event log")
