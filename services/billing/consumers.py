@@ -23,6 +23,7 @@ def build_router(service: BillingService, broker: KafkaBroker) -> KafkaRouter:
     @router.subscriber(
         settings.topic(ACCOUNTS.name),
         group_id=settings.group("billing.accounts"),
+        title="billing.accounts",
         auto_offset_reset="earliest",
         ack_policy=AckPolicy.NACK_ON_ERROR,
     )
@@ -38,6 +39,7 @@ def build_router(service: BillingService, broker: KafkaBroker) -> KafkaRouter:
     @router.subscriber(
         settings.topic(BILLING.name),
         group_id=settings.group("billing.user-types"),
+        title="billing.user-types",
         auto_offset_reset="earliest",
         ack_policy=AckPolicy.NACK_ON_ERROR,
     )

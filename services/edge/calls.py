@@ -20,6 +20,7 @@ from prometheus_client import Counter
 
 from contracts.events import CallEvent
 from contracts.topics import CALLS
+from services.runtime.kafka import PRODUCER_CONFIG
 from services.runtime.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -138,9 +139,10 @@ class CallRecorder:
             DROPPED.labels("buffer_full").inc()
 
     async def start(self) -> None:
-        # linger 0: the batches are made here; acks=1 as before (calls are metering, not money moves)
+        # linger 0: the batches are made here. acks=all like every producer: a call counts
+        # against api_calls, and acks=1 can lose an acknowledged one when a leader fails over.
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self._settings.kafka_bootstrap_servers, acks=1, linger_ms=0, request_timeout_ms=10_000
+            bootstrap_servers=self._settings.kafka_bootstrap_servers, linger_ms=0, request_timeout_ms=10_000, **PRODUCER_CONFIG
         )
         await self._producer.start()
         self._task = asyncio.create_task(self._run(self._producer), name="calls-producer")

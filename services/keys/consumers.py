@@ -27,6 +27,7 @@ def subscribers(service: KeysService, broker: KafkaBroker, settings: Settings) -
     @router.subscriber(
         settings.topic(BILLING.name),
         group_id=settings.group("keys.plans"),
+        title="keys.plans",
         auto_offset_reset="earliest",
         ack_policy=AckPolicy.NACK_ON_ERROR,
     )
@@ -38,6 +39,7 @@ def subscribers(service: KeysService, broker: KafkaBroker, settings: Settings) -
     @router.subscriber(
         settings.topic(CALLS.name),
         group_id=settings.group("keys.last-used"),
+        title="keys.last-used",
         auto_offset_reset="earliest",
         batch=True,
         max_records=10_000,

@@ -11,7 +11,7 @@ lookup turns the replay into duplicates that are not inserted again.
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from faststream import AckPolicy
@@ -74,39 +74,36 @@ def _count(topic: Topic, result: InsertResult) -> None:
 
 
 def build_sink(runtime: Runtime, store: MeteringStore) -> KafkaRouter:
-    settings = runtime.settings
     router = KafkaRouter()
-
-    @router.subscriber(
-        settings.topic(USAGE.name),
-        group_id=settings.group("metering.usage"),
-        batch=True,
-        max_records=MAX_RECORDS,
-        batch_timeout_ms=BATCH_TIMEOUT_MS,
-        auto_offset_reset="earliest",
-        ack_policy=AckPolicy.NACK_ON_ERROR,
-        decoder=_raw_values,
-        max_partition_fetch_bytes=8 * 1024 * 1024,
-    )
-    async def sink_usage(body: Any, msg: KafkaMessage) -> None:
-        events = await _parse_batch(runtime, USAGE, UsageEvent, msg)
-        if events:
-            _count(USAGE, await store.insert_usage(events))
-
-    @router.subscriber(
-        settings.topic(CALLS.name),
-        group_id=settings.group("metering.calls"),
-        batch=True,
-        max_records=MAX_RECORDS,
-        batch_timeout_ms=BATCH_TIMEOUT_MS,
-        auto_offset_reset="earliest",
-        ack_policy=AckPolicy.NACK_ON_ERROR,
-        decoder=_raw_values,
-        max_partition_fetch_bytes=8 * 1024 * 1024,
-    )
-    async def sink_calls(body: Any, msg: KafkaMessage) -> None:
-        events = await _parse_batch(runtime, CALLS, CallEvent, msg)
-        if events:
-            _count(CALLS, await store.insert_calls(events))
-
+    _subscribe_sink(router, runtime, USAGE, "metering.usage", UsageEvent, store.insert_usage)
+    _subscribe_sink(router, runtime, CALLS, "metering.calls", CallEvent, store.insert_calls)
     return router
+
+
+def _subscribe_sink(
+    router: KafkaRouter,
+    runtime: Runtime,
+    topic: Topic,
+    group: str,
+    model: type[M],
+    insert: Callable[[list[M]], Awaitable[InsertResult]],
+) -> None:
+    settings = runtime.settings
+
+    async def sink(body: Any, msg: KafkaMessage) -> None:
+        events = await _parse_batch(runtime, topic, model, msg)
+        if events:
+            _count(topic, await insert(events))
+
+    router.subscriber(
+        settings.topic(topic.name),
+        group_id=settings.group(group),
+        batch=True,
+        max_records=MAX_RECORDS,
+        batch_timeout_ms=BATCH_TIMEOUT_MS,
+        auto_offset_reset="earliest",
+        ack_policy=AckPolicy.NACK_ON_ERROR,
+        decoder=_raw_values,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+        title=f"sink:{topic.name}",
+    )(sink)

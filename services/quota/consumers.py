@@ -29,7 +29,8 @@ def build_router(service: QuotaService) -> KafkaRouter:
 
     @router.subscriber(
         *topics,
-        group_id=settings.group("quota.usage"),  # a group per subscriber: no rebalancing each other
+        group_id=settings.group("quota.usage"),
+        title="quota.usage",  # a group per subscriber: no rebalancing each other
         auto_offset_reset="earliest",
         batch=True,
         max_records=1000,
@@ -52,6 +53,7 @@ def build_router(service: QuotaService) -> KafkaRouter:
     @router.subscriber(
         settings.topic(BILLING.name),
         group_id=settings.group("quota.billing"),
+        title="quota.billing",
         auto_offset_reset="earliest",
         fetch_max_wait_ms=10,
         ack_policy=AckPolicy.NACK_ON_ERROR,

@@ -19,6 +19,7 @@ from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 
 from contracts.topics import Topic
+from services.runtime.kafka import PRODUCER_CONFIG
 from services.runtime.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class OutboxRelay:
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self._settings.kafka_bootstrap_servers, enable_idempotence=True, acks="all", linger_ms=0
+            bootstrap_servers=self._settings.kafka_bootstrap_servers, linger_ms=0, **PRODUCER_CONFIG
         )
         await self._producer.start()
         self._task = asyncio.create_task(self._run(), name=f"relay:{self._lock_name}")
