@@ -14,6 +14,7 @@ import socket
 import subprocess
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,12 +178,14 @@ def _wait_kafka(cfg: StackConfig, proc: subprocess.Popen[bytes], timeout: float 
             await admin.close()
 
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"kafka exited with {proc.returncode}; see {cfg.state_dir / 'kafka' / 'kafka.log'}")
-        if _port_open(cfg.kafka_port) and asyncio.run(answers()):
-            return
-        time.sleep(0.3)
+    # The probe gets a thread and loop of its own: `up` may be called from inside a running loop.
+    with ThreadPoolExecutor(max_workers=1) as probe:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SystemExit(f"kafka exited with {proc.returncode}; see {cfg.state_dir / 'kafka' / 'kafka.log'}")
+            if _port_open(cfg.kafka_port) and probe.submit(asyncio.run, answers()).result():
+                return
+            time.sleep(0.3)
     raise SystemExit(f"kafka did not answer within {timeout:.0f}s")
 
 
