@@ -37,10 +37,12 @@ from contracts.topics import USAGE
 from services.runtime.host import create_app
 from services.runtime.kafka import ensure_topics
 from services.runtime.settings import Settings
+from tests.support.infra import endpoints
 from tests.support.metering import session_token, wait_until
 
-KAFKA = os.environ.get("TEST_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:29092")
-PG = os.environ.get("TEST_DATABASE_URL", "postgresql://tollgate@127.0.0.1:25432/postgres")
+# Filled in at start from tests.support.infra.endpoints(): TEST_* variables, else the local test stack.
+KAFKA = ""
+PG = ""
 SINK_EVENTS = int(os.environ.get("BENCH_SINK_EVENTS", "300000"))
 LOADED_EVENTS = int(os.environ.get("BENCH_EVENTS", "10000000"))
 MODELS = [("openai", "gpt-4o"), ("openai", "gpt-4o-mini"), ("anthropic", "claude-sonnet-4"), ("google", "gemini-2.5-flash")]
@@ -293,4 +295,6 @@ async def queries(app, settings: Settings, ch) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    with endpoints() as infra:
+        KAFKA, PG = infra.kafka_bootstrap, infra.database_url
+        asyncio.run(main())
