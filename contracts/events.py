@@ -7,7 +7,7 @@ idempotent on `id`: a redelivered or republished event changes nothing.
 from typing import Annotated, Literal
 from uuid import UUID, uuid4
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, NonNegativeInt
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, NonNegativeInt, TypeAdapter
 
 from contracts.common import KeyStatus, Resource, Role, Tier, UserType
 
@@ -132,3 +132,6 @@ class UserTypeChanged(Event):
 
 
 BillingEvent = Annotated[PlanChanged | PackagePurchased | UserTypeChanged, Field(discriminator="type")]
+
+# Parses one billing.v1 message into its type; built once, since adapters are costly to build.
+BILLING_EVENTS: TypeAdapter[PlanChanged | PackagePurchased | UserTypeChanged] = TypeAdapter(BillingEvent)

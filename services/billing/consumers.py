@@ -4,14 +4,11 @@ user_type_changed on billing.v1. Both are applied only if newer than what billin
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker, KafkaRouter
 from faststream.kafka.annotations import KafkaMessage
-from pydantic import TypeAdapter
 
-from contracts.events import AccountState, BillingEvent, PackagePurchased, PlanChanged, UserTypeChanged
+from contracts.events import BILLING_EVENTS, AccountState, UserTypeChanged
 from contracts.topics import ACCOUNTS, BILLING
 from services.billing.service import BillingService
 from services.runtime.deadletter import parse_or_dead_letter
-
-_BILLING = TypeAdapter[PlanChanged | PackagePurchased | UserTypeChanged](BillingEvent)
 
 
 def build_router(service: BillingService, broker: KafkaBroker) -> KafkaRouter:
@@ -46,7 +43,7 @@ def build_router(service: BillingService, broker: KafkaBroker) -> KafkaRouter:
     async def on_billing(msg: KafkaMessage) -> None:
         record = msg.raw_message
         assert not isinstance(record, tuple)
-        event = await parse_or_dead_letter(broker, settings, BILLING, _BILLING, record.value or b"", key=record.key)
+        event = await parse_or_dead_letter(broker, settings, BILLING, BILLING_EVENTS, record.value or b"", key=record.key)
         if isinstance(event, UserTypeChanged):
             await service.apply_user_type(event)
 

@@ -9,16 +9,14 @@ from uuid import UUID
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker, KafkaRouter
 from faststream.kafka.annotations import KafkaMessage
-from pydantic import TypeAdapter
 
-from contracts.events import BillingEvent, CallEvent, PlanChanged
+from contracts.events import BILLING_EVENTS, CallEvent, PlanChanged
 from contracts.topics import BILLING, CALLS
 from services.keys.service import KeysService
 from services.runtime.deadletter import parse_or_dead_letter
 from services.runtime.settings import Settings
 
 LAST_USED_EVERY_S = 1.0
-_BILLING: TypeAdapter[BillingEvent] = TypeAdapter(BillingEvent)
 
 
 def subscribers(service: KeysService, broker: KafkaBroker, settings: Settings) -> KafkaRouter:
@@ -32,7 +30,7 @@ def subscribers(service: KeysService, broker: KafkaBroker, settings: Settings) -
         ack_policy=AckPolicy.NACK_ON_ERROR,
     )
     async def on_billing(msg: KafkaMessage) -> None:
-        event = await parse_or_dead_letter(broker, settings, BILLING, _BILLING, cast(bytes, msg.body))
+        event = await parse_or_dead_letter(broker, settings, BILLING, BILLING_EVENTS, cast(bytes, msg.body))
         if isinstance(event, PlanChanged):
             await service.set_plan(event.account_id, event.plan, event.time)
 

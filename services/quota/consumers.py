@@ -8,14 +8,11 @@ Malformed records go to the dead-letter topic and the batch goes on without them
 from faststream import AckPolicy
 from faststream.kafka import KafkaRouter
 from faststream.kafka.annotations import KafkaMessage
-from pydantic import TypeAdapter
 
-from contracts.events import BillingEvent, CallEvent, PackagePurchased, PlanChanged, UsageEvent
+from contracts.events import BILLING_EVENTS, CallEvent, PackagePurchased, PlanChanged, UsageEvent
 from contracts.topics import BILLING, CALLS, USAGE, Topic
 from services.quota.service import QuotaService
 from services.runtime.deadletter import parse_or_dead_letter
-
-_BILLING = TypeAdapter[PlanChanged | PackagePurchased | object](BillingEvent)
 
 
 def build_router(service: QuotaService) -> KafkaRouter:
@@ -61,7 +58,7 @@ def build_router(service: QuotaService) -> KafkaRouter:
     async def on_billing(msg: KafkaMessage) -> None:
         record = msg.raw_message
         assert not isinstance(record, tuple)
-        event = await parse_or_dead_letter(broker, settings, BILLING, _BILLING, record.value or b"", key=record.key)
+        event = await parse_or_dead_letter(broker, settings, BILLING, BILLING_EVENTS, record.value or b"", key=record.key)
         if isinstance(event, PlanChanged):
             await service.apply_plan(event)
         elif isinstance(event, PackagePurchased):
