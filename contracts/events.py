@@ -7,12 +7,17 @@ idempotent on `id`: a redelivered or republished event changes nothing.
 from typing import Annotated, Literal
 from uuid import UUID, uuid4
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, NonNegativeInt, TypeAdapter
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
 from contracts.common import KeyStatus, Resource, Role, Tier, UserType
 
 Period = Annotated[str, Field(pattern=r"^\d{4}-(0[1-9]|1[0-2])$", examples=["2026-11"])]
 """A quota period: the calendar month `YYYY-MM` in the platform time zone."""
+
+# Quantities are stored as 64-bit integers (Postgres bigint, ClickHouse Int64): a larger number
+# is refused where it enters, not wrapped around where it is stored.
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
 
 
 class Event(BaseModel):
@@ -29,11 +34,11 @@ class UsageEvent(Event):
 
     type: Literal["usage"] = "usage"
     resource: Resource
-    quantity: int
+    quantity: Int64
     provider: str | None = Field(default=None, max_length=64)
     model: str | None = Field(default=None, max_length=128)
-    input_tokens: NonNegativeInt | None = None
-    output_tokens: NonNegativeInt | None = None
+    input_tokens: Count | None = None
+    output_tokens: Count | None = None
     source: str = Field(min_length=1, max_length=64)
 
 

@@ -7,7 +7,7 @@ from contracts.topics import KEYS
 from services.edge.projection_reader import TopicFollower
 from services.metering import prices
 from services.metering.api import build_router
-from services.metering.consumers import build_sink
+from services.metering.consumers import Sink
 from services.metering.keymasks import KeyMasks
 from services.metering.store import MeteringStore
 from services.runtime.component import Component, Runtime
@@ -19,19 +19,21 @@ def build(runtime: Runtime) -> Component:
     masks = KeyMasks()
     follower = TopicFollower(settings.kafka_bootstrap_servers, settings.topic(KEYS.name), masks.apply)
     price_table = prices.load(settings.metering_prices_file)
+    sink = Sink(runtime, store)
 
     async def start() -> None:
         await asyncio.to_thread(store.open)  # connect and apply the ClickHouse DDL
         await follower.start()
 
     async def stop() -> None:
+        await sink.drain()  # the consumers have stopped: let the writes in flight finish first
         await follower.stop()
         await asyncio.to_thread(store.close)
 
     return Component(
         name="metering",
         router=build_router(runtime, store, price_table, masks),
-        subscribers=build_sink(runtime, store),
+        subscribers=sink.router,
         migrations=Path(__file__).with_name("migrations"),
         on_start=[start],
         on_stop=[stop],

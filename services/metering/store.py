@@ -20,19 +20,20 @@ from uuid import UUID
 
 import clickhouse_connect.common
 from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import DatabaseError
 
-from contracts.events import CallEvent, UsageEvent
-from services.metering import domain
+from services.metering import sink_tables
 from services.metering.domain import Cursor, UsageRow
+from services.metering.sink_tables import SinkTable
 from services.runtime import clickhouse
 
 MIGRATIONS = Path(__file__).with_name("clickhouse")
 READERS = 4
-LOOKUP_CHUNK = 20_000
 # Rollup reads touch a few granules: one thread each is faster than fanning out, and keeps
 # the tail low when the machine is busy (measured in bench/metering.py).
 SMALL_READ = "SETTINGS max_threads = 1"
 T = TypeVar("T")
+Canonical = Callable[[bytes], bytes]  # an event's JSON -> the same event as its model serialises it
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +125,7 @@ class MeteringStore:
             return
         # An HTTP client would otherwise pin one server session and refuse concurrent queries.
         clickhouse_connect.common.set_setting("autogenerate_session_id", False)
-        writer = clickhouse.connect(self.dsn)
+        writer = clickhouse.connect(self.dsn, session=True)  # the sink's staging tables live in its session
         clickhouse.apply_migrations(writer, self.db, MIGRATIONS)
         self._writer = _Guarded(writer)
         self._reader = _Pool([clickhouse.connect(self.dsn) for _ in range(READERS)])
@@ -152,42 +153,49 @@ class MeteringStore:
         return rows == [(1,)]
 
     # ---- the sink's writes ----------------------------------------------------------------
-    def _known_ids(self, client: Client, table: str, ids: Sequence[UUID]) -> set[UUID]:
-        """The ids of `ids` already written, in lookups of at most LOOKUP_CHUNK ids: the engine
-        (chdb 26.9) falls off a cliff above ~65k ids in one IN set (60k: 0.2 s, 70k: 67 s)."""
-        known: set[UUID] = set()
-        sql = f"SELECT id FROM {self.db}.{table} WHERE id IN {{ids:Array(UUID)}}"  # the by_id projection
-        for i in range(0, len(ids), LOOKUP_CHUNK):
-            result = client.query(sql, parameters={"ids": list(ids[i : i + LOOKUP_CHUNK])})
-            known.update(row[0] for row in result.result_rows)
-        return known
+    async def insert_usage(self, lines: list[bytes], canonical: Canonical) -> InsertResult:
+        return await self.writer.run(lambda c: self._insert_new(c, sink_tables.USAGE, lines, canonical))
 
-    def _insert_new(
-        self,
-        client: Client,
-        table: str,
-        columns: Sequence[str],
-        events: list[Any],
-        to_columns: Callable[[list[Any]], list[list[object]]],
-    ) -> InsertResult:
-        unique = domain.first_of_each_id(events)
-        known = self._known_ids(client, table, [e.id for e in unique])
-        fresh = [e for e in unique if e.id not in known]
+    async def insert_calls(self, lines: list[bytes], canonical: Canonical) -> InsertResult:
+        return await self.writer.run(lambda c: self._insert_new(c, sink_tables.CALLS, lines, canonical))
+
+    def _insert_new(self, client: Client, sink: SinkTable, lines: list[bytes], canonical: Canonical) -> InsertResult:
+        """Write the events (one JSON document each) whose id is not in the table yet.
+
+        All in the engine, in this writer's session: the batch goes into a temporary staging
+        table, the ids already written are looked up there (a duplicate is the same event: same
+        account, and the same hour, so the lookup reads only the granules of the batch's
+        account-hours, however large the table grows), and one INSERT ... SELECT writes the rest,
+        each id once. Its rows, rollup and all are committed part by part; if the process dies
+        between parts, the redelivered batch finds the written ids and inserts only the others.
+        """
+        staging, known, table = f"{sink.table}_staging", f"{sink.table}_known", f"{self.db}.{sink.table}"
+        for ddl in (f"{staging} ({sink.staging})", f"{known} (id UUID)"):
+            client.command(f"CREATE TEMPORARY TABLE IF NOT EXISTS {ddl} ENGINE = Memory")
+        client.command(f"TRUNCATE TABLE {staging}")
+        client.command(f"TRUNCATE TABLE {known}")
+        try:
+            self._stage(client, staging, lines)
+        except DatabaseError:
+            # A form the contract accepts but the engine does not read (a UUID in braces, a
+            # lower-case `t` in a time): stage the models' own serialisation instead.
+            client.command(f"TRUNCATE TABLE {staging}")
+            self._stage(client, staging, [canonical(line) for line in lines])
+        client.command(
+            f"INSERT INTO {known} SELECT id FROM {table} "
+            f"WHERE (account_id, toStartOfHour(time)) IN (SELECT account_id, toStartOfHour(time) FROM {staging}) "
+            f"AND id IN (SELECT id FROM {staging})"
+        )
+        total, fresh = client.query(f"SELECT count(), uniqExactIf(id, id NOT IN {known}) FROM {staging}").result_rows[0]
         if fresh:
-            # One INSERT: the raw rows with their id index and rollup (projections), part by part.
-            client.insert(f"{self.db}.{table}", to_columns(fresh), column_names=list(columns), column_oriented=True)
-        return InsertResult(len(fresh), len(events) - len(fresh))
+            client.command(
+                f"INSERT INTO {table} ({sink.columns}) SELECT {sink.select} FROM {staging} WHERE id NOT IN {known} LIMIT 1 BY id"
+            )
+        return InsertResult(int(fresh), int(total) - int(fresh))
 
-    async def insert_usage(self, events: list[UsageEvent]) -> InsertResult:
-        """Insert the events whose id was never written; the rest are duplicates."""
-        return await self.writer.run(
-            lambda c: self._insert_new(c, "usage_events", domain.USAGE_COLUMNS, events, domain.usage_columns)
-        )
-
-    async def insert_calls(self, events: list[CallEvent]) -> InsertResult:
-        return await self.writer.run(
-            lambda c: self._insert_new(c, "call_events", domain.CALL_COLUMNS, events, domain.call_columns)
-        )
+    @staticmethod
+    def _stage(client: Client, staging: str, lines: list[bytes]) -> None:
+        client.raw_insert(staging, None, insert_block=b"\n".join(lines), fmt="JSONEachRow", settings=sink_tables.JSON_INPUT)
 
     # ---- rollup reads -----------------------------------------------------------------------
     _SUMS = "provider, model, sum(events), sum(input_tokens), sum(output_tokens), sum(total_tokens)"

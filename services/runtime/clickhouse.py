@@ -1,6 +1,7 @@
 """ClickHouse through clickhouse-connect: `http(s)://` for a server, `chdb:///path` embedded."""
 
 import re
+import uuid
 from pathlib import Path
 
 import clickhouse_connect
@@ -9,8 +10,14 @@ from clickhouse_connect.driver.client import Client
 _MIGRATION_NAME = re.compile(r"^(\d{4})_[\w-]+\.sql$")
 
 
-def connect(dsn: str) -> Client:
-    """A client for `dsn`. With chdb only one process may own a path: open it in one process."""
+def connect(dsn: str, *, session: bool = False) -> Client:
+    """A client for `dsn`. With chdb only one process may own a path: open it in one process.
+
+    `session`: temporary tables outlive a statement. A chdb client is one session already; a
+    server's HTTP client then sends its own session id (and must not run two queries at once).
+    """
+    if session and not dsn.startswith("chdb:"):
+        return clickhouse_connect.get_client(dsn=dsn, session_id=f"tollgate-{uuid.uuid4()}")
     return clickhouse_connect.get_client(dsn=dsn)
 
 

@@ -1,6 +1,8 @@
-"""The sink's store on the real engine: the id lookup split into chunks still finds every
-written id across chunk boundaries, so a redelivered batch inserts only the new events."""
+"""The sink's store on the real engine: the engine reads each event's JSON exactly as the
+contract model does (or the store falls back to the model's own JSON), derives the stored
+columns by the documented rules, and writes each event id once, across batches and within one."""
 
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -8,14 +10,16 @@ import pytest
 
 from contracts.common import Resource
 from contracts.events import UsageEvent
-from services.metering import store as store_module
+from services.metering.consumers import canonical
 from services.metering.store import InsertResult, MeteringStore
 
 pytestmark = pytest.mark.integration
 
+TO_CANONICAL = canonical(UsageEvent)
 
-def usage(n: int) -> UsageEvent:
-    return UsageEvent(
+
+def usage(n: int, **fields) -> UsageEvent:
+    values = dict(
         time=datetime(2026, 11, 1, tzinfo=UTC) + timedelta(minutes=n),
         account_id=uuid.UUID(int=n % 3 + 1),
         resource=Resource.AI_TOKENS,
@@ -24,22 +28,84 @@ def usage(n: int) -> UsageEvent:
         model="gpt-4o",
         source="store-test",
     )
+    return UsageEvent(**(values | fields))
 
 
-async def test_chunked_id_lookup_drops_every_known_id(settings, monkeypatch):
-    monkeypatch.setattr(store_module, "LOOKUP_CHUNK", 3)  # many chunks for a few ids
+def line(e: UsageEvent) -> bytes:
+    return e.model_dump_json().encode()
+
+
+@pytest.fixture
+async def store(settings):
     store = MeteringStore(settings.clickhouse_dsn, settings.clickhouse_database)
     store.open()
-    try:
-        first = [usage(n) for n in range(10)]
-        assert await store.insert_usage(first) == InsertResult(10, 0)
-        fresh = [usage(n) for n in range(10, 15)]
-        batch = [*fresh[:2], *reversed(first), *fresh[2:], first[4]]  # known ids spread over all chunks
-        assert await store.insert_usage(batch) == InsertResult(5, 11)
-        db = settings.clickhouse_database
-        rows = await store.reader.run(
-            lambda c: c.query(f"SELECT count(), uniqExact(id), sum(total_tokens) FROM {db}.usage_events").result_rows
-        )
-        assert rows == [(15, 15, sum(n + 1 for n in range(15)))]
-    finally:
-        store.close()
+    yield store
+    store.close()
+
+
+async def rows(store: MeteringStore, sql: str) -> list[tuple]:
+    db = store.db
+    return await store.reader.run(lambda c: c.query(sql.format(db=db)).result_rows)
+
+
+async def test_each_id_is_written_once_across_batches_and_within_one(store):
+    first = [usage(n) for n in range(10)]
+    assert await store.insert_usage([line(e) for e in first], TO_CANONICAL) == InsertResult(10, 0)
+    fresh = [usage(n) for n in range(10, 15)]
+    batch = [*fresh[:2], *reversed(first), *fresh[2:], first[4], fresh[0]]
+    assert await store.insert_usage([line(e) for e in batch], TO_CANONICAL) == InsertResult(5, 12)
+    # The same event republished with its time moved within the hour is still the same event.
+    moved = first[3].model_copy(update={"time": first[3].time + timedelta(seconds=7)})
+    assert await store.insert_usage([line(moved)], TO_CANONICAL) == InsertResult(0, 1)
+    assert await rows(store, "SELECT count(), uniqExact(id), sum(total_tokens) FROM {db}.usage_events") == [
+        (15, 15, sum(n + 1 for n in range(15)))
+    ]
+    assert await rows(store, "SELECT sum(events) FROM {db}.usage_hourly") == [(15,)]
+
+
+async def test_the_engine_stores_what_the_model_reads(store):
+    """Forms the contract accepts, some of which the engine cannot read (it then gets the
+    model's JSON) or would read differently if it were let (a key given twice)."""
+    base = usage(0)
+    forms = [
+        {"time": "2026-11-22T10:02:02.332388Z"},
+        {"time": "2026-11-22T10:02:02+05:30"},
+        {"time": "2026-11-22 10:02:02Z"},
+        {"time": "2026-11-22t10:02:02z"},  # the engine refuses a lower-case t
+        {"time": "2026-11-22T10:02:02.123456789Z"},
+        {"time": "2026-11-22T10:02:02-0800"},
+        {"time": "2026-11-22T23:59:59.9999Z"},
+        {"id": f"{{{uuid.uuid4()}}}"},  # braces: the engine refuses them
+        {"id": uuid.uuid4().hex.upper()},
+        {"provider": "café", "model": None},  # json.dumps escapes it: \u00e9
+        {"input_tokens": 5, "output_tokens": None, "quantity": 99},
+        {"input_tokens": None, "output_tokens": None, "quantity": -4},
+    ]
+    docs = []
+    for n, form in enumerate(forms):
+        body = json.loads(base.model_dump_json()) | {"id": str(uuid.uuid4()), "quantity": n + 1} | form
+        docs.append(json.dumps(body).encode())
+    expected = {}
+    for doc in docs:
+        e = UsageEvent.model_validate_json(doc)
+        expected[e.id] = e
+    assert await store.insert_usage(docs, TO_CANONICAL) == InsertResult(len(docs), 0)
+    # Alone in its batch (the forms above send the whole batch through the model already):
+    twice = json.dumps(json.loads(docs[0]) | {"id": str(uuid.uuid4()), "quantity": 1}).encode()[:-1] + b', "quantity": 999}'
+    e = UsageEvent.model_validate_json(twice)
+    assert e.quantity == 999  # the model reads the last
+    expected[e.id] = e
+    assert await store.insert_usage([twice], TO_CANONICAL) == InsertResult(1, 0)
+    stored = await rows(
+        store,
+        "SELECT id, toUnixTimestamp64Milli(time), quantity, provider, model, input_tokens, output_tokens, total_tokens "
+        "FROM {db}.usage_events",
+    )
+    assert len(stored) == len(expected)
+    for id_, millis, quantity, provider, model, i, o, total in stored:
+        e = expected[id_]
+        assert millis == int(e.time.timestamp() * 1000 // 1), e
+        assert (quantity, provider, model) == (e.quantity, e.provider or "unknown", e.model or "unknown")
+        assert (i, o) == (e.input_tokens or 0, e.output_tokens or 0)
+        split = e.input_tokens is not None or e.output_tokens is not None
+        assert total == ((e.input_tokens or 0) + (e.output_tokens or 0) if split else max(e.quantity, 0))

@@ -1,0 +1,56 @@
+"""How the events of one topic become rows of one ClickHouse table, in the engine's own SQL.
+
+The sink hands the engine the events' JSON as it came from Kafka (the engine parses it off the
+event loop and off the GIL). `staging` is an event's fields as they appear in that JSON; `select`
+derives the stored columns from them. The derived values are the only rules stated here:
+provider and model default to `unknown`, and `total_tokens` is input + output when the event
+splits its tokens, else its quantity (never negative).
+"""
+
+from dataclasses import dataclass
+
+from services.metering.domain import UNKNOWN
+
+
+@dataclass(frozen=True, slots=True)
+class SinkTable:
+    table: str
+    staging: str
+    columns: str
+    select: str
+
+
+USAGE = SinkTable(
+    table="usage_events",
+    staging=(
+        "id UUID, time DateTime64(3, 'UTC'), account_id UUID, resource String, quantity Int64, "
+        "provider Nullable(String), model Nullable(String), input_tokens Nullable(UInt64), "
+        "output_tokens Nullable(UInt64), source String"
+    ),
+    columns="id, time, account_id, resource, quantity, provider, model, input_tokens, output_tokens, total_tokens, source",
+    select=(
+        f"id, time, account_id, resource, quantity, ifNull(provider, '{UNKNOWN}'), ifNull(model, '{UNKNOWN}'), "
+        "ifNull(input_tokens, 0), ifNull(output_tokens, 0), "
+        "if(input_tokens IS NULL AND output_tokens IS NULL, toUInt64(greatest(quantity, 0)), "
+        "ifNull(input_tokens, 0) + ifNull(output_tokens, 0)), source"
+    ),
+)
+
+CALLS = SinkTable(
+    table="call_events",
+    staging=(
+        "id UUID, time DateTime64(3, 'UTC'), account_id UUID, api_key_id UUID, method String, path String, "
+        "status UInt16, ip String, user_agent String, latency_ms Float64"
+    ),
+    columns="id, time, account_id, api_key_id, method, path, status, ip, user_agent, latency_ms",
+    select="id, time, account_id, api_key_id, method, path, status, ip, user_agent, latency_ms",
+)
+
+# How the engine reads the events' JSON. Unknown keys (`type`, fields added later) are skipped;
+# RFC 3339 times with any offset are read as the contract reads them; a key given twice is an
+# error (by default the engine would keep the first and pydantic the last).
+JSON_INPUT = {
+    "input_format_skip_unknown_fields": 1,
+    "date_time_input_format": "best_effort",
+    "input_format_json_ignore_unnecessary_fields": 0,
+}
