@@ -43,7 +43,7 @@ from tests.support.metering import session_token, wait_until
 # Filled in at start from tests.support.infra.endpoints(): TEST_* variables, else the local test stack.
 KAFKA = ""
 PG = ""
-SINK_EVENTS = int(os.environ.get("BENCH_SINK_EVENTS", "300000"))
+SINK_EVENTS = int(os.environ.get("BENCH_SINK_EVENTS", "600000"))  # several of the sink's 50k-record batches
 LOADED_EVENTS = int(os.environ.get("BENCH_EVENTS", "10000000"))
 MODELS = [("openai", "gpt-4o"), ("openai", "gpt-4o-mini"), ("anthropic", "claude-sonnet-4"), ("google", "gemini-2.5-flash")]
 
@@ -279,7 +279,7 @@ async def queries(app, settings: Settings, ch) -> None:
             r = await client.get(path, params=params, headers=headers)
             assert r.status_code == 200, r.text
             api_samples, raw_samples = [], []
-            for _ in range(100):
+            for _ in range(200):
                 t = time.perf_counter()
                 await client.get(path, params=params, headers=headers)
                 api_samples.append(time.perf_counter() - t)

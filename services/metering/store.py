@@ -30,8 +30,10 @@ from services.runtime import clickhouse
 MIGRATIONS = Path(__file__).with_name("clickhouse")
 READERS = 4
 # Rollup reads touch a few granules: one thread each is faster than fanning out, and keeps
-# the tail low when the machine is busy (measured in bench/metering.py).
-SMALL_READ = "SETTINGS max_threads = 1"
+# the tail low when the machine is busy. No JIT: the engine compiles an expression the third
+# time it sees it, which made one request in a hundred take 60-110 ms instead of 15 (measured
+# in bench/metering.py); over a few thousand rows compiled code gains nothing.
+SMALL_READ = "SETTINGS max_threads = 1, compile_expressions = 0, compile_aggregate_expressions = 0"
 T = TypeVar("T")
 Canonical = Callable[[bytes], bytes]  # an event's JSON -> the same event as its model serialises it
 
