@@ -275,62 +275,7 @@ def trend(
     return {key: [(s, grid[key].get(s) or Totals()) for s in starts] for key in ordered}
 
 
-# ---- events -> rows of the raw tables ---------------------------------------------------------
-USAGE_COLUMNS = (
-    "id",
-    "time",
-    "account_id",
-    "resource",
-    "quantity",
-    "provider",
-    "model",
-    "input_tokens",
-    "output_tokens",
-    "total_tokens",
-    "source",
-)
-CALL_COLUMNS = ("id", "time", "account_id", "api_key_id", "method", "path", "status", "ip", "user_agent", "latency_ms")
-
-
-def total_tokens(event: UsageEvent) -> int:
-    """input + output when the event splits its tokens, else its quantity."""
-    if event.input_tokens is None and event.output_tokens is None:
-        return max(event.quantity, 0)
-    return (event.input_tokens or 0) + (event.output_tokens or 0)
-
-
-def usage_columns(events: list[UsageEvent]) -> list[list[object]]:
-    """Column-oriented data for the usage_events insert (much faster than rows)."""
-    return [
-        [e.id for e in events],
-        [e.time.astimezone(UTC) for e in events],
-        [e.account_id for e in events],
-        [e.resource.value for e in events],
-        [e.quantity for e in events],
-        [e.provider or UNKNOWN for e in events],
-        [e.model or UNKNOWN for e in events],
-        [e.input_tokens or 0 for e in events],
-        [e.output_tokens or 0 for e in events],
-        [total_tokens(e) for e in events],
-        [e.source for e in events],
-    ]
-
-
-def call_columns(events: list[CallEvent]) -> list[list[object]]:
-    return [
-        [e.id for e in events],
-        [e.time.astimezone(UTC) for e in events],
-        [e.account_id for e in events],
-        [e.api_key_id for e in events],
-        [e.method for e in events],
-        [e.path for e in events],
-        [e.status for e in events],
-        [e.ip for e in events],
-        [e.user_agent for e in events],
-        [e.latency_ms for e in events],
-    ]
-
-
+# ---- events ----------------------------------------------------------------------------------
 E = TypeVar("E", UsageEvent, CallEvent)
 
 
