@@ -203,9 +203,10 @@ def build_router(
         if wanted and group_by is None:
             raise _invalid(InvalidQuery("keys", "keys needs group_by"))
         try:
-            domain.buckets(r, granularity)  # reject a too fine grid before reading anything
+            starts = domain.buckets(r, granularity)  # reject a too fine grid before reading anything
         except InvalidQuery as exc:
             raise _invalid(exc) from None
+        local = {t: r.local(t) for t in starts}  # once per bucket, not once per bucket and series
         rows = await store.usage_rows(principal.account_id, r.start, r.end, per="hour")
         grid = domain.trend(rows, prices, r, granularity, group_by, [k.strip() for k in wanted] if wanted else None)
         return Trend(
@@ -215,7 +216,7 @@ def build_router(
                     key=key,
                     points=[
                         TrendPoint(
-                            t=r.local(t),
+                            t=local[t],
                             input_tokens=v.input_tokens,
                             output_tokens=v.output_tokens,
                             total_tokens=v.total_tokens,
