@@ -52,12 +52,13 @@ def split_valid(model: type[Event], records: Sequence[Any]) -> tuple[list[bytes]
     malformed ones. A message in the contract's strict form is written as it is; one that is
     only valid leniently (a number as a string, a time as a Unix number) is written as the model
     serialises it, so the engine reads exactly what the contract read."""
+    validate = model.__pydantic_validator__.validate_json  # without model_validate_json's wrapper
     lines: list[bytes] = []
     rejected: list[tuple[Any, str]] = []
     for record in records:
         value: bytes = record.value or b""
         try:
-            event = model.model_validate_json(value, strict=True)
+            event = validate(value, strict=True)
         except ValidationError:
             try:
                 event = model.model_validate_json(value)
@@ -65,7 +66,7 @@ def split_valid(model: type[Event], records: Sequence[Any]) -> tuple[list[bytes]
                 rejected.append((record, str(exc)))
                 continue
             value = event.model_dump_json().encode()
-        if "id" not in event.model_fields_set:
+        if "id" not in event.__pydantic_fields_set__:
             rejected.append((record, MISSING_ID))
             continue
         lines.append(value)
