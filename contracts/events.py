@@ -28,6 +28,15 @@ class Event(BaseModel):
     account_id: UUID
 
 
+MISSING_ID = "id: Field required (the idempotency key: without it every redelivery would be a new event)"
+
+
+def has_id(event: Event) -> bool:
+    """Whether a consumed event carried its id. The model invents one for code that builds events,
+    so an event read from a topic without one would get a new id at every redelivery."""
+    return "id" in event.__pydantic_fields_set__
+
+
 # ---- usage.v1 -------------------------------------------------------------------------------
 class UsageEvent(Event):
     """A platform service used `quantity` of `resource` (a signed delta for stock resources)."""

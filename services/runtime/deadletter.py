@@ -10,6 +10,7 @@ from typing import TypeVar
 from faststream.kafka import KafkaBroker
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from contracts.events import MISSING_ID, Event, has_id
 from contracts.topics import Topic, dead_letter
 from services.runtime.settings import Settings
 
@@ -30,11 +31,16 @@ async def send_to_dead_letter(
 
 
 def parse(model: type[M] | TypeAdapter[M], raw: bytes) -> M:
-    """Validate one raw JSON message; raises ValidationError (or ValueError) if it is malformed."""
+    """Validate one raw JSON message; raises ValidationError (or ValueError) if it is malformed,
+    or if it is an event without its id (the idempotency key)."""
     if isinstance(model, TypeAdapter):
-        return model.validate_json(raw)
-    assert issubclass(model, BaseModel)
-    return model.model_validate_json(raw)
+        value = model.validate_json(raw)
+    else:
+        assert issubclass(model, BaseModel)
+        value = model.model_validate_json(raw)
+    if isinstance(value, Event) and not has_id(value):
+        raise ValueError(MISSING_ID)
+    return value
 
 
 async def parse_or_dead_letter(

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from contracts.common import Resource
-from contracts.events import UsageEvent
-from services.metering.consumers import MISSING_ID, split_valid
+from contracts.events import MISSING_ID, UsageEvent
+from services.metering.consumers import split_valid
 from services.metering.pipeline import Batch
 
 
