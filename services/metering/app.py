@@ -26,7 +26,6 @@ def build(runtime: Runtime) -> Component:
         await follower.start()
 
     async def stop() -> None:
-        await sink.drain()  # the consumers have stopped: let the writes in flight finish first
         await follower.stop()
         await asyncio.to_thread(store.close)
 
@@ -36,6 +35,7 @@ def build(runtime: Runtime) -> Component:
         subscribers=sink.router,
         migrations=Path(__file__).with_name("migrations"),
         on_start=[start],
+        before_consumers_stop=[sink.close],
         on_stop=[stop],
         checks={"clickhouse": store.ping},
     )

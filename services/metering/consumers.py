@@ -84,9 +84,9 @@ class Sink:
         self._subscribe(USAGE, "metering.usage", UsageEvent, store.insert_usage)
         self._subscribe(CALLS, "metering.calls", CallEvent, store.insert_calls)
 
-    async def drain(self) -> None:
-        """At shutdown, after the consumers stopped: let the writes in flight finish."""
-        await asyncio.gather(*(p.drain() for p in self._pipelines))
+    async def close(self) -> None:
+        """Before the consumers stop: finish and commit the writes in flight, start no other."""
+        await asyncio.gather(*(p.close() for p in self._pipelines))
 
     def _subscribe(self, topic: Topic, group: str, model: type[Event], insert: Insert) -> None:
         runtime, settings = self._runtime, self._runtime.settings

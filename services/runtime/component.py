@@ -33,6 +33,8 @@ class Component:
     # Postgres migrations of the schema this service owns, applied at start.
     migrations: Path | None = None
     on_start: list[Hook] = field(default_factory=list)
+    # At shutdown, while the consumers still hold their partitions (to commit work in flight).
+    before_consumers_stop: list[Hook] = field(default_factory=list)
     on_stop: list[Hook] = field(default_factory=list)
     # Extra readiness checks by name (Kafka, Postgres and the edge are checked by the host).
     checks: dict[str, Check] = field(default_factory=dict)

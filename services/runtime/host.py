@@ -119,6 +119,9 @@ def create_app(targets: Sequence[str] = ("all",), settings: Settings | None = No
         try:
             yield
         finally:
+            for component in components:
+                for hook in component.before_consumers_stop:
+                    await hook()
             await broker.stop()
             for component in reversed(components):
                 for hook in reversed(component.on_stop):
