@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Annotated
 from uuid import UUID
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
 from psycopg.rows import dict_row
 
 from contracts.common import Permission, Role
@@ -197,7 +197,7 @@ def build_router(
         granularity: Granularity = "day",
         group_by: GroupBy | None = None,
         keys: str | None = None,
-    ) -> Trend:
+    ) -> Response:
         r = resolve(range, tz, start, end)
         wanted = [k for k in (keys or "").split(",") if k.strip()] or None
         if wanted and group_by is None:
@@ -209,13 +209,16 @@ def build_router(
         local = {t: r.local(t) for t in starts}  # once per bucket, not once per bucket and series
         rows = await store.usage_rows(principal.account_id, r.start, r.end, per="hour")
         grid = domain.trend(rows, prices, r, granularity, group_by, [k.strip() for k in wanted] if wanted else None)
-        return Trend(
+        # Up to thousands of points: built without re-validating what the domain computed, and
+        # serialised once by pydantic (validating and encoding them again through the response
+        # model cost ~12 ms of a 30-day hourly trend's ~28).
+        trend = Trend.model_construct(
             granularity=granularity,
             series=[
-                TrendSeries(
+                TrendSeries.model_construct(
                     key=key,
                     points=[
-                        TrendPoint(
+                        TrendPoint.model_construct(
                             t=local[t],
                             input_tokens=v.input_tokens,
                             output_tokens=v.output_tokens,
@@ -231,6 +234,7 @@ def build_router(
             range=_range_model(r),
             currency=prices.currency,
         )
+        return Response(trend.model_dump_json(), media_type="application/json")
 
     @router.get("/api/ai/usage/by-provider", response_model=ByProvider, description=RANGE_DOC)
     async def by_provider(
