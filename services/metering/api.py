@@ -107,8 +107,9 @@ def build_router(
             "Callers (extension; API.md is silent): the operator's ADMIN_TOKEN may report for any account; an API key or "
             "console session of an account *owner* may report only for its own account (an event of another account is "
             "a 422 validation_error naming it). `duplicates` counts events whose id this endpoint had already accepted "
-            "(kept in Postgres `metering.ingested_events`) or that repeat an id within the request; the sink drops any "
-            "duplicate that reaches Kafka another way."
+            "(kept in Postgres `metering.ingested_events` for USAGE_IDEMPOTENCY_WINDOW_SECONDS, 7 days by default) or that "
+            "repeat an id within the request; an id re-sent after the window is accepted and published again. The sink "
+            "drops any duplicate that reaches Kafka (the same id, account and hour), through this endpoint or another way."
         ),
     )
     async def ingest(body: IngestRequest, caller: Annotated[UUID | None, Depends(ingest_caller)]) -> IngestResponse:

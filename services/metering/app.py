@@ -1,4 +1,4 @@
-"""Wiring of the metering service: the sink, the analytics API, the ClickHouse schema."""
+"""Wiring of the metering service: the sink, the analytics API, the ClickHouse schema, the idempotency window."""
 
 import asyncio
 from pathlib import Path
@@ -9,6 +9,7 @@ from services.metering import prices
 from services.metering.api import build_router
 from services.metering.consumers import Sink
 from services.metering.keymasks import KeyMasks
+from services.metering.retention import ingested_events_pruner
 from services.metering.store import MeteringStore
 from services.runtime.component import Component, Runtime
 
@@ -20,6 +21,7 @@ def build(runtime: Runtime) -> Component:
     follower = TopicFollower(settings.kafka_bootstrap_servers, settings.topic(KEYS.name), masks.apply)
     price_table = prices.load(settings.metering_prices_file)
     sink = Sink(runtime, store)
+    pruner = ingested_events_pruner(runtime)
 
     async def start() -> None:
         await asyncio.to_thread(store.open)  # connect and apply the ClickHouse DDL
@@ -34,8 +36,8 @@ def build(runtime: Runtime) -> Component:
         router=build_router(runtime, store, price_table, masks),
         subscribers=sink.router,
         migrations=Path(__file__).with_name("migrations"),
-        on_start=[start],
+        on_start=[start, pruner.start],
         before_consumers_stop=[sink.close],
-        on_stop=[stop],
+        on_stop=[stop, pruner.stop],
         checks={"clickhouse": store.ping},
     )

@@ -6,6 +6,11 @@ order with an idempotent, acks=all producer and marks them sent. A Postgres advi
 one relay at a time publish, so replicas never reorder a key's states. `flush()` lets a request
 wait until its own rows are in Kafka (it runs a pass after the caller's commit, which therefore
 sees the rows: they are either sent by this pass or were sent by the holder before it).
+
+Sent rows are kept `OUTBOX_RETENTION_SECONDS` (what was published when, for debugging and audit),
+then deleted by the relay's pruner (services/runtime/pruner.py): a task of its own, so a long
+delete never delays publishing, and apart from the publishing lock: it never touches an unsent row,
+the only rows the publisher reads or writes. Every replica runs one; a try-lock lets one at a time work.
 """
 
 import asyncio
@@ -20,6 +25,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from contracts.topics import Topic
 from services.runtime.kafka import PRODUCER_CONFIG
+from services.runtime.pruner import Pruner
 from services.runtime.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -53,6 +59,16 @@ class OutboxRelay:
         self._wake = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
         self._task: asyncio.Task[None] | None = None
+        # `sent_at < cutoff` is never true of an unsent row (NULL): only sent rows are deleted.
+        self._pruner = Pruner(
+            pool,
+            schema,
+            "outbox",
+            key="seq",
+            column="sent_at",
+            keep_s=settings.outbox_retention_seconds,
+            interval_s=settings.prune_interval_seconds,
+        )
 
     # ---- writing, inside the caller's transaction --------------------------------------------
     async def add(self, conn: AsyncConnection[Any], topic: Topic, key: bytes, value: bytes | None) -> int:
@@ -72,8 +88,10 @@ class OutboxRelay:
         )
         await self._producer.start()
         self._task = asyncio.create_task(self._run(), name=f"relay:{self._lock_name}")
+        await self._pruner.start()
 
     async def stop(self) -> None:
+        await self._pruner.stop()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)

@@ -38,6 +38,12 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     # A TOML price table that replaces the one shipped with metering (services/metering/data/prices.toml).
     metering_prices_file: str | None = None
+    # Sent outbox rows are kept this long (what was published when: debugging, audit), then deleted.
+    outbox_retention_seconds: int = Field(default=24 * 3600, ge=0)
+    # POST /api/usage/events remembers the ids it accepted at least this long (its idempotency window).
+    usage_idempotency_window_seconds: int = Field(default=7 * 24 * 3600, gt=0)
+    # How often the outbox relays and metering delete what their retention lets go.
+    prune_interval_seconds: float = Field(default=60, gt=0)
 
     @property
     def tz(self) -> ZoneInfo:
