@@ -171,6 +171,8 @@ class MeteringStore:
         each id once. Its rows, rollup and all are committed part by part; if the process dies
         between parts, the redelivered batch finds the written ids and inserts only the others.
         """
+        if not lines:  # every message of the batch was dead-lettered
+            return InsertResult(0, 0)
         staging, known, table = f"{sink.table}_staging", f"{sink.table}_known", f"{self.db}.{sink.table}"
         for ddl in (f"{staging} ({sink.staging})", f"{known} (id UUID)"):
             client.command(f"CREATE TEMPORARY TABLE IF NOT EXISTS {ddl} ENGINE = Memory")

@@ -61,6 +61,7 @@ async def test_each_id_is_written_once_across_batches_and_within_one(store):
         (15, 15, sum(n + 1 for n in range(15)))
     ]
     assert await rows(store, "SELECT sum(events) FROM {db}.usage_hourly") == [(15,)]
+    assert await store.insert_usage([], TO_CANONICAL) == InsertResult(0, 0)  # a batch of dead letters only
 
 
 async def test_the_engine_stores_what_the_model_reads(store):
