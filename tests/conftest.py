@@ -6,7 +6,9 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 from fastapi import FastAPI
+from psycopg_pool import AsyncConnectionPool
 
+from services.runtime.postgres import open_pool
 from services.runtime.settings import Settings
 from tests.support import databases
 from tests.support.apps import running_app
@@ -60,3 +62,12 @@ async def app_client(settings: Settings) -> AsyncIterator[tuple[FastAPI, httpx.A
 @pytest.fixture
 async def client(app_client: tuple[FastAPI, httpx.AsyncClient]) -> httpx.AsyncClient:
     return app_client[1]
+
+
+@pytest.fixture
+async def pool(settings: Settings) -> AsyncIterator[AsyncConnectionPool]:
+    """The services' own kind of Postgres pool on the test's database, opened and ready."""
+    opened = open_pool(settings.database_url)
+    await opened.open(wait=True)
+    yield opened
+    await opened.close()

@@ -1,15 +1,11 @@
 """The outbox relay deletes sent rows older than OUTBOX_RETENTION_SECONDS, on every service's
 outbox: never a recent sent row, never an unsent one, and whoever holds the publishing lock."""
 
-from collections.abc import AsyncIterator
-
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg_pool import AsyncConnectionPool
 
 from services.runtime.outbox_relay import OutboxRelay
-from services.runtime.postgres import open_pool
 from tests.support.metering import wait_until
 
 pytestmark = pytest.mark.integration
@@ -22,14 +18,6 @@ ROWS = [
     ("old-unsent", 10, "2 days", None),
     ("new-unsent", 10, "0 seconds", None),
 ]
-
-
-@pytest.fixture
-async def pool(settings) -> AsyncIterator[AsyncConnectionPool]:
-    opened = open_pool(settings.database_url)
-    await opened.open(wait=True)
-    yield opened
-    await opened.close()
 
 
 async def _counts(conn: psycopg.AsyncConnection, schema: str) -> dict[tuple[str, bool], int]:

@@ -9,7 +9,6 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from services.runtime.postgres import open_pool
 from services.runtime.pruner import Pruner
 from tests.support.metering import wait_until
 
@@ -21,14 +20,6 @@ SEED = (
     "INSERT INTO public.things (at, kind) SELECT now() - interval '30 minutes', 'new' FROM generate_series(1, 7);"
     "INSERT INTO public.things (at, kind) SELECT NULL, 'timeless' FROM generate_series(1, 3);"
 )
-
-
-@pytest.fixture
-async def pool(settings) -> AsyncIterator[AsyncConnectionPool]:
-    opened = open_pool(settings.database_url)
-    await opened.open(wait=True)
-    yield opened
-    await opened.close()
 
 
 @pytest.fixture
