@@ -21,6 +21,7 @@ from contracts.topics import ACCOUNTS, ALL_TOPICS, KEYS, QUOTA, dead_letter
 from services.edge.edge import Edge
 from services.runtime.settings import Settings
 from tests.hostile.helpers import bearer, eventually, new_account, new_key
+from tests.support.metering import metering_sink
 
 pytestmark = pytest.mark.integration
 
@@ -40,11 +41,14 @@ def _huge(marker: str) -> bytes:
 
 
 def _consumers_per_topic(app) -> Counter[str]:
-    """How many consumer-group subscribers read each topic (each dead-letters a bad message once)."""
+    """How many consumer groups read each topic (each dead-letters a bad message once): the
+    FastStream subscribers and the metering sink's own consumers."""
     counts: Counter[str] = Counter()
     for subscriber in app.state.runtime.broker.subscribers:
         for name in subscriber.topic_names:
             counts[name] += 1
+    for sink in metering_sink(app).topics:
+        counts[sink.topic] += 1
     return counts
 
 
@@ -142,6 +146,12 @@ async def test_garbage_on_every_topic_is_dead_lettered_and_every_consumer_keeps_
     ingested = await client.post("/api/usage/events", json={"events": [usage]}, headers=a.headers)
     assert ingested.status_code == 202 and ingested.json()["accepted"] == 1
 
+    async def notified() -> bool:
+        return bool((await client.get("/api/notifications", headers=a.headers)).json()["items"])
+
+    # Before the upgrade below: quota applying the larger plan first would leave this usage under 40%.
+    await eventually(notified, what="alerts fired the 40% rule from quota-thresholds.v1")
+
     # calls.v1 (keys.last-used, quota, metering.calls)
     call = await client.get("/api/geo/projects", headers=bearer(key["key"]))
     assert call.status_code == 200 and call.headers["X-RateLimit-Limit"] == "120"  # free plan's minute window
@@ -209,11 +219,6 @@ async def test_garbage_on_every_topic_is_dead_lettered_and_every_consumer_keeps_
         return overview["total_tokens"] == half and mine and mine[0]["masked_key"] == key["masked_key"]
 
     await eventually(metered, what="metering wrote usage.v1 and calls.v1; its keys.v1 follower knows the mask")
-
-    async def notified() -> bool:
-        return bool((await client.get("/api/notifications", headers=a.headers)).json()["items"])
-
-    await eventually(notified, what="alerts fired the 40% rule from quota-thresholds.v1")
 
     async def alerts_saw_the_state() -> bool:
         async with await psycopg.AsyncConnection.connect(settings.database_url) as conn:
