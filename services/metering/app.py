@@ -26,6 +26,7 @@ def build(runtime: Runtime) -> Component:
     async def start() -> None:
         await asyncio.to_thread(store.open)  # connect and apply the ClickHouse DDL
         await follower.start()
+        await sink.start()
 
     async def stop() -> None:
         await follower.stop()
@@ -34,7 +35,6 @@ def build(runtime: Runtime) -> Component:
     return Component(
         name="metering",
         router=build_router(runtime, store, price_table, masks),
-        subscribers=sink.router,
         migrations=Path(__file__).with_name("migrations"),
         on_start=[start, pruner.start],
         before_consumers_stop=[sink.close],

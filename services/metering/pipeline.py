@@ -1,26 +1,29 @@
-"""Batch N is written, then its offsets committed, while batch N+1 is fetched and validated.
+"""Batch N is written, then its offsets committed, while batch N+1 is validated and batch N+2
+is fetched.
 
-The event loop's thread validates (pydantic) while the engine writes on another core, so the
-sink is as fast as the slower of the two instead of their sum. What keeps it exactly once:
+The event loop's thread unpacks and validates records while the engine writes on another core
+(chdb releases the GIL), so the sink is as fast as the slower of the two instead of their sum.
+What keeps it exactly once:
 - Each batch commits its own offsets, explicitly, after its write: never the consumer's
-  position, which is already past the next batch.
-- Batches are written and committed in order, at most one in flight.
-- A write that fails rewinds the consumer to that batch at once (it is written again even if
-  nothing else arrives) and drops the one fetched behind it, so nothing behind a failed batch
-  is committed.
-- A rebalance waits for the write in flight (and its commit) before giving the partitions up,
-  and a batch fetched before the rebalance is dropped: its partitions start again from their
-  committed offsets (aiokafka resets positions on every new assignment).
-- At shutdown the write in flight is finished and committed before the consumer leaves its
-  group (aiokafka calls no rebalance listener on close).
+  position, which is already past the batches behind it.
+- Batches are written and committed in order, one at a time; at most `DEPTH` are in the
+  pipeline (the consumer's loop waits for the oldest before handing on another).
+- A batch whose preparation or write fails rewinds the consumer at once (it is written again
+  even if nothing else arrives), and the batches fetched behind it are dropped: every partition
+  goes back to its first offset in the failed batch or behind it, before the next fetch. Nothing
+  behind a failed batch is committed, and nothing of it is skipped.
+- A rebalance waits for the batches in the pipeline (the ones fetched before it are dropped: their
+  partitions start again from their committed offsets, as aiokafka resets positions on every new
+  assignment) before giving the partitions up.
+- At shutdown the batch being written is finished and committed, and none after it is started,
+  before the consumer leaves its group (aiokafka calls no rebalance listener on close).
 """
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from itertools import groupby
-from operator import attrgetter
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
@@ -30,79 +33,110 @@ from aiokafka.structs import OffsetAndMetadata
 log = logging.getLogger(__name__)
 
 RETRY_DELAY_S = 1.0
+DEPTH = 2  # one batch being written, one being prepared
+
+Records = Sequence[ConsumerRecord[Any, Any]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)  # a batch is itself: compared by identity
 class Batch:
-    lines: list[bytes]
+    records: Records
     first: dict[TopicPartition, int]  # where to rewind to
     next: dict[TopicPartition, int]  # what to commit once written
 
     @staticmethod
-    def of(lines: list[bytes], records: Sequence[ConsumerRecord[Any, Any]]) -> "Batch":
-        """The batch of `lines`, with the offsets of the records they came from (each
-        partition's records are consecutive and in order, as the consumer returns them)."""
-        first: dict[TopicPartition, int] = {}
-        after: dict[TopicPartition, int] = {}
-        for (topic, partition), group in groupby(records, key=attrgetter("topic", "partition")):
-            offsets = [record.offset for record in group]
-            tp = TopicPartition(topic, partition)
-            first[tp] = min(first.get(tp, offsets[0]), offsets[0])
-            after[tp] = max(after.get(tp, 0), offsets[-1] + 1)
-        return Batch(lines, first, after)
+    def of(fetched: dict[TopicPartition, list[ConsumerRecord[Any, Any]]]) -> "Batch":
+        """The batch of what `getmany` returned: each partition's records, in order."""
+        records = [record for partition in fetched.values() for record in partition]
+        first = {tp: partition[0].offset for tp, partition in fetched.items() if partition}
+        after = {tp: partition[-1].offset + 1 for tp, partition in fetched.items() if partition}
+        return Batch(records, first, after)
+
+
+Prepare = Callable[[Records], Coroutine[Any, Any, list[bytes]]]  # validate, dead-letter: the lines to write
+Write = Callable[[list[bytes]], Awaitable[None]]
 
 
 class WritePipeline:
-    def __init__(self, write: Callable[[list[bytes]], Awaitable[None]]) -> None:
+    def __init__(self, prepare: Prepare, write: Write) -> None:
+        self._prepare = prepare
         self._write = write
-        self._inflight: asyncio.Task[None] | None = None
-        self._failed: Batch | None = None  # the last batch whose write failed, until one behind it is taken
+        self._batches: deque[tuple[Batch, asyncio.Task[None]]] = deque()  # in order; each waits for the one before
+        # After a failed batch: the partitions rewound, until a batch fetched after that is written.
+        self._rewound: set[TopicPartition] | None = None
         self._closed = False
         # Bumped when the consumer's positions move under the pipeline (a rebalance, a rewind):
-        # a batch fetched before that is dropped. The handler reads it before its first await,
-        # right after the fetch (FastStream calls it without suspending in between).
+        # a batch fetched before that is dropped. The consumer's loop reads it right after the
+        # fetch, before its next await.
         self.epoch = 0
 
+    @property
+    def busy(self) -> bool:
+        return bool(self._batches)
+
     async def submit(self, consumer: AIOKafkaConsumer, batch: Batch, epoch: int) -> None:
-        """Start writing `batch` (fetched in `epoch`) once the batch before it is written."""
-        await self.drain()
-        if epoch != self.epoch or self._closed:
-            # Fetched before a rebalance (its partitions restart from their committed offsets),
-            # or behind a failed batch: fetch again what that rewind did not cover.
-            if self._failed is not None:
-                _rewind(consumer, {tp: o for tp, o in batch.first.items() if tp not in self._failed.first})
+        """Start preparing `batch` (fetched in `epoch`) now, and write it after the ones before it."""
+        while len(self._batches) >= DEPTH:
+            await self._wait_oldest()
+        if epoch != self.epoch:
+            # Fetched before the positions moved. Dropped here, before the consumer's loop fetches
+            # again: after a failed batch, that fetch must already start from the rewound
+            # offsets of every partition this batch holds.
+            self._rewind_uncovered(consumer, [batch])
             return
-        self._failed = None
-        self._inflight = asyncio.create_task(self._write_and_commit(consumer, batch))
+        if self._closed:
+            return
+        prepared = asyncio.create_task(self._prepare(batch.records))
+        before = self._batches[-1][1] if self._batches else None
+        self._batches.append((batch, asyncio.create_task(self._run(consumer, batch, epoch, prepared, before))))
 
     async def drain(self) -> None:
-        """Wait for the write in flight, its commit or its rewind."""
-        while self._inflight is not None:
-            task = self._inflight
-            await asyncio.shield(task)  # a cancelled caller must not cancel the write
-            if self._inflight is task:
-                self._inflight = None
+        """Wait for every batch in the pipeline to be written and committed, or dropped."""
+        while self._batches:
+            await self._wait_oldest()
 
     async def close(self) -> None:
         """Before the consumer stops (and leaves its group): finish and commit the write in
-        flight, and start no other (a batch handed in later is fetched again after a restart)."""
+        flight, and start no other (the batches handed in later are fetched again after a restart)."""
         self._closed = True
         await self.drain()
 
     def revoked(self) -> None:
         self.epoch += 1
-        self._failed = None  # the next assignment starts from the committed offsets
+        self._rewound = None  # the next assignment starts from the committed offsets
 
-    async def _write_and_commit(self, consumer: AIOKafkaConsumer, batch: Batch) -> None:
+    async def _wait_oldest(self) -> None:
+        oldest = self._batches[0]
+        await asyncio.shield(oldest[1])  # a cancelled caller must not cancel the write
+        if self._batches and self._batches[0] is oldest:
+            self._batches.popleft()
+
+    async def _run(
+        self,
+        consumer: AIOKafkaConsumer,
+        batch: Batch,
+        epoch: int,
+        prepared: asyncio.Task[list[bytes]],
+        before: asyncio.Task[None] | None,
+    ) -> None:
+        if before is not None:
+            await before  # never raises: a failure is handled in its own task
+        if epoch != self.epoch or self._closed:
+            _discard(prepared)  # its partitions were rewound when the epoch moved, if needed
+            return
         try:
-            await self._write(batch.lines)
+            await self._write(await prepared)
         except Exception:
             log.exception("metering sink: a batch was not written; fetching it again")
             await asyncio.sleep(RETRY_DELAY_S)
-            _rewind(consumer, batch.first)
+            # All at once, before the next fetch: this batch's offsets, then those of the batches
+            # behind it that this one does not cover (each partition to its earliest offset).
+            queued = [b for b, _ in self._batches]
+            self._rewound = set()
+            self._rewind_uncovered(consumer, queued[queued.index(batch) :])
             self.epoch += 1  # after the seek: whatever was fetched before it is dropped
-            self._failed = batch
             return
+        self._rewound = None
         offsets = {tp: OffsetAndMetadata(offset, "") for tp, offset in batch.next.items()}
         try:
             await consumer.commit(offsets)
@@ -110,6 +144,17 @@ class WritePipeline:
             # The batch is written; if it comes again (another owner, a restart), every id in it
             # is a duplicate. Rebalances and shutdown drain before giving partitions up, so this is rare.
             log.warning("metering sink: offsets not committed after a write (%r); a redelivery is deduplicated", exc)
+
+    def _rewind_uncovered(self, consumer: AIOKafkaConsumer, batches: list[Batch]) -> None:
+        """After a failed batch, seek each partition of `batches` (in fetch order) that no rewind
+        since covered back to its first offset: the first batch holding a partition has its
+        earliest. After a rebalance there is nothing to do (positions restart from the commits)."""
+        if self._rewound is None:
+            return
+        for batch in batches:
+            uncovered = {tp: offset for tp, offset in batch.first.items() if tp not in self._rewound}
+            _rewind(consumer, uncovered)
+            self._rewound.update(uncovered)
 
 
 class DrainOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -122,6 +167,12 @@ class DrainOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         pass
+
+
+def _discard(task: asyncio.Task[Any]) -> None:
+    """Cancel a task whose result is not needed (and retrieve the error it may have ended with)."""
+    task.cancel()
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 def _rewind(consumer: AIOKafkaConsumer, first: dict[TopicPartition, int]) -> None:

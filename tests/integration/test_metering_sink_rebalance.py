@@ -36,7 +36,7 @@ from services.metering.store import InsertResult, MeteringStore
 from services.runtime.host import create_app
 from services.runtime.kafka import ensure_topics
 from services.runtime.settings import Settings
-from tests.support.metering import wait_until
+from tests.support.metering import metering_sink, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -161,9 +161,8 @@ def store_of(app: FastAPI) -> MeteringStore:
 
 
 def usage_consumer(app: FastAPI, settings: Settings) -> AIOKafkaConsumer | None:
-    topic = settings.topic(USAGE.name)
-    (sub,) = [s for s in app.state.runtime.broker.subscribers if topic in s.topic_names]
-    return sub.consumer
+    (usage,) = [t for t in metering_sink(app).topics if t.topic == settings.topic(USAGE.name)]
+    return usage.consumer
 
 
 def assigned(app: FastAPI, settings: Settings) -> set[TopicPartition]:
@@ -254,7 +253,7 @@ def observe_revokes(monkeypatch: pytest.MonkeyPatch, writes: Writes, topic: str)
     async def on_partitions_revoked(self: pipeline.DrainOnRevoke, revoked: set[TopicPartition]) -> None:
         if any(tp.topic == topic for tp in revoked):
             running = sum(1 for w in writes.calls if w.end is None)
-            idle = getattr(self.pipeline, "_inflight", None) is None
+            idle = not self.pipeline.busy
             revokes.append(Revoke(time.monotonic(), len(revoked), running, idle))
         await real(self, revoked)
 
@@ -429,3 +428,34 @@ async def test_a_failed_last_write_is_written_again_without_more_traffic(setting
         assert writes.calls[0].error is not None and len(writes.calls) >= 2
         assert all(w.store is store for w in writes.calls)
         assert await exact_counts(query) == (len(events), len(events), len(events), tokens(events))
+
+
+async def test_a_failure_in_the_consumer_loop_joins_again_from_the_committed_offsets(settings, monkeypatch, caplog):
+    """Something unforeseen raises in the sink's loop right after a fetch (here: the 2nd batch,
+    whose records the consumer has already moved past): the sink leaves the group and joins
+    again from its committed offsets, so that batch is fetched again and nothing is lost."""
+    monkeypatch.setattr(pipeline, "RETRY_DELAY_S", 0.05)
+    real = pipeline.Batch.of
+    calls = 0
+
+    def of(fetched: Any) -> pipeline.Batch:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise RuntimeError("injected failure after a fetch")
+        return real(fetched)
+
+    monkeypatch.setattr(pipeline.Batch, "of", staticmethod(of))
+    await ensure_topics(settings)
+    accounts = accounts_on_every_partition(per_partition=1)
+    events = [usage(accounts[i % len(accounts)], i) for i in range(6_000)]
+
+    async with engine(settings) as query, running(settings) as app:
+        first_consumer = usage_consumer(app, settings)
+        await produce(settings, events, chunk=1_000, pause=0.3)
+        async with group_offsets(settings) as caught_up:
+            await wait_until(caught_up, timeout=30, interval=0.1)
+        assert calls > 3  # the failure, and batches after it
+        assert await exact_counts(query) == (len(events), len(events), len(events), tokens(events))
+        assert usage_consumer(app, settings) is not first_consumer  # joined again
+        assert "joining again from the committed offsets" in caplog.text

@@ -15,9 +15,19 @@ from contracts.common import Role, UserType
 from contracts.events import AccountState
 from contracts.topics import ACCOUNTS
 from services.edge import sessions
+from services.metering.consumers import Sink
 from services.runtime.settings import Settings
 
 T = TypeVar("T")
+
+
+def metering_sink(app: Any) -> Sink:
+    """The metering sink of an app that runs the metering service (its consumers are aiokafka's
+    own, not FastStream subscribers)."""
+    (metering,) = [c for c in app.state.components if c.name == "metering"]
+    (close,) = metering.before_consumers_stop  # the sink's bound `close`
+    sink: Sink = close.__self__
+    return sink
 
 
 def session_token(settings: Settings, account_id: uuid.UUID) -> str:

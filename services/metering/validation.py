@@ -1,0 +1,52 @@
+"""Contract validation of the sink's raw messages: what is written, and what is dead-lettered.
+
+The verdict names only the exceptions (the messages refused, and the lenient ones rewritten in
+the contract's strict form), so an all-valid batch goes on as the values it came as.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from contracts.events import MISSING_ID, Event, has_id
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    rejected: list[tuple[int, str]] = field(default_factory=list)  # (index, error) of the malformed
+    rewritten: list[tuple[int, bytes]] = field(default_factory=list)  # (index, strict form) of the lenient
+
+    def lines(self, values: Sequence[bytes]) -> list[bytes]:
+        """The JSON documents to write: `values` without the refused, the lenient rewritten."""
+        if not self.rejected and not self.rewritten:
+            return list(values)
+        lines: list[bytes | None] = list(values)
+        for i, strict in self.rewritten:
+            lines[i] = strict
+        for i, _ in self.rejected:
+            lines[i] = None
+        return [line for line in lines if line is not None]
+
+
+def judge(model: type[Event], values: Sequence[bytes]) -> Verdict:
+    """Validate each raw message once. One in the contract's strict form is written as it came;
+    one only valid leniently (a number as a string, a time as a Unix number) is written as the
+    model serialises it, so the engine reads exactly what the contract read. A message without
+    an id is refused: the model would invent a new one at every redelivery."""
+    validate = model.__pydantic_validator__.validate_json  # without model_validate_json's wrapper
+    verdict = Verdict()
+    for i, value in enumerate(values):
+        try:
+            event = validate(value, strict=True)
+        except ValidationError:
+            try:
+                event = model.model_validate_json(value)
+            except ValidationError as exc:
+                verdict.rejected.append((i, str(exc)))
+                continue
+            if has_id(event):
+                verdict.rewritten.append((i, event.model_dump_json().encode()))
+        if not has_id(event):
+            verdict.rejected.append((i, MISSING_ID))
+    return verdict
