@@ -24,7 +24,7 @@ from prometheus_client import Counter
 
 from contracts.events import CallEvent, Event, UsageEvent
 from contracts.topics import CALLS, USAGE, Topic
-from services.metering.pipeline import RETRY_DELAY_S, Batch, DrainOnRevoke, Records, WritePipeline
+from services.metering.pipeline import RETRY_DELAY_S, DrainOnRevoke, Records, WritePipeline
 from services.metering.store import Canonical, InsertResult, MeteringStore
 from services.metering.validation import judge
 from services.runtime.component import Runtime
@@ -85,10 +85,7 @@ class TopicSink:
         while True:
             try:
                 while True:
-                    fetched = await consumer.getmany(timeout_ms=BATCH_TIMEOUT_MS, max_records=MAX_RECORDS)
-                    epoch = self.pipeline.epoch  # before any await: the batch belongs to this assignment
-                    if fetched:
-                        await self.pipeline.submit(consumer, Batch.of(fetched), epoch)
+                    await self._hand_on_next_batch(consumer)
             except Exception:
                 log.exception("metering sink: consuming %s failed; joining again from the committed offsets", self.topic)
             finally:
@@ -97,6 +94,13 @@ class TopicSink:
                 await self.pipeline.drain()
                 await consumer.stop()
             consumer = await self._rejoin()
+
+    async def _hand_on_next_batch(self, consumer: AIOKafkaConsumer) -> None:
+        # A call of its own, so the records are not kept alive (by a loop variable) during the next fetch.
+        fetched = await consumer.getmany(timeout_ms=BATCH_TIMEOUT_MS, max_records=MAX_RECORDS)
+        epoch = self.pipeline.epoch  # before any await: the batch belongs to this assignment
+        if fetched:
+            await self.pipeline.submit(consumer, fetched, epoch)
 
     async def _rejoin(self) -> AIOKafkaConsumer:
         while True:

@@ -36,21 +36,20 @@ RETRY_DELAY_S = 1.0
 DEPTH = 2  # one batch being written, one being prepared
 
 Records = Sequence[ConsumerRecord[Any, Any]]
+Fetched = dict[TopicPartition, list[ConsumerRecord[Any, Any]]]
 
 
 @dataclass(frozen=True, slots=True, eq=False)  # a batch is itself: compared by identity
 class Batch:
-    records: Records
     first: dict[TopicPartition, int]  # where to rewind to
     next: dict[TopicPartition, int]  # what to commit once written
 
     @staticmethod
-    def of(fetched: dict[TopicPartition, list[ConsumerRecord[Any, Any]]]) -> "Batch":
-        """The batch of what `getmany` returned: each partition's records, in order."""
-        records = [record for partition in fetched.values() for record in partition]
-        first = {tp: partition[0].offset for tp, partition in fetched.items() if partition}
-        after = {tp: partition[-1].offset + 1 for tp, partition in fetched.items() if partition}
-        return Batch(records, first, after)
+    def of(fetched: Fetched) -> "Batch":
+        """The offsets of what `getmany` returned (each partition's records, in order)."""
+        first = {tp: records[0].offset for tp, records in fetched.items() if records}
+        after = {tp: records[-1].offset + 1 for tp, records in fetched.items() if records}
+        return Batch(first, after)
 
 
 Prepare = Callable[[Records], Coroutine[Any, Any, list[bytes]]]  # validate, dead-letter: the lines to write
@@ -74,8 +73,11 @@ class WritePipeline:
     def busy(self) -> bool:
         return bool(self._batches)
 
-    async def submit(self, consumer: AIOKafkaConsumer, batch: Batch, epoch: int) -> None:
-        """Start preparing `batch` (fetched in `epoch`) now, and write it after the ones before it."""
+    async def submit(self, consumer: AIOKafkaConsumer, fetched: Fetched, epoch: int) -> None:
+        """Start preparing what `getmany` returned in `epoch` now, and write it after the batches
+        before it. Only the preparation holds the records: the collector's passes are what
+        unpacking records costs most, and they grow with the records kept alive."""
+        batch = Batch.of(fetched)
         while len(self._batches) >= DEPTH:
             await self._wait_oldest()
         if epoch != self.epoch:
@@ -86,7 +88,7 @@ class WritePipeline:
             return
         if self._closed:
             return
-        prepared = asyncio.create_task(self._prepare(batch.records))
+        prepared = asyncio.create_task(self._prepare([record for records in fetched.values() for record in records]))
         before = self._batches[-1][1] if self._batches else None
         self._batches.append((batch, asyncio.create_task(self._run(consumer, batch, epoch, prepared, before))))
 

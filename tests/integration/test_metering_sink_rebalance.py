@@ -438,7 +438,7 @@ async def test_a_failure_in_the_consumer_loop_joins_again_from_the_committed_off
     real = pipeline.Batch.of
     calls = 0
 
-    def of(fetched: Any) -> pipeline.Batch:
+    def of(fetched: pipeline.Fetched) -> pipeline.Batch:
         nonlocal calls
         calls += 1
         if calls == 2:
