@@ -75,8 +75,8 @@ class WritePipeline:
 
     async def submit(self, consumer: AIOKafkaConsumer, fetched: Fetched, epoch: int) -> None:
         """Start preparing what `getmany` returned in `epoch` now, and write it after the batches
-        before it. Only the preparation holds the records: the collector's passes are what
-        unpacking records costs most, and they grow with the records kept alive."""
+        before it. Only the preparation holds the records, so they are freed once validated: the
+        collector's passes over them grow with the records kept alive."""
         batch = Batch.of(fetched)
         while len(self._batches) >= DEPTH:
             await self._wait_oldest()
