@@ -7,7 +7,7 @@ from fastapi import APIRouter, Body, Depends
 
 from contracts.billing_api import Order, OrderIn, PackageOrderIn, PlanList, PlanOut, PlanUpgradeOrderIn, Subscription, SwitchIn
 from contracts.common import Permission
-from contracts.errors import ErrorCode
+from contracts.errors import ErrorBody, ErrorCode
 from contracts.plans import TIER_ORDER, catalogue
 from services.billing.domain import BillingRuleError
 from services.billing.service import BillingService, NotFound, PaymentRequired
@@ -80,6 +80,7 @@ def build_router(runtime: Runtime, service: BillingService) -> APIRouter:
             "upgrade, 402 payment_required with the pending order in error.details.order (pay it with "
             f"POST /api/billing/orders/{{id}}/pay). {PRORATION} {RULE}"
         ),
+        responses={402: {"model": ErrorBody, "description": "An upgrade: pay the order in error.details.order"}},
     )
     async def switch(body: SwitchIn, principal: Principal = writer) -> Subscription:
         try:

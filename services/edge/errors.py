@@ -90,6 +90,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:
+            # FastAPI's answer to a body it cannot decode at all (e.g. not UTF-8); a bad body is a
+            # 422 `validation_error` in the contract.
+            return error_response(request, 422, ErrorCode.VALIDATION_ERROR, "The request body could not be read as JSON.")
         code = _STATUS_CODES.get(
             exc.status_code, ErrorCode.VALIDATION_ERROR if exc.status_code < 500 else ErrorCode.INTERNAL_ERROR
         )

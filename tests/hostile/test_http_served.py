@@ -121,6 +121,18 @@ def _login(served: Served) -> dict[str, str]:
     return {"Authorization": f"Bearer {login.json()['access_token']}"}
 
 
+def test_a_body_that_is_not_even_text_is_a_422(served: Served):
+    """Found by schemathesis' status-code check: FastAPI answered a body it could not decode
+    (not UTF-8) with 400; the contract's answer to a bad body is 422 `validation_error`."""
+    for body in (b"\x2e\xff\x2d\xfe", b'{"email": "\xff"}'):
+        response = httpx.post(
+            f"{served.base_url}/api/auth/login", content=body, headers={"Content-Type": "application/json"}, timeout=30
+        )
+        assert response.status_code == 422, (body, response.status_code, response.text[:300])
+        error = response.json()["error"]
+        assert error["code"] == "validation_error" and error["request_id"] == response.headers["X-Request-ID"]
+
+
 def test_values_the_database_cannot_store_are_a_422_never_a_500(served: Served):
     """Found by schemathesis: a NUL character in any stored text was a 500 (psycopg.DataError)."""
     session = _login(served)

@@ -1,7 +1,8 @@
 """schemathesis over the whole app's generated OpenAPI, against a real `tollgate serve --target all`:
-with a console session and without credentials, for every operation: no 5xx, every error in the
-contract's body with the response's X-Request-ID, every response in its documented schema and
-content type. Bounded: a dozen examples per operation (positive and negative data)."""
+with a console session and without credentials, for every operation: no 5xx, every status
+documented for its operation, every error in the contract's body with the response's
+X-Request-ID, every response in its documented schema and content type. Bounded: a dozen
+examples per operation (positive and negative data)."""
 
 import uuid
 from typing import Any
@@ -13,7 +14,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance
+from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance, status_code_conformance
 
 from tests.hostile.conftest import Served
 
@@ -34,7 +35,7 @@ def contract_error_body(ctx: Any, response: Any, case: Any) -> bool | None:
     return True
 
 
-CHECKS = [not_a_server_error, response_schema_conformance, content_type_conformance, contract_error_body]
+CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance, content_type_conformance, contract_error_body]
 
 
 @pytest.fixture(scope="module")
