@@ -284,6 +284,11 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(server: 
     expect(notes.first.get_by_role("link", name="Upgrade plan")).to_have_attribute("href", f"{base}/console/plan")
     expect(page.locator("#unread")).to_have_text("1")
     shot(page, "alerts")
+    mark_read = notes.first.get_by_role("button", name=re.compile(r"^Mark .* as read$"))
+    mark_read.click()  # read in the inbox: the badge clears and the button goes
+    expect(page.locator("#unread")).to_be_hidden(timeout=WAIT_MS)
+    expect(notes.first).not_to_have_class(re.compile(r"\bunread\b"))
+    expect(mark_read).to_have_count(0)
     notes.first.get_by_role("link", name="Buy quota package").click()  # the quick link opens the package form
     expect(page.get_by_role("heading", name="Buy a quota package")).to_be_visible(timeout=WAIT_MS)
     expect(page.locator("#buy-package select")).to_have_value("ai_tokens")

@@ -23,8 +23,15 @@ function consoleLink(url) {
   }
 }
 
-function notificationItem(n) {
+function notificationItem(n, markRead) {
   const links = n.links || {};
+  const read = n.read
+    ? null
+    : h(
+        "button",
+        { class: "button secondary small", type: "button", "aria-label": `Mark “${n.title}” as read`, onclick: (e) => markRead(n, e.currentTarget) },
+        "Mark as read",
+      );
   return h(
     "li",
     { class: `notification ${n.read ? "" : "unread"}`, dataset: { id: n.id } },
@@ -36,6 +43,7 @@ function notificationItem(n) {
       { class: "actions" },
       links.upgrade_plan ? h("a", { class: "button primary small", href: consoleLink(links.upgrade_plan) }, "Upgrade plan") : null,
       links.buy_quota_package ? h("a", { class: "button secondary small", href: consoleLink(links.buy_quota_package) }, "Buy quota package") : null,
+      read,
     ),
   );
 }
@@ -57,8 +65,19 @@ export async function render(container, ctx) {
     noteErrors.replaceChildren();
     try {
       const data = await get("/api/notifications");
-      notifications.replaceChildren(...(data.items.length ? data.items.map(notificationItem) : [h("li", { class: "muted" }, "No notifications.")]));
+      const items = data.items.map((n) => notificationItem(n, markRead));
+      notifications.replaceChildren(...(items.length ? items : [h("li", { class: "muted" }, "No notifications.")]));
       ctx.refreshUnread();
+    } catch (err) {
+      noteErrors.append(errorBox(err));
+    }
+  }
+
+  async function markRead(n, button) {
+    noteErrors.replaceChildren();
+    try {
+      await busy(button, () => post(`/api/notifications/${encodeURIComponent(n.id)}/read`));
+      await loadNotifications(); // also refreshes the unread badge
     } catch (err) {
       noteErrors.append(errorBox(err));
     }
