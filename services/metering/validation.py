@@ -1,7 +1,7 @@
 """Contract validation of the sink's raw messages: what is written, and what is dead-lettered.
 
-The verdict names only the exceptions (the messages refused, and the lenient ones rewritten in
-the contract's strict form), so an all-valid batch goes on as the values it came as.
+The verdict names only the messages that do not go on as they came (the refused, and the
+lenient ones rewritten in the contract's strict form): an all-valid batch is written as it came.
 """
 
 from collections.abc import Sequence
