@@ -69,10 +69,6 @@ class WritePipeline:
         # fetch, before its next await.
         self.epoch = 0
 
-    @property
-    def busy(self) -> bool:
-        return bool(self._batches)
-
     async def submit(self, consumer: AIOKafkaConsumer, fetched: Fetched, epoch: int) -> None:
         """Start preparing what `getmany` returned in `epoch` now, and write it after the batches
         before it. Only the preparation holds the records, so they are freed once validated: the
