@@ -39,6 +39,12 @@ class KeyStatus(StrEnum):
     DISABLED = "disabled"
 
 
+class ServiceScope(StrEnum):
+    """(v2) What a service token (`st-...`) may do; never a user's permission."""
+
+    USAGE_WRITE = "usage:write"
+
+
 class Permission(StrEnum):
     KEYS_WRITE = "keys:write"
     USAGE_READ = "usage:read"

@@ -20,6 +20,11 @@ class ErrorCode(StrEnum):
     VALIDATION_ERROR = "validation_error"
     RATE_LIMITED = "rate_limited"
     PAYMENT_REQUIRED = "payment_required"
+    # v2
+    INVALID_SERVICE_TOKEN = "invalid_service_token"  # noqa: S105 - an error code, not a secret
+    IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
+    LAST_OWNER = "last_owner"
+    OVERLOADED = "overloaded"
     # Not in API.md's table; used where the contract is silent.
     CONFLICT = "conflict"
     INVALID_CREDENTIALS = "invalid_credentials"  # login with a wrong e-mail or password

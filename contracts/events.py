@@ -9,7 +9,7 @@ from uuid import UUID, uuid4
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
-from contracts.common import KeyStatus, Resource, Role, Tier, UserType
+from contracts.common import KeyStatus, Resource, Role, ServiceScope, Tier, UserType
 
 Period = Annotated[str, Field(pattern=r"^\d{4}-(0[1-9]|1[0-2])$", examples=["2026-11"])]
 """A quota period: the calendar month `YYYY-MM` in the platform time zone."""
@@ -49,6 +49,10 @@ class UsageEvent(Event):
     input_tokens: Count | None = None
     output_tokens: Count | None = None
     source: str = Field(min_length=1, max_length=64)
+    # (v2) the API key whose call caused this usage, passed on by the platform service
+    api_key_id: UUID | None = None
+    # (v2) settles this reservation (POST /api/quota/reservations): the quantity is the actual amount
+    reservation_id: UUID | None = None
 
 
 # ---- calls.v1 -------------------------------------------------------------------------------
@@ -63,6 +67,10 @@ class CallEvent(Event):
     ip: str = Field(max_length=64)
     user_agent: str = Field(default="", max_length=512)
     latency_ms: float = Field(ge=0)
+    # (v2) present exactly on refused calls (401 of a known key, 403, 429): the contract's error code
+    error_code: str | None = Field(default=None, max_length=64)
+    # (v2) refused calls folded into one event per (key, error_code, second) when their lane is full
+    count: int = Field(default=1, ge=1, le=2**31 - 1)
 
 
 # ---- keys.v1 (compacted, key = key id; tombstone on delete) ----------------------------------
@@ -93,12 +101,15 @@ class AccountState(Event):
 
 # ---- quota.v1 (compacted, key = account:resource) --------------------------------------------
 class QuotaState(Event):
+    """`blocked` means used + reserved >= total (v2: `reserved`, open reservations' amounts)."""
+
     type: Literal["quota_state"] = "quota_state"
     resource: Resource
     period: Period
     total: int
     used: int
     blocked: bool
+    reserved: int = 0
 
 
 # ---- quota-thresholds.v1 ---------------------------------------------------------------------
@@ -149,3 +160,42 @@ BillingEvent = Annotated[PlanChanged | PackagePurchased | UserTypeChanged, Field
 
 # Parses one billing.v1 message into its type; built once, since adapters are costly to build.
 BILLING_EVENTS: TypeAdapter[PlanChanged | PackagePurchased | UserTypeChanged] = TypeAdapter(BillingEvent)
+
+
+# ---- service-tokens.v1 (v2; compacted, key = token id) ----------------------------------------
+class ServiceTokenState(BaseModel):
+    """A platform service's token (`st-...`): only its SHA-256 `hash` travels. Not an account's
+    event (service tokens belong to the platform), so it has no `account_id`."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    id: UUID = Field(default_factory=uuid4)
+    type: Literal["service_token_state"] = "service_token_state"
+    time: AwareDatetime
+    token_id: UUID
+    name: str = Field(max_length=200)
+    hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    scopes: list[ServiceScope]
+    revoked: bool = False
+
+
+# ---- users.v1 (v2; compacted, key = user id) ---------------------------------------------------
+class UserState(Event):
+    """A user of an account: its current role, whether removed, and the instant before which
+    its console sessions are refused (a password change moves it to now)."""
+
+    type: Literal["user_state"] = "user_state"
+    user_id: UUID
+    role: Role
+    removed: bool = False
+    sessions_not_before: AwareDatetime | None = None
+
+
+# ---- sessions.v1 (v2; key = session id) ----------------------------------------------------------
+class SessionRevoked(Event):
+    """A console session ended by logout: refused everywhere from now on."""
+
+    type: Literal["session_revoked"] = "session_revoked"
+    session_id: str = Field(max_length=64)
+    user_id: UUID
+    revoked_at: AwareDatetime

@@ -27,7 +27,24 @@ QUOTA_THRESHOLDS = Topic("quota-thresholds.v1", partitions=6)
 # one account's plan_changed and package_purchased events share the key.)
 BILLING = Topic("billing.v1", partitions=3, config={"retention.ms": "-1"})
 
-ALL_TOPICS: tuple[Topic, ...] = (USAGE, CALLS, KEYS, ACCOUNTS, QUOTA, QUOTA_THRESHOLDS, BILLING)
+# (v2) The edge projects these like keys.v1. A revoked session only needs remembering until it
+# would have expired anyway (SESSION_TTL_SECONDS, 8 h by default): kept 7 days, then deleted.
+SERVICE_TOKENS = Topic("service-tokens.v1", partitions=1, config=COMPACTED)
+USERS = Topic("users.v1", partitions=3, config=COMPACTED)
+SESSIONS = Topic("sessions.v1", partitions=3, config={"retention.ms": str(7 * 24 * 3600 * 1000)})
+
+ALL_TOPICS: tuple[Topic, ...] = (
+    USAGE,
+    CALLS,
+    KEYS,
+    ACCOUNTS,
+    QUOTA,
+    QUOTA_THRESHOLDS,
+    BILLING,
+    SERVICE_TOKENS,
+    USERS,
+    SESSIONS,
+)
 
 
 def dead_letter(topic: Topic) -> Topic:
