@@ -132,7 +132,7 @@ def create_app(targets: Sequence[str] = ("all",), settings: Settings | None = No
     app = FastAPI(
         title="Tollgate",
         version="1.0.0",
-        description="API keys, usage metering, quotas and usage alerts. Contract: shared/API.md.",
+        description="API keys, usage metering, quotas and usage alerts. Contract: docs/api.md.",
         lifespan=lifespan,
     )
     app.state.runtime = runtime
