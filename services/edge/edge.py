@@ -21,6 +21,7 @@ from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA
 from services.edge import sessions
 from services.edge.calls import Call, CallRecorder, client_ip, parse_networks
 from services.edge.errors import RESPONSE_DONE, RESPONSE_HEADERS, ApiError
+from services.edge.openapi_security import API_KEY, CONSOLE_SESSION, accepts
 from services.edge.principal import Principal
 from services.edge.projection_reader import TopicFollower
 from services.edge.projections import AccountProjection, KeyProjection, PlanLimits
@@ -170,7 +171,7 @@ class Edge:
             request.state.principal = principal
             return principal
 
-        return dependency
+        return accepts(dependency, CONSOLE_SESSION) if console_only else accepts(dependency, API_KEY, CONSOLE_SESSION)
 
     async def _rate_limit(self, request: Request, principal: Principal) -> None:
         """429 when the account's or the key's bucket or window is exhausted; X-RateLimit-* on

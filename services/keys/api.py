@@ -25,6 +25,7 @@ from contracts.keys_api import (
 from services.edge.calls import client_ip, parse_networks
 from services.edge.edge import Edge
 from services.edge.errors import ApiError, not_found
+from services.edge.openapi_security import ADMIN_TOKEN, accepts
 from services.edge.principal import Principal
 from services.keys import store
 from services.keys.login_throttle import LoginThrottle
@@ -77,6 +78,8 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
             raise ApiError(401, ErrorCode.MISSING_CREDENTIALS, "Send Authorization: Bearer <admin token>.")
         if not hmac.compare_digest(given.strip().encode(), token.get_secret_value().encode()):
             raise ApiError(403, ErrorCode.PERMISSION_DENIED, "The admin token is not valid.")
+
+    accepts(operator, ADMIN_TOKEN)
 
     # ---- accounts ----------------------------------------------------------------------------
     @api.post(

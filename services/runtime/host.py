@@ -17,6 +17,7 @@ from services.console import router as console_router
 from services.edge.body_limit import BodyLimitMiddleware
 from services.edge.edge import Edge
 from services.edge.errors import RequestIdMiddleware, install_error_handlers
+from services.edge.openapi_security import install as install_openapi_security
 from services.runtime import postgres
 from services.runtime.component import Check, Component, Runtime
 from services.runtime.data_errors import install_data_error_handler
@@ -163,6 +164,7 @@ def create_app(targets: Sequence[str] = ("all",), settings: Settings | None = No
         if component.router is not None:
             app.include_router(component.router, responses=ERROR_RESPONSES)
     app.include_router(console_router())  # every mode serves the console; it calls only the public API
+    install_openapi_security(app)
     return app
 
 

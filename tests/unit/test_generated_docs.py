@@ -21,3 +21,20 @@ def test_every_subscriber_has_its_own_operation_in_asyncapi(tmp_path):
     CliRunner().invoke(app, ["docs", "--out", str(tmp_path)])
     operations = set(json.loads((tmp_path / "asyncapi.json").read_text())["operations"])
     assert {"keys.plans", "quota.billing", "billing.user-types", "alerts.on_threshold"} <= operations
+
+
+def test_every_operation_declares_the_credentials_it_takes(tmp_path):
+    CliRunner().invoke(app, ["docs", "--out", str(tmp_path)])
+    openapi = json.loads((tmp_path / "openapi.json").read_text())
+    assert set(openapi["components"]["securitySchemes"]) == {"ApiKey", "ConsoleSession", "ServiceToken", "AdminToken"}
+
+    def schemes(path: str, method: str) -> set[str]:
+        return {name for alternative in openapi["paths"][path][method]["security"] for name in alternative}
+
+    operations = [(p, m) for p, methods in openapi["paths"].items() for m in methods if p.startswith("/api/")]
+    assert operations and all("security" in openapi["paths"][p][m] for p, m in operations)
+    assert schemes("/api/geo/projects", "get") == {"ApiKey", "ConsoleSession"}
+    assert schemes("/api/api-keys", "post") == {"ConsoleSession"}
+    assert schemes("/api/admin/accounts/{account_id}/roles", "put") == {"AdminToken"}
+    assert schemes("/api/billing/plans", "get") == set()  # public
+    assert schemes("/api/auth/login", "post") == set()
