@@ -30,6 +30,7 @@ test: $(STAMP) browser lint  ## lint, type-check, and the whole suite on real Ka
 	$(BIN)/python -m pytest tests
 
 bench: $(STAMP)  ## every benchmark in bench/, each against its own baseline
+	./deploy/local/prereqs.sh --bench
 	@for b in $(filter-out bench/stats.py,$(wildcard bench/*.py)); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 docs: $(STAMP)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks the system prerequisites; installs the missing ones with apt-get when running as root,
-# otherwise prints one clear line saying what to install. Usage: prereqs.sh [--browser]
+# otherwise prints one clear line saying what to install. Usage: prereqs.sh [--browser] [--bench]
 set -euo pipefail
 missing=()
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
@@ -8,9 +8,12 @@ command -v mvn >/dev/null || missing+=(maven)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v python3.11 >/dev/null || command -v python3 >/dev/null || missing+=(python3)
-if [[ "${1:-}" == "--browser" ]]; then
-  command -v chromium >/dev/null || missing+=(chromium)
-fi
+for option in "$@"; do
+  case "$option" in
+    --browser) command -v chromium >/dev/null || missing+=(chromium) ;;
+    --bench) command -v wrk >/dev/null || missing+=(wrk) ;;  # bench/http.py: a real HTTP load generator
+  esac
+done
 if ((${#missing[@]})); then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
     echo "installing system packages: ${missing[*]}"

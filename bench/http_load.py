@@ -1,0 +1,245 @@
+"""What a user sees over HTTP: wrk against a running `tollgate up` stack, every path as a ratio of
+GET /healthz measured by the same load generator in the same run.
+
+Paths: /healthz (the baseline: no auth, no work); an admitted, metered API-key call
+(GET /api/geo/projects with enterprise keys, rotated across accounts so no rate limit applies);
+an unknown key (401); a free key far over its rate limit (429). Then isolation: a second tenant's
+throughput and p99 while a first floods with 429s, against the same tenant alone. After the
+admitted run, a reconciliation: every 200 wrk saw is counted once in the accounts' `api_calls`.
+The CPU of every process of the stack (serve, Kafka, Postgres, ClickHouse, Redis: all processes
+below the stack's pid files, from /proc) over the admitted run, divided by its calls, is the
+whole pipeline's CPU per metered call.
+
+    (named http_load, not http: a script's folder comes first on sys.path and would hide the standard
+library's `http`)
+
+    .venv/bin/python bench/http_load.py [--seconds 15] [--connections 32] [--threads 2] [--accounts 5]
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.e2e import tollgate_up
+from tests.support.apps import REPO, free_port
+from tests.support.platform import expect
+
+# Each wrk thread rotates the Authorization header over the keys given after `--`; `done` prints
+# one machine-readable line (wrk's own text output is for people).
+WRK_SCRIPT = """
+local keys = {}
+local i = 0
+init = function(args)
+  for _, k in ipairs(args) do keys[#keys + 1] = k end
+end
+request = function()
+  local headers = {}
+  if #keys > 0 then
+    i = i % #keys + 1
+    headers["Authorization"] = "Bearer " .. keys[i]
+  end
+  return wrk.format("GET", nil, headers)
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'RESULT {"requests": %d, "duration_us": %d, "non2xx": %d, "socket_errors": %d, "p50_us": %d, "p99_us": %d}\\n',
+    summary.requests, summary.duration, e.status, e.connect + e.read + e.write + e.timeout,
+    latency:percentile(50), latency:percentile(99)))
+end
+"""
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Run:
+    requests: int
+    seconds: float
+    non2xx: int
+    socket_errors: int
+    p50_ms: float
+    p99_ms: float
+
+    @property
+    def per_s(self) -> float:
+        return self.requests / self.seconds
+
+    def line(self, name: str, baseline: "Run | None" = None) -> str:
+        ratio = f" -> {self.per_s / baseline.per_s:.3f} of /healthz" if baseline else ""
+        return (
+            f"{name:<34} {self.per_s:>9,.0f} req/s  p50 {self.p50_ms:6.1f} ms  p99 {self.p99_ms:6.1f} ms  "
+            f"non-2xx {self.non2xx}  socket errors {self.socket_errors}{ratio}"
+        )
+
+
+def wrk(script: Path, url: str, keys: list[str], seconds: float, connections: int, threads: int) -> Run:
+    command = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{round(seconds)}s", "-s", str(script), url, "--", *keys]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    line = next(text for text in out.splitlines() if text.startswith("RESULT "))
+    body = json.loads(line.removeprefix("RESULT "))
+    return Run(
+        requests=body["requests"],
+        seconds=body["duration_us"] / 1e6,
+        non2xx=body["non2xx"],
+        socket_errors=body["socket_errors"],
+        p50_ms=body["p50_us"] / 1000,
+        p99_ms=body["p99_us"] / 1000,
+    )
+
+
+# ---- the CPU of the stack's processes -------------------------------------------------------------
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            tree.setdefault(parent, []).append(int(entry.name))
+    return tree
+
+
+def stack_cpu_seconds(state: Path) -> float:
+    """utime+stime+cutime+cstime of every live process below the pid files under `state`: each CPU
+    second counted once (a reaped child's time is in its parent's c-times, a live one's in its own)."""
+    roots = set()
+    for pid_file in [*state.rglob("*.pid"), *state.rglob("postmaster.pid")]:
+        try:
+            roots.add(int(pid_file.read_text().split()[0]))
+        except (OSError, ValueError, IndexError):
+            continue
+    tree, seen, total = _children(), set(), 0
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        todo.extend(tree.get(pid, []))
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    return total / CLK_TCK
+
+
+# ---- tenants -------------------------------------------------------------------------------------------
+async def tenant(http: httpx.AsyncClient, base: str, plan: str | None) -> tuple[str, str]:
+    """(console session, API key) of a new account, on `plan` (paid) or free."""
+    email = f"b{uuid.uuid4().hex[:12]}@example.test"
+    body = {"email": email, "password": "correct horse battery", "name": "Bench", "user_type": "enterprise"}
+    await expect(await http.post(f"{base}/api/auth/register", json=body), 201)
+    login = await expect(await http.post(f"{base}/api/auth/login", json={"email": email, "password": body["password"]}), 200)
+    console = {"Authorization": f"Bearer {login['access_token']}"}
+    key = await expect(await http.post(f"{base}/api/api-keys", json={"name": "bench"}, headers=console), 201)
+    if plan is not None:
+        order = await expect(
+            await http.post(f"{base}/api/billing/orders", json={"kind": "plan_upgrade", "plan": plan}, headers=console), 201
+        )
+        await expect(await http.post(f"{base}/api/billing/orders/{order['id']}/pay", headers=console), 200)
+    return console["Authorization"], key["key"]
+
+
+async def api_calls_used(http: httpx.AsyncClient, base: str, console: str) -> int:
+    body = await expect(await http.get(f"{base}/api/billing/check-quota", headers={"Authorization": console}), 200)
+    return int(next(item["used"] for item in body["items"] if item["resource"] == "api_calls"))
+
+
+async def main(seconds: float, connections: int, threads: int, accounts: int) -> int:
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed: ./deploy/local/prereqs.sh --bench")
+    state = REPO / ".tollgate" / f"bench-http-{uuid.uuid4().hex[:6]}"
+    port = free_port()
+    env = tollgate_up(state, port)
+    base = f"http://127.0.0.1:{port}"
+    script = Path(tempfile.mkdtemp()) / "rotate.lua"
+    script.write_text(WRK_SCRIPT)
+    try:
+        async with httpx.AsyncClient(timeout=30) as http:
+            paying = [await tenant(http, base, "enterprise") for _ in range(accounts)]
+            _, free_key = await tenant(http, base, None)
+            await asyncio.sleep(2)  # the plans reach the edge through billing.v1
+            keys = [key for _, key in paying]
+            before = [await api_calls_used(http, base, console) for console, _ in paying]
+
+            def measure(path: str, keys: list[str]) -> Run:
+                return wrk(script, f"{base}{path}", keys, seconds, connections, threads)
+
+            healthz = await asyncio.to_thread(measure, "/healthz", [])
+            cpu_before = stack_cpu_seconds(state)
+            admitted = await asyncio.to_thread(measure, "/api/geo/projects", keys)
+            cpu = stack_cpu_seconds(state) - cpu_before
+            unknown = await asyncio.to_thread(measure, "/api/geo/projects", ["sk-" + "x" * 45])
+            limited = await asyncio.to_thread(measure, "/api/geo/projects", [free_key])
+
+            # Isolation: tenant B alone, then B while A floods with 429s (half the connections each).
+            half = max(1, connections // 2)
+            alone = await asyncio.to_thread(wrk, script, f"{base}/api/geo/projects", keys[:1], seconds, half, 1)
+            flood = asyncio.to_thread(wrk, script, f"{base}/api/geo/projects", [free_key], seconds, half, 1)
+            victim = asyncio.to_thread(wrk, script, f"{base}/api/geo/projects", keys[:1], seconds, half, 1)
+            _, crowded = await asyncio.gather(flood, victim)
+
+            print(f"wrk -t{threads} -c{connections} -d{seconds:g}s against one `tollgate up` on {os.cpu_count()} cores")
+            print(healthz.line("GET /healthz (baseline)"))
+            print(admitted.line("admitted API-key call (metered)", healthz))
+            print(unknown.line("unknown key (401)", healthz))
+            print(limited.line("free key over its limit (429)", healthz))
+            print(alone.line("tenant B alone"))
+            print(crowded.line("tenant B while A floods 429s"))
+            print(
+                f"isolation: B's throughput {crowded.per_s / alone.per_s:.2f}x and p99 "
+                f"{crowded.p99_ms / alone.p99_ms:.2f}x of alone (goal: within 1.5x)"
+            )
+            served = admitted.requests - admitted.non2xx
+            print(f"whole-stack CPU per metered call: {cpu / max(served, 1) * 1e6:,.0f} us ({cpu:.1f} CPU-s / {served} calls)")
+
+            # Every admitted call is counted once (the isolation runs added B's calls on key 0).
+            b_calls = alone.requests - alone.non2xx + crowded.requests - crowded.non2xx
+            expected = served + b_calls
+            deadline = time.monotonic() + 90
+            counted = -1
+            while time.monotonic() < deadline:
+                after = [await api_calls_used(http, base, console) for console, _ in paying]
+                counted = sum(a - b for a, b in zip(after, before, strict=True))
+                if counted >= expected:
+                    break
+                await asyncio.sleep(1)
+            # wrk does not count the responses still in flight when its time is up (at most one per
+            # connection and run), but the server admitted and metered those calls too.
+            in_flight = connections + 2 * half
+            exact = expected <= counted <= expected + in_flight
+            print(
+                f"reconciliation: {counted} api_calls counted for {expected} admitted calls seen by wrk "
+                f"(+ at most {in_flight} in flight when wrk stopped): {'exact' if exact else 'FAILED'}"
+            )
+            return 0 if exact else 1
+    finally:
+        down = [sys.executable, "-m", "services.runtime.cli", "down"]
+        await asyncio.to_thread(subprocess.run, down, env=env, cwd=REPO, capture_output=True, check=False)
+        shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(script.parent, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--accounts", type=int, default=5)
+    args = parser.parse_args()
+    sys.exit(asyncio.run(main(args.seconds, args.connections, args.threads, args.accounts)))
