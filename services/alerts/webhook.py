@@ -124,7 +124,7 @@ class WebhookSender:
         try:
             target = targets.parse_target(request.url)
             async with asyncio.timeout(ATTEMPT_TIMEOUT_SECONDS):
-                address = (await checked_addresses(target, self._allow_private))[0]
+                addresses = await checked_addresses(target, self._allow_private)
         except (targets.TargetError, TargetRefused) as exc:
             return AttemptResult(None, f"target refused: {exc}")
         except OSError as exc:
@@ -138,12 +138,19 @@ class WebhookSender:
             SIGNATURE_HEADER: signature(request.secret, int(now.timestamp()), request.body),
         }
         extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
-        try:
-            response = await self._client.post(
-                target.url_for(address), content=request.body, headers=headers, extensions=extensions
-            )
-        except httpx.HTTPError as exc:
-            return AttemptResult(None, f"{type(exc).__name__} connecting to {address}: {exc}"[:1000])
+        errors: list[str] = []
+        for address in addresses:  # only checked ones; the next when one refuses the connection
+            try:
+                response = await self._client.post(
+                    target.url_for(address), content=request.body, headers=headers, extensions=extensions
+                )
+                break
+            except httpx.ConnectError as exc:
+                errors.append(f"cannot connect to {address}: {exc}")
+            except httpx.HTTPError as exc:
+                return AttemptResult(None, f"{type(exc).__name__} at {address}: {exc}"[:1000])
+        else:
+            return AttemptResult(None, "; ".join(errors)[:1000])
         if response.is_success:
             return AttemptResult(response.status_code, None)
         return AttemptResult(response.status_code, f"receiver answered {response.status_code}")
