@@ -13,7 +13,7 @@ import ipaddress
 import json
 import secrets
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -105,7 +105,7 @@ class AttemptResult:
 @dataclass(frozen=True)
 class WebhookRequest:
     url: str
-    secret: str
+    secret: str = field(repr=False)  # never in a log line
     delivery_id: Any
     attempt: int
     body: bytes

@@ -4,16 +4,24 @@ and at delivery."""
 
 import itertools
 import json
+import ssl
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -21,7 +29,7 @@ from contracts.alerts_api import Channel, WebhookRecipient
 from contracts.common import AlertMetric
 from services.alerts import store
 from services.alerts.dispatcher import Dispatcher
-from services.alerts.webhook import Backoff, WebhookSender, verify
+from services.alerts.webhook import Backoff, WebhookRequest, WebhookSender, verify
 from services.runtime.settings import Settings
 from tests.integration.quota_helpers import bearer, new_api_key
 from tests.integration.test_alerts_helpers import CONSOLE_URL, eventually, login, publish_crossing, query, this_period
@@ -48,10 +56,7 @@ class Receiver:
         return f"http://{host}:{self.port}/hooks/tollgate?team=ops"
 
 
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    rec = Receiver()
-
+def _handler(rec: Receiver) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
@@ -67,22 +72,37 @@ def receiver() -> Iterator[Receiver]:
                     }
                 )
             self.send_response(status)
+            if 300 <= status < 400:
+                self.send_header("Location", f"{self.path}/elsewhere")
             self.send_header("Content-Length", "0")
             self.end_headers()
 
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    return Handler
+
+
+@contextmanager
+def _serving(tls: ssl.SSLContext | None = None) -> Iterator[Receiver]:
+    rec = Receiver()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(rec))
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     server.daemon_threads = True
     rec.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield rec
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    with _serving() as rec:
+        yield rec
 
 
 def _fast(settings: Settings, *, allow_private: bool) -> Settings:
@@ -251,3 +271,73 @@ async def test_the_address_is_checked_again_at_delivery_and_a_refused_target_fai
     assert all(a["status_code"] is None and "target refused" in a["error"] for a in attempts)
     assert attempts[-1]["next_attempt_at"] is None and all(a["next_attempt_at"] for a in attempts[:-1])
     assert receiver.received() == []  # never connected
+
+
+# ---- TLS to the checked address, and no redirects ---------------------------------------------
+def _certificate(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    """A self-signed certificate for `name` (its own CA), written as PEM files."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_path, key_path
+
+
+@pytest.fixture
+def tls_receiver(tmp_path: Path) -> Iterator[tuple[Receiver, Path]]:
+    """The receiver behind TLS, with a certificate for "localhost" only."""
+    cert, key = _certificate(tmp_path, "localhost")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    with _serving(context) as rec:
+        yield rec, cert
+
+
+async def test_https_goes_to_the_checked_ip_with_the_name_as_sni_and_redirects_are_not_followed(
+    tls_receiver: tuple[Receiver, Path],
+) -> None:
+    tls, cert = tls_receiver
+    client = httpx.AsyncClient(verify=ssl.create_default_context(cafile=str(cert)), follow_redirects=False, trust_env=False)
+    sender = WebhookSender(allow_private=True, client=client)
+    now = datetime.now(UTC)
+
+    def request(url: str, attempt: int = 1) -> WebhookRequest:
+        return WebhookRequest(url, "whsec_tls", uuid.uuid4(), attempt, b'{"ok":true}')
+
+    try:
+        # Connected to 127.0.0.1 (or ::1 first, refused, then 127.0.0.1); the certificate is checked against "localhost".
+        ok = await sender.attempt(request(f"https://localhost:{tls.port}/hook"), now)
+        assert (ok.status_code, ok.error) == (200, None)
+        (first,) = tls.received()
+        assert first["headers"]["host"] == f"localhost:{tls.port}"
+        assert verify("whsec_tls", first["headers"]["tollgate-signature"], first["body"])
+        # The same server by its address: the certificate does not name 127.0.0.1, so TLS fails.
+        by_ip = await sender.attempt(request(f"https://127.0.0.1:{tls.port}/hook"), now)
+        assert by_ip.status_code is None and by_ip.error and "certificate" in by_ip.error.lower()
+        # A redirect is a failed attempt, and its Location is not visited.
+        tls.statuses.append(302)
+        moved = await sender.attempt(request(f"https://localhost:{tls.port}/hook", 2), now)
+        assert moved.status_code == 302 and moved.error == "receiver answered 302"
+        assert [r["answered"] for r in tls.received()] == [200, 302]
+        # The setting off: the same name is refused before any connection.
+        strict = await WebhookSender(allow_private=False, client=client).attempt(request(f"https://localhost:{tls.port}/"), now)
+        assert strict.status_code is None and strict.error and strict.error.startswith("target refused")
+        assert len(tls.received()) == 2
+    finally:
+        await sender.close()
