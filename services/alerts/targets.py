@@ -19,6 +19,9 @@ _ALSO_REFUSED = (
 )
 
 
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
 @dataclass(frozen=True)
 class Target:
     """A webhook URL split into what a sender needs: where to connect and what to ask for."""
@@ -62,10 +65,17 @@ def parse_target(url: str) -> Target:
     return Target(scheme, host, port or (443 if scheme == "https" else 80), parts)
 
 
+def _nat64(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a well-known-prefix NAT64 address stands for (a gateway would reach it)."""
+    if address in _NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
 def refusal(address: IPAddress) -> str | None:
     """Why a webhook may not connect to `address`, or None when it may (a global unicast one)."""
     if isinstance(address, ipaddress.IPv6Address):
-        embedded = address.ipv4_mapped or address.sixtofour
+        embedded = address.ipv4_mapped or address.sixtofour or _nat64(address)
         if embedded is not None:
             inner = refusal(embedded)
             return None if inner is None else f"{address} embeds {embedded}: {inner}"
