@@ -341,3 +341,48 @@ async def test_https_goes_to_the_checked_ip_with_the_name_as_sni_and_redirects_a
         assert len(tls.received()) == 2
     finally:
         await sender.close()
+
+
+async def test_a_postponed_webhook_is_not_swept_early_and_another_process_resumes_it_when_due(settings, pool, receiver: Receiver):
+    """The wait between attempts lives in Postgres (next_attempt_at), not in a held lock: a process
+    that dies after a failed attempt loses nothing, and no sweep sends before the delivery is due."""
+    settings = _fast(settings, allow_private=True)
+    async with running_app(settings, targets=("alerts",)):
+        pass  # the alerts schema, migrated as the service does it
+    receiver.statuses = [503]
+    async with pool.connection() as conn, conn.transaction():
+        rule = await store.insert_rule(
+            conn, uuid.uuid4(), AlertMetric.API_CALLS, 90, [Channel.WEBHOOK], [WebhookRecipient(url=receiver.url())], "whsec_y"
+        )
+        (delivery_id,) = await store.record_firing(conn, store.Firing(rule, "2026-11", 950, 1000, "crossing"))
+    backoff = Backoff(initial_seconds=3.0, max_seconds=6.0)  # ample: the "not yet" checks take milliseconds
+    first = Dispatcher(pool, [], CONSOLE_URL, webhooks=WebhookSender(allow_private=True), webhook_backoff=backoff)
+    await first.deliver(delivery_id)
+    await first.stop()  # "dies": its wake-up timer is gone
+    row = query(settings, "SELECT status, attempts, next_attempt_at FROM alerts.deliveries WHERE id = %s", delivery_id)[0]
+    assert (row["status"], row["attempts"]) == ("pending", 1) and row["next_attempt_at"] is not None
+
+    second = Dispatcher(pool, [], CONSOLE_URL, webhooks=WebhookSender(allow_private=True), webhook_backoff=backoff)
+    assert await second.sweep() == 0  # not due yet
+    await second.deliver(delivery_id)  # an explicit submit before it is due sends nothing either
+    assert len(receiver.received()) == 1
+
+    async def resumed() -> bool:
+        await second.sweep()
+        await second.idle()
+        return len(receiver.received()) == 2
+
+    await eventually(resumed, within=15)
+    await second.stop()
+    row = query(settings, "SELECT status, attempts FROM alerts.deliveries WHERE id = %s", delivery_id)[0]
+    assert (row["status"], row["attempts"]) == ("sent", 2)
+    assert receiver.received()[1]["at"] >= row_due(settings, delivery_id) - 0.05
+    assert [r["answered"] for r in receiver.received()] == [503, 200]
+
+
+def row_due(settings: Settings, delivery_id: uuid.UUID) -> float:
+    """When the first attempt said the second was due."""
+    rows = query(
+        settings, "SELECT next_attempt_at FROM alerts.delivery_attempts WHERE delivery_id = %s AND attempt = 1", delivery_id
+    )
+    return float(rows[0]["next_attempt_at"].timestamp())
