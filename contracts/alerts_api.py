@@ -14,6 +14,7 @@ class Channel(StrEnum):
     IN_SITE = "in_site"
     EMAIL = "email"
     SMS = "sms"
+    WEBHOOK = "webhook"  # v2
 
 
 class DeliveryStatus(StrEnum):
@@ -43,7 +44,15 @@ class UserRecipient(BaseModel):
     user_id: UUID = Field(description="A user of this account; the addressee of the in-site notification.")
 
 
-Recipient = EmailRecipient | PhoneRecipient | UserRecipient
+class WebhookRecipient(BaseModel):
+    """(v2) The URL the `webhook` channel POSTs to; http(s) only, and it must not resolve to a
+    loopback, private or link-local address (checked again at every delivery)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    url: str = Field(min_length=1, max_length=2048, examples=["https://hooks.example.com/tollgate"])
+
+
+Recipient = EmailRecipient | PhoneRecipient | UserRecipient | WebhookRecipient
 
 
 class RuleIn(BaseModel):
@@ -53,7 +62,7 @@ class RuleIn(BaseModel):
 
     metric: AlertMetric
     threshold_pct: int = Field(ge=1, le=100)
-    channels: Annotated[list[Channel], Field(min_length=1, max_length=3)]
+    channels: Annotated[list[Channel], Field(min_length=1, max_length=4)]
     recipients: Annotated[list[Recipient], Field(default_factory=list, max_length=20)]
 
 
@@ -70,14 +79,31 @@ class RuleOut(BaseModel):
     failed_deliveries: int = 0
 
 
+class RuleCreated(RuleOut):
+    """The 201 of a rule's creation: (v2) a rule with the `webhook` channel carries its signing
+    secret here, once; no other response returns it."""
+
+    webhook_secret: str | None = None
+
+
 class RuleList(BaseModel):
     rules: list[RuleOut]
 
 
 class DeliveryOut(BaseModel):
-    """Extension: one message of one firing on one channel to one recipient."""
+    """(v2) One attempt to send one message (one firing, channel and recipient): `id`, `time`,
+    `attempt` (1, 2, ...), `status_code` (the webhook receiver's HTTP status, else null), `error`
+    and `next_attempt_at` (when the next attempt is due; null when none is). A message not tried
+    yet is one item with `attempt` 0. Extension: the message's own fields follow (`delivery_id`,
+    its `status`, total `attempts`, `last_error`, ...)."""
 
     id: UUID
+    time: datetime
+    attempt: int
+    status_code: int | None
+    error: str | None
+    next_attempt_at: datetime | None
+    delivery_id: UUID
     firing_id: UUID
     period: str
     threshold_pct: int

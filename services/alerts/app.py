@@ -5,17 +5,29 @@ from pathlib import Path
 from services.alerts import api, consumers
 from services.alerts.channels import EmailChannel, InSiteChannel, SmsChannel
 from services.alerts.dispatcher import Dispatcher
+from services.alerts.webhook import Backoff, WebhookSender
 from services.runtime.component import Component, Runtime
 
 
 def build(runtime: Runtime) -> Component:
     settings = runtime.settings
     sms = SmsChannel(settings)
-    dispatcher = Dispatcher(runtime.pool, [InSiteChannel(), EmailChannel(settings), sms], settings.console_url)
+    webhooks = WebhookSender(settings.webhook_allow_private_targets)
+    backoff = Backoff(
+        settings.webhook_retry_initial_seconds, settings.webhook_retry_max_seconds, settings.webhook_retry_window_seconds
+    )
+    dispatcher = Dispatcher(
+        runtime.pool,
+        [InSiteChannel(), EmailChannel(settings), sms],
+        settings.console_url,
+        webhooks=webhooks,
+        webhook_backoff=backoff,
+    )
 
     async def stop() -> None:
         await dispatcher.stop()
         await sms.close()
+        await webhooks.close()
 
     component = Component(
         name="alerts",

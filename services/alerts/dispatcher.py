@@ -5,17 +5,25 @@ in an open transaction. Another process or the sweeper skips a locked row, so on
 out per delivery; a sender that dies (even by SIGKILL) loses its connection and Postgres frees
 the row at once, so the sweeper of any live process resumes it. A delivery whose attempts are
 exhausted is marked failed (visible in the rule listing) and is never sent again.
+
+Webhooks (v2) retry for hours, too long to hold a lock: each call makes one attempt, and a failed
+one leaves the delivery pending with `next_attempt_at`. This process wakes it then; should the
+process die, the sweeper of any live one picks it up once it is due. Every attempt of every
+channel is recorded (`alerts.delivery_attempts`) for the rule's delivery log.
 """
 
 import asyncio
 import logging
+import random
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 from psycopg_pool import AsyncConnectionPool
 from tenacity import (
     AsyncRetrying,
+    RetryCallState,
     RetryError,
     retry_if_exception_type,
     retry_if_not_exception_type,
@@ -26,7 +34,7 @@ from tenacity import (
 
 from contracts.alerts_api import Channel, DeliveryStatus
 from contracts.common import METRIC_RESOURCE
-from services.alerts import domain, store
+from services.alerts import domain, store, webhook
 from services.alerts.channels import ChannelSender, DeliveryError, PermanentDeliveryError
 
 log = logging.getLogger(__name__)
@@ -49,6 +57,8 @@ class Dispatcher:
         retry: RetryPolicy = RetryPolicy(),
         concurrency: int = 4,
         sweep_interval: float = 15.0,
+        webhooks: webhook.WebhookSender | None = None,
+        webhook_backoff: webhook.Backoff = webhook.DEFAULT_BACKOFF,
     ) -> None:
         self._pool = pool
         self._senders: Mapping[Channel, ChannelSender] = {s.channel: s for s in senders}
@@ -59,6 +69,10 @@ class Dispatcher:
         self._sweep_interval = sweep_interval
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self._webhooks = webhooks
+        self._webhook_backoff = webhook_backoff
+        # Wake-ups of webhook deliveries waiting for their next attempt (not "in flight" for idle()).
+        self._timers: set[asyncio.Task[None]] = set()
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -68,8 +82,8 @@ class Dispatcher:
     async def stop(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
-        tasks = [*self._tasks, *([self._sweeper] if self._sweeper else [])]
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._timers, *([self._sweeper] if self._sweeper else [])]
+        for task in [*self._tasks, *self._timers]:
             task.cancel()  # the open transaction rolls back: the delivery stays pending
         await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -79,6 +93,15 @@ class Dispatcher:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    def _wake_at(self, delivery_id: UUID, due: datetime) -> None:
+        async def later() -> None:
+            await asyncio.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds()) + 0.01)
+            self.submit([delivery_id])
+
+        task = asyncio.create_task(later(), name=f"alerts-retry:{delivery_id}")
+        self._timers.add(task)
+        task.add_done_callback(self._timers.discard)
+
     async def idle(self) -> None:
         """Wait until no delivery is in flight (tests and the benchmark use it)."""
         while self._tasks:
@@ -87,7 +110,7 @@ class Dispatcher:
     # ---- sweeping ------------------------------------------------------------------------
     async def sweep(self) -> int:
         async with self._pool.connection() as conn, conn.transaction():
-            ids = await store.pending_ids(conn)
+            ids = await store.pending_ids(conn, datetime.now(UTC))
         # Submitted outside that transaction: each deliver() takes its own lock (and skips the
         # rows another sender holds, so a sweep racing a fresh firing sends nothing twice).
         self.submit(ids)
@@ -107,13 +130,19 @@ class Dispatcher:
 
     # ---- one delivery --------------------------------------------------------------------
     async def deliver(self, delivery_id: UUID) -> None:
+        due: datetime | None = None
         try:
             async with self._slots, self._pool.connection() as conn, conn.transaction():
-                pending = await store.lock_pending(conn, delivery_id)
+                pending = await store.lock_pending(conn, delivery_id, datetime.now(UTC))
                 if pending is None:
-                    return  # sent, failed, or being sent by another sender
-                status, attempts, error = await self._send(conn, pending)
-                await store.finish_delivery(conn, delivery_id, status, attempts, error)
+                    return  # sent, failed, not due yet, or being sent by another sender
+                if pending.channel is Channel.WEBHOOK and self._webhooks is not None:
+                    status, error, due = await self._attempt_webhook(conn, pending, self._webhooks)
+                else:
+                    status, attempts, error = await self._send(conn, pending)
+                    await store.finish_delivery(conn, delivery_id, status, attempts, error)
+            if due is not None:
+                self._wake_at(delivery_id, due)
             if status is DeliveryStatus.FAILED:
                 log.warning("alert delivery %s (%s) failed for good: %s", delivery_id, pending.channel.value, error)
         except asyncio.CancelledError:
@@ -122,11 +151,8 @@ class Dispatcher:
             # Postgres went away mid-delivery: the row stays pending and the sweeper retries it.
             log.exception("alert delivery %s interrupted; left pending", delivery_id)
 
-    async def _send(self, conn: store.Conn, pending: store.PendingDelivery) -> tuple[DeliveryStatus, int, str | None]:
-        sender = self._senders.get(pending.channel)
-        if sender is None:
-            return DeliveryStatus.FAILED, 0, f"channel {pending.channel.value} is not available"
-        message = domain.AlertMessage(
+    def _message(self, pending: store.PendingDelivery) -> domain.AlertMessage:
+        return domain.AlertMessage(
             metric=pending.metric,
             threshold_pct=pending.threshold_pct,
             used=pending.used,
@@ -134,23 +160,76 @@ class Dispatcher:
             period=pending.period,
             links=domain.links_for(self._console_url, METRIC_RESOURCE[pending.metric]),
         )
+
+    async def _attempt_webhook(
+        self, conn: store.Conn, pending: store.PendingDelivery, sender: webhook.WebhookSender
+    ) -> tuple[DeliveryStatus, str | None, datetime | None]:
+        """One attempt; a failure within the retry window is postponed, after it is final."""
+        number = pending.attempts + 1
+        if pending.webhook_secret is None:
+            result = webhook.AttemptResult(None, "the rule has no webhook secret")
+            now = datetime.now(UTC)
+        else:
+            body = webhook.payload(pending.id, pending.rule_id, pending.account_id, pending.fired_at, self._message(pending))
+            url = domain.address_of(pending.recipient)
+            request = webhook.WebhookRequest(url, pending.webhook_secret, pending.id, number, body)
+            now = datetime.now(UTC)
+            result = await sender.attempt(request, now)
+        if result.error is None:
+            await store.record_attempts(conn, pending.id, [store.Attempt(number, now, result.status_code)])
+            await store.finish_delivery(conn, pending.id, DeliveryStatus.SENT, 1, None)
+            return DeliveryStatus.SENT, None, None
+        backoff = self._webhook_backoff
+        due = datetime.now(UTC) + timedelta(seconds=backoff.delay(number, random.random()))
+        if pending.webhook_secret is None or due > pending.created_at + timedelta(seconds=backoff.window_seconds):
+            await store.record_attempts(conn, pending.id, [store.Attempt(number, now, result.status_code, result.error)])
+            await store.finish_delivery(conn, pending.id, DeliveryStatus.FAILED, 1, result.error)
+            return DeliveryStatus.FAILED, result.error, None
+        await store.record_attempts(conn, pending.id, [store.Attempt(number, now, result.status_code, result.error, due)])
+        await store.postpone_delivery(conn, pending.id, result.error, due)
+        return DeliveryStatus.PENDING, result.error, due
+
+    async def _send(self, conn: store.Conn, pending: store.PendingDelivery) -> tuple[DeliveryStatus, int, str | None]:
+        sender = self._senders.get(pending.channel)
+        if sender is None:
+            return DeliveryStatus.FAILED, 0, f"channel {pending.channel.value} is not available"
+        message = self._message(pending)
         attempts = 0
+        # The attempt log, written with the outcome; a failed attempt learns when the next is due
+        # from tenacity's decision to sleep.
+        log_rows: list[store.Attempt] = []
+
+        def note_sleep(state: RetryCallState) -> None:
+            if log_rows:
+                last = log_rows[-1]
+                log_rows[-1] = replace(last, next_attempt_at=datetime.now(UTC) + timedelta(seconds=state.upcoming_sleep))
+
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._retry.attempts),
             wait=wait_exponential(multiplier=self._retry.initial_seconds, max=self._retry.max_seconds)
             + wait_random(0, self._retry.initial_seconds / 2),
             retry=retry_if_exception_type(DeliveryError) & retry_if_not_exception_type(PermanentDeliveryError),
             reraise=False,
+            before_sleep=note_sleep,
         )
         try:
             async for attempt in retrying:
                 with attempt:
                     attempts += 1
-                    # A savepoint per attempt: a failed in-site insert must not poison the lock's transaction.
-                    async with conn.transaction():
-                        await sender.send(conn, pending, message)
+                    started = datetime.now(UTC)
+                    try:
+                        # A savepoint per attempt: a failed in-site insert must not poison the lock's transaction.
+                        async with conn.transaction():
+                            await sender.send(conn, pending, message)
+                    except DeliveryError as exc:
+                        log_rows.append(store.Attempt(pending.attempts + attempts, started, error=str(exc)[:1000]))
+                        raise
+                    log_rows.append(store.Attempt(pending.attempts + attempts, started))
         except RetryError as exc:
+            await store.record_attempts(conn, pending.id, log_rows)
             return DeliveryStatus.FAILED, attempts, str(exc.last_attempt.exception())[:1000]
         except DeliveryError as exc:  # permanent: not retried
+            await store.record_attempts(conn, pending.id, log_rows)
             return DeliveryStatus.FAILED, attempts, str(exc)[:1000]
+        await store.record_attempts(conn, pending.id, log_rows)
         return DeliveryStatus.SENT, attempts, None

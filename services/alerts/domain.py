@@ -6,8 +6,9 @@ from decimal import ROUND_HALF_UP, Decimal
 from urllib.parse import quote
 from uuid import UUID
 
-from contracts.alerts_api import Channel, EmailRecipient, PhoneRecipient, Recipient, UserRecipient
+from contracts.alerts_api import Channel, EmailRecipient, PhoneRecipient, Recipient, UserRecipient, WebhookRecipient
 from contracts.common import METRIC_RESOURCE, STOCK_RESOURCES, AlertMetric, Resource
+from services.alerts import targets
 
 # ---- rule validation --------------------------------------------------------------------------
 
@@ -25,7 +26,8 @@ def validate_rule(account_id: UUID, channels: Sequence[Channel], recipients: Seq
     """Channels and recipients must fit each other, so no recipient is silently ignored:
 
     - `email` needs at least one `{email}` recipient, and an `{email}` recipient needs `email`;
-    - `sms` likewise with `{phone}`;
+    - `sms` likewise with `{phone}`, and `webhook` (v2) with `{url}`, which must be http(s)
+      (where it resolves to is checked by the caller: that needs the resolver);
     - `in_site` needs no recipient: it lands in the account's inbox (`GET /api/notifications`).
       A `{user_id}` recipient names that inbox's user and needs `in_site`; an account has one
       user (the account itself), so any other id is refused rather than leaking usage figures.
@@ -38,7 +40,7 @@ def validate_rule(account_id: UUID, channels: Sequence[Channel], recipients: Seq
         problems.append(Problem("recipients", "Each recipient may appear once."))
     kinds = {type(r) for r in recipients}
     wanted = set(channels)
-    for channel, kind, what in ((Channel.EMAIL, EmailRecipient, "email"), (Channel.SMS, PhoneRecipient, "phone")):
+    for channel, kind, what in _ADDRESSED:
         if channel in wanted and kind not in kinds:
             problems.append(Problem("recipients", f"The {channel.value} channel needs at least one {{{what}}} recipient."))
         if kind in kinds and channel not in wanted:
@@ -48,7 +50,20 @@ def validate_rule(account_id: UUID, channels: Sequence[Channel], recipients: Seq
     for index, recipient in enumerate(recipients):
         if isinstance(recipient, UserRecipient) and recipient.user_id != account_id:
             problems.append(Problem(f"recipients.{index}.user_id", "The user is not a user of this account."))
+        if isinstance(recipient, WebhookRecipient):
+            try:
+                targets.parse_target(recipient.url)
+            except targets.TargetError as exc:
+                problems.append(Problem(f"recipients.{index}.url", str(exc)))
     return problems
+
+
+# The channels that send to addresses named in the rule, with the recipient kind each needs.
+_ADDRESSED: tuple[tuple[Channel, type[Recipient], str], ...] = (
+    (Channel.EMAIL, EmailRecipient, "email"),
+    (Channel.SMS, PhoneRecipient, "phone"),
+    (Channel.WEBHOOK, WebhookRecipient, "url"),
+)
 
 
 def recipient_key(account_id: UUID, recipient: Recipient) -> str:
@@ -58,6 +73,8 @@ def recipient_key(account_id: UUID, recipient: Recipient) -> str:
         return f"email:{local}@{domain.lower()}"
     if isinstance(recipient, PhoneRecipient):
         return f"phone:{recipient.phone}"
+    if isinstance(recipient, WebhookRecipient):
+        return f"url:{recipient.url.strip()}"
     return f"account:{account_id}"
 
 
@@ -79,7 +96,7 @@ def plan_deliveries(account_id: UUID, channels: Iterable[Channel], recipients: S
         if channel is Channel.IN_SITE:
             planned.append(PlannedDelivery(channel, f"account:{account_id}"))
             continue
-        kind = EmailRecipient if channel is Channel.EMAIL else PhoneRecipient
+        kind = next(k for c, k, _ in _ADDRESSED if c is channel)
         keys = dict.fromkeys(recipient_key(account_id, r) for r in recipients if isinstance(r, kind))
         planned.extend(PlannedDelivery(channel, key) for key in keys)
     return planned

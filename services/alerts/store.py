@@ -1,6 +1,6 @@
 """The alerts service's Postgres adapter (schema `alerts`). Callers own the transactions."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid4
@@ -49,11 +49,18 @@ def _rule(row: Row) -> Rule:
 
 # ---- rules ------------------------------------------------------------------------------------
 async def insert_rule(
-    conn: Conn, account_id: UUID, metric: AlertMetric, threshold_pct: int, channels: list[Channel], recipients: list[Recipient]
+    conn: Conn,
+    account_id: UUID,
+    metric: AlertMetric,
+    threshold_pct: int,
+    channels: list[Channel],
+    recipients: list[Recipient],
+    webhook_secret: str | None = None,
 ) -> Rule:
+    # The webhook secret is kept in plain: the server signs with it (it is never logged or returned).
     cur = await conn.execute(
-        """INSERT INTO alerts.rules (id, account_id, metric, resource, threshold_pct, channels, recipients)
-           VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING *""",
+        """INSERT INTO alerts.rules (id, account_id, metric, resource, threshold_pct, channels, recipients, webhook_secret)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING *""",
         (
             uuid4(),
             account_id,
@@ -62,6 +69,7 @@ async def insert_rule(
             threshold_pct,
             [c.value for c in channels],
             Jsonb(_RECIPIENTS.dump_python(recipients, mode="json")),
+            webhook_secret,
         ),
     )
     row = await cur.fetchone()
@@ -195,18 +203,24 @@ class PendingDelivery:
     period: str
     used: int
     total: int
+    rule_id: UUID
+    created_at: datetime
+    fired_at: datetime
+    webhook_secret: str | None = field(default=None, repr=False)
 
 
-async def lock_pending(conn: Conn, delivery_id: UUID) -> PendingDelivery | None:
-    """Lock one pending delivery for sending, or None if it is done or another sender has it.
-    The lock lives as long as the caller's transaction (and its connection)."""
+async def lock_pending(conn: Conn, delivery_id: UUID, now: datetime) -> PendingDelivery | None:
+    """Lock one pending delivery that is due for sending, or None if it is done, waits for a
+    later attempt, or another sender has it. The lock lives as long as the caller's transaction."""
     cur = await conn.execute(
-        """SELECT d.id, d.channel, d.recipient, d.attempts,
-                  f.account_id, f.metric, f.threshold_pct, f.period, f.used, f.total
+        """SELECT d.id, d.channel, d.recipient, d.attempts, d.created_at,
+                  f.account_id, f.metric, f.threshold_pct, f.period, f.used, f.total, f.rule_id, f.fired_at,
+                  r.webhook_secret
              FROM alerts.deliveries d JOIN alerts.firings f ON f.id = d.firing_id
-            WHERE d.id = %s AND d.status = 'pending'
+             JOIN alerts.rules r ON r.id = f.rule_id
+            WHERE d.id = %s AND d.status = 'pending' AND (d.next_attempt_at IS NULL OR d.next_attempt_at <= %s)
               FOR UPDATE OF d SKIP LOCKED""",
-        (delivery_id,),
+        (delivery_id, now),
     )
     row = await cur.fetchone()
     if row is None:
@@ -222,6 +236,10 @@ async def lock_pending(conn: Conn, delivery_id: UUID) -> PendingDelivery | None:
         period=row["period"],
         used=row["used"],
         total=row["total"],
+        rule_id=row["rule_id"],
+        created_at=row["created_at"],
+        fired_at=row["fired_at"],
+        webhook_secret=row["webhook_secret"],
     )
 
 
@@ -229,26 +247,65 @@ async def finish_delivery(conn: Conn, delivery_id: UUID, status: DeliveryStatus,
     await conn.execute(
         """UPDATE alerts.deliveries
               SET status = %s, attempts = attempts + %s, last_error = %s,
-                  sent_at = CASE WHEN %s = 'sent' THEN now() END
+                  sent_at = CASE WHEN %s = 'sent' THEN now() END, next_attempt_at = NULL
             WHERE id = %s""",
         (status.value, attempts, error, status.value, delivery_id),
     )
 
 
-async def pending_ids(conn: Conn, limit: int = 500) -> list[UUID]:
-    """Pending deliveries no sender holds right now (a crashed sender's rows are free again)."""
+async def postpone_delivery(conn: Conn, delivery_id: UUID, error: str, next_attempt_at: datetime) -> None:
+    """One more failed attempt; the delivery stays pending until `next_attempt_at`."""
+    await conn.execute(
+        """UPDATE alerts.deliveries SET attempts = attempts + 1, last_error = %s, next_attempt_at = %s
+            WHERE id = %s""",
+        (error, next_attempt_at, delivery_id),
+    )
+
+
+@dataclass(frozen=True)
+class Attempt:
+    number: int
+    time: datetime
+    status_code: int | None = None
+    error: str | None = None
+    next_attempt_at: datetime | None = None
+
+
+async def record_attempts(conn: Conn, delivery_id: UUID, attempts: list[Attempt]) -> None:
+    async with conn.cursor() as cursor:
+        await cursor.executemany(
+            """INSERT INTO alerts.delivery_attempts (id, delivery_id, attempt, time, status_code, error, next_attempt_at)
+               VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT ON CONSTRAINT delivery_attempts_once DO NOTHING""",
+            [(uuid4(), delivery_id, a.number, a.time, a.status_code, a.error, a.next_attempt_at) for a in attempts],
+        )
+
+
+async def pending_ids(conn: Conn, now: datetime, limit: int = 500) -> list[UUID]:
+    """Due pending deliveries no sender holds right now (a crashed sender's rows are free again)."""
     cur = await conn.execute(
-        """SELECT id FROM alerts.deliveries WHERE status = 'pending'
+        """SELECT id FROM alerts.deliveries
+            WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= %s)
             ORDER BY created_at LIMIT %s FOR UPDATE SKIP LOCKED""",
-        (limit,),
+        (now, limit),
     )
     return [row["id"] for row in await cur.fetchall()]
 
 
 async def list_deliveries(conn: Conn, account_id: UUID, rule_id: UUID) -> list[Row]:
+    """One row per attempt of every delivery of the rule; a delivery not tried yet is one row
+    with attempt 0 (its creation time, and when it is due)."""
     cur = await conn.execute(
-        """SELECT d.*, f.period, f.threshold_pct FROM alerts.deliveries d JOIN alerts.firings f ON f.id = d.firing_id
-            WHERE f.rule_id = %s AND f.account_id = %s ORDER BY d.created_at, d.channel, d.recipient""",
+        """SELECT coalesce(a.id, d.id) AS id, coalesce(a.time, d.created_at) AS time, coalesce(a.attempt, 0) AS attempt,
+                  a.status_code, a.error,
+                  CASE WHEN a.id IS NOT NULL THEN a.next_attempt_at
+                       WHEN d.status = 'pending' THEN coalesce(d.next_attempt_at, d.created_at) END
+                      AS next_attempt_at,
+                  d.id AS delivery_id, d.firing_id, d.channel, d.recipient, d.status, d.attempts, d.last_error,
+                  d.created_at, d.sent_at, f.period, f.threshold_pct
+             FROM alerts.deliveries d JOIN alerts.firings f ON f.id = d.firing_id
+             LEFT JOIN alerts.delivery_attempts a ON a.delivery_id = d.id
+            WHERE f.rule_id = %s AND f.account_id = %s
+            ORDER BY d.created_at, d.channel, d.recipient, a.attempt""",
         (rule_id, account_id),
     )
     return list(await cur.fetchall())

@@ -35,6 +35,12 @@ class Settings(BaseSettings):
     mail_from: str = "Tollgate <alerts@tollgate.local>"
     sms_gateway_url: str | None = None
     sms_gateway_token: SecretStr | None = None
+    # Lets alert webhooks reach loopback, private and link-local addresses (tests, closed networks).
+    webhook_allow_private_targets: bool = False
+    # Webhook retries: the first delay, doubling up to the cap, for the window from the firing on.
+    webhook_retry_initial_seconds: float = Field(default=30.0, gt=0)
+    webhook_retry_max_seconds: float = Field(default=3600.0, gt=0)
+    webhook_retry_window_seconds: float = Field(default=24 * 3600.0, ge=0)
     log_level: str = "INFO"
     # A TOML price table that replaces the one shipped with metering (services/metering/data/prices.toml).
     metering_prices_file: str | None = None

@@ -7,12 +7,15 @@ band, 403), upgrade and see it clear, add an alert and receive the in-site notif
 Screenshots of every page at laptop and phone width go to artifacts/screenshots/.
 """
 
+import json
 import re
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ from fastapi import FastAPI
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from services import console
+from services.alerts.webhook import verify
 from services.edge.errors import install_error_handlers
 from tests.support.apps import REPO, ServeProcess
 
@@ -43,7 +47,10 @@ WAIT_MS = 20_000
 @pytest.fixture
 def server(settings, tmp_path: Path) -> Iterator[ServeProcess]:
     # The subprocess owns its own chdb path (one process per path).
-    proc = ServeProcess(settings.model_copy(update={"clickhouse_dsn": f"chdb://{tmp_path}/ch"}))
+    # The story's webhook receiver runs on 127.0.0.1: the operator setting lets the server reach it.
+    proc = ServeProcess(
+        settings.model_copy(update={"clickhouse_dsn": f"chdb://{tmp_path}/ch", "webhook_allow_private_targets": True})
+    )
     try:
         proc.wait_ready(90)
         yield proc
@@ -60,6 +67,31 @@ def browser() -> Iterator[Browser]:
         launched = pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
         yield launched
         launched.close()
+
+
+@pytest.fixture
+def webhook_receiver() -> Iterator[tuple[str, list[tuple[dict[str, str], bytes]]]]:
+    """A local HTTP receiver that answers 200 and records (headers, body) of every POST."""
+    received: list[tuple[dict[str, str], bytes]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append(({k.lower(): v for k, v in self.headers.items()}, body))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/tollgate-hook", received
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def poll(check: Callable[[], Any], what: str, timeout: float = 20) -> Any:
@@ -101,7 +133,9 @@ def usage_event(account_id: str, tokens_in: int, tokens_out: int, provider: str,
 
 
 @pytest.mark.integration
-def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(server: ServeProcess, browser: Browser) -> None:
+def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
+    server: ServeProcess, browser: Browser, webhook_receiver: tuple[str, list[tuple[dict[str, str], bytes]]]
+) -> None:
     base = server.base_url
     context = browser.new_context(viewport=LAPTOP, base_url=base)
     context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
@@ -299,6 +333,45 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(server: 
     pay_package.click()
     ai_tokens = page.locator('.quota-card[data-resource="ai_tokens"]')
     expect(ai_tokens).to_contain_text("1,100,000", timeout=WAIT_MS)  # the package is added to this period
+
+    # ---- a webhook rule: the signing secret shown once, the delivery in the rule's log -------
+    hook_url, hook_requests = webhook_receiver
+    open_page(page, base, "alerts", "Alerts")
+    page.get_by_label("Threshold (% of quota)").fill("10")  # passed already (600,000 of 1,100,000): fires at creation
+    page.get_by_role("checkbox", name="In-site").uncheck()
+    page.get_by_role("checkbox", name="Webhook").check()
+    page.get_by_label("Webhook URL").fill(hook_url)
+    page.get_by_role("button", name="Add rule").click()
+    secret_field = page.get_by_role("textbox", name="Webhook signing secret")
+    expect(secret_field).to_be_visible(timeout=WAIT_MS)
+    expect(page.get_by_role("heading", name="Your webhook signing secret")).to_be_visible()
+    expect(page.get_by_role("alert").filter(has_text="shown only this once")).to_be_visible()
+    webhook_secret = secret_field.input_value()
+    assert webhook_secret.startswith("whsec_")
+    page.get_by_role("button", name="Copy secret").click()
+    expect(page.get_by_role("button", name="Copied")).to_be_visible()
+    assert page.evaluate("navigator.clipboard.readText()") == webhook_secret
+    hook_rule = page.locator("#rules-table tbody tr", has_text="Webhook")
+    expect(hook_rule).to_contain_text("10%", timeout=WAIT_MS)
+    expect(hook_rule).to_contain_text(hook_url)
+    shot(page, "alerts-webhook-secret")
+    page.get_by_role("button", name="I have stored it").click()
+    expect(secret_field).to_have_count(0)
+    poll(lambda: len(hook_requests) > 0, "the webhook delivery", timeout=30)
+    hook_headers, hook_body = hook_requests[0]
+    assert verify(webhook_secret, hook_headers["tollgate-signature"], hook_body)
+    assert json.loads(hook_body)["threshold_pct"] == 10
+    hook_rule.get_by_role("button", name=re.compile(r"^Deliveries of the Total tokens 10% rule$")).click()
+    log = page.locator("#deliveries-table tbody tr")
+    expect(log).to_have_count(1, timeout=WAIT_MS)
+    expect(log.first).to_contain_text("200")
+    expect(log.first).to_contain_text(hook_url)
+    expect(log.first).to_contain_text("sent")
+    shot(page, "alerts-webhook-deliveries")
+    page.reload()  # the secret is not shown again
+    expect(page.get_by_role("heading", level=1)).to_have_text("Alerts", timeout=WAIT_MS)
+    expect(page.locator("#rules-table tbody tr", has_text="Webhook")).to_have_count(1, timeout=WAIT_MS)
+    assert webhook_secret not in page.content()
 
     # ---- rotate without grace (new key shown once, old one dead), then delete with confirmation
     open_page(page, base, "keys", "API keys")

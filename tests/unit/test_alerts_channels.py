@@ -1,6 +1,7 @@
 """Message rendering: multipart e-mail from the templates, escaped HTML, SMS text, stable ids."""
 
 import uuid
+from datetime import UTC, datetime
 
 from contracts.alerts_api import Channel
 from contracts.common import AlertMetric
@@ -15,7 +16,19 @@ MESSAGE = domain.AlertMessage(AlertMetric.TOTAL_TOKENS, 80, 95_000, 100_000, "20
 
 def _pending(recipient: str) -> store.PendingDelivery:
     return store.PendingDelivery(
-        DELIVERY, uuid.uuid4(), Channel.EMAIL, recipient, 0, AlertMetric.TOTAL_TOKENS, 80, "2026-11", 95_000, 100_000
+        DELIVERY,
+        uuid.uuid4(),
+        Channel.EMAIL,
+        recipient,
+        0,
+        AlertMetric.TOTAL_TOKENS,
+        80,
+        "2026-11",
+        95_000,
+        100_000,
+        rule_id=uuid.uuid4(),
+        created_at=datetime.now(UTC),
+        fired_at=datetime.now(UTC),
     )
 
 

@@ -1,5 +1,6 @@
-// Alerts: rules (metric, threshold, channels, recipients) and the in-site notifications with
-// their quick links to upgrade or buy a package.
+// Alerts: rules (metric, threshold, channels, recipients), each rule's delivery log, and the
+// in-site notifications with their quick links to upgrade or buy a package. A webhook rule's
+// signing secret is shown once, right after its creation.
 import { del, get, post } from "./api.js";
 import { busy, confirmDialog, errorBox, field, h, select } from "./dom.js";
 import { METRICS, dateTime } from "./format.js";
@@ -8,6 +9,7 @@ const CHANNELS = [
   ["in_site", "In-site"],
   ["email", "E-mail"],
   ["sms", "SMS"],
+  ["webhook", "Webhook"],
 ];
 
 const splitList = (text) => text.split(/[\s,;]+/).map((x) => x.trim()).filter(Boolean);
@@ -48,8 +50,65 @@ function notificationItem(n, markRead) {
   );
 }
 
+/** The webhook's signing secret, on screen this once (the server never returns it again). */
+function webhookSecretPanel(secret, onDone) {
+  const input = h("input", { type: "text", readOnly: true, value: secret, class: "secret-value", id: "webhook-secret", "aria-label": "Webhook signing secret" });
+  const copy = h("button", { type: "button", class: "primary" }, "Copy secret");
+  copy.addEventListener("click", async () => {
+    input.select();
+    try {
+      await navigator.clipboard.writeText(secret);
+    } catch {
+      document.execCommand("copy"); // older browsers and non-secure origins
+    }
+    copy.textContent = "Copied";
+  });
+  const done = h("button", { type: "button", class: "secondary" }, "I have stored it");
+  const panel = h(
+    "section",
+    { class: "card secret-panel", "aria-labelledby": "webhook-secret-title", tabindex: "-1" },
+    h("h2", { id: "webhook-secret-title" }, "Your webhook signing secret"),
+    h("p", { class: "warning", role: "alert" }, "Copy this secret now and store it with your receiver: it is shown only this once. Every delivery carries a Tollgate-Signature header (t=<unix>,v1=<HMAC-SHA256 of \"t.body\">) your receiver checks with it."),
+    h("div", { class: "secret-row" }, input, copy),
+    h("div", { class: "actions" }, done),
+  );
+  done.addEventListener("click", () => {
+    input.value = "";
+    panel.remove();
+    onDone();
+  });
+  return panel;
+}
+
+function deliveriesTable(items) {
+  if (!items.length) return h("p", { class: "muted" }, "No deliveries yet: the rule has not fired.");
+  const row = (d) =>
+    h(
+      "tr",
+      { dataset: { status: d.status } },
+      h("td", { "data-label": "Time" }, dateTime(d.time)),
+      h("td", { "data-label": "Channel" }, (CHANNELS.find(([v]) => v === d.channel) || [d.channel, d.channel])[1]),
+      h("td", { "data-label": "Recipient" }, d.recipient.replace(/^(url|email|phone|account):/, "")),
+      h("td", { "data-label": "Attempt" }, String(d.attempt)),
+      h("td", { "data-label": "Status code" }, d.status_code == null ? "—" : String(d.status_code)),
+      h("td", { "data-label": "Error" }, d.error || (d.attempt === 0 ? "Not tried yet" : "OK")),
+      h("td", { "data-label": "Next attempt" }, d.next_attempt_at ? dateTime(d.next_attempt_at) : "—"),
+      h("td", { "data-label": "Message" }, d.status),
+    );
+  return h(
+    "div",
+    { class: "table-wrap" },
+    h(
+      "table",
+      { class: "responsive", id: "deliveries-table" },
+      h("thead", {}, h("tr", {}, ["Time", "Channel", "Recipient", "Attempt", "Status code", "Error", "Next attempt", "Message"].map((t) => h("th", { scope: "col" }, t)))),
+      h("tbody", {}, items.map(row)),
+    ),
+  );
+}
+
 function recipientsText(rule) {
-  const named = (rule.recipients || []).filter((r) => !r.user_id).map((r) => r.email || r.phone || JSON.stringify(r));
+  const named = (rule.recipients || []).filter((r) => !r.user_id).map((r) => r.email || r.phone || r.url || JSON.stringify(r));
   if (rule.channels.includes("in_site")) named.unshift("your in-site inbox");
   return named.join(", ");
 }
@@ -60,6 +119,26 @@ export async function render(container, ctx) {
   const rulesBody = h("tbody");
   const rulesErrors = h("div");
   const noRules = h("p", { class: "muted", hidden: true }, "No rules yet.");
+  const secretSlot = h("div");
+  const deliveries = h("section", { class: "card", id: "deliveries", "aria-labelledby": "deliveries-title", hidden: true });
+
+  async function showDeliveries(rule, button) {
+    const title = h("h2", { id: "deliveries-title" }, `Deliveries: ${METRICS[rule.metric] || rule.metric} at ${rule.threshold_pct}%`);
+    const reload = h("button", { type: "button", class: "secondary small" }, "Reload");
+    reload.addEventListener("click", () => busy(reload, () => showDeliveries(rule)));
+    const close = h("button", { type: "button", class: "secondary small" }, "Close");
+    close.addEventListener("click", () => { deliveries.hidden = true; deliveries.replaceChildren(); });
+    const head = h("div", { class: "page-head" }, title, h("span", { class: "actions" }, reload, close));
+    const hint = h("p", { class: "hint" }, "One line per attempt. Webhooks are retried with backoff for 24 hours until the receiver answers 2xx.");
+    try {
+      const load = () => get(`/api/ai/usage/alert/${encodeURIComponent(rule.id)}/deliveries`);
+      const data = button ? await busy(button, load) : await load();
+      deliveries.replaceChildren(head, hint, deliveriesTable(data.items));
+    } catch (err) {
+      deliveries.replaceChildren(head, errorBox(err));
+    }
+    deliveries.hidden = false;
+  }
 
   async function loadNotifications() {
     noteErrors.replaceChildren();
@@ -107,6 +186,8 @@ export async function render(container, ctx) {
         rulesErrors.append(errorBox(err));
       }
     });
+    const log = h("button", { type: "button", class: "secondary small", "aria-label": `Deliveries of the ${METRICS[rule.metric] || rule.metric} ${rule.threshold_pct}% rule` }, "Deliveries");
+    log.addEventListener("click", () => showDeliveries(rule, log));
     return h(
       "tr",
       { dataset: { ruleId: rule.id } },
@@ -115,7 +196,7 @@ export async function render(container, ctx) {
       h("td", { "data-label": "Channels" }, rule.channels.map((c) => (CHANNELS.find(([v]) => v === c) || [c, c])[1]).join(", ")),
       h("td", { "data-label": "Recipients" }, recipientsText(rule)),
       h("td", { "data-label": "This period" }, rule.fired_this_period ? `Fired ${dateTime(rule.last_fired_at)}` : "Not fired"),
-      h("td", { class: "row-actions" }, remove),
+      h("td", { class: "row-actions" }, log, remove),
     );
   }
 
@@ -124,6 +205,7 @@ export async function render(container, ctx) {
   const channelBoxes = CHANNELS.map(([value, label]) => h("label", { class: "choice inline" }, h("input", { type: "checkbox", name: "channels", value, checked: value === "in_site" }), label));
   const emails = h("input", { type: "text", name: "emails", autocomplete: "off", placeholder: "ops@example.com" });
   const phones = h("input", { type: "text", name: "phones", autocomplete: "off", placeholder: "+15551234567" });
+  const webhookUrl = h("input", { type: "url", name: "webhook_url", autocomplete: "off", placeholder: "https://hooks.example.com/tollgate" });
   const formErrors = h("div");
   const save = h("button", { type: "submit", class: "primary" }, "Add rule");
   const form = h(
@@ -133,6 +215,7 @@ export async function render(container, ctx) {
     h("div", { class: "row" }, field("Metric", metric), field("Threshold (% of quota)", threshold)),
     h("fieldset", {}, h("legend", {}, "Channels"), channelBoxes),
     h("div", { class: "row" }, field("E-mail recipients", emails, "Comma-separated; for the e-mail channel."), field("SMS recipients", phones, "Comma-separated phone numbers; for the SMS channel.")),
+    h("div", { class: "row" }, field("Webhook URL", webhookUrl, "For the webhook channel: http(s), reachable from the internet (private and loopback addresses are refused). Alerts are POSTed as signed JSON.")),
     formErrors,
     h("div", { class: "actions" }, save),
   );
@@ -143,12 +226,18 @@ export async function render(container, ctx) {
     const recipients = [
       ...splitList(emails.value).map((email) => ({ email })),
       ...splitList(phones.value).map((phone) => ({ phone })),
+      ...(webhookUrl.value.trim() ? [{ url: webhookUrl.value.trim() }] : []),
     ];
     try {
-      await busy(save, () => post("/api/ai/usage/alert", { metric: metric.value, threshold_pct: Number(threshold.value), channels, recipients }));
+      const created = await busy(save, () => post("/api/ai/usage/alert", { metric: metric.value, threshold_pct: Number(threshold.value), channels, recipients }));
       ctx.toast("Alert rule added.");
       emails.value = "";
       phones.value = "";
+      webhookUrl.value = "";
+      if (created && created.webhook_secret) {
+        secretSlot.replaceChildren(webhookSecretPanel(created.webhook_secret, () => webhookUrl.focus()));
+        secretSlot.firstChild.focus();
+      }
       await loadRules();
     } catch (err) {
       formErrors.append(errorBox(err));
@@ -167,6 +256,7 @@ export async function render(container, ctx) {
       notifications,
     ),
     form,
+    secretSlot,
     h(
       "section",
       { class: "card", "aria-labelledby": "rules-title" },
@@ -184,6 +274,7 @@ export async function render(container, ctx) {
       ),
       noRules,
     ),
+    deliveries,
   );
   await Promise.all([loadNotifications(), loadRules()]);
   const timer = setInterval(() => { if (!document.hidden) loadNotifications(); }, 20000);

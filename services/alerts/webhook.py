@@ -1,0 +1,190 @@
+"""The webhook channel: a signed JSON POST to the rule's URL, one attempt per call.
+
+The address rule (services/alerts/targets.py) is applied where the connection is made: the name
+is resolved once, every address it gives is checked, and the request goes to that checked
+address (the Host header and TLS SNI carry the name). A DNS answer that changes between the check
+and the connection therefore cannot steer a delivery into the platform's own network.
+"""
+
+import asyncio
+import hashlib
+import hmac
+import ipaddress
+import json
+import secrets
+import socket
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from services.alerts import domain, targets
+
+ATTEMPT_TIMEOUT_SECONDS = 5.0
+SIGNATURE_HEADER = "Tollgate-Signature"
+USER_AGENT = "Tollgate-Webhooks/1"
+
+
+def new_secret() -> str:
+    return "whsec_" + secrets.token_urlsafe(32)
+
+
+def signature(secret: str, timestamp: int, body: bytes) -> str:
+    """`t=<unix>,v1=<hex HMAC-SHA256 of "t.body">` (API.md, "Alerts")."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+def verify(secret: str, header: str, body: bytes) -> bool:
+    """What a receiver does (docs/alerts.md shows the same in a few lines); used by the tests."""
+    fields = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
+    try:
+        expected = signature(secret, int(fields["t"]), body)
+    except (KeyError, ValueError):
+        return False
+    return hmac.compare_digest(expected, header)
+
+
+def payload(delivery_id: Any, rule_id: Any, account_id: Any, fired_at: datetime, message: domain.AlertMessage) -> bytes:
+    """The alert as JSON; the same bytes on every attempt of a delivery (only the signature's
+    timestamp changes), so a receiver can drop a repeat by `id`."""
+    body = {
+        "id": str(delivery_id),
+        "type": "usage.alert",
+        "time": fired_at.isoformat(),
+        "account_id": str(account_id),
+        "rule_id": str(rule_id),
+        "metric": message.metric.value,
+        "resource": message.resource.value,
+        "threshold_pct": message.threshold_pct,
+        "used": message.used,
+        "total": message.total,
+        "usage_pct": str(message.usage_pct),
+        "period": message.period,
+        "title": message.title,
+        "message": message.summary(),
+        "links": {"upgrade_plan": message.links.upgrade_plan, "buy_quota_package": message.links.buy_quota_package},
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+# ---- resolving and checking ---------------------------------------------------------------------
+class TargetRefused(Exception):
+    """The URL's host resolves to an address webhooks may not reach (or does not resolve)."""
+
+
+async def resolve(host: str, port: int) -> list[targets.IPAddress]:
+    """The addresses the system resolver gives for `host` (numbers in any form it accepts too)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos))
+
+
+async def checked_addresses(target: targets.Target, allow_private: bool) -> list[targets.IPAddress]:
+    """Resolve once and check; raises TargetRefused (or OSError when the name does not resolve)."""
+    addresses = await resolve(target.host, target.port)
+    if not addresses:
+        raise TargetRefused(f"{target.host} has no address")
+    reason = None if allow_private else targets.refusal_of_all(addresses)
+    if reason is not None:
+        raise TargetRefused(f"{target.host} refused: {reason}")
+    return addresses
+
+
+# ---- one attempt --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AttemptResult:
+    status_code: int | None
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class WebhookRequest:
+    url: str
+    secret: str = field(repr=False)  # never in a log line
+    delivery_id: Any
+    attempt: int
+    body: bytes
+
+
+class WebhookSender:
+    def __init__(self, allow_private: bool, client: httpx.AsyncClient | None = None) -> None:
+        self._allow_private = allow_private
+        # No proxies from the environment (they would connect elsewhere), no redirects followed.
+        self._client = client or httpx.AsyncClient(timeout=ATTEMPT_TIMEOUT_SECONDS, follow_redirects=False, trust_env=False)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def attempt(self, request: WebhookRequest, now: datetime) -> AttemptResult:
+        try:
+            target = targets.parse_target(request.url)
+            async with asyncio.timeout(ATTEMPT_TIMEOUT_SECONDS):
+                addresses = await checked_addresses(target, self._allow_private)
+        except (targets.TargetError, TargetRefused) as exc:
+            return AttemptResult(None, f"target refused: {exc}")
+        except OSError as exc:
+            return AttemptResult(None, f"cannot resolve {request.url}: {exc}")
+        headers = {
+            "Host": target.host_header,
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            "Tollgate-Delivery": str(request.delivery_id),
+            "Tollgate-Attempt": str(request.attempt),
+            SIGNATURE_HEADER: signature(request.secret, int(now.timestamp()), request.body),
+        }
+        extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
+        errors: list[str] = []
+        for address in addresses:  # only checked ones; the next when one refuses the connection
+            try:
+                response = await self._client.post(
+                    target.url_for(address), content=request.body, headers=headers, extensions=extensions
+                )
+                break
+            except httpx.ConnectError as exc:
+                errors.append(f"cannot connect to {address}: {exc}")
+            except httpx.HTTPError as exc:
+                return AttemptResult(None, f"{type(exc).__name__} at {address}: {exc}"[:1000])
+        else:
+            return AttemptResult(None, "; ".join(errors)[:1000])
+        if response.is_success:
+            return AttemptResult(response.status_code, None)
+        return AttemptResult(response.status_code, f"receiver answered {response.status_code}")
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Delays between attempts: initial, doubling, capped; attempts stop after `window_seconds`
+    from the delivery's creation (24 h in production; the tests make it all fast)."""
+
+    initial_seconds: float = 30.0
+    max_seconds: float = 3600.0
+    window_seconds: float = 24 * 3600.0
+
+    def delay(self, attempt: int, jitter: float) -> float:
+        """After the `attempt`-th failure; `jitter` in [0, 1) spreads retries of many deliveries."""
+        base = min(self.max_seconds, self.initial_seconds * 2.0 ** max(0, attempt - 1))
+        return float(base * (1 + 0.1 * jitter))
+
+
+DEFAULT_BACKOFF = Backoff()
+
+
+async def creation_refusal(url: str, allow_private: bool) -> str | None:
+    """Why a rule may not name `url` (its host resolves to a refused address), or None. A name
+    that does not resolve now is accepted: its deliveries fail, and are logged, until it does."""
+    if allow_private:
+        return None
+    target = targets.parse_target(url)
+    try:
+        async with asyncio.timeout(ATTEMPT_TIMEOUT_SECONDS):
+            await checked_addresses(target, allow_private=False)
+    except TargetRefused as exc:
+        return str(exc)
+    except (OSError, TimeoutError):
+        return None
+    return None
