@@ -56,9 +56,7 @@ def test_period_end_is_the_next_month_in_the_platform_zone():
     berlin = ZoneInfo("Europe/Berlin")
     assert QuotaProjection(berlin).period_end(T0) == datetime(2026, 4, 1, tzinfo=berlin)
     assert QuotaProjection(berlin).period_end(T0).isoformat() == "2026-04-01T00:00:00+02:00"
-    assert QuotaProjection(ZoneInfo("UTC")).period_end(datetime(2026, 12, 31, 23, tzinfo=UTC)) == datetime(
-        2027, 1, 1, tzinfo=UTC
-    )
+    assert QuotaProjection(ZoneInfo("UTC")).period_end(datetime(2026, 12, 31, 23, tzinfo=UTC)) == datetime(2027, 1, 1, tzinfo=UTC)
 
 
 def test_insufficient_quota_carries_the_details_and_the_links_alerts_use():
