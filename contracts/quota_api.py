@@ -1,6 +1,7 @@
 """Payloads of the quota endpoints (`GET /api/billing/check-quota`, `GET /api/ai/usage/quota`)."""
 
 from typing import Literal
+from urllib.parse import quote
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -31,3 +32,39 @@ class QuotaItem(BaseModel):
 class QuotaReport(BaseModel):
     period: PeriodRange
     items: list[QuotaItem]
+
+
+# ---- (v2) the quota reads and insufficient_quota -----------------------------------------------
+# The two quota reads: a blocked customer can always see why. The edge does not gate them on
+# api_calls and the quota service does not count their calls.v1 events (method, route template).
+UNCOUNTED_CALLS: frozenset[tuple[str, str]] = frozenset(
+    {("GET", "/api/billing/check-quota"), ("GET", "/api/ai/usage/quota")}
+)
+
+
+def counts_as_api_call(method: str, path: str) -> bool:
+    """Whether an admitted API-key call on this route (template) counts against api_calls."""
+    return (method, path) not in UNCOUNTED_CALLS
+
+
+class QuotaLinks(BaseModel):
+    """Console pages that lift a quota: the plan page and the package purchase of the resource."""
+
+    upgrade_plan: str
+    buy_quota_package: str
+
+
+def quota_links(console_url: str, resource: Resource) -> QuotaLinks:
+    """The one link format, in notifications, e-mails and insufficient_quota errors alike."""
+    base = console_url.rstrip("/")
+    return QuotaLinks(upgrade_plan=f"{base}/plan", buy_quota_package=f"{base}/quota?buy={quote(resource.value)}")
+
+
+class InsufficientQuotaDetails(BaseModel):
+    """`error.details` of every 403 insufficient_quota."""
+
+    resource: Resource
+    used: int
+    total: int
+    period_end: AwareDatetime = Field(description="End of the current period in the platform time zone.")
+    links: QuotaLinks

@@ -3,11 +3,11 @@
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
-from urllib.parse import quote
 from uuid import UUID
 
 from contracts.alerts_api import Channel, EmailRecipient, PhoneRecipient, Recipient, UserRecipient, WebhookRecipient
 from contracts.common import METRIC_RESOURCE, STOCK_RESOURCES, AlertMetric, Resource
+from contracts.quota_api import quota_links
 from services.alerts import targets
 
 # ---- rule validation --------------------------------------------------------------------------
@@ -149,8 +149,8 @@ class Links:
 
 
 def links_for(console_url: str, resource: Resource) -> Links:
-    base = console_url.rstrip("/")
-    return Links(upgrade_plan=f"{base}/plan", buy_quota_package=f"{base}/quota?buy={quote(resource.value)}")
+    links = quota_links(console_url, resource)  # the format insufficient_quota errors use too
+    return Links(upgrade_plan=links.upgrade_plan, buy_quota_package=links.buy_quota_package)
 
 
 @dataclass(frozen=True)

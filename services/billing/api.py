@@ -3,13 +3,14 @@
 from typing import Annotated
 from uuid import UUID
 
-from fastapi import APIRouter, Body, Depends
+from fastapi import APIRouter, Body, Depends, Header
 
 from contracts.billing_api import Order, OrderIn, PackageOrderIn, PlanList, PlanOut, PlanUpgradeOrderIn, Subscription, SwitchIn
 from contracts.common import Permission
 from contracts.errors import ErrorBody, ErrorCode
 from contracts.plans import TIER_ORDER, catalogue
 from services.billing.domain import BillingRuleError
+from services.billing.idempotency import HEADER_DESCRIPTION, MAX_KEY_LENGTH, Idempotency, KeyReused
 from services.billing.service import BillingService, NotFound, PaymentRequired
 from services.edge.errors import ApiError, not_found
 from services.edge.principal import Principal
@@ -20,6 +21,18 @@ PRORATION = (
     "computed in exact decimals on microseconds and rounded once, half up, to cents. Downgrades cost and refund nothing."
 )
 RULE = "An individual account cannot order or switch to the enterprise tier: 409 user_type_plan_mismatch."
+CONSOLE = "Console only: an API key gets 403 console_session_required (a leaked key cannot spend money). Needs `billing:write`."
+IdempotencyKey = Annotated[
+    str | None, Header(alias="Idempotency-Key", min_length=1, max_length=MAX_KEY_LENGTH, description=HEADER_DESCRIPTION)
+]
+
+
+def _reused() -> ApiError:
+    return ApiError(
+        409,
+        ErrorCode.IDEMPOTENCY_KEY_REUSED,
+        "This Idempotency-Key was already used with another request; send a new key for a new request.",
+    )
 
 
 def _rule_error(exc: BillingRuleError) -> ApiError:
@@ -30,7 +43,7 @@ def _rule_error(exc: BillingRuleError) -> ApiError:
 def build_router(runtime: Runtime, service: BillingService) -> APIRouter:
     router = APIRouter(tags=["billing"])
     reader = Depends(runtime.edge.requires(Permission.BILLING_READ))
-    writer = Depends(runtime.edge.requires(Permission.BILLING_WRITE))
+    writer = Depends(runtime.edge.requires(Permission.BILLING_WRITE, console_only=True))
 
     @router.get("/api/billing/plans", description="The public price list; needs no credentials (an extension: API.md is silent).")
     async def plans() -> PlanList:
@@ -47,38 +60,48 @@ def build_router(runtime: Runtime, service: BillingService) -> APIRouter:
         description=(
             f"{PRORATION} Quota packages: `amount` must be a whole multiple of the resource's package unit "
             f"(422 otherwise); price = amount / unit x unit price (services/billing/packages.toml); valid this period. "
-            f"A plan_upgrade to a plan that is not more expensive answers 409 conflict (use switch). {RULE}"
+            f"A plan_upgrade to a plan that is not more expensive answers 409 conflict (use switch). {RULE} {CONSOLE}"
         ),
     )
-    async def create_order(body: Annotated[OrderIn, Body()], principal: Principal = writer) -> Order:
+    async def create_order(
+        body: Annotated[OrderIn, Body()], idempotency_key: IdempotencyKey = None, principal: Principal = writer
+    ) -> Order:
         assert isinstance(body, PlanUpgradeOrderIn | PackageOrderIn)
+        idem = Idempotency.of(idempotency_key, "POST /api/billing/orders", "/api/billing/orders", body.model_dump(mode="json"))
         try:
-            return await service.create_order(principal.account_id, body)
+            return await service.create_order(principal.account_id, body, idem)
         except BillingRuleError as exc:
             raise _rule_error(exc) from None
+        except KeyReused:
+            raise _reused() from None
 
     @router.post(
         "/api/billing/orders/{order_id}/pay",
         description=(
             "Pays the order through the payment provider; effects are immediate (the billing.v1 event is in Kafka "
             "when this returns). Paying a paid order returns it unchanged. 409 conflict when the plan changed since "
-            f"the order or the order's period is over. {RULE}"
+            f"the order or the order's period is over. The payment provider is called with the order id as its "
+            f"idempotency key, so a retried payment never charges twice. {RULE} {CONSOLE}"
         ),
     )
-    async def pay(order_id: UUID, principal: Principal = writer) -> Order:
+    async def pay(order_id: UUID, idempotency_key: IdempotencyKey = None, principal: Principal = writer) -> Order:
+        path = f"/api/billing/orders/{order_id}/pay"
+        idem = Idempotency.of(idempotency_key, "POST /api/billing/orders/{order_id}/pay", path)
         try:
-            return await service.pay(principal.account_id, order_id)
+            return await service.pay(principal.account_id, order_id, idem)
         except NotFound:
             raise not_found("order") from None
         except BillingRuleError as exc:
             raise _rule_error(exc) from None
+        except KeyReused:
+            raise _reused() from None
 
     @router.post(
         "/api/billing/subscription/switch",
         description=(
             "200 with the subscription for downgrades and changes that cost nothing now (applied at once); for an "
             "upgrade, 402 payment_required with the pending order in error.details.order (pay it with "
-            f"POST /api/billing/orders/{{id}}/pay). {PRORATION} {RULE}"
+            f"POST /api/billing/orders/{{id}}/pay). {PRORATION} {RULE} {CONSOLE}"
         ),
         responses={402: {"model": ErrorBody, "description": "An upgrade: pay the order in error.details.order"}},
     )

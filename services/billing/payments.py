@@ -23,9 +23,19 @@ class PaymentProvider(Protocol):
 
 
 class TestProvider:
-    """Accepts every charge at once (the default; for development and tests)."""
+    """Accepts every charge at once (the default; for development and tests). Idempotent on the
+    order id like a real provider: a second charge of an order returns the first one. `attempts`
+    counts every call and `charges` holds the distinct charges made, so tests can count both."""
 
     __test__ = False  # not a pytest class
 
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.charges: dict[UUID, Charge] = {}
+
     async def charge(self, order_id: UUID, account_id: UUID, amount: Decimal, currency: str) -> Charge:
-        return Charge(reference=f"test-{order_id}")
+        self.attempts += 1
+        made = self.charges.get(order_id)
+        if made is None:
+            made = self.charges[order_id] = Charge(reference=f"test-{order_id}")
+        return made

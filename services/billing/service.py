@@ -17,8 +17,9 @@ from contracts.events import AccountState, PackagePurchased, PlanChanged, UserTy
 from contracts.plans import catalogue
 from contracts.quota_api import PeriodRange
 from contracts.topics import BILLING
-from services.billing import domain, store
+from services.billing import domain, idempotency, store
 from services.billing.domain import BillingRuleError, SwitchKind
+from services.billing.idempotency import Idempotency
 from services.billing.payments import PaymentProvider
 from services.edge.projections import AccountProjection
 from services.edge.quota_gate import period_of
@@ -89,11 +90,15 @@ class BillingService:
         return Subscription(plan=row.plan, user_type=row.user_type, period=PeriodRange(start=start, end=end))
 
     # ---- commands -------------------------------------------------------------------------------
-    async def create_order(self, account_id: UUID, body: PlanUpgradeOrderIn | PackageOrderIn) -> Order:
+    async def create_order(
+        self, account_id: UUID, body: PlanUpgradeOrderIn | PackageOrderIn, idem: Idempotency | None = None
+    ) -> Order:
         now = self.clock()
         period, start, end = self._period(now)
         plans = catalogue()
         async with self.pool.connection() as conn, conn.transaction():
+            if idem is not None and (stored := await idempotency.claim(conn, account_id, idem)) is not None:
+                return Order.model_validate(stored)  # a retry: the first answer, no second order
             account = await self._lock(conn, account_id)
             if isinstance(body, PlanUpgradeOrderIn):
                 domain.ensure_plan_allowed(account.user_type, body.plan)
@@ -105,7 +110,10 @@ class BillingService:
                 amount = domain.package_amount(body.package.resource, body.package.amount)
                 row = self._new_order(account_id, "quota_package", amount, period, now, package=body.package)
             await store.insert_order(conn, row)
-        return self._out(row)
+            out = self._out(row)
+            if idem is not None:
+                await idempotency.remember(conn, account_id, idem, 201, out.model_dump(mode="json"))
+        return out
 
     def _new_order(
         self,
@@ -135,43 +143,53 @@ class BillingService:
             paid_at=None,
         )
 
-    async def pay(self, account_id: UUID, order_id: UUID) -> Order:
+    async def pay(self, account_id: UUID, order_id: UUID, idem: Idempotency | None = None) -> Order:
+        async with self.pool.connection() as conn, conn.transaction():
+            if idem is not None and (stored := await idempotency.claim(conn, account_id, idem)) is not None:
+                return Order.model_validate(stored)  # a retry: the first answer, nothing charged
+            paid, charged = await self._pay(conn, account_id, order_id)
+            if idem is not None:
+                await idempotency.remember(conn, account_id, idem, 200, paid.model_dump(mode="json"))
+        if charged:
+            await self._deliver()
+        return paid
+
+    async def _pay(self, conn: store.Conn, account_id: UUID, order_id: UUID) -> tuple[Order, bool]:
+        """The paid order, and whether this call charged it (False: it was paid already)."""
         now = self.clock()
         period, _, _ = self._period(now)
-        async with self.pool.connection() as conn, conn.transaction():
-            account = await self._lock(conn, account_id)
-            order = await store.lock_order(conn, order_id, account_id)
-            if order is None:
-                raise NotFound("order")
-            if order.status == "paid":
-                return self._out(order)  # paying twice is harmless: the same paid order
-            if order.period != period:
-                raise BillingRuleError("conflict", "The order was for an earlier period; create a new order.")
-            if order.kind == "plan_upgrade":
-                assert order.plan is not None
-                domain.ensure_plan_allowed(account.user_type, order.plan)  # the user type may have changed since
-                if order.previous_plan is not account.plan:
-                    raise BillingRuleError("conflict", "The plan changed since this order was made; create a new order.")
-            charge = await self.provider.charge(order.id, account_id, order.amount, order.currency)
-            await store.mark_paid(conn, order.id, now, charge.reference)
-            if order.kind == "plan_upgrade":
-                assert order.plan is not None
-                await self._change_plan(conn, account_id, account.plan, order.plan, now)
-            else:
-                assert order.resource is not None and order.quantity is not None
-                event = PackagePurchased(
-                    time=now,
-                    account_id=account_id,
-                    resource=order.resource,
-                    amount=order.quantity,
-                    period=order.period,
-                    order_id=order.id,
-                )
-                await self.relay.add(conn, BILLING, str(account_id).encode(), event.model_dump_json().encode())
-            paid = await store.lock_order(conn, order_id, account_id)
-            assert paid is not None
-        await self._deliver()
-        return self._out(paid)
+        account = await self._lock(conn, account_id)
+        order = await store.lock_order(conn, order_id, account_id)
+        if order is None:
+            raise NotFound("order")
+        if order.status == "paid":
+            return self._out(order), False  # paying twice is harmless: the same paid order, one charge
+        if order.period != period:
+            raise BillingRuleError("conflict", "The order was for an earlier period; create a new order.")
+        if order.kind == "plan_upgrade":
+            assert order.plan is not None
+            domain.ensure_plan_allowed(account.user_type, order.plan)  # the user type may have changed since
+            if order.previous_plan is not account.plan:
+                raise BillingRuleError("conflict", "The plan changed since this order was made; create a new order.")
+        charge = await self.provider.charge(order.id, account_id, order.amount, order.currency)
+        await store.mark_paid(conn, order.id, now, charge.reference)
+        if order.kind == "plan_upgrade":
+            assert order.plan is not None
+            await self._change_plan(conn, account_id, account.plan, order.plan, now)
+        else:
+            assert order.resource is not None and order.quantity is not None
+            event = PackagePurchased(
+                time=now,
+                account_id=account_id,
+                resource=order.resource,
+                amount=order.quantity,
+                period=order.period,
+                order_id=order.id,
+            )
+            await self.relay.add(conn, BILLING, str(account_id).encode(), event.model_dump_json().encode())
+        paid = await store.lock_order(conn, order_id, account_id)
+        assert paid is not None
+        return self._out(paid), True
 
     async def switch(self, account_id: UUID, tier: Tier) -> Subscription:
         now = self.clock()

@@ -17,6 +17,7 @@ from fastapi import Request
 from contracts.common import Permission, Resource, Role
 from contracts.errors import ErrorCode
 from contracts.events import AccountState, KeyState, PlanChanged, QuotaState, RateLimit
+from contracts.quota_api import InsufficientQuotaDetails, counts_as_api_call, quota_links
 from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA
 from services.edge import sessions
 from services.edge.calls import Call, CallRecorder, client_ip, parse_networks
@@ -73,12 +74,17 @@ def _unauthorized(code: ErrorCode, message: str) -> ApiError:
     return ApiError(401, code, message, headers={"WWW-Authenticate": "Bearer"})
 
 
-def _insufficient_quota(resource: Resource) -> ApiError:
+def insufficient_quota(console_url: str, resource: Resource, used: int, total: int, period_end: datetime) -> ApiError:
+    """The one 403 insufficient_quota: which resource, used/total, the period's end, the links."""
+    details = InsufficientQuotaDetails(
+        resource=resource, used=used, total=total, period_end=period_end, links=quota_links(console_url, resource)
+    )
     return ApiError(
         403,
         ErrorCode.INSUFFICIENT_QUOTA,
-        f"The {resource.value} quota of this period is exhausted; upgrade the plan or buy a quota package.",
-        details={"resource": resource.value},
+        f"The {resource.value} quota of this period is exhausted ({used} of {total} used); "
+        "upgrade the plan or buy a quota package.",
+        details=details.model_dump(mode="json"),
     )
 
 
@@ -167,7 +173,8 @@ class Edge:
                 raise ApiError(403, ErrorCode.CONSOLE_SESSION_REQUIRED, "This call needs a console session, not an API key.")
             if permission is not None and not principal.can(permission):
                 raise ApiError(403, ErrorCode.PERMISSION_DENIED, f"Your roles lack the permission {permission.value}.")
-            self.check_quota(principal, consumes, now)
+            route = getattr(request.scope.get("route"), "path", None)
+            self.check_quota(principal, consumes, now, counted=counts_as_api_call(request.method, str(route)))
             request.state.principal = principal
             return principal
 
@@ -212,14 +219,29 @@ class Edge:
         )
         setattr(request.state, RESPONSE_DONE, done)
 
-    def check_quota(self, principal: Principal, consumes: Resource | None, now: datetime) -> None:
+    def check_quota(self, principal: Principal, consumes: Resource | None, now: datetime, *, counted: bool = True) -> None:
         """403 insufficient_quota when a resource this call consumes is exhausted this period.
         Every API-key call consumes api_calls (and is admitted, i.e. counted, only if every check
-        passed); a route may name one more resource."""
+        passed) except the quota reads (`counted=False`, contracts/quota_api.py); a route may name
+        one more resource."""
         if consumes is not None and self.quota.is_blocked(principal.account_id, consumes, now):
-            raise _insufficient_quota(consumes)
-        if not principal.is_console and not self.quota.admit_call(principal.account_id, now):
-            raise _insufficient_quota(Resource.API_CALLS)
+            raise self.insufficient_quota(principal.account_id, consumes, now)
+        if counted and not principal.is_console and not self.quota.admit_call(principal.account_id, now):
+            raise self.insufficient_quota(principal.account_id, Resource.API_CALLS, now)
+
+    def insufficient_quota(
+        self, account_id: UUID, resource: Resource, now: datetime, *, used: int | None = None, total: int | None = None
+    ) -> ApiError:
+        """403 insufficient_quota with its details; used/total from the quota projection unless
+        the caller knows better (geo counts its projects itself)."""
+        known_used, known_total = self.quota.standing(account_id, resource, now)
+        return insufficient_quota(
+            self.settings.console_url,
+            resource,
+            known_used if used is None else used,
+            known_total if total is None else total,
+            self.quota.period_end(now),
+        )
 
     def authenticate(self, request: Request, now: datetime) -> Principal:
         header = request.headers.get("authorization", "")

@@ -36,7 +36,8 @@ class QuotaProjection:
         # they were admitted in and their times, oldest first.
         self._admitted: dict[UUID, tuple[str, deque[datetime]]] = {}
         # Accounts that never changed plan have no state until their first event: the free tier.
-        self._default_calls_total = catalogue()[Tier.FREE].quotas[Resource.API_CALLS]
+        self._free = catalogue()[Tier.FREE].quotas
+        self._default_calls_total = self._free[Resource.API_CALLS]
         # The current period and its bounds in UTC: a call compares two instants instead of
         # converting to the platform zone.
         self._span: tuple[datetime, datetime, str] | None = None
@@ -99,6 +100,29 @@ class QuotaProjection:
         else:
             used, total = state.used, state.total
         return used + pending >= total
+
+    def standing(self, account_id: UUID, resource: Resource, now: datetime) -> tuple[int, int]:
+        """(used, total) of `resource` this period as this process knows them: a flow starts
+        again in a new period, a stock carries its level over; api_calls include the calls
+        admitted here and not yet counted; an account without a state is on the free plan."""
+        period = self._period(now)
+        state = self._states.get((account_id, resource))
+        if state is None:
+            used, total = 0, self._free[resource]
+        elif state.period != period and resource not in STOCK_RESOURCES:
+            used, total = 0, state.total
+        else:
+            used, total = state.used, state.total
+        if resource is Resource.API_CALLS:
+            entry = self._admitted.get(account_id)
+            used += len(entry[1]) if entry is not None and entry[0] == period else 0
+        return used, total
+
+    def period_end(self, now: datetime) -> datetime:
+        """The end of the period `now` falls in, in the platform zone."""
+        self._period(now)
+        assert self._span is not None
+        return self._span[1].astimezone(self._tz)
 
     def pending_calls(self, account_id: UUID) -> int:
         """api_calls admitted here and not yet counted by a state (for tests and benchmarks)."""

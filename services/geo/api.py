@@ -21,8 +21,8 @@ def router(pool: AsyncConnectionPool, edge: Edge, relay: OutboxRelay) -> APIRout
     api = APIRouter(tags=["geo"])
     db = cast("AsyncConnectionPool[store.Conn]", pool)  # the host opens it with dict rows
     read = edge.requires(Permission.PROJECTS_READ)
-    write = edge.requires(Permission.PROJECTS_WRITE, consumes=Resource.GEO_PROJECTS)
-    free = edge.requires(Permission.PROJECTS_WRITE)
+    # Creation is judged here, not by the edge's gate: geo counts its own projects at write time.
+    write = edge.requires(Permission.PROJECTS_WRITE)
 
     async def _emit(conn: store.Conn, account_id: UUID, delta: int, now: datetime) -> None:
         event = domain.usage_delta(account_id, delta, now)
@@ -37,13 +37,25 @@ def router(pool: AsyncConnectionPool, edge: Edge, relay: OutboxRelay) -> APIRout
     @api.post(
         "/api/geo/projects",
         status_code=201,
-        description="Needs `projects:write`; consumes 1 `geo_projects` (usage.v1 +1 through an outbox).",
+        description=(
+            "Needs `projects:write`; consumes 1 `geo_projects` (usage.v1 +1 through an outbox). Exact: the account's "
+            "creations are serialised in geo's Postgres transaction (on every replica) and the live projects are "
+            "counted against the `geo_projects` total (plan + packages, from quota.v1; free plan until the account "
+            "has a quota state), so with any number of concurrent creators the account never holds more; the one "
+            "past the total gets 403 insufficient_quota with resource, used, total, period_end and links."
+        ),
     )
     async def create_project(body: GeoProjectCreate, principal: Annotated[Principal, Depends(write)]) -> GeoProject:
         now = datetime.now(UTC)
-        async with db.connection() as conn:
-            row = await store.insert_project(conn, uuid4(), principal.account_id, body.name, now)
-            await _emit(conn, principal.account_id, +1, now)
+        account_id = principal.account_id
+        _, total = edge.quota.standing(account_id, Resource.GEO_PROJECTS, now)
+        async with db.connection() as conn, conn.transaction():
+            await store.lock_account(conn, account_id)
+            live = await store.count_projects(conn, account_id)
+            if live >= total:
+                raise edge.insufficient_quota(account_id, Resource.GEO_PROJECTS, now, used=live, total=total)
+            row = await store.insert_project(conn, uuid4(), account_id, body.name, now)
+            await _emit(conn, account_id, +1, now)
         relay.wake()
         return GeoProject.model_validate(row)
 
@@ -53,7 +65,7 @@ def router(pool: AsyncConnectionPool, edge: Edge, relay: OutboxRelay) -> APIRout
         response_class=Response,
         description="Needs `projects:write`; frees 1 `geo_projects` (usage.v1 -1).",
     )
-    async def delete_project(project_id: UUID, principal: Annotated[Principal, Depends(free)]) -> Response:
+    async def delete_project(project_id: UUID, principal: Annotated[Principal, Depends(write)]) -> Response:
         async with db.connection() as conn:
             if not await store.delete_project(conn, principal.account_id, project_id):
                 raise not_found("project")

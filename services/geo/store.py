@@ -32,3 +32,16 @@ async def delete_project(conn: Conn, account_id: UUID, project_id: UUID) -> bool
     """True if this account's project existed (another account's answers like a missing one)."""
     cur = await conn.execute("DELETE FROM geo.projects WHERE id = %s AND account_id = %s", (project_id, account_id))
     return cur.rowcount == 1
+
+
+async def lock_account(conn: Conn, account_id: UUID) -> None:
+    """Serialise this account's project creations until the transaction ends, on every replica
+    (a transaction-scoped advisory lock on a 64-bit digest of the account id: no row needed)."""
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"geo.projects:{account_id}",))
+
+
+async def count_projects(conn: Conn, account_id: UUID) -> int:
+    cur = await conn.execute("SELECT count(*) AS n FROM geo.projects WHERE account_id = %s", (account_id,))
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row["n"])

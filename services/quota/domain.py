@@ -10,6 +10,7 @@ from zoneinfo import ZoneInfo
 
 from contracts.common import STOCK_RESOURCES, Resource
 from contracts.events import CallEvent, UsageEvent
+from contracts.quota_api import counts_as_api_call
 
 Clock = Callable[[], datetime]
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -44,7 +45,8 @@ REFUSED_STATUSES = frozenset({401, 403, 429})
 
 
 def call_counts(event: CallEvent) -> bool:
-    return event.status not in REFUSED_STATUSES
+    """Admitted calls count, except the quota reads (the edge does not gate them either)."""
+    return event.status not in REFUSED_STATUSES and counts_as_api_call(event.method, event.path)
 
 
 @dataclass(frozen=True, slots=True)

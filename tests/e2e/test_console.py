@@ -247,15 +247,10 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
         created = api.post("/api/geo/projects", headers=key, json={"name": f"site {n}"})
         assert created.status_code == 201, created.text
 
-    def fourth_project_refused() -> httpx.Response | None:
-        attempt = api.post("/api/geo/projects", headers=key, json={"name": "one too many"})
-        if attempt.status_code == 201:  # the block had not reached the edge yet: undo and retry
-            api.delete(f"/api/geo/projects/{attempt.json()['id']}", headers=key)
-            return None
-        return attempt
-
-    blocked = poll(fourth_project_refused, "the 4th GEO project to be refused")
+    blocked = api.post("/api/geo/projects", headers=key, json={"name": "one too many"})  # exact: at once
     assert blocked.status_code == 403 and blocked.json()["error"]["code"] == "insufficient_quota"
+    details = blocked.json()["error"]["details"]
+    assert (details["resource"], details["used"], details["total"]) == ("geo_projects", 3, 3)
 
     open_page(page, base, "quota", "Quota")
     geo = page.locator('.quota-card[data-resource="geo_projects"]')
@@ -265,6 +260,25 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     expect(page.locator('.quota-card[data-resource="api_calls"]')).to_have_attribute("data-band", "green")
     expect(page.locator("#quota-period")).to_contain_text("reset")
     shot(page, "quota")
+    # The console's error box shows what a 403 insufficient_quota says: used of total, the way out.
+    page.evaluate(
+        """async (error) => {
+            const { errorBox } = await import("/console/assets/dom.js");
+            const { ApiError } = await import("/console/assets/api.js");
+            const box = errorBox(new ApiError(403, error.code, error.message, error.details, error.request_id));
+            box.id = "quota-error";
+            document.querySelector("main").prepend(box);
+        }""",
+        blocked.json()["error"],
+    )
+    quota_error = page.locator("#quota-error")
+    expect(quota_error).to_contain_text("GEO projects: 3 of 3 used.")
+    expect(quota_error.get_by_role("link", name="Upgrade plan")).to_have_attribute("href", f"{base}/console/plan")
+    expect(quota_error.get_by_role("link", name="Buy quota package")).to_have_attribute(
+        "href", f"{base}/console/quota?buy=geo_projects"
+    )
+    shot(page, "quota-insufficient")
+    page.evaluate("document.getElementById('quota-error').remove()")
 
     # ---- plan: the individual/enterprise rule explained, then upgrade with proration shown ---
     page.get_by_role("link", name="Upgrade plan").click()
@@ -275,12 +289,18 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     expect(mismatch).to_be_visible(timeout=WAIT_MS)
     expect(mismatch).to_contain_text("Your account's user type is individual")
     shot(page, "plan-mismatch")
-    page.get_by_role("button", name="Upgrade to Basic").click()
+    with page.expect_request(lambda r: r.url.endswith("/api/billing/orders") and r.method == "POST") as ordered:
+        page.get_by_role("button", name="Upgrade to Basic").click()
+    order_key = ordered.value.headers.get("idempotency-key", "")
+    assert re.fullmatch(r"[0-9a-f-]{32,36}", order_key), order_key  # one per user action
     amount = page.locator("#order-amount")
     expect(amount).to_have_text(re.compile(r"^\d+\.\d{2} USD$"), timeout=WAIT_MS)
     assert 0 < float(amount.inner_text().split()[0]) <= 9.90  # the price difference, prorated
     shot(page, "plan-checkout")
-    page.get_by_role("button", name=re.compile(r"^Pay ")).click()
+    with page.expect_request(lambda r: r.url.endswith("/pay")) as paid:
+        page.get_by_role("button", name=re.compile(r"^Pay ")).click()
+    pay_key = paid.value.headers.get("idempotency-key", "")
+    assert re.fullmatch(r"[0-9a-f-]{32,36}", pay_key) and pay_key != order_key
     expect(page.locator("#current-plan")).to_have_text("Basic", timeout=WAIT_MS)
     shot(page, "plan")
 

@@ -11,7 +11,12 @@ from tests.hostile.helpers import Account, assert_contract_error, bearer, eventu
 
 pytestmark = pytest.mark.integration
 
-CONSOLE_ONLY = {"/api/api-keys/{key_id}/toggle", "/api/api-keys/{key_id}", "/api/api-keys/{key_id}/rotate"}
+CONSOLE_ONLY = {
+    "/api/api-keys/{key_id}/toggle",
+    "/api/api-keys/{key_id}",
+    "/api/api-keys/{key_id}/rotate",
+    "/api/billing/orders/{order_id}/pay",
+}
 # method, path template -> (which of A's objects, body)
 BY_ID: dict[tuple[str, str], tuple[str, dict | None]] = {
     ("POST", "/api/api-keys/{key_id}/toggle"): ("key", None),

@@ -37,12 +37,21 @@ function query(params) {
   return pairs.length ? `?${new URLSearchParams(pairs)}` : "";
 }
 
+/** A fresh Idempotency-Key for one user action (orders, payments): a retry of that action with
+ * the same key is answered with the first response and never charges twice. */
+export function newIdempotencyKey() {
+  if (typeof crypto.randomUUID === "function") return crypto.randomUUID();
+  const bytes = crypto.getRandomValues(new Uint8Array(16)); // outside a secure context
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
 /** fetch + the contract's error body turned into an ApiError whose message is for people. */
-export async function api(method, path, { body, params } = {}) {
+export async function api(method, path, { body, params, idempotencyKey } = {}) {
   const headers = { Accept: "application/json" };
   const token = session.token;
   if (token) headers.Authorization = `Bearer ${token}`;
   if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (idempotencyKey) headers["Idempotency-Key"] = idempotencyKey;
   let response;
   try {
     response = await fetch(path + query(params), {
@@ -76,6 +85,6 @@ export async function api(method, path, { body, params } = {}) {
 }
 
 export const get = (path, params) => api("GET", path, { params });
-export const post = (path, body) => api("POST", path, { body });
+export const post = (path, body, options = {}) => api("POST", path, { body, ...options });
 export const put = (path, body) => api("PUT", path, { body });
 export const del = (path) => api("DELETE", path);

@@ -1,6 +1,8 @@
 // Tiny DOM helpers: build elements from data without innerHTML, so nothing the API returns
 // can ever become markup (no XSS by construction).
 
+import { amount, dateTime, resourceName } from "./format.js";
+
 const SVG_NS = "http://www.w3.org/2000/svg";
 
 function apply(el, attrs) {
@@ -79,7 +81,34 @@ export function errorBox(err) {
   if (Array.isArray(err.details) && err.details.length) {
     box.append(h("ul", {}, err.details.map((d) => h("li", {}, d.field ? `${d.field}: ${d.message}` : d.message || JSON.stringify(d)))));
   }
+  if (err.code === "insufficient_quota" && err.details && typeof err.details === "object") box.append(...quotaHelp(err.details));
   return box;
+}
+
+/** Links from the server point at the console; keep them on the console the user is using. */
+export function consoleLink(url) {
+  try {
+    const parsed = new URL(url, location.href);
+    if (parsed.pathname.startsWith("/console")) return `${location.origin}${parsed.pathname}${parsed.search}`;
+    return parsed.protocol === "https:" || parsed.protocol === "http:" ? parsed.href : "/console/plan";
+  } catch {
+    return "/console/plan";
+  }
+}
+
+/** What a 403 insufficient_quota says: which resource, used of total, when it resets, the way out. */
+function quotaHelp(d) {
+  const links = d.links || {};
+  const ends = d.period_end ? ` The period ends ${dateTime(d.period_end)}.` : "";
+  return [
+    h("p", { class: "quota-details" }, `${resourceName(d.resource)}: ${amount(d.resource, d.used)} of ${amount(d.resource, d.total)} used.${ends}`),
+    h(
+      "div",
+      { class: "actions" },
+      links.upgrade_plan ? h("a", { class: "button primary small", href: consoleLink(links.upgrade_plan) }, "Upgrade plan") : null,
+      links.buy_quota_package ? h("a", { class: "button secondary small", href: consoleLink(links.buy_quota_package) }, "Buy quota package") : null,
+    ),
+  ];
 }
 
 /** A modal confirmation (native <dialog>: focus trap and Escape for free). Resolves true/false. */

@@ -2,7 +2,7 @@
 // in-site notifications with their quick links to upgrade or buy a package. A webhook rule's
 // signing secret is shown once, right after its creation.
 import { del, get, post } from "./api.js";
-import { busy, confirmDialog, errorBox, field, h, select } from "./dom.js";
+import { busy, confirmDialog, consoleLink, errorBox, field, h, select } from "./dom.js";
 import { METRICS, dateTime } from "./format.js";
 
 const CHANNELS = [
@@ -13,17 +13,6 @@ const CHANNELS = [
 ];
 
 const splitList = (text) => text.split(/[\s,;]+/).map((x) => x.trim()).filter(Boolean);
-
-/** Links in notifications point at the console; keep them on the console the user is using. */
-function consoleLink(url) {
-  try {
-    const parsed = new URL(url, location.href);
-    if (parsed.pathname.startsWith("/console")) return `${location.origin}${parsed.pathname}${parsed.search}`;
-    return parsed.protocol === "https:" || parsed.protocol === "http:" ? parsed.href : "/console/plan";
-  } catch {
-    return "/console/plan";
-  }
-}
 
 function notificationItem(n, markRead) {
   const links = n.links || {};

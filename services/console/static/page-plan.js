@@ -1,6 +1,6 @@
 // Plan & account: who you are, your plan and user type, the plans table, upgrades with the
 // prorated amount shown before paying, and the individual/enterprise rule when it blocks.
-import { get, post, put } from "./api.js";
+import { get, newIdempotencyKey, post, put } from "./api.js";
 import { busy, errorBox, field, h, select } from "./dom.js";
 import { RESOURCES, amount, date, money, num, titleCase } from "./format.js";
 
@@ -81,9 +81,9 @@ export async function render(container, ctx) {
     );
   }
 
-  async function pay(order, button) {
+  async function pay(order, button, idempotencyKey) {
     try {
-      await busy(button, () => post(`/api/billing/orders/${order.id}/pay`));
+      await busy(button, () => post(`/api/billing/orders/${order.id}/pay`, undefined, { idempotencyKey }));
       checkout.replaceChildren();
       ctx.toast("Paid. Your new plan and quotas apply now.");
       await load();
@@ -95,7 +95,9 @@ export async function render(container, ctx) {
   function showOrder(order, tier) {
     const payButton = h("button", { type: "button", class: "primary" }, `Pay ${money(order.amount, order.currency)}`);
     const cancel = h("button", { type: "button", class: "secondary" }, "Cancel");
-    payButton.addEventListener("click", () => pay(order, payButton));
+    // One key per order shown: paying again after a lost answer replays the first payment.
+    const payKey = newIdempotencyKey();
+    payButton.addEventListener("click", () => pay(order, payButton, payKey));
     cancel.addEventListener("click", () => checkout.replaceChildren());
     checkout.replaceChildren(
       h(
@@ -116,7 +118,8 @@ export async function render(container, ctx) {
     const upgrade = ORDER.indexOf(tier) > ORDER.indexOf(subscription.plan);
     try {
       if (upgrade) {
-        const order = await busy(button, () => post("/api/billing/orders", { kind: "plan_upgrade", plan: tier }));
+        const idempotencyKey = newIdempotencyKey(); // this click: a retry of it makes no second order
+        const order = await busy(button, () => post("/api/billing/orders", { kind: "plan_upgrade", plan: tier }, { idempotencyKey }));
         showOrder(order, tier);
       } else {
         await busy(button, () => post("/api/billing/subscription/switch", { plan: tier }));

@@ -1,6 +1,6 @@
 // Quota: every resource with total, used, remaining, rate and a band-coloured bar; period and
 // reset date; upgrade or buy a package.
-import { get, post } from "./api.js";
+import { get, newIdempotencyKey, post } from "./api.js";
 import { busy, errorBox, field, h, select } from "./dom.js";
 import { RESOURCES, amount, date, dateTime, money, pct, resourceName } from "./format.js";
 
@@ -77,14 +77,16 @@ function packageForm(ctx, reload) {
     errors.replaceChildren();
     result.replaceChildren();
     try {
+      const orderKey = newIdempotencyKey(); // this submission: a retry of it makes no second order
       const created = await busy(order, () =>
-        post("/api/billing/orders", { kind: "quota_package", package: { resource: resource.value, amount: Number(qty.value) } }),
+        post("/api/billing/orders", { kind: "quota_package", package: { resource: resource.value, amount: Number(qty.value) } }, { idempotencyKey: orderKey }),
       );
+      const payKey = newIdempotencyKey(); // one per order shown: paying again replays the first payment
       const pay = h("button", { type: "button", class: "primary" }, `Pay ${money(created.amount, created.currency)}`);
       pay.addEventListener("click", async () => {
         errors.replaceChildren();
         try {
-          await busy(pay, () => post(`/api/billing/orders/${created.id}/pay`));
+          await busy(pay, () => post(`/api/billing/orders/${created.id}/pay`, undefined, { idempotencyKey: payKey }));
           ctx.toast("Package paid: the quota is added.");
           form.hidden = true;
           result.replaceChildren();
