@@ -169,7 +169,7 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
         description="Operator (`Authorization: Bearer <ADMIN_TOKEN>`; 404 while ADMIN_TOKEN is unset): a token for a "
         "platform service (`st-` + 48 URL-safe characters). `token` is in this response only; only its SHA-256 hash "
         "is stored and published (service-tokens.v1). Answers after the token is in force in this process; other "
-        "replicas learn it within milliseconds. `scopes` defaults to `[\"usage:write\"]`.",
+        'replicas learn it within milliseconds. `scopes` defaults to `["usage:write"]`.',
     )
     async def create_service_token(body: ServiceTokenCreateRequest) -> ServiceTokenCreated:
         row, token = await service.create_service_token(body.name, body.scopes)
