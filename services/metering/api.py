@@ -29,6 +29,7 @@ from contracts.metering_api import (
     TrendSeries,
 )
 from contracts.topics import USAGE
+from contracts.usage_rules import violations
 from services.edge.errors import ApiError
 from services.edge.principal import Principal
 from services.edge.service_tokens import ServicePrincipal
@@ -93,6 +94,11 @@ def build_router(
         summary="Report usage events (for platform services that do not speak Kafka)",
         description=(
             "Validated, idempotent on each event's `id`, and published to usage.v1 (key = account id) before the 202. "
+            "A batch with any event that breaks a rule (contracts/usage_rules.py, the same the consumers of usage.v1 apply: "
+            "a negative quantity on a flow resource, `ai_tokens` whose quantity is not input_tokens + output_tokens when "
+            "both are given, a time more than 5 minutes ahead of or 35 days behind now, |quantity| above 10^12) is refused "
+            'whole: 422 `validation_error`, one `details` item per broken rule, `{field: "events.<i>", index, message}`; '
+            "nothing is published. "
             "**Service** endpoint: only a platform service token (`st-...`) with the scope `usage:write`, for any "
             "account; a customer's API key or console session gets 403 `permission_denied` (the metered party never "
             "writes its own meter), an unknown or revoked service token 401 `invalid_service_token`. "
@@ -103,6 +109,14 @@ def build_router(
         ),
     )
     async def ingest(body: IngestRequest, _service: Annotated[ServicePrincipal, Depends(usage_writer)]) -> IngestResponse:
+        reference = now()
+        broken = [
+            {"field": f"events.{i}", "index": i, "message": reason}
+            for i, event in enumerate(body.events)
+            for reason in violations(event, reference)
+        ]
+        if broken:  # the whole batch, or a retry could not tell what was counted
+            raise ApiError(422, ErrorCode.VALIDATION_ERROR, "Some usage events break the contract's rules.", details=broken)
         unique = domain.first_of_each_id(body.events)
         ids = [e.id for e in unique]
         async with runtime.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
