@@ -14,6 +14,7 @@ client can do at all here.
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -45,7 +46,8 @@ RULES_PCT = (1, 2, 5)
 PRO_TOKENS = 10_000_000
 
 
-def tollgate_up(state: Path, port: int) -> dict[str, str]:
+def tollgate_up(state: Path, port: int) -> tuple[dict[str, str], dict[str, str]]:
+    """The environment of the stack `tollgate up` started, and its demo service token's headers."""
     env = {
         **{k: v for k, v in os.environ.items() if k not in {"KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL", "CLICKHOUSE_DSN"}},
         "TOLLGATE_STATE_DIR": str(state),
@@ -58,7 +60,8 @@ def tollgate_up(state: Path, port: int) -> dict[str, str]:
     up = subprocess.run([*cli, "up", "--port", str(port)], env=env, cwd=REPO, capture_output=True, text=True, check=False)
     if up.returncode != 0:
         raise SystemExit(f"tollgate up failed:\n{up.stdout}\n{up.stderr}")
-    return env
+    printed = json.loads(up.stdout[up.stdout.index("{") :])
+    return env, {"Authorization": f"Bearer {printed['demo_service_token']}"}
 
 
 async def baseline_calls_per_s(http: httpx.AsyncClient, base: str, seconds: float, workers: int) -> float:
@@ -106,7 +109,7 @@ async def reconcile(http: httpx.AsyncClient, ingress: Ingress, tenant: Tenant, s
 async def main(accounts: int, seconds: float, tokens_per_event: int) -> int:
     state = REPO / ".tollgate" / f"bench-e2e-{uuid.uuid4().hex[:6]}"
     port = free_port()
-    env = tollgate_up(state, port)
+    env, service = tollgate_up(state, port)
     base = f"http://127.0.0.1:{port}"
     ingress = Ingress.single(base)
     try:
@@ -124,6 +127,7 @@ async def main(accounts: int, seconds: float, tokens_per_event: int) -> int:
                         http,
                         ingress,
                         t,
+                        service=service,
                         seconds=seconds,
                         tokens_per_event=tokens_per_event,
                         call_interval=0.0,

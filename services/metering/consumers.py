@@ -2,9 +2,9 @@
 
 Each topic has its own aiokafka consumer (one consumer group per topic): a batch is whatever
 has arrived, up to `MAX_RECORDS` (count) or after `BATCH_TIMEOUT_MS` of waiting (time). Every
-raw message is validated against its contract model (`validation.judge`: malformed ones, and
-events without an id, go to the dead-letter topic with the error, acknowledged before the batch
-is written). The valid messages' JSON then goes to the engine as it came from Kafka
+raw message is validated against its contract model (`validation.judge`: malformed ones, events
+without an id, and usage events that break contracts/usage_rules.py, go to the dead-letter topic
+with the error, acknowledged before the batch is written). The valid messages' JSON then goes to the engine as it came from Kafka
 (`MeteringStore.insert_*`: dedup by id, one INSERT), and only then are the batch's offsets
 committed (`pipeline.WritePipeline`: a batch's write overlaps the next one's validation and the
 fetch of the one after). A crash before the commit redelivers the batch, and the dedup turns the
@@ -18,15 +18,17 @@ never reads (BENCHMARKS.md, metering round 4: about 190k events/s with it, 190-2
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 from aiokafka import AIOKafkaConsumer
 from prometheus_client import Counter
 
 from contracts.events import CallEvent, Event, UsageEvent
 from contracts.topics import CALLS, USAGE, Topic
+from contracts.usage_rules import violations_at
 from services.metering.pipeline import RETRY_DELAY_S, DrainOnRevoke, Records, WritePipeline
 from services.metering.store import Canonical, InsertResult, MeteringStore
-from services.metering.validation import judge
+from services.metering.validation import Rules, judge
 from services.runtime.component import Runtime
 from services.runtime.deadletter import send_to_dead_letter
 
@@ -39,6 +41,18 @@ BATCH_TIMEOUT_MS = 100
 SINK_EVENTS = Counter("tollgate_metering_sink_events_total", "Events handled by the metering sink", ["topic", "outcome"])
 
 Insert = Callable[[list[bytes], Canonical], Awaitable[InsertResult]]
+RulesOf = Callable[[Records], Rules]
+
+
+def _usage_rules(records: Records) -> Rules:
+    """usage.v1's rules (contracts/usage_rules.py), each event judged against its own record's
+    timestamp: every consumer, at any replay, judges a record the same way."""
+
+    def rules(i: int, event: Event) -> str | None:
+        broken = violations_at(cast(UsageEvent, event), records[i].timestamp * 1000)  # ms -> us; judge parsed a UsageEvent
+        return "; ".join(broken) if broken else None
+
+    return rules
 
 
 def canonical(model: type[Event]) -> Canonical:
@@ -115,8 +129,8 @@ class Sink:
     def __init__(self, runtime: Runtime, store: MeteringStore) -> None:
         self._runtime = runtime
         self.topics = [
-            self._topic_sink(USAGE, "metering.usage", UsageEvent, store.insert_usage),
-            self._topic_sink(CALLS, "metering.calls", CallEvent, store.insert_calls),
+            self._topic_sink(USAGE, "metering.usage", UsageEvent, store.insert_usage, _usage_rules),
+            self._topic_sink(CALLS, "metering.calls", CallEvent, store.insert_calls, None),
         ]
 
     async def start(self) -> None:
@@ -127,13 +141,13 @@ class Sink:
         """Before the process stops: finish and commit the writes in flight, start no other."""
         await asyncio.gather(*(topic.close() for topic in self.topics))
 
-    def _topic_sink(self, topic: Topic, group: str, model: type[Event], insert: Insert) -> TopicSink:
+    def _topic_sink(self, topic: Topic, group: str, model: type[Event], insert: Insert, rules_of: RulesOf | None) -> TopicSink:
         runtime, settings = self._runtime, self._runtime.settings
         to_canonical = canonical(model)
 
         async def prepare(records: Records) -> list[bytes]:
             values = [record.value or b"" for record in records]
-            verdict = judge(model, values)
+            verdict = judge(model, values, rules_of(records) if rules_of is not None else None)
             if verdict.rejected:
                 await asyncio.gather(
                     *(

@@ -4,12 +4,16 @@ The verdict names only the messages that do not go on as they came (the refused,
 lenient ones rewritten in the contract's strict form): an all-valid batch is written as it came.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
 from contracts.events import MISSING_ID, Event, has_id
+
+# A contract's rules beyond the schema, for the message at an index (its record's timestamp is
+# the reference): the reasons it breaks them, joined, or None.
+Rules = Callable[[int, Event], str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,14 +33,16 @@ class Verdict:
         return [line for line in lines if line is not None]
 
 
-def judge(model: type[Event], values: Sequence[bytes]) -> Verdict:
+def judge(model: type[Event], values: Sequence[bytes], rules: Rules | None = None) -> Verdict:
     """Validate each raw message once. One in the contract's strict form is written as it came;
     one only valid leniently (a number as a string, a time as a Unix number) is written as the
     model serialises it, so the engine reads exactly what the contract read. A message without
-    an id is refused: the model would invent a new one at every redelivery."""
+    an id is refused: the model would invent a new one at every redelivery; so is one that
+    breaks `rules` (applied to the event already parsed: no second parse)."""
     validate = model.__pydantic_validator__.validate_json  # without model_validate_json's wrapper
     verdict = Verdict()
     for i, value in enumerate(values):
+        lenient = False
         try:
             event = validate(value, strict=True)
         except ValidationError:
@@ -45,8 +51,13 @@ def judge(model: type[Event], values: Sequence[bytes]) -> Verdict:
             except ValidationError as exc:
                 verdict.rejected.append((i, str(exc)))
                 continue
-            if has_id(event):
-                verdict.rewritten.append((i, event.model_dump_json().encode()))
+            lenient = True
         if not has_id(event):
             verdict.rejected.append((i, MISSING_ID))
+            continue
+        broken = rules(i, event) if rules is not None else None
+        if broken:
+            verdict.rejected.append((i, broken))
+        elif lenient:
+            verdict.rewritten.append((i, event.model_dump_json().encode()))
     return verdict

@@ -2,8 +2,12 @@
 
 Offsets are committed only after the batch is written (AckPolicy.NACK_ON_ERROR: a failure
 rewinds to the batch's first record, and the processed-ids table makes the replay harmless).
-Malformed records go to the dead-letter topic and the batch goes on without them.
+Malformed records, and usage events that break a rule of contracts/usage_rules.py (judged against
+the record's own timestamp, like every consumer of usage.v1), go to the dead-letter topic with the
+reason and the batch goes on without them: nothing of theirs is counted.
 """
+
+from collections.abc import Callable
 
 from faststream import AckPolicy
 from faststream.kafka import KafkaRouter
@@ -11,6 +15,7 @@ from faststream.kafka.annotations import KafkaMessage
 
 from contracts.events import BILLING_EVENTS, CallEvent, PackagePurchased, PlanChanged, UsageEvent
 from contracts.topics import BILLING, CALLS, USAGE, Topic
+from contracts.usage_rules import violations_at
 from services.quota.service import QuotaService
 from services.runtime.deadletter import parse_or_dead_letter
 
@@ -40,8 +45,9 @@ def build_router(service: QuotaService) -> KafkaRouter:
         events: list[UsageEvent | CallEvent] = []
         for record in records:
             topic, model = topics[record.topic]
+            rules = _usage_rules(record.timestamp) if topic is USAGE else None
             event: UsageEvent | CallEvent | None = await parse_or_dead_letter(
-                broker, settings, topic, model, record.value or b"", key=record.key
+                broker, settings, topic, model, record.value or b"", key=record.key, rules=rules
             )
             if event is not None:
                 events.append(event)
@@ -66,3 +72,7 @@ def build_router(service: QuotaService) -> KafkaRouter:
         # user_type_changed: nothing to count
 
     return router
+
+
+def _usage_rules(timestamp_ms: int) -> Callable[[object], list[str]]:
+    return lambda event: violations_at(event, timestamp_ms * 1000) if isinstance(event, UsageEvent) else []

@@ -1,10 +1,12 @@
 """Parse a consumed message into its contract model, or dead-letter it and move on.
 
 A consumer must never stall on a message it cannot parse: it goes to `<topic>.dlq` with the
-error and its origin in headers, and the consumer commits past it.
+error and its origin in headers, and the consumer commits past it. So does a well-formed event
+that breaks a rule of its contract (`rules`: e.g. contracts/usage_rules.py for usage.v1).
 """
 
 import logging
+from collections.abc import Callable
 from typing import TypeVar
 
 from faststream.kafka import KafkaBroker
@@ -51,9 +53,17 @@ async def parse_or_dead_letter(
     raw: bytes,
     *,
     key: bytes | None = None,
+    rules: Callable[[M], list[str]] | None = None,
 ) -> M | None:
+    """The parsed event, or None once it is dead-lettered: malformed, or (with `rules`) breaking
+    one of them (the reasons, joined, are the x-error header)."""
     try:
-        return parse(model, raw)
+        value = parse(model, raw)
     except (ValidationError, ValueError) as exc:
         await send_to_dead_letter(broker, settings, topic, raw, str(exc), key=key)
         return None
+    broken = rules(value) if rules is not None else None
+    if broken:
+        await send_to_dead_letter(broker, settings, topic, raw, "; ".join(broken), key=key)
+        return None
+    return value

@@ -134,7 +134,7 @@ def usage_event(account_id: str, tokens_in: int, tokens_out: int, provider: str,
 
 @pytest.mark.integration
 def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
-    server: ServeProcess, browser: Browser, webhook_receiver: tuple[str, list[tuple[dict[str, str], bytes]]]
+    server: ServeProcess, browser: Browser, settings, webhook_receiver: tuple[str, list[tuple[dict[str, str], bytes]]]
 ) -> None:
     base = server.base_url
     context = browser.new_context(viewport=LAPTOP, base_url=base)
@@ -143,6 +143,14 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     page_errors: list[str] = []
     page.on("pageerror", lambda exc: page_errors.append(str(exc)))
     api = httpx.Client(base_url=base, timeout=10, headers={"User-Agent": "console-e2e/1.0"})
+    # The platform service (an AI gateway) that reports the user's usage holds a service token.
+    made = api.post(
+        "/api/admin/service-tokens",
+        json={"name": "ai-gateway", "scopes": ["usage:write"]},
+        headers={"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"},
+    )
+    assert made.status_code == 201, made.text
+    service = {"Authorization": f"Bearer {made.json()['token']}"}
 
     # ---- sign in / register ----------------------------------------------------------------
     page.goto(f"{base}/console")
@@ -186,7 +194,7 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     assert secret not in page.content()  # never shown again
     shot(page, "keys")
 
-    # ---- use it from a program: calls and usage ---------------------------------------------
+    # ---- use it from a program: calls; the platform reports the usage they caused -----------
     key = {"Authorization": f"Bearer {secret}"}
     for _ in range(2):
         assert api.get("/api/geo/projects", headers=key).status_code == 200
@@ -194,7 +202,9 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
         usage_event(account["id"], 1200, 300, "openai", "gpt-4o"),
         usage_event(account["id"], 600, 400, "anthropic", "claude-sonnet"),
     ]
-    ingest = api.post("/api/usage/events", headers=key, json={"events": events})
+    refused = api.post("/api/usage/events", headers=key, json={"events": events})  # never its own meter
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "permission_denied", refused.text
+    ingest = api.post("/api/usage/events", headers=service, json={"events": events})
     assert ingest.status_code == 202, ingest.text
 
     # ---- the usage page and activity log update ----------------------------------------------
@@ -322,7 +332,9 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     expect(rule).to_contain_text("Not fired")
     # Basic allows 1,000,000 AI tokens: 600,000 more crosses 50%.
     crossing = api.post(
-        "/api/usage/events", headers=key, json={"events": [usage_event(account["id"], 400_000, 200_000, "openai", "gpt-4o")]}
+        "/api/usage/events",
+        headers=service,
+        json={"events": [usage_event(account["id"], 400_000, 200_000, "openai", "gpt-4o")]},
     )
     assert crossing.status_code == 202, crossing.text
     notes = page.locator("#notifications .notification")

@@ -56,9 +56,14 @@ def test_up_serves_every_dependency_ready_with_a_demo_login_and_down_leaves_no_p
 
         login = httpx.post(f"{base}/api/auth/login", json=printed["demo_login"], timeout=10)
         assert login.status_code == 200, login.text
+        # the demo service token reports usage, as a platform service would (an empty batch: 422, not 401)
+        service = {"Authorization": f"Bearer {printed['demo_service_token']}"}
+        assert printed["demo_service_token"].startswith("st-")
+        assert httpx.post(f"{base}/api/usage/events", json={"events": []}, headers=service, timeout=10).status_code == 422
         # idempotent: a second `up` finds everything running and the demo account there
         again = subprocess.run([*cli, "up", "--port", str(port)], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
         assert again.returncode == 0, again.stdout + again.stderr
+        assert json.loads(again.stdout[again.stdout.index("{") :])["demo_service_token"] == printed["demo_service_token"]
         pids = _pids(state)
         assert len(pids) == 3
     finally:

@@ -23,6 +23,7 @@ from tests.support.platform import (
     client,
     expect,
     metered_tokens,
+    new_service_token,
     new_tenant,
     quota_used,
     run_traffic,
@@ -61,6 +62,11 @@ async def _reconcile(http: httpx.AsyncClient, ingress: Ingress, tenant: Tenant, 
     assert await wait_for(used, expected) == expected
 
 
+def _admin(settings: Settings) -> str:
+    assert settings.admin_token is not None
+    return settings.admin_token.get_secret_value()
+
+
 def _ready(proc: ServeProcess) -> bool:
     try:
         return httpx.get(f"{proc.base_url}/readyz", timeout=3).status_code == 200
@@ -82,6 +88,7 @@ async def test_kafka_stopped_for_ten_seconds_under_traffic(fault_stack, fault_se
         ingress = Ingress.single(with_serve.base_url)
         async with client(CLIENT_TIMEOUT_S) as http:
             tenant = await new_tenant(http, ingress)
+            service = await new_service_token(http, ingress, _admin(fault_settings))
 
             async def outage() -> None:
                 await asyncio.sleep(4)
@@ -89,7 +96,7 @@ async def test_kafka_stopped_for_ten_seconds_under_traffic(fault_stack, fault_se
                 await asyncio.sleep(10)
                 await asyncio.to_thread(stack.kafka_up, fault_stack)
 
-            seen, _ = await asyncio.gather(run_traffic(http, ingress, tenant, seconds=22), outage())
+            seen, _ = await asyncio.gather(run_traffic(http, ingress, tenant, service=service, seconds=22), outage())
             _assert_answered_well(seen)
             assert 503 in seen.statuses("posts"), "usage reports while the broker was down should have been refused"
             assert 202 in seen.statuses("posts")
@@ -106,6 +113,7 @@ async def test_postgres_restarted_under_traffic(fault_stack, fault_settings: Set
         ingress = Ingress.single(with_serve.base_url)
         async with client(CLIENT_TIMEOUT_S) as http:
             tenant = await new_tenant(http, ingress)
+            service = await new_service_token(http, ingress, _admin(fault_settings))
 
             async def restart() -> None:
                 await asyncio.sleep(4)
@@ -113,7 +121,7 @@ async def test_postgres_restarted_under_traffic(fault_stack, fault_settings: Set
                 await asyncio.sleep(3)
                 await asyncio.to_thread(stack.postgres_up, fault_stack)
 
-            seen, _ = await asyncio.gather(run_traffic(http, ingress, tenant, seconds=14), restart())
+            seen, _ = await asyncio.gather(run_traffic(http, ingress, tenant, service=service, seconds=14), restart())
             _assert_answered_well(seen)
             assert 503 in seen.statuses("calls"), "project listings while Postgres was down should have been refused"
             await _recovers(with_serve)
@@ -141,6 +149,7 @@ async def test_consumers_killed_mid_batch_in_the_split_mode(fault_settings: Sett
         )
         async with client(CLIENT_TIMEOUT_S) as http:
             tenant = await new_tenant(http, ingress)  # professional: 10M tokens; 1 % = 100k
+            service = await new_service_token(http, ingress, _admin(fault_settings))
             rules_pct = (1, 5, 10, 20)
             for pct in rules_pct:
                 rule = {"metric": "total_tokens", "threshold_pct": pct, "channels": ["in_site"], "recipients": []}
@@ -157,7 +166,8 @@ async def test_consumers_killed_mid_batch_in_the_split_mode(fault_settings: Sett
                     await asyncio.to_thread(proc.wait_ready)
 
             seen, _ = await asyncio.gather(
-                run_traffic(http, ingress, tenant, seconds=16, tokens_per_event=50_000, post_interval=0.05), kill_and_restart()
+                run_traffic(http, ingress, tenant, service=service, seconds=16, tokens_per_event=50_000, post_interval=0.05),
+                kill_and_restart(),
             )
             everyone = [front, *consumers.values()]
             assert seen.statuses("calls") <= {200, 429}

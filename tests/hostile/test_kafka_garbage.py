@@ -15,13 +15,14 @@ import psycopg
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from contracts.common import KeyStatus, Resource, Role, UserType
-from contracts.events import AccountState, KeyState, QuotaState
-from contracts.topics import ACCOUNTS, ALL_TOPICS, KEYS, QUOTA, dead_letter
+from contracts.common import KeyStatus, Resource, Role, ServiceScope, UserType
+from contracts.events import AccountState, KeyState, QuotaState, ServiceTokenState
+from contracts.topics import ACCOUNTS, ALL_TOPICS, KEYS, QUOTA, SERVICE_TOKENS, SESSIONS, USERS, dead_letter
 from services.edge.edge import Edge
 from services.runtime.settings import Settings
 from tests.hostile.helpers import bearer, eventually, new_account, new_key
 from tests.support.metering import metering_sink
+from tests.support.service_tokens import service_headers
 
 pytestmark = pytest.mark.integration
 
@@ -70,6 +71,7 @@ async def _publish_garbage(settings: Settings, marker: str) -> dict[str, int]:
             sent[name] = len(partitions) * len(_garbage(marker)) + 1
         # A tombstone with a key that is not a key id: the followers of keys.v1 must skip it too.
         await producer.send_and_wait(settings.topic(KEYS.name), None, key=b"not-a-uuid", partition=0)
+        await producer.send_and_wait(settings.topic(SERVICE_TOKENS.name), None, key=b"not-a-uuid", partition=0)
     finally:
         await producer.stop()
     return sent
@@ -113,7 +115,9 @@ async def _dead_letters(settings: Settings, marker: str, expected: dict[str, int
 async def test_garbage_on_every_topic_is_dead_lettered_and_every_consumer_keeps_working(app_client, settings: Settings):
     app, client = app_client
     groups = _consumers_per_topic(app)
-    assert set(groups) == {settings.topic(t.name) for t in ALL_TOPICS} - {settings.topic(KEYS.name)}  # keys.v1: followers only
+    # keys.v1, service-tokens.v1, users.v1, sessions.v1: read by projection followers only
+    followed_only = {settings.topic(t.name) for t in (KEYS, SERVICE_TOKENS, USERS, SESSIONS)}
+    assert set(groups) == {settings.topic(t.name) for t in ALL_TOPICS} - followed_only
 
     a = await new_account(client)
     key = await new_key(client, a)
@@ -143,7 +147,7 @@ async def test_garbage_on_every_topic_is_dead_lettered_and_every_consumer_keeps_
         "output_tokens": 0,
         "source": "hostile-test",
     }
-    ingested = await client.post("/api/usage/events", json={"events": [usage]}, headers=a.headers)
+    ingested = await client.post("/api/usage/events", json={"events": [usage]}, headers=await service_headers(client, settings))
     assert ingested.status_code == 202 and ingested.json()["accepted"] == 1
 
     async def notified() -> bool:
@@ -201,6 +205,18 @@ async def test_garbage_on_every_topic_is_dead_lettered_and_every_consumer_keeps_
         settings.topic(QUOTA.name),
         key=f"{synthetic}:geo_projects".encode(),
     )
+    service_token = "st-" + secrets.token_urlsafe(36)
+    await broker.publish(
+        ServiceTokenState(
+            time=now,
+            token_id=synthetic,
+            name="synthetic",
+            hash=hashlib.sha256(service_token.encode()).hexdigest(),
+            scopes=[ServiceScope.USAGE_WRITE],
+        ),
+        settings.topic(SERVICE_TOKENS.name),
+        key=str(synthetic).encode(),
+    )
     session = bearer(Edge(settings).issue_session(synthetic, "sid", now))
 
     # ---- every consumer got past the garbage ----------------------------------------------------
@@ -256,15 +272,20 @@ async def test_garbage_on_every_topic_is_dead_lettered_and_every_consumer_keeps_
         by_key = await client.get("/api/geo/projects", headers=bearer(secret))
         by_session = await client.get("/api/geo/projects", headers=session)
         blocked = await client.post("/api/geo/projects", json={"name": "p"}, headers=session)
+        by_service = await client.get("/api/geo/projects", headers=bearer(service_token))
         return (
             limit == "1200"  # billing.v1 follower: basic plan's minute window
             and by_key.status_code == 200  # keys.v1 follower
             and by_session.status_code == 200  # accounts.v1 follower
             and blocked.status_code == 403
             and blocked.json()["error"]["code"] == "insufficient_quota"  # quota.v1 follower
+            # service-tokens.v1 follower: a known service token (unknown would be 401) on a customer route
+            and (by_service.status_code, by_service.json()["error"]["code"]) == (403, "permission_denied")
         )
 
-    await eventually(edge_followed, what="the edge's followers applied keys.v1, accounts.v1, quota.v1, billing.v1")
+    await eventually(
+        edge_followed, what="the edge's followers applied keys.v1, accounts.v1, quota.v1, billing.v1, service-tokens.v1"
+    )
 
     async def masked() -> bool:
         log = (await client.get("/api/activity-log", headers=session)).json()["items"]

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from tests.hostile.helpers import Account, assert_contract_error, bearer, eventually, new_account, new_key
+from tests.support.service_tokens import create_service_token, service_headers
 
 pytestmark = pytest.mark.integration
 
@@ -29,13 +30,14 @@ BY_ID: dict[tuple[str, str], tuple[str, dict | None]] = {
     ("DELETE", "/api/geo/projects/{project_id}"): ("project", None),
 }
 OPERATOR = ("PUT", "/api/admin/accounts/{account_id}/roles")
+SERVICE_TOKEN_REVOKE = ("DELETE", "/api/admin/service-tokens/{token_id}")  # operator too, not the tenant's
 
 
 def _routes_with_ids(app) -> set[tuple[str, str]]:
     return {(method.upper(), path) for path, operations in app.openapi()["paths"].items() if "{" in path for method in operations}
 
 
-async def _objects_of(client, a: Account) -> dict[str, str]:
+async def _objects_of(client, settings, a: Account) -> dict[str, str]:
     """One of every kind of object A can own, made through the public API."""
     key = await new_key(client, a, "a's key")
     rule = await client.post(
@@ -57,7 +59,8 @@ async def _objects_of(client, a: Account) -> dict[str, str]:
         "output_tokens": 0,
         "source": "isolation-test",
     }
-    assert (await client.post("/api/usage/events", json={"events": [usage]}, headers=a.headers)).status_code == 202
+    reported = await client.post("/api/usage/events", json={"events": [usage]}, headers=await service_headers(client, settings))
+    assert reported.status_code == 202
     assert (await client.get("/api/geo/projects", headers=bearer(key["key"]))).status_code == 200  # an activity entry
 
     async def notification() -> str | None:
@@ -88,10 +91,10 @@ def _same_answer(theirs, nobodys) -> None:
 
 async def test_every_object_of_one_account_is_invisible_to_another(app_client, settings):
     app, client = app_client
-    assert _routes_with_ids(app) == set(BY_ID) | {OPERATOR}, "a new route takes an id: add it to BY_ID"
+    assert _routes_with_ids(app) == set(BY_ID) | {OPERATOR, SERVICE_TOKEN_REVOKE}, "a new route takes an id: add it to BY_ID"
 
     a, b = await new_account(client), await new_account(client)
-    objects = await _objects_of(client, a)
+    objects = await _objects_of(client, settings, a)
     b_key = await new_key(client, b, "b's key")
 
     for (method, template), (kind, body) in BY_ID.items():
@@ -112,6 +115,13 @@ async def test_every_object_of_one_account_is_invisible_to_another(app_client, s
     nobodys = await client.put(f"/api/admin/accounts/{uuid.uuid4()}/roles", json={"roles": ["viewer"]}, headers=b.headers)
     assert_contract_error(theirs, 403, "permission_denied")
     _same_answer(theirs, nobodys)
+    token = await create_service_token(client, settings)
+    for credentials in (b.headers, bearer(b_key["key"])):
+        theirs = await client.delete(f"/api/admin/service-tokens/{token['id']}", headers=credentials)
+        nobodys = await client.delete(f"/api/admin/service-tokens/{uuid.uuid4()}", headers=credentials)
+        assert_contract_error(theirs, 403, "permission_denied")
+        _same_answer(theirs, nobodys)
+    assert (await client.post("/api/usage/events", json={"events": []}, headers=bearer(token["token"]))).status_code == 422
 
     # B cannot report usage for A, nor see A in any list or analytics.
     foreign = {
@@ -121,9 +131,9 @@ async def test_every_object_of_one_account_is_invisible_to_another(app_client, s
         "quantity": 1,
         "source": "isolation-test",
     }
-    for credentials in (b.headers, bearer(b_key["key"])):
+    for credentials in (b.headers, bearer(b_key["key"])):  # (v2) nor for itself: usage is written by service tokens
         assert_contract_error(
-            await client.post("/api/usage/events", json={"events": [foreign]}, headers=credentials), 422, "validation_error"
+            await client.post("/api/usage/events", json={"events": [foreign]}, headers=credentials), 403, "permission_denied"
         )
     seen_by_b = ""
     for path in (

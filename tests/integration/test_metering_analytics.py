@@ -19,6 +19,7 @@ from contracts.events import UsageEvent
 from contracts.topics import USAGE, dead_letter
 from tests.support.apps import running_app
 from tests.support.metering import publish_all, sign_in, wait_until
+from tests.support.service_tokens import operator_service_headers
 
 pytestmark = pytest.mark.integration
 
@@ -183,25 +184,31 @@ async def test_analytics_equal_an_independent_computation(settings, tmp_path):
                     source="t",
                 )
             )
-        via_http, direct = events[:200], events[200:]
-        await publish_all(broker, topic, direct, key)
-        # Through the HTTP ingestion: 100 per call; the operator token may report any account.
-        admin = {"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"}
+        # HTTP judges an event's time against now (at most 35 days back): only recent events can
+        # take that way; the rest are history, published as a backfill would (record time = event time).
+        recent = [e for e in events if e.time > now - timedelta(days=34)]
+        via_http = recent[:200]
+        http_ids = {e.id for e in via_http}
+        direct = [e for e in events if e.id not in http_ids]
+        await publish_all(broker, topic, direct, key, stamped=True)
+        # Through the HTTP ingestion: 100 per call; a platform service's token may report any account.
+        service = await operator_service_headers(app)
         for i in range(0, len(via_http), 100):
             chunk = [e.model_dump(mode="json") for e in via_http[i : i + 100]]
-            r = await client.post("/api/usage/events", headers=admin, json={"events": chunk})
+            r = await client.post("/api/usage/events", headers=service, json={"events": chunk})
             assert r.status_code == 202, r.text
-            assert r.json() == {"accepted": 100, "duplicates": 0}
+            assert r.json() == {"accepted": len(chunk), "duplicates": 0}
         # Duplicates: again through HTTP (counted as such), and straight into Kafka after the
         # first copies were written and committed (a republish "minutes later").
         again = [e.model_dump(mode="json") for e in via_http[:50]]
-        r = await client.post("/api/usage/events", headers=admin, json={"events": again + again[:5]})
-        assert r.json() == {"accepted": 0, "duplicates": 55}
-        # An owner may report only for its own account.
+        r = await client.post("/api/usage/events", headers=service, json={"events": again + again[:5]})
+        assert r.json() == {"accepted": 0, "duplicates": len(again) + 5}
+        # A customer never writes its meter, not even its own account's (v2: service tokens only).
         _own_account, own_headers = signed[1]
-        foreign = via_http[0].model_copy(update={"id": uuid.uuid4(), "account_id": accounts[0]})
-        r = await client.post("/api/usage/events", headers=own_headers, json={"events": [foreign.model_dump(mode="json")]})
-        assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error"
+        for target in (accounts[0], accounts[1]):
+            foreign = via_http[0].model_copy(update={"id": uuid.uuid4(), "account_id": target})
+            r = await client.post("/api/usage/events", headers=own_headers, json={"events": [foreign.model_dump(mode="json")]})
+            assert r.status_code == 403 and r.json()["error"]["code"] == "permission_denied"
 
         # Malformed messages go to the dead-letter topic; the sink keeps going.
         await broker.publish(b"{not json", topic, key=key(events[0]))
@@ -220,12 +227,12 @@ async def test_analytics_equal_an_independent_computation(settings, tmp_path):
             return ok
 
         await wait_until(all_visible, timeout=60)
-        await publish_all(broker, topic, direct[:300], key)  # republished long after
+        await publish_all(broker, topic, direct[:300], key, stamped=True)  # republished long after
         sentinels = [
             UsageEvent(time=datetime(2026, 2, 1, tzinfo=UTC), account_id=a, resource=Resource.AI_TOKENS, quantity=1, source="s")
             for a in accounts
         ]
-        await publish_all(broker, topic, sentinels, key)  # same partitions, after the republished copies
+        await publish_all(broker, topic, sentinels, key, stamped=True)  # same partitions, after the republished copies
         events += sentinels
         await wait_until(all_visible, timeout=60)
 

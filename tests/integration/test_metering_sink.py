@@ -28,15 +28,16 @@ RANGE = {"range": "custom", "start": "2026-01-01T00:00:00Z", "end": "2027-01-01T
 
 
 def usage(account: uuid.UUID, n: int) -> UsageEvent:
+    quantity = n % 97 + 3
     return UsageEvent(
         time=START + timedelta(seconds=37 * n),
         account_id=account,
         resource=Resource.AI_TOKENS,
-        quantity=n % 97 + 3,
+        quantity=quantity,
         provider="openai",
         model="gpt-4o",
-        input_tokens=n % 89,
-        output_tokens=n % 97 + 3 - n % 89 if n % 97 + 3 > n % 89 else 0,
+        input_tokens=min(n % 89, quantity),  # the split adds up to the quantity (contracts/usage_rules.py)
+        output_tokens=quantity - min(n % 89, quantity),
         source="kill-test",
     )
 
@@ -54,12 +55,18 @@ def call(account: uuid.UUID, n: int) -> CallEvent:
     )
 
 
-async def produce(settings, records: list[tuple[str, bytes, bytes]]) -> None:
+def stamp(event: UsageEvent | CallEvent) -> int:
+    """The record timestamp a backfill of history sets: the event's own time (usage.v1's consumers
+    judge an event's time against its record's, contracts/usage_rules.py)."""
+    return int(event.time.timestamp() * 1000)
+
+
+async def produce(settings, records: list[tuple[str, bytes, bytes, int | None]]) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, acks="all", linger_ms=5)
     await producer.start()
     try:
         for i in range(0, len(records), 5000):
-            futures = [await producer.send(t, v, key=k) for t, k, v in records[i : i + 5000]]
+            futures = [await producer.send(t, v, key=k, timestamp_ms=ms) for t, k, v, ms in records[i : i + 5000]]
             await asyncio.gather(*futures)
             await asyncio.sleep(0.05)  # a steady stream, so the kill lands while batches are in flight
     finally:
@@ -101,10 +108,10 @@ async def test_sigkill_mid_batch_then_restart_counts_exactly(settings, tmp_path)
     call_events = [call(account, n) for n in range(6_000)]
     ut, ct = sub.topic(USAGE.name), sub.topic(CALLS.name)
     key = str(account).encode()
-    records = [(ut, key, e.model_dump_json().encode()) for e in usage_events]
-    records += [(ct, key, e.model_dump_json().encode()) for e in call_events]
-    records += [(ut, key, e.model_dump_json().encode()) for e in usage_events[:5_000]]  # duplicates
-    records += [(ut, key, b"not json"), (ct, key, b'{"id": 1}')]  # malformed
+    records = [(ut, key, e.model_dump_json().encode(), stamp(e)) for e in usage_events]
+    records += [(ct, key, e.model_dump_json().encode(), stamp(e)) for e in call_events]
+    records += [(ut, key, e.model_dump_json().encode(), stamp(e)) for e in usage_events[:5_000]]  # duplicates
+    records += [(ut, key, b"not json", None), (ct, key, b'{"id": 1}', None)]  # malformed
     records.sort(key=lambda r: hash(r[2]) % 7)  # interleave topics and duplicates
 
     def visible_calls(proc: ServeProcess) -> int:
@@ -135,7 +142,7 @@ async def test_sigkill_mid_batch_then_restart_counts_exactly(settings, tmp_path)
         await asyncio.to_thread(second.wait_ready)
         # A sentinel after everything else on the same partition: once visible, all before it is.
         sentinel = usage(account, 100_000)  # a new id, inside RANGE
-        await produce(sub, [(ut, key, sentinel.model_dump_json().encode())])
+        await produce(sub, [(ut, key, sentinel.model_dump_json().encode(), stamp(sentinel))])
 
         async def caught_up() -> bool:
             return await asyncio.to_thread(visible_calls, second) >= len(usage_events) + 1

@@ -53,7 +53,7 @@ def usage(account: uuid.UUID, n: int) -> UsageEvent:
         time=START + timedelta(seconds=7 * n),  # ~6 days: many account-hours, one month
         account_id=account,
         resource=Resource.AI_TOKENS,
-        quantity=n % 97 + 3,
+        quantity=n % 89 + n % 53 + 1,  # the split adds up to the quantity (contracts/usage_rules.py)
         provider="openai",
         model="gpt-4o",
         input_tokens=n % 89,
@@ -178,14 +178,21 @@ async def running(settings: Settings) -> AsyncIterator[FastAPI]:
 
 
 async def produce(settings: Settings, events: list[UsageEvent], chunk: int, pause: float) -> None:
-    """A steady stream: `chunk` events, every ack awaited, then a pause."""
+    """A steady stream: `chunk` events, every ack awaited, then a pause. Each record's timestamp
+    is its event's time, as a backfill of history sets it (the sink judges an event's time
+    against its record's: contracts/usage_rules.py)."""
     topic = settings.topic(USAGE.name)
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, acks="all", linger_ms=5)
     await producer.start()
     try:
         for i in range(0, len(events), chunk):
             futures = [
-                await producer.send(topic, e.model_dump_json().encode(), key=str(e.account_id).encode())
+                await producer.send(
+                    topic,
+                    e.model_dump_json().encode(),
+                    key=str(e.account_id).encode(),
+                    timestamp_ms=int(e.time.timestamp() * 1000),
+                )
                 for e in events[i : i + chunk]
             ]
             await asyncio.gather(*futures)

@@ -55,10 +55,18 @@ async def _known(runtime: Any, account_id: uuid.UUID) -> bool:
     return runtime.edge.accounts.get(account_id) is not None
 
 
-async def publish_all(broker: KafkaBroker, topic: str, events: list[BaseModel], key_of: Callable[[Any], bytes]) -> None:
-    """Publish concurrently (the producer batches them) and wait for every ack."""
+async def publish_all(
+    broker: KafkaBroker, topic: str, events: list[BaseModel], key_of: Callable[[Any], bytes], *, stamped: bool = False
+) -> None:
+    """Publish concurrently (the producer batches them) and wait for every ack. `stamped`: each
+    record's timestamp is its event's `time`, as a backfill of history sets it (usage.v1's
+    consumers judge an event's time against its record's: contracts/usage_rules.py)."""
+
+    def stamp(e: Any) -> int | None:
+        return int(e.time.timestamp() * 1000) if stamped else None
+
     for i in range(0, len(events), 2000):
-        await asyncio.gather(*(broker.publish(e, topic, key=key_of(e)) for e in events[i : i + 2000]))
+        await asyncio.gather(*(broker.publish(e, topic, key=key_of(e), timestamp_ms=stamp(e)) for e in events[i : i + 2000]))
 
 
 async def wait_until(check: Callable[[], Awaitable[T]], timeout: float = 30, interval: float = 0.1) -> T:  # noqa: ASYNC109

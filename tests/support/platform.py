@@ -23,6 +23,7 @@ def client(timeout: float, connections: int = 100) -> httpx.AsyncClient:
 ROUTES: tuple[tuple[str, str], ...] = (
     ("/api/auth/", "keys"),
     ("/api/account", "keys"),
+    ("/api/admin/", "keys"),
     ("/api/api-keys", "keys"),
     ("/api/billing/check-quota", "quota"),
     ("/api/ai/usage/quota", "quota"),
@@ -108,6 +109,17 @@ async def eventually(call: Any, status: int, within: float = 30) -> Any:
         await asyncio.sleep(0.2)
 
 
+async def new_service_token(http: httpx.AsyncClient, ingress: Ingress, admin_token: str) -> dict[str, str]:
+    """Headers of a new `usage:write` service token (the operator's API), once the process that
+    ingests usage knows it (an empty batch is then a 422, not a 401)."""
+    admin = {"Authorization": f"Bearer {admin_token}"}
+    body = {"name": f"platform-{uuid.uuid4().hex[:6]}", "scopes": ["usage:write"]}
+    created = await expect(await http.post(ingress.url("/api/admin/service-tokens"), json=body, headers=admin), 201)
+    headers = {"Authorization": f"Bearer {created['token']}"}
+    await eventually(lambda: http.post(ingress.url("/api/usage/events"), json={"events": []}, headers=headers), 422)
+    return headers
+
+
 def usage_event(account_id: str, tokens: int, model: str = "gpt-4o") -> dict[str, Any]:
     return {
         "id": str(uuid.uuid4()),
@@ -145,12 +157,14 @@ async def run_traffic(
     ingress: Ingress,
     tenant: Tenant,
     *,
+    service: dict[str, str],
     seconds: float,
     tokens_per_event: int = 2000,
     call_interval: float = 0.02,
     post_interval: float = 0.05,
 ) -> Traffic:
-    """API-key calls and usage reports side by side for `seconds`; never raises on a status."""
+    """API-key calls and usage reports side by side for `seconds`; never raises on a status.
+    The usage is reported for `tenant` as a platform service would: with `service`'s token."""
     seen = Traffic()
     stop_at = time.monotonic() + seconds
 
@@ -173,7 +187,7 @@ async def run_traffic(
         while time.monotonic() < stop_at:
             started = time.monotonic()
             try:
-                response = await http.post(ingress.url("/api/usage/events"), json={"events": [event]}, headers=tenant.console())
+                response = await http.post(ingress.url("/api/usage/events"), json={"events": [event]}, headers=service)
                 seen.posts.append((response.status_code, time.monotonic() - started))
                 if response.status_code == 202:
                     seen.accepted_tokens += tokens_per_event
@@ -187,7 +201,7 @@ async def run_traffic(
         settle_by = time.monotonic() + 60
         while seen.posts and seen.posts[-1][0] != 202 and time.monotonic() < settle_by:  # settle the last one
             try:
-                response = await http.post(ingress.url("/api/usage/events"), json={"events": [event]}, headers=tenant.console())
+                response = await http.post(ingress.url("/api/usage/events"), json={"events": [event]}, headers=service)
             except httpx.HTTPError:
                 await asyncio.sleep(0.5)
                 continue

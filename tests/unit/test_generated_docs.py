@@ -36,5 +36,7 @@ def test_every_operation_declares_the_credentials_it_takes(tmp_path):
     assert schemes("/api/geo/projects", "get") == {"ApiKey", "ConsoleSession"}
     assert schemes("/api/api-keys", "post") == {"ConsoleSession"}
     assert schemes("/api/admin/accounts/{account_id}/roles", "put") == {"AdminToken"}
+    assert schemes("/api/admin/service-tokens", "post") == {"AdminToken"}
+    assert schemes("/api/usage/events", "post") == {"ServiceToken"}
     assert schemes("/api/billing/plans", "get") == set()  # public
     assert schemes("/api/auth/login", "post") == set()
