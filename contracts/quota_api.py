@@ -1,6 +1,7 @@
 """Payloads of the quota endpoints (`GET /api/billing/check-quota`, `GET /api/ai/usage/quota`)."""
 
 from typing import Literal
+from uuid import UUID
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -31,3 +32,21 @@ class QuotaItem(BaseModel):
 class QuotaReport(BaseModel):
     period: PeriodRange
     items: list[QuotaItem]
+
+
+class ReservationCreate(BaseModel):
+    """(v2) `POST /api/quota/reservations`: hold `amount` of a resource before spending it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    account_id: UUID
+    resource: Resource
+    amount: int = Field(ge=1, le=10**12, description="What the service may spend (tokens, bytes, ...).")
+    ttl_seconds: int = Field(ge=1, le=3600, description="Released at created + ttl unless settled or released before.")
+
+
+class ReservationCreated(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: UUID
+    expires_at: AwareDatetime
