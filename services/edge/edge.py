@@ -5,6 +5,7 @@ calling `Principal`. The edge answers 401/403 itself with the contract's codes.
 """
 
 import hashlib
+import hmac
 import json
 import logging
 import time
@@ -16,10 +17,10 @@ from uuid import UUID
 from fastapi import Request
 from prometheus_client import Counter
 
-from contracts.common import Permission, Resource, Role
+from contracts.common import Permission, Resource, Role, ServiceScope
 from contracts.errors import ErrorCode
-from contracts.events import AccountState, KeyState, PlanChanged, QuotaState, RateLimit
-from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA
+from contracts.events import AccountState, KeyState, PlanChanged, QuotaState, RateLimit, ServiceTokenState
+from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA, SERVICE_TOKENS
 from services.edge import sessions
 from services.edge.admissions import SharedAdmissions
 from services.edge.calls import Call, CallRecorder, client_ip, parse_networks
@@ -30,9 +31,11 @@ from services.edge.projections import AccountProjection, KeyProjection, PlanLimi
 from services.edge.quota_gate import QuotaProjection
 from services.edge.rate_limit import Limits
 from services.edge.rate_store import make_store
+from services.edge.service_tokens import ServicePrincipal, ServiceTokenProjection
 from services.runtime.settings import Settings
 
 API_KEY_PREFIX = "sk-"
+SERVICE_TOKEN_PREFIX = "st-"  # noqa: S105 - (v2) a platform service's token prefix, not a secret
 MAX_CACHED_SUBJECTS = 100_000
 
 log = logging.getLogger(__name__)
@@ -43,7 +46,7 @@ ADMISSION_STORE_ERRORS = Counter(
 
 
 def hash_secret(secret: str) -> str:
-    """The only form in which an API key is stored, logged or published."""
+    """The only form in which an API key or a service token is stored, logged or published."""
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
@@ -81,6 +84,14 @@ def _unauthorized(code: ErrorCode, message: str) -> ApiError:
     return ApiError(401, code, message, headers={"WWW-Authenticate": "Bearer"})
 
 
+def _bearer(request: Request) -> str:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise _unauthorized(ErrorCode.MISSING_CREDENTIALS, "Send Authorization: Bearer <API key or session token>.")
+    return token
+
+
 def _insufficient_quota(resource: Resource) -> ApiError:
     return ApiError(
         403,
@@ -95,6 +106,7 @@ class Edge:
         self.settings = settings
         self.accounts = AccountProjection()
         self.keys = KeyProjection()
+        self.service_tokens = ServiceTokenProjection()
         self.quota = QuotaProjection(settings.tz)
         self.plans = PlanLimits()
         self.limiter = make_store(settings.redis_url)
@@ -114,6 +126,7 @@ class Edge:
             TopicFollower(settings.kafka_bootstrap_servers, settings.topic(KEYS.name), self._apply_key),
             TopicFollower(settings.kafka_bootstrap_servers, settings.topic(QUOTA.name), self._apply_quota),
             TopicFollower(settings.kafka_bootstrap_servers, settings.topic(BILLING.name), self._apply_billing),
+            TopicFollower(settings.kafka_bootstrap_servers, settings.topic(SERVICE_TOKENS.name), self._apply_service_token),
         ]
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -143,6 +156,13 @@ class Edge:
                 self.keys.remove(UUID(key.decode()))
             return
         self.keys.apply(KeyState.model_validate(json.loads(value)))
+
+    def _apply_service_token(self, key: bytes | None, value: bytes | None) -> None:
+        if value is None:
+            if key is not None:
+                self.service_tokens.remove(UUID(key.decode()))
+            return
+        self.service_tokens.apply(ServiceTokenState.model_validate(json.loads(value)))
 
     def _apply_billing(self, _key: bytes | None, value: bytes | None) -> None:
         if value is None:
@@ -185,6 +205,33 @@ class Edge:
             return principal
 
         return dependency
+
+    def requires_service(self, scope: ServiceScope) -> Callable[[Request], Awaitable[ServicePrincipal]]:
+        """A FastAPI dependency of a **service** endpoint: only an `st-` token with `scope`.
+        A customer's API key or console session is 403 permission_denied (the metered party
+        never writes its own meter); an unknown or revoked token is 401 invalid_service_token."""
+
+        async def dependency(request: Request) -> ServicePrincipal:
+            now = datetime.now(UTC)
+            token = _bearer(request)
+            if not token.startswith(SERVICE_TOKEN_PREFIX):
+                admin = self.settings.admin_token
+                if admin is None or not hmac.compare_digest(token.encode(), admin.get_secret_value().encode()):
+                    self.authenticate(request, now)  # a bad customer credential is still its own 401
+                raise ApiError(403, ErrorCode.PERMISSION_DENIED, "Only a platform service token may call this endpoint.")
+            service = self._authenticate_service(token)
+            if scope not in service.scopes:
+                raise ApiError(403, ErrorCode.PERMISSION_DENIED, f"The service token lacks the scope {scope.value}.")
+            self.service_tokens.note_use(service.token_id, now)
+            return service
+
+        return dependency
+
+    def _authenticate_service(self, token: str) -> ServicePrincipal:
+        service = self.service_tokens.get(hash_secret(token))
+        if service is None:
+            raise _unauthorized(ErrorCode.INVALID_SERVICE_TOKEN, "The service token is not valid.")
+        return service
 
     async def _rate_limit(self, request: Request, principal: Principal) -> None:
         """429 when the account's or the key's bucket or window is exhausted; X-RateLimit-* on
@@ -257,6 +304,9 @@ class Edge:
             raise _unauthorized(ErrorCode.MISSING_CREDENTIALS, "Send Authorization: Bearer <API key or session token>.")
         if token.startswith(API_KEY_PREFIX):
             return self._authenticate_key(token, now)
+        if token.startswith(SERVICE_TOKEN_PREFIX):
+            self._authenticate_service(token)  # unknown or revoked: 401; valid: not a customer
+            raise ApiError(403, ErrorCode.PERMISSION_DENIED, "A service token cannot call a customer endpoint.")
         return self._authenticate_session(token, now)
 
     def _authenticate_session(self, token: str, now: datetime) -> Principal:

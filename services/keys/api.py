@@ -22,6 +22,7 @@ from contracts.keys_api import (
     RotateRequest,
     UserTypeRequest,
 )
+from contracts.service_tokens_api import ServiceTokenCreated, ServiceTokenCreateRequest, ServiceTokenItem, ServiceTokenList
 from services.edge.calls import client_ip, parse_networks
 from services.edge.edge import Edge
 from services.edge.errors import ApiError, not_found
@@ -160,5 +161,42 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
     )
     async def put_roles(account_id: UUID, body: RolesRequest) -> Account:
         return _account(await service.set_roles(account_id, body.roles))
+
+    @api.post(
+        "/api/admin/service-tokens",
+        status_code=201,
+        dependencies=[Depends(operator)],
+        description="Operator (`Authorization: Bearer <ADMIN_TOKEN>`; 404 while ADMIN_TOKEN is unset): a token for a "
+        "platform service (`st-` + 48 URL-safe characters). `token` is in this response only; only its SHA-256 hash "
+        "is stored and published (service-tokens.v1). Answers after the token is in force in this process; other "
+        "replicas learn it within milliseconds. `scopes` defaults to `[\"usage:write\"]`.",
+    )
+    async def create_service_token(body: ServiceTokenCreateRequest) -> ServiceTokenCreated:
+        row, token = await service.create_service_token(body.name, body.scopes)
+        return ServiceTokenCreated(
+            id=row["id"], name=row["name"], scopes=row["scopes"], token=token, created_at=row["created_at"]
+        )
+
+    @api.get(
+        "/api/admin/service-tokens",
+        dependencies=[Depends(operator)],
+        description="Operator: every service token, revoked ones too (`revoked_at`), oldest first; never the token. "
+        "`last_used_at` is approximate (written in batches at most every 5 s by processes that run the keys service).",
+    )
+    async def list_service_tokens() -> ServiceTokenList:
+        return ServiceTokenList(items=[ServiceTokenItem.model_validate(r) for r in await service.list_service_tokens()])
+
+    @api.delete(
+        "/api/admin/service-tokens/{token_id}",
+        status_code=204,
+        response_class=Response,
+        dependencies=[Depends(operator)],
+        description="Operator: revokes the token for good (401 `invalid_service_token` from then on). Answers after "
+        "the revocation is in Kafka and in force in this process; every other replica refuses it within milliseconds. "
+        "Revoking a revoked token is a 204 again; an unknown id is 404.",
+    )
+    async def revoke_service_token(token_id: UUID) -> Response:
+        await service.revoke_service_token(token_id)
+        return Response(status_code=204)
 
     return api

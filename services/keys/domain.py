@@ -4,9 +4,9 @@ import secrets
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from contracts.common import KeyStatus, Role, UserType
-from contracts.events import AccountState, KeyState
-from services.edge.edge import API_KEY_PREFIX, hash_secret
+from contracts.common import KeyStatus, Role, ServiceScope, UserType
+from contracts.events import AccountState, KeyState, ServiceTokenState
+from services.edge.edge import API_KEY_PREFIX, SERVICE_TOKEN_PREFIX, hash_secret
 
 SECRET_BYTES = 36  # token_urlsafe(36): 48 URL-safe characters, 288 bits from the OS CSPRNG
 OWNER_ROLES: tuple[Role, ...] = (Role.OWNER,)
@@ -14,6 +14,11 @@ OWNER_ROLES: tuple[Role, ...] = (Role.OWNER,)
 
 def new_secret() -> str:
     return API_KEY_PREFIX + secrets.token_urlsafe(SECRET_BYTES)
+
+
+def new_service_token() -> str:
+    """`st-` + 48 URL-safe characters (288 bits), like an API key's secret."""
+    return SERVICE_TOKEN_PREFIX + secrets.token_urlsafe(SECRET_BYTES)
 
 
 def mask(secret: str) -> str:
@@ -67,3 +72,9 @@ def key_state(
 
 def account_state(*, account_id: UUID, roles: list[Role], user_type: UserType, now: datetime) -> AccountState:
     return AccountState(time=now, account_id=account_id, roles=roles, user_type=user_type)
+
+
+def service_token_state(
+    *, token_id: UUID, name: str, digest: str, scopes: list[ServiceScope], now: datetime, revoked: bool = False
+) -> ServiceTokenState:
+    return ServiceTokenState(time=now, token_id=token_id, name=name, hash=digest, scopes=scopes, revoked=revoked)

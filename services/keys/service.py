@@ -5,6 +5,7 @@ this process's edge, so the serving process already judges by it when the respon
 import asyncio
 import logging
 import secrets
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import cast
@@ -14,20 +15,22 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 from psycopg_pool import AsyncConnectionPool
 
-from contracts.common import KeyStatus, Role, Tier, UserType
+from contracts.common import KeyStatus, Role, ServiceScope, Tier, UserType
 from contracts.errors import ErrorCode
-from contracts.events import AccountState, KeyState, UserTypeChanged
+from contracts.events import AccountState, KeyState, ServiceTokenState, UserTypeChanged
 from contracts.keys_api import RegisterRequest
 from contracts.plans import user_type_may_take
 from contracts.topics import ACCOUNTS, BILLING, KEYS
 from services.edge.edge import Edge
 from services.edge.errors import ApiError, not_found
-from services.keys import domain, store
+from services.keys import domain, service_tokens, store
 from services.runtime.outbox_relay import OutboxRelay
 from services.runtime.settings import Settings
 
 log = logging.getLogger(__name__)
 DELIVERY_TIMEOUT_S = 10.0
+# Service tokens' last_used_at is written at most this often (approximate to it, by design).
+SERVICE_TOKEN_USES_EVERY_S = 5.0
 
 
 @dataclass
@@ -36,6 +39,7 @@ class _Changes:
 
     keys: list[KeyState] = field(default_factory=list)
     accounts: list[AccountState] = field(default_factory=list)
+    service_tokens: list[ServiceTokenState] = field(default_factory=list)
 
 
 def _invalid_login() -> ApiError:
@@ -47,7 +51,8 @@ class KeysService:
         self.pool = cast("AsyncConnectionPool[store.Conn]", pool)  # the host opens it with dict rows
         self.settings = settings
         self.edge = edge
-        self.relay = OutboxRelay(pool, settings, "keys", on_tick=self.sweep_rotated)
+        self.relay = OutboxRelay(pool, settings, "keys", on_tick=self._tick)
+        self._uses_written_at = time.monotonic()
         self.hasher = PasswordHasher()
         # Verified against when the e-mail is unknown, so both failures cost the same time.
         self._dummy_hash = self.hasher.hash(secrets.token_urlsafe(16))
@@ -82,6 +87,14 @@ class KeysService:
             self.edge.accounts.apply(account)
         for key in changes.keys:
             self.edge.keys.apply(key)
+        for token in changes.service_tokens:
+            self.edge.service_tokens.apply(token)
+
+    async def _tick(self) -> None:
+        await self.sweep_rotated()
+        if time.monotonic() - self._uses_written_at >= SERVICE_TOKEN_USES_EVERY_S:
+            self._uses_written_at = time.monotonic()
+            await self.write_service_token_uses()
 
     # ---- accounts ----------------------------------------------------------------------------
     async def register(self, body: RegisterRequest) -> store.Row:
@@ -297,3 +310,39 @@ class KeysService:
     async def note_calls(self, used: dict[UUID, datetime]) -> None:
         async with self.pool.connection() as conn:
             await store.touch_last_used(conn, used)
+
+    # ---- service tokens (operator) -----------------------------------------------------------
+    async def create_service_token(self, name: str, scopes: list[ServiceScope]) -> tuple[store.Row, str]:
+        changes = _Changes()
+        async with self.pool.connection() as conn:
+            row, token, state = await service_tokens.create(conn, self.relay, name, scopes, datetime.now(UTC))
+            changes.service_tokens.append(state)
+        await self._deliver(changes)
+        return row, token
+
+    async def list_service_tokens(self) -> list[store.Row]:
+        async with self.pool.connection() as conn:
+            return await service_tokens.list_all(conn)
+
+    async def revoke_service_token(self, token_id: UUID) -> None:
+        """Answers after the revocation is in Kafka and in force in this process."""
+        changes = _Changes()
+        async with self.pool.connection() as conn:
+            state = await service_tokens.revoke(conn, self.relay, token_id, datetime.now(UTC))
+            if state is None:
+                raise not_found("service token")
+            changes.service_tokens.append(state)
+        await self._deliver(changes)
+
+    async def write_service_token_uses(self) -> None:
+        """The uses this process's edge noted, in one UPDATE (kept for the next try if it fails)."""
+        used = self.edge.service_tokens.drain_uses()
+        if not used:
+            return
+        try:
+            async with self.pool.connection() as conn:
+                await store.touch_service_tokens(conn, used)
+        except Exception:
+            for token_id, at in used.items():
+                self.edge.service_tokens.note_use(token_id, at)
+            raise

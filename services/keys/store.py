@@ -149,3 +149,46 @@ async def touch_last_used(conn: Conn, used: dict[UUID, datetime]) -> None:
            FROM unnest(%s::uuid[], %s::timestamptz[]) AS u(id, t) WHERE k.id = u.id""",
         (ids, [used[i] for i in ids]),
     )
+
+
+# ---- service tokens (v2) ------------------------------------------------------------------------
+_ST_COLUMNS = "id, name, hash, scopes, created_at, last_used_at, revoked_at"
+
+
+async def insert_service_token(
+    conn: Conn, *, token_id: UUID, name: str, digest: str, scopes: list[str], created_at: datetime
+) -> Row:
+    row = await _one(
+        conn,
+        f"""INSERT INTO keys.service_tokens (id, name, hash, scopes, created_at)
+            VALUES (%s, %s, %s, %s, %s) RETURNING {_ST_COLUMNS}""",
+        (token_id, name, digest, scopes, created_at),
+    )
+    assert row is not None
+    return row
+
+
+async def list_service_tokens(conn: Conn) -> list[Row]:
+    return await _all(conn, f"SELECT {_ST_COLUMNS} FROM keys.service_tokens ORDER BY created_at, id", ())
+
+
+async def revoke_service_token(conn: Conn, token_id: UUID, now: datetime) -> Row | None:
+    """The token, revoked now (or when it first was: revoking twice changes nothing); None if unknown."""
+    return await _one(
+        conn,
+        f"""UPDATE keys.service_tokens SET revoked_at = COALESCE(revoked_at, %s)
+            WHERE id = %s RETURNING {_ST_COLUMNS}""",
+        (now, token_id),
+    )
+
+
+async def touch_service_tokens(conn: Conn, used: dict[UUID, datetime]) -> None:
+    """One statement per batch of uses; never moves last_used_at backwards."""
+    if not used:
+        return
+    ids = list(used)
+    await conn.execute(
+        """UPDATE keys.service_tokens AS t SET last_used_at = GREATEST(t.last_used_at, u.t)
+           FROM unnest(%s::uuid[], %s::timestamptz[]) AS u(id, t) WHERE t.id = u.id""",
+        (ids, [used[i] for i in ids]),
+    )

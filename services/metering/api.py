@@ -1,16 +1,15 @@
 """Metering's HTTP API: usage ingestion and usage analytics (API.md), scoped to the caller."""
 
 import asyncio
-import hmac
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated
 from uuid import UUID
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Response
 from psycopg.rows import dict_row
 
-from contracts.common import Permission, Role
+from contracts.common import Permission, ServiceScope
 from contracts.errors import ErrorCode
 from contracts.events import UsageEvent
 from contracts.metering_api import (
@@ -32,6 +31,7 @@ from contracts.metering_api import (
 from contracts.topics import USAGE
 from services.edge.errors import ApiError
 from services.edge.principal import Principal
+from services.edge.service_tokens import ServicePrincipal
 from services.metering import domain
 from services.metering.domain import Granularity, GroupBy, InvalidQuery, RangeName
 from services.metering.keymasks import KeyMasks
@@ -75,7 +75,7 @@ def build_router(
     now: Clock = clock or (lambda: datetime.now(UTC))
     router = APIRouter(tags=["metering"])
     usage_reader = edge.requires(Permission.USAGE_READ)
-    any_principal = edge.requires()
+    usage_writer = edge.requires_service(ServiceScope.USAGE_WRITE)
 
     def resolve(name: RangeName, tz: str | None, start: datetime | None, end: datetime | None) -> domain.TimeRange:
         _storable("start", start)
@@ -86,17 +86,6 @@ def build_router(
             raise _invalid(exc) from None
 
     # ---- ingestion ---------------------------------------------------------------------------
-    async def ingest_caller(request: Request) -> UUID | None:
-        """None for the operator (ADMIN_TOKEN: any account); else the owner's account id."""
-        admin = settings.admin_token
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if admin is not None and scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), admin.get_secret_value()):
-            return None
-        principal: Principal = await any_principal(request)
-        if Role.OWNER not in principal.roles:
-            raise ApiError(403, ErrorCode.PERMISSION_DENIED, "Only an account owner may report usage (viewers are read-only).")
-        return principal.account_id
-
     @router.post(
         "/api/usage/events",
         status_code=202,
@@ -104,24 +93,16 @@ def build_router(
         summary="Report usage events (for platform services that do not speak Kafka)",
         description=(
             "Validated, idempotent on each event's `id`, and published to usage.v1 (key = account id) before the 202. "
-            "Callers (extension; API.md is silent): the operator's ADMIN_TOKEN may report for any account; an API key or "
-            "console session of an account *owner* may report only for its own account (an event of another account is "
-            "a 422 validation_error naming it). `duplicates` counts events whose id this endpoint had already accepted "
+            "**Service** endpoint: only a platform service token (`st-...`) with the scope `usage:write`, for any "
+            "account; a customer's API key or console session gets 403 `permission_denied` (the metered party never "
+            "writes its own meter), an unknown or revoked service token 401 `invalid_service_token`. "
+            "`duplicates` counts events whose id this endpoint had already accepted "
             "(kept in Postgres `metering.ingested_events` for USAGE_IDEMPOTENCY_WINDOW_SECONDS, 7 days by default) or that "
             "repeat an id within the request; an id re-sent after the window is accepted and published again. The sink "
             "drops any duplicate that reaches Kafka (the same id, account and hour), through this endpoint or another way."
         ),
     )
-    async def ingest(body: IngestRequest, caller: Annotated[UUID | None, Depends(ingest_caller)]) -> IngestResponse:
-        if caller is not None:
-            foreign = [i for i, e in enumerate(body.events) if e.account_id != caller]
-            if foreign:
-                raise ApiError(
-                    422,
-                    ErrorCode.VALIDATION_ERROR,
-                    "Events may only be reported for the caller's own account.",
-                    details=[{"field": f"events.{i}.account_id", "message": "not the caller's account"} for i in foreign],
-                )
+    async def ingest(body: IngestRequest, _service: Annotated[ServicePrincipal, Depends(usage_writer)]) -> IngestResponse:
         unique = domain.first_of_each_id(body.events)
         ids = [e.id for e in unique]
         async with runtime.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:

@@ -1,5 +1,6 @@
 """The `tollgate` command: serve targets, run the local stack, bring everything up or down."""
 
+import asyncio
 import json
 import os
 import subprocess
@@ -7,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Annotated
+from uuid import UUID
 
 import httpx
 import typer
@@ -16,11 +18,16 @@ from services.runtime import stack
 app = typer.Typer(help="Tollgate: API keys, usage metering, quotas and usage alerts.", no_args_is_help=True)
 stack_app = typer.Typer(help="The local stack (Kafka, Postgres, chdb) without Docker.", no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
+service_token_app = typer.Typer(
+    help="Tokens of the platform's own services (st-...): the only credential that writes usage.", no_args_is_help=True
+)
+app.add_typer(service_token_app, name="service-token")
 
 STATE_DIR = Path(os.environ.get("TOLLGATE_STATE_DIR", ".tollgate"))
 KEEP_ALIVE_S = 75
 DEMO_EMAIL = "demo@tollgate.local"
 DEMO_PASSWORD = "demo-password-123"
+DEMO_SERVICE_TOKEN_NAME = "demo platform service"
 
 
 def _config() -> stack.StackConfig:
@@ -102,6 +109,68 @@ def _ensure_demo_account(base_url: str) -> None:
         typer.echo(f"warning: demo account not created ({response.status_code}): {response.text}", err=True)
 
 
+@service_token_app.command("create")
+def service_token_create(
+    name: str,
+    scope: Annotated[list[str] | None, typer.Option(help="repeatable; default usage:write")] = None,
+) -> None:
+    """Create a token; prints {"id", "token"} (the token only now: only its hash is stored)."""
+    from contracts.common import ServiceScope
+    from services.keys import operator_cli
+    from services.runtime.settings import get_settings
+
+    try:
+        scopes = [ServiceScope(s) for s in scope or [ServiceScope.USAGE_WRITE.value]]
+    except ValueError as exc:
+        raise typer.BadParameter(f"choose from {', '.join(s.value for s in ServiceScope)}", param_hint="--scope") from exc
+    if not name.strip() or len(name.strip()) > 200:
+        raise typer.BadParameter("1..200 characters", param_hint="NAME")
+    typer.echo(json.dumps(asyncio.run(operator_cli.create(get_settings(), name.strip(), scopes))))
+
+
+@service_token_app.command("list")
+def service_token_list() -> None:
+    """Every service token (revoked ones too) as {"items": [...]}; never a token itself."""
+    from services.keys import operator_cli
+    from services.runtime.settings import get_settings
+
+    typer.echo(json.dumps({"items": asyncio.run(operator_cli.list_all(get_settings()))}, indent=2))
+
+
+@service_token_app.command("revoke")
+def service_token_revoke(token_id: UUID) -> None:
+    """Revoke for good; returns once the revocation is in Kafka (refused everywhere at once)."""
+    from services.keys import operator_cli
+    from services.runtime.settings import get_settings
+
+    try:
+        asyncio.run(operator_cli.revoke(get_settings(), token_id))
+    except operator_cli.UnknownToken:
+        typer.echo(f"no service token {token_id}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(json.dumps({"id": str(token_id), "revoked": True}))
+
+
+def _demo_service_token(cfg: stack.StackConfig) -> str:
+    """A live service token for the local demo, kept in the state dir (mode 0600) across `up`s."""
+    from services.keys import operator_cli
+    from services.runtime.settings import Settings
+
+    # the serve process's settings: this stack's, and the rest from the environment
+    settings = Settings(kafka_bootstrap_servers=cfg.kafka_bootstrap, database_url=cfg.database_url)
+    saved = STATE_DIR / "demo-service-token.json"
+    if saved.exists():
+        known = json.loads(saved.read_text())
+        if asyncio.run(operator_cli.is_live(settings, UUID(known["id"]))):
+            return str(known["token"])
+    from contracts.common import ServiceScope
+
+    created = asyncio.run(operator_cli.create(settings, DEMO_SERVICE_TOKEN_NAME, [ServiceScope.USAGE_WRITE]))
+    saved.touch(mode=0o600)
+    saved.write_text(json.dumps(created))
+    return created["token"]
+
+
 @app.command()
 def up(port: int = 8080) -> None:
     """The local stack plus `serve --target all` in the background; prints URL and demo login."""
@@ -124,6 +193,7 @@ def up(port: int = 8080) -> None:
         pid_file.write_text(str(proc.pid))
     _wait_ready(base_url)
     _ensure_demo_account(base_url)
+    service_token = _demo_service_token(cfg)
     typer.echo(
         json.dumps(
             {
@@ -131,6 +201,8 @@ def up(port: int = 8080) -> None:
                 "console": f"{base_url}/console",
                 "docs": f"{base_url}/docs",
                 "demo_login": {"email": DEMO_EMAIL, "password": DEMO_PASSWORD},
+                # for POST /api/usage/events, as a platform service would (README: "Reporting usage")
+                "demo_service_token": service_token,
                 "logs": str(STATE_DIR / "logs"),
             },
             indent=2,
