@@ -5,6 +5,8 @@ import asyncio
 import uuid
 from datetime import UTC, datetime
 
+import httpx
+import psycopg
 import pytest
 
 from contracts.common import Resource
@@ -13,6 +15,8 @@ from contracts.topics import USAGE
 from services.quota.app import service_of as quota_of
 from services.quota.domain import InsufficientQuota
 from tests.integration.quota_helpers import eventually, publish
+from tests.integration.test_keys_api import bearer, new_key, signup
+from tests.support.service_tokens import service_headers
 
 pytestmark = pytest.mark.integration
 
@@ -115,11 +119,15 @@ async def test_concurrent_reservations_never_exceed_the_total(app_client):
     account = uuid.uuid4()
 
     async def one() -> int:
-        try:
-            await quota.reserve(account, Resource.AI_TOKENS, 3_000, ttl_seconds=600)
-        except InsufficientQuota:
-            return 0
-        return 3_000
+        while True:
+            try:
+                await quota.reserve(account, Resource.AI_TOKENS, 3_000, ttl_seconds=600)
+            except InsufficientQuota:
+                return 0
+            except psycopg.OperationalError:  # the pool's bounded wait (HTTP: 503 + Retry-After): retry
+                await asyncio.sleep(0.2)
+                continue
+            return 3_000
 
     granted = await asyncio.gather(*(one() for _ in range(100)))
     assert sum(granted) == 99_000  # 33 of 100 fit into 100,000; never one more
@@ -135,3 +143,114 @@ async def test_the_edge_counts_reserved_api_calls_as_used(app_client):
     await state_is(app, account, Resource.API_CALLS, reserved=998, total=1000)
     now = datetime.now(UTC)
     assert [await edge.admit_call(account, now) for _ in range(3)] == [True, True, False]
+
+
+# ---- over HTTP: the service routes ---------------------------------------------------------------
+RESERVE = "/api/quota/reservations"
+
+
+def err(response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"} and body["error"]["request_id"], body
+    return dict(body["error"])
+
+
+async def test_reservation_routes_take_only_a_service_token_and_answer_the_contract(app_client, settings):
+    app, client = app_client
+    account, console = await signup(client)
+    customer_key = bearer((await new_key(client, console))["key"])
+    service = await service_headers(client, settings)
+    other_service = await service_headers(client, settings)
+    body = {"account_id": account["id"], "resource": "ai_tokens", "amount": 60_000, "ttl_seconds": 600}
+
+    made = await client.post(RESERVE, json=body, headers=service)
+    assert made.status_code == 201, made.text
+    assert set(made.json()) == {"id", "expires_at"}
+    expires = datetime.fromisoformat(made.json()["expires_at"])
+    assert 590 < (expires - datetime.now(UTC)).total_seconds() <= 600
+    await state_is(app, uuid.UUID(account["id"]), Resource.AI_TOKENS, reserved=60_000)
+
+    # The metered party never reserves nor releases: API key and console session are 403.
+    for headers in (customer_key, console):
+        refused = await client.post(RESERVE, json=body, headers=headers)
+        assert refused.status_code == 403 and err(refused)["code"] == "permission_denied"
+        refused = await client.delete(f"{RESERVE}/{made.json()['id']}", headers=headers)
+        assert refused.status_code == 403 and err(refused)["code"] == "permission_denied"
+    assert (await client.post(RESERVE, json=body)).status_code == 401
+
+    # Over the total: 403 insufficient_quota with the figures and the links.
+    over = await client.post(RESERVE, json={**body, "amount": 40_001}, headers=service)
+    assert over.status_code == 403
+    error = err(over)
+    assert error["code"] == "insufficient_quota"
+    details = error["details"]
+    assert (details["resource"], details["used"], details["reserved"], details["total"]) == ("ai_tokens", 0, 60_000, 100_000)
+    assert datetime.fromisoformat(details["period_end"]) > datetime.now(UTC)
+    assert details["links"]["upgrade_plan"].endswith("/plan")
+    assert details["links"]["buy_quota_package"].endswith("/quota?buy=ai_tokens")
+
+    # Bad input: 422 validation_error in the contract's body.
+    for bad in (
+        {**body, "ttl_seconds": 0},
+        {**body, "ttl_seconds": 3601},
+        {**body, "amount": -5},
+        {**body, "amount": 0},
+        {**body, "resource": "gold"},
+        {**body, "account_id": "not-a-uuid"},
+        {k: v for k, v in body.items() if k != "amount"},
+    ):
+        invalid = await client.post(RESERVE, json=bad, headers=service)
+        assert invalid.status_code == 422, (bad, invalid.text)
+        assert err(invalid)["code"] == "validation_error"
+    assert (await client.delete(f"{RESERVE}/not-a-uuid", headers=service)).status_code == 422
+
+    # Unknown id, or another service token's reservation: 404; the owner's: 204, then 404.
+    unknown = await client.delete(f"{RESERVE}/{uuid.uuid4()}", headers=service)
+    assert unknown.status_code == 404 and err(unknown)["code"] == "not_found"
+    foreign = await client.delete(f"{RESERVE}/{made.json()['id']}", headers=other_service)
+    assert foreign.status_code == 404 and err(foreign)["code"] == "not_found"
+    released = await client.delete(f"{RESERVE}/{made.json()['id']}", headers=service)
+    assert released.status_code == 204 and released.content == b""
+    await state_is(app, uuid.UUID(account["id"]), Resource.AI_TOKENS, reserved=0)
+    assert (await client.delete(f"{RESERVE}/{made.json()['id']}", headers=service)).status_code == 404
+
+
+async def test_a_hundred_concurrent_reservations_over_http_then_settled_through_the_usage_api(app_client, settings):
+    app, client = app_client
+    account, console = await signup(client)
+    service = await service_headers(client, settings)
+    body = {"account_id": account["id"], "resource": "ai_tokens", "amount": 3_000, "ttl_seconds": 600}
+
+    async def one() -> httpx.Response:
+        while True:
+            answer = await client.post(RESERVE, json=body, headers=service)
+            if answer.status_code != 503:  # a loaded machine: the pool's bounded wait; retry as a client would
+                return answer
+            assert err(answer)["code"] == "service_unavailable" and answer.headers["Retry-After"]
+            await asyncio.sleep(0.2)
+
+    answers = await asyncio.gather(*(one() for _ in range(100)))
+    statuses = sorted(r.status_code for r in answers)
+    assert statuses == [201] * 33 + [403] * 67  # 33 x 3,000 fit into 100,000; never a 34th
+    account_id = uuid.UUID(account["id"])
+    await state_is(app, account_id, Resource.AI_TOKENS, reserved=99_000)
+
+    # Each stream reports what it really used through POST /api/usage/events: settled.
+    made = [r.json()["id"] for r in answers if r.status_code == 201]
+    events = [
+        {
+            "id": str(uuid.uuid4()),
+            "time": datetime.now(UTC).isoformat(),
+            "account_id": account["id"],
+            "resource": "ai_tokens",
+            "quantity": 2_500,
+            "source": "test",
+            "reservation_id": rid,
+        }
+        for rid in made
+    ]
+    ingested = await client.post("/api/usage/events", json={"events": events}, headers=service)
+    assert ingested.status_code == 202, ingested.text
+    await state_is(app, account_id, Resource.AI_TOKENS, used=33 * 2_500, reserved=0, blocked=False)
+    report = (await client.get("/api/billing/check-quota", headers=console)).json()
+    assert next(i for i in report["items"] if i["resource"] == "ai_tokens")["used"] == 82_500
