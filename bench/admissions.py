@@ -62,6 +62,7 @@ async def one_mode(settings: Settings, callers: int) -> tuple[int, dict[int, int
             await publish_plan(settings, uuid.UUID(account["id"]), TOTAL)
             warm = 0
             for client in clients:  # the key and the plan's limits in force on every replica
+
                 async def ready(c: httpx.AsyncClient = client) -> bool:
                     nonlocal warm
                     r = await c.get("/api/geo/projects", headers=bearer(secret))

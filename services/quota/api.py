@@ -69,9 +69,7 @@ def build_router(runtime: Runtime, service: QuotaService) -> APIRouter:
     router.add_api_route("/api/ai/usage/quota", report, methods=["GET"], description=DESCRIPTION, response_model=QuotaReport)
 
     @router.post("/api/quota/reservations", status_code=201, description=RESERVE_DESCRIPTION)
-    async def reserve(
-        body: ReservationCreate, caller: Annotated[ServicePrincipal, Depends(usage_writer)]
-    ) -> ReservationCreated:
+    async def reserve(body: ReservationCreate, caller: Annotated[ServicePrincipal, Depends(usage_writer)]) -> ReservationCreated:
         try:
             made = await service.reserve(body.account_id, body.resource, body.amount, body.ttl_seconds, caller.token_id)
         except domain.InsufficientQuota as refused:

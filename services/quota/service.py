@@ -105,9 +105,7 @@ class QuotaService:
                 end = domain.period_bounds(period, self.settings.tz)[1]
                 raise domain.InsufficientQuota(resource, line.used, held, line.total, end)
             reservation = Reservation(uuid4(), account_id, resource, amount, now + timedelta(seconds=ttl_seconds))
-            await store.add_reservation(
-                conn, reservation.id, account_id, resource, amount, owner_id, now, reservation.expires_at
-            )
+            await store.add_reservation(conn, reservation.id, account_id, resource, amount, owner_id, now, reservation.expires_at)
             await self._publish_states(conn, {(account_id, resource)}, period)
         return reservation
 

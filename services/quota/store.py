@@ -220,9 +220,7 @@ async def try_lock(conn: Conn, name: str) -> bool:
 
 
 async def expired_accounts(conn: Conn, now: datetime, limit: int) -> list[UUID]:
-    cur = await conn.execute(
-        "SELECT DISTINCT account_id FROM quota.reservations WHERE expires_at <= %s LIMIT %s", (now, limit)
-    )
+    cur = await conn.execute("SELECT DISTINCT account_id FROM quota.reservations WHERE expires_at <= %s LIMIT %s", (now, limit))
     return sorted(UUID(str(r["account_id"])) for r in await cur.fetchall())
 
 

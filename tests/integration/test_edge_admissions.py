@@ -81,12 +81,14 @@ async def test_three_serve_processes_share_api_calls_within_the_documented_bound
             clients = [httpx.AsyncClient(base_url=r.base_url, timeout=30, limits=pool) for r in replicas]
             try:
                 for client in clients:  # every replica knows the key and the plan's rate limits
+
                     async def ready(c: httpx.AsyncClient = client) -> bool:
                         r = await c.get("/api/billing/check-quota", headers=console)
                         calls = next(i for i in r.json()["items"] if i["resource"] == "api_calls")
                         return r.status_code == 200 and calls["total"] == total
 
                     await eventually(ready, within=30)
+
                     async def known(c: httpx.AsyncClient = client) -> bool:
                         r = await c.get("/api/geo/projects", headers=bearer(secret))
                         return r.status_code == 200 and r.headers["X-RateLimit-Limit"] == str(UNLIMITED.per_minute)
