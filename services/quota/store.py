@@ -179,7 +179,7 @@ async def add_reservation(
 async def reservation_account(conn: Conn, reservation_id: UUID, owner_id: UUID | None) -> UUID | None:
     """The account of an open reservation made by `owner_id` (None: unknown, or another owner's)."""
     cur = await conn.execute(
-        "SELECT account_id FROM quota.reservations WHERE id = %s AND owner_id IS NOT DISTINCT FROM %s",
+        "SELECT account_id FROM quota.reservations WHERE id = %s AND owner_id IS NOT DISTINCT FROM %s::uuid",
         (reservation_id, owner_id),
     )
     row = await cur.fetchone()
@@ -188,7 +188,7 @@ async def reservation_account(conn: Conn, reservation_id: UUID, owner_id: UUID |
 
 async def delete_reservation(conn: Conn, reservation_id: UUID, owner_id: UUID | None) -> Resource | None:
     cur = await conn.execute(
-        "DELETE FROM quota.reservations WHERE id = %s AND owner_id IS NOT DISTINCT FROM %s RETURNING resource",
+        "DELETE FROM quota.reservations WHERE id = %s AND owner_id IS NOT DISTINCT FROM %s::uuid RETURNING resource",
         (reservation_id, owner_id),
     )
     row = await cur.fetchone()

@@ -98,6 +98,10 @@ async def test_release_frees_at_once_and_only_once(app_client):
     assert await quota.release(held.id, owner_id=owner)
     await state_is(app, account, Resource.STORAGE_BYTES, reserved=0, blocked=False)
     assert not await quota.release(held.id, owner_id=owner)
+    # One made in process (no service token) is released the same way, and not by a token.
+    anonymous = await quota.reserve(account, Resource.STORAGE_BYTES, 5, ttl_seconds=60)
+    assert not await quota.release(anonymous.id, owner_id=owner)
+    assert await quota.release(anonymous.id)
 
 
 async def test_an_unsettled_reservation_is_released_at_its_expiry_by_the_sweeper(app_client):
