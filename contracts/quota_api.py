@@ -2,6 +2,7 @@
 
 from typing import Literal
 from urllib.parse import quote
+from uuid import UUID
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -68,3 +69,21 @@ class InsufficientQuotaDetails(BaseModel):
     total: int
     period_end: AwareDatetime = Field(description="End of the current period in the platform time zone.")
     links: QuotaLinks
+
+
+class ReservationCreate(BaseModel):
+    """(v2) `POST /api/quota/reservations`: hold `amount` of a resource before spending it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    account_id: UUID
+    resource: Resource
+    amount: int = Field(ge=1, le=10**12, description="What the service may spend (tokens, bytes, ...).")
+    ttl_seconds: int = Field(ge=1, le=3600, description="Released at created + ttl unless settled or released before.")
+
+
+class ReservationCreated(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: UUID
+    expires_at: AwareDatetime

@@ -13,6 +13,7 @@ from services.runtime.settings import Settings
 from tests.support import databases
 from tests.support.apps import running_app
 from tests.support.infra import Endpoints, delete_topics_with_prefix, endpoints
+from tests.support.redis_server import running_redis
 
 
 @pytest.fixture(scope="session")
@@ -71,3 +72,10 @@ async def pool(settings: Settings) -> AsyncIterator[AsyncConnectionPool]:
     await opened.open(wait=True)
     yield opened
     await opened.close()
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    """A redis-server of this test module's own (the shared rate-limit and admissions store)."""
+    with running_redis() as url:
+        yield url

@@ -7,6 +7,7 @@ calling `Principal`. The edge answers 401/403 itself with the contract's codes.
 import hashlib
 import hmac
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from datetime import UTC, datetime
 from uuid import UUID
 
 from fastapi import Request
+from prometheus_client import Counter
 
 from contracts.common import Permission, Resource, Role, ServiceScope
 from contracts.errors import ErrorCode
@@ -21,6 +23,7 @@ from contracts.events import AccountState, KeyState, PlanChanged, QuotaState, Ra
 from contracts.quota_api import InsufficientQuotaDetails, counts_as_api_call, quota_links
 from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA, SERVICE_TOKENS
 from services.edge import sessions
+from services.edge.admissions import SharedAdmissions
 from services.edge.calls import Call, CallRecorder, client_ip, parse_networks
 from services.edge.errors import RESPONSE_DONE, RESPONSE_HEADERS, ApiError
 from services.edge.openapi_security import API_KEY, CONSOLE_SESSION, SERVICE_TOKEN, accepts
@@ -36,6 +39,12 @@ from services.runtime.settings import Settings
 API_KEY_PREFIX = "sk-"
 SERVICE_TOKEN_PREFIX = "st-"  # noqa: S105 - (v2) a platform service's token prefix, not a secret
 MAX_CACHED_SUBJECTS = 100_000
+
+log = logging.getLogger(__name__)
+ADMISSION_STORE_ERRORS = Counter(
+    "tollgate_edge_admission_store_errors_total",
+    "Shared api_calls admissions that failed in Redis (the call was judged by this process's own count)",
+)
 
 
 def hash_secret(secret: str) -> str:
@@ -108,6 +117,9 @@ class Edge:
         self.quota = QuotaProjection(settings.tz)
         self.plans = PlanLimits()
         self.limiter = make_store(settings.redis_url)
+        # api_calls admissions shared by the replicas (REDIS_URL); None: this process counts alone
+        self.admissions = SharedAdmissions(settings.redis_url) if settings.redis_url else None
+        self._admission_warned = 0.0
         self.calls = CallRecorder(settings)
         self._limits: dict[RateLimit, Limits] = {}
         # key id -> (its account, its rate-limit subjects): no string formatting per call
@@ -135,6 +147,8 @@ class Edge:
         for follower in self._followers:
             await follower.stop()
         await self.limiter.close()
+        if self.admissions is not None:
+            await self.admissions.close()
 
     def is_ready(self) -> bool:
         return all(f.caught_up.is_set() for f in self._followers)
@@ -194,7 +208,7 @@ class Edge:
             if permission is not None and not principal.can(permission):
                 raise ApiError(403, ErrorCode.PERMISSION_DENIED, f"Your roles lack the permission {permission.value}.")
             route = getattr(request.scope.get("route"), "path", None)
-            self.check_quota(principal, consumes, now, counted=counts_as_api_call(request.method, str(route)))
+            await self.check_quota(principal, consumes, now, counted=counts_as_api_call(request.method, str(route)))
             request.state.principal = principal
             return principal
 
@@ -266,14 +280,14 @@ class Edge:
         )
         setattr(request.state, RESPONSE_DONE, done)
 
-    def check_quota(self, principal: Principal, consumes: Resource | None, now: datetime, *, counted: bool = True) -> None:
+    async def check_quota(self, principal: Principal, consumes: Resource | None, now: datetime, *, counted: bool = True) -> None:
         """403 insufficient_quota when a resource this call consumes is exhausted this period.
         Every API-key call consumes api_calls (and is admitted, i.e. counted, only if every check
         passed) except the quota reads (`counted=False`, contracts/quota_api.py); a route may name
         one more resource."""
         if consumes is not None and self.quota.is_blocked(principal.account_id, consumes, now):
             raise self.insufficient_quota(principal.account_id, consumes, now)
-        if counted and not principal.is_console and not self.quota.admit_call(principal.account_id, now):
+        if counted and not principal.is_console and not await self.admit_call(principal.account_id, now):
             raise self.insufficient_quota(principal.account_id, Resource.API_CALLS, now)
 
     def insufficient_quota(
@@ -289,6 +303,21 @@ class Edge:
             known_total if total is None else total,
             self.quota.period_end(now),
         )
+
+    async def admit_call(self, account_id: UUID, now: datetime) -> bool:
+        """One api_calls admission: shared through Redis when configured, else this process's count.
+        Redis failing: fail open to this process's count (never silently: a warning at most every
+        10 s and a metric); the bound while it lasts is in docs/quota.md."""
+        if self.admissions is None:
+            return self.quota.admit_call(account_id, now)
+        try:
+            return await self.admissions.admit(self.quota.calls_view(account_id, now), now)
+        except Exception:
+            ADMISSION_STORE_ERRORS.inc()
+            if time.monotonic() - self._admission_warned > 10:
+                self._admission_warned = time.monotonic()
+                log.warning("shared api_calls admissions unavailable (Redis): judging by this process alone", exc_info=True)
+            return self.quota.admit_call(account_id, now)
 
     def authenticate(self, request: Request, now: datetime) -> Principal:
         header = request.headers.get("authorization", "")

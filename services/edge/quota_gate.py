@@ -7,9 +7,15 @@ counted, and admissions after it are added to the state's `used` until a newer s
 them. Within one process this bounds the overshoot to the calls admitted concurrently with the
 crossing; across N edge replicas, to what the other replicas admit during the pipeline delay.
 `admit_call` is that admission (it records); `is_blocked` only answers.
+
+(v2) Open reservations count as used for every resource: a state's `reserved` is added to its
+`used`. With several replicas the api_calls admissions are shared instead (services/edge/
+admissions.py, in the rate limiter's Redis): `calls_view` is what this process knows of the
+account's state, the input of that shared admission.
 """
 
 from collections import deque
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from uuid import UUID
 from zoneinfo import ZoneInfo
@@ -23,6 +29,19 @@ def period_of(moment: datetime, tz: ZoneInfo) -> str:
     """The quota period (`YYYY-MM`, calendar month in the platform zone) that `moment` falls in."""
     local = moment.astimezone(tz)
     return f"{local.year:04d}-{local.month:02d}"
+
+
+@dataclass(frozen=True, slots=True)
+class CallsView:
+    """An account's api_calls as this process's projection has them for the current period:
+    `watermark` is the latest call time the state has counted (admissions up to it are in `used`)."""
+
+    account_id: UUID
+    period: str
+    watermark: datetime | None  # None: no state of this period yet (nothing counted)
+    used: int
+    reserved: int
+    total: int
 
 
 class QuotaProjection:
@@ -74,7 +93,7 @@ class QuotaProjection:
             pending = len(entry[1]) if entry is not None and entry[0] == period else 0
             return self._calls_exhausted(account_id, period, pending)
         state = self._states.get((account_id, resource))
-        if state is None or not state.blocked:
+        if state is None or not (state.blocked or state.used + state.reserved >= state.total):
             return False
         # Flows reset with the period; a stock's block carries over until the level falls.
         return resource in STOCK_RESOURCES or state.period == self._period(now)
@@ -92,14 +111,19 @@ class QuotaProjection:
         return True
 
     def _calls_exhausted(self, account_id: UUID, period: str, pending: int) -> bool:
+        view = self._view(account_id, period)
+        return view.used + view.reserved + pending >= view.total
+
+    def calls_view(self, account_id: UUID, now: datetime) -> CallsView:
+        return self._view(account_id, self._period(now))
+
+    def _view(self, account_id: UUID, period: str) -> CallsView:
         state = self._states.get((account_id, Resource.API_CALLS))
         if state is None:
-            used, total = 0, self._default_calls_total
-        elif state.period != period:
-            used, total = 0, state.total  # a new period: the flow starts again
-        else:
-            used, total = state.used, state.total
-        return used + pending >= total
+            return CallsView(account_id, period, None, 0, 0, self._default_calls_total)
+        if state.period != period:  # a new period: the flow starts again (open reservations still hold)
+            return CallsView(account_id, period, None, 0, state.reserved, state.total)
+        return CallsView(account_id, period, state.time, state.used, state.reserved, state.total)
 
     def standing(self, account_id: UUID, resource: Resource, now: datetime) -> tuple[int, int]:
         """(used, total) of `resource` this period as this process knows them: a flow starts

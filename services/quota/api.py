@@ -1,10 +1,17 @@
-"""Quota's HTTP routes: the same report under the two paths of API.md."""
+"""Quota's HTTP routes: the same report under the two paths of API.md, and reservations (v2)."""
 
-from fastapi import APIRouter, Depends
+from typing import Annotated
+from uuid import UUID
 
-from contracts.common import Permission
-from contracts.quota_api import QuotaReport
+from fastapi import APIRouter, Depends, Response
+
+from contracts.common import Permission, ServiceScope
+from contracts.errors import ErrorCode
+from contracts.quota_api import InsufficientQuotaDetails, QuotaReport, ReservationCreate, ReservationCreated, quota_links
+from services.edge.errors import ApiError, not_found
 from services.edge.principal import Principal
+from services.edge.service_tokens import ServicePrincipal
+from services.quota import domain
 from services.quota.service import QuotaService
 from services.runtime.component import Runtime
 
@@ -15,15 +22,66 @@ DESCRIPTION = (
     "usage_rate = used / total in percent, 2 decimals, half up (100 when total is 0); band: "
     "< 70 green, 70..90 yellow, > 90 red; status exhausted when used >= total."
 )
+RESERVE_DESCRIPTION = (
+    "**Service** endpoint (service token `st-...` with `usage:write`; an API key or console session is "
+    "403 permission_denied). Holds `amount` of `resource` for the account before the platform service "
+    "spends it (a streamed LLM answer, a file upload): 201 `{id, expires_at}`, or 403 insufficient_quota "
+    "when used + reserved + amount > total (judged under the account's lock in Postgres, so concurrent "
+    "reservations on any replica never exceed the total). The reservation counts against the quota at once "
+    "(quota.v1 `reserved`; `blocked` = used + reserved >= total) until a usage event carrying its id as "
+    "`reservation_id` settles it (the actual quantity is counted, the hold released), DELETE releases it, "
+    "or it expires after `ttl_seconds` (1..3600). It counts against whatever period is current while open."
+)
+RELEASE_DESCRIPTION = (
+    "**Service** endpoint (`usage:write`). Releases an open reservation early: 204. An unknown, already "
+    "settled or expired id, or one made with another service token, is 404."
+)
+
+
+def _insufficient(refused: domain.InsufficientQuota, console_url: str) -> ApiError:
+    resource = refused.resource
+    details = InsufficientQuotaDetails(
+        resource=resource,
+        used=refused.used,
+        total=refused.total,
+        period_end=refused.period_end,
+        links=quota_links(console_url, resource),
+    )
+    return ApiError(
+        403,
+        ErrorCode.INSUFFICIENT_QUOTA,
+        f"The {resource.value} quota cannot hold a reservation of this size: used {refused.used} + reserved "
+        f"{refused.reserved} of {refused.total}; upgrade the plan or buy a quota package.",
+        # The contract's details, plus what open reservations hold (why used < total can still refuse).
+        details={**details.model_dump(mode="json"), "reserved": refused.reserved},
+    )
 
 
 def build_router(runtime: Runtime, service: QuotaService) -> APIRouter:
     router = APIRouter(tags=["quota"])
     reader = Depends(runtime.edge.requires(Permission.QUOTA_READ))
+    usage_writer = runtime.edge.requires_service(ServiceScope.USAGE_WRITE)
 
     async def report(principal: Principal = reader) -> QuotaReport:
         return await service.report(principal.account_id)
 
     router.add_api_route("/api/billing/check-quota", report, methods=["GET"], description=DESCRIPTION, response_model=QuotaReport)
     router.add_api_route("/api/ai/usage/quota", report, methods=["GET"], description=DESCRIPTION, response_model=QuotaReport)
+
+    @router.post("/api/quota/reservations", status_code=201, description=RESERVE_DESCRIPTION)
+    async def reserve(body: ReservationCreate, caller: Annotated[ServicePrincipal, Depends(usage_writer)]) -> ReservationCreated:
+        try:
+            made = await service.reserve(body.account_id, body.resource, body.amount, body.ttl_seconds, caller.token_id)
+        except domain.InsufficientQuota as refused:
+            raise _insufficient(refused, runtime.settings.console_url) from None
+        return ReservationCreated(id=made.id, expires_at=made.expires_at)
+
+    @router.delete(
+        "/api/quota/reservations/{reservation_id}", status_code=204, response_class=Response, description=RELEASE_DESCRIPTION
+    )
+    async def release(reservation_id: UUID, caller: Annotated[ServicePrincipal, Depends(usage_writer)]) -> Response:
+        if not await service.release(reservation_id, caller.token_id):
+            raise not_found("reservation")
+        return Response(status_code=204)
+
     return router

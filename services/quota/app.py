@@ -6,6 +6,7 @@ from weakref import WeakKeyDictionary
 from services.quota import api, consumers
 from services.quota.domain import system_clock
 from services.quota.service import QuotaService
+from services.quota.sweeper import ReservationSweeper
 from services.runtime.component import Component, Runtime
 
 _SERVICES: "WeakKeyDictionary[Runtime, QuotaService]" = WeakKeyDictionary()
@@ -19,9 +20,12 @@ def service_of(runtime: Runtime) -> QuotaService:
 def build(runtime: Runtime) -> Component:
     service = QuotaService(runtime.pool, runtime.broker, runtime.settings, system_clock)
     _SERVICES[runtime] = service
+    sweeper = ReservationSweeper(service)
     return Component(
         name="quota",
         router=api.build_router(runtime, service),
         subscribers=consumers.build_router(service),
         migrations=Path(__file__).parent / "migrations",
+        on_start=[sweeper.start],
+        on_stop=[sweeper.stop],
     )

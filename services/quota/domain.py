@@ -103,6 +103,27 @@ def is_exhausted(used: int, total: int) -> bool:
     return used >= total
 
 
+def is_blocked(used: int, reserved: int, total: int) -> bool:
+    """quota.v1's `blocked` (v2): what is used plus what open reservations hold fills the total."""
+    return used + reserved >= total
+
+
+def fits(used: int, reserved: int, amount: int, total: int) -> bool:
+    """Whether a reservation of `amount` may be made: used + reserved + amount <= total."""
+    return used + reserved + amount <= total
+
+
+@dataclass
+class InsufficientQuota(Exception):
+    """A reservation that does not fit: the figures the 403 names."""
+
+    resource: Resource
+    used: int
+    reserved: int
+    total: int
+    period_end: datetime
+
+
 def crossing(mark: int, used: int, total: int) -> int | None:
     """The highest whole percent newly crossed above `mark` (the last one announced), if any."""
     pct = percent_floor(used, total)

@@ -9,7 +9,9 @@ events carry deterministic ids).
 
 import asyncio
 from collections.abc import Iterable
-from uuid import UUID
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from uuid import UUID, uuid4
 
 from faststream.kafka import KafkaBroker
 from psycopg_pool import AsyncConnectionPool
@@ -21,6 +23,15 @@ from contracts.topics import QUOTA, QUOTA_THRESHOLDS
 from services.quota import domain, store
 from services.quota.domain import Clock
 from services.runtime.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    id: UUID
+    account_id: UUID
+    resource: Resource
+    amount: int
+    expires_at: datetime
 
 
 class QuotaService:
@@ -45,9 +56,15 @@ class QuotaService:
             fresh = await store.mark_processed(conn, list({e.id for e in events}))
             unique = {e.id: e for e in events if e.id in fresh}  # a batch may hold one event twice
             await store.add_deltas(conn, domain.deltas(unique.values(), self.settings.tz))
+            # A counted usage event settles its reservation: the actual quantity is now in `used`
+            # and the held amount is released (only for fresh events: idempotent on the event id).
+            released = await store.settle_reservations(
+                conn,
+                ((e.reservation_id, e.account_id) for e in unique.values() if isinstance(e, UsageEvent) and e.reservation_id),
+            )
             # Re-publish even for duplicates: a crash after publishing and before committing
             # offsets leaves nothing to recount but the state may never have been sent.
-            touched = {(e.account_id, r) for e in events for r in self._resources_of(e)}
+            touched = {(e.account_id, r) for e in events for r in self._resources_of(e)} | released
             await self._publish_states(conn, touched, period)
 
     @staticmethod
@@ -71,6 +88,58 @@ class QuotaService:
             added = await store.add_package(conn, event.order_id, event.account_id, event.resource, event.period, event.amount)
             await self._publish_states(conn, {(event.account_id, event.resource)}, period, totals_changed=added)
 
+    # ---- reservations (v2) ----------------------------------------------------------------------
+    async def reserve(
+        self, account_id: UUID, resource: Resource, amount: int, ttl_seconds: int, owner_id: UUID | None = None
+    ) -> Reservation:
+        """Hold `amount` of `resource` for `ttl_seconds`, or raise InsufficientQuota when
+        used + reserved + amount > total. Under the account's row lock, so concurrent reservations
+        on any number of replicas are judged one after the other."""
+        now = self.clock()
+        period = self.current_period()
+        async with self.pool.connection() as conn, conn.transaction():
+            await store.lock_accounts(conn, [account_id])
+            line = (await store.lines(conn, account_id, period))[resource]
+            held = (await store.reserved(conn, account_id, now))[resource]
+            if not domain.fits(line.used, held, amount, line.total):
+                end = domain.period_bounds(period, self.settings.tz)[1]
+                raise domain.InsufficientQuota(resource, line.used, held, line.total, end)
+            reservation = Reservation(uuid4(), account_id, resource, amount, now + timedelta(seconds=ttl_seconds))
+            await store.add_reservation(conn, reservation.id, account_id, resource, amount, owner_id, now, reservation.expires_at)
+            await self._publish_states(conn, {(account_id, resource)}, period)
+        return reservation
+
+    async def release(self, reservation_id: UUID, owner_id: UUID | None = None) -> bool:
+        """Release an open reservation early; False when there is none of this owner by that id."""
+        period = self.current_period()
+        async with self.pool.connection() as conn, conn.transaction():
+            account_id = await store.reservation_account(conn, reservation_id, owner_id)
+            if account_id is None:
+                return False
+            await store.lock_accounts(conn, [account_id])  # first the account, as every writer does
+            resource = await store.delete_reservation(conn, reservation_id, owner_id)
+            if resource is None:  # settled or expired meanwhile
+                return False
+            await self._publish_states(conn, {(account_id, resource)}, period)
+        return True
+
+    async def expire(self, limit: int = 500) -> int:
+        """One sweep: drop reservations past their expiry and publish the freed states; returns
+        how many (account, resource) states changed. One replica sweeps at a time (advisory
+        try-lock, as services/runtime/pruner.py); the others skip the pass."""
+        now = self.clock()
+        period = self.current_period()
+        async with self.pool.connection() as conn, conn.transaction():
+            if not await store.try_lock(conn, "quota.reservations.expire"):
+                return 0
+            accounts = await store.expired_accounts(conn, now, limit)
+            if not accounts:
+                return 0
+            await store.lock_accounts(conn, accounts)
+            freed = await store.delete_expired(conn, accounts, now)
+            await self._publish_states(conn, freed, period)
+        return len(freed)
+
     # ---- publication ---------------------------------------------------------------------------
     async def _publish_states(
         self, conn: store.Conn, touched: set[tuple[UUID, Resource]], period: str, *, totals_changed: bool = False
@@ -82,6 +151,7 @@ class QuotaService:
             by_account.setdefault(account_id, set()).add(resource)
         for account_id, resources in sorted(by_account.items()):
             lines = await store.lines(conn, account_id, period)
+            held = await store.reserved(conn, account_id, now)
             marks = await store.marks(conn, account_id, period)
             for resource in sorted(resources):
                 line = lines[resource]
@@ -94,7 +164,8 @@ class QuotaService:
                     period=period,
                     total=line.total,
                     used=line.used,
-                    blocked=domain.is_exhausted(line.used, line.total),
+                    reserved=held[resource],
+                    blocked=domain.is_blocked(line.used, held[resource], line.total),
                 )
                 sends.append(self._send(QUOTA.name, f"{account_id}:{resource.value}", state.model_dump_json()))
                 mark = marks.get(resource, 0)

@@ -140,3 +140,93 @@ async def set_mark(conn: Conn, account_id: UUID, resource: Resource, period: str
         """,
         (account_id, resource.value, period, pct),
     )
+
+
+# ---- reservations (v2) -----------------------------------------------------------------------
+async def reserved(conn: Conn, account_id: UUID, now: datetime) -> dict[Resource, int]:
+    """Open reservations per resource: those not yet expired at `now` (the sweeper deletes the
+    expired ones soon after, but they stop counting at their expiry, not at the sweep)."""
+    cur = await conn.execute(
+        """
+        SELECT resource, sum(amount)::bigint AS amount FROM quota.reservations
+         WHERE account_id = %s AND expires_at > %s GROUP BY resource
+        """,
+        (account_id, now),
+    )
+    found = {r["resource"]: int(r["amount"]) for r in await cur.fetchall()}
+    return {resource: found.get(resource.value, 0) for resource in Resource}
+
+
+async def add_reservation(
+    conn: Conn,
+    reservation_id: UUID,
+    account_id: UUID,
+    resource: Resource,
+    amount: int,
+    owner_id: UUID | None,
+    created_at: datetime,
+    expires_at: datetime,
+) -> None:
+    await conn.execute(
+        """
+        INSERT INTO quota.reservations (id, account_id, resource, amount, owner_id, created_at, expires_at)
+        VALUES (%s, %s, %s, %s, %s, %s, %s)
+        """,
+        (reservation_id, account_id, resource.value, amount, owner_id, created_at, expires_at),
+    )
+
+
+async def reservation_account(conn: Conn, reservation_id: UUID, owner_id: UUID | None) -> UUID | None:
+    """The account of an open reservation made by `owner_id` (None: unknown, or another owner's)."""
+    cur = await conn.execute(
+        "SELECT account_id FROM quota.reservations WHERE id = %s AND owner_id IS NOT DISTINCT FROM %s::uuid",
+        (reservation_id, owner_id),
+    )
+    row = await cur.fetchone()
+    return None if row is None else UUID(str(row["account_id"]))
+
+
+async def delete_reservation(conn: Conn, reservation_id: UUID, owner_id: UUID | None) -> Resource | None:
+    cur = await conn.execute(
+        "DELETE FROM quota.reservations WHERE id = %s AND owner_id IS NOT DISTINCT FROM %s::uuid RETURNING resource",
+        (reservation_id, owner_id),
+    )
+    row = await cur.fetchone()
+    return None if row is None else Resource(row["resource"])
+
+
+async def settle_reservations(conn: Conn, settled: Iterable[tuple[UUID, UUID]]) -> set[tuple[UUID, Resource]]:
+    """Release the reservations named by counted usage events ((reservation id, account id) pairs:
+    an event settles only a reservation of its own account). Unknown or expired ids are ignored."""
+    pairs = sorted(set(settled))
+    if not pairs:
+        return set()
+    cur = await conn.execute(
+        """
+        DELETE FROM quota.reservations r USING unnest(%s::uuid[], %s::uuid[]) AS s(id, account_id)
+         WHERE r.id = s.id AND r.account_id = s.account_id
+        RETURNING r.account_id, r.resource
+        """,
+        ([p[0] for p in pairs], [p[1] for p in pairs]),
+    )
+    return {(UUID(str(r["account_id"])), Resource(r["resource"])) for r in await cur.fetchall()}
+
+
+async def try_lock(conn: Conn, name: str) -> bool:
+    """A transaction-scoped advisory try-lock: False when another replica holds it."""
+    cur = await conn.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s)) AS mine", (name,))
+    row = await cur.fetchone()
+    return bool(row and row["mine"])
+
+
+async def expired_accounts(conn: Conn, now: datetime, limit: int) -> list[UUID]:
+    cur = await conn.execute("SELECT DISTINCT account_id FROM quota.reservations WHERE expires_at <= %s LIMIT %s", (now, limit))
+    return sorted(UUID(str(r["account_id"])) for r in await cur.fetchall())
+
+
+async def delete_expired(conn: Conn, account_ids: list[UUID], now: datetime) -> set[tuple[UUID, Resource]]:
+    cur = await conn.execute(
+        "DELETE FROM quota.reservations WHERE account_id = ANY(%s) AND expires_at <= %s RETURNING account_id, resource",
+        (account_ids, now),
+    )
+    return {(UUID(str(r["account_id"])), Resource(r["resource"])) for r in await cur.fetchall()}

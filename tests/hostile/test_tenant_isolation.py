@@ -91,7 +91,9 @@ def _same_answer(theirs, nobodys) -> None:
 
 async def test_every_object_of_one_account_is_invisible_to_another(app_client, settings):
     app, client = app_client
-    assert _routes_with_ids(app) == set(BY_ID) | {OPERATOR, SERVICE_TOKEN_REVOKE}, "a new route takes an id: add it to BY_ID"
+    assert _routes_with_ids(app) == set(BY_ID) | {OPERATOR, SERVICE_TOKEN_REVOKE, RESERVATION_RELEASE}, (
+        "a new route takes an id: add it to BY_ID"
+    )
 
     a, b = await new_account(client), await new_account(client)
     objects = await _objects_of(client, settings, a)
@@ -166,3 +168,20 @@ async def test_every_object_of_one_account_is_invisible_to_another(app_client, s
     assert [n["read"] for n in notifications if n["id"] == objects["notification"]] == [False]
     paid = await client.post(f"/api/billing/orders/{objects['order']}/pay", headers=a.headers)
     assert paid.status_code == 200 and paid.json()["status"] == "paid"  # still A's, still pending until now
+
+
+RESERVATION_RELEASE = ("DELETE", "/api/quota/reservations/{reservation_id}")  # a service route, not the tenant's
+
+
+async def test_no_customer_credential_releases_a_reservation_not_even_its_own(app_client, settings):
+    _app, client = app_client
+    a, b = await new_account(client), await new_account(client)
+    body = {"account_id": a.id, "resource": "ai_tokens", "amount": 10, "ttl_seconds": 60}
+    made = await client.post("/api/quota/reservations", json=body, headers=await service_headers(client, settings))
+    assert made.status_code == 201, made.text
+    a_key, b_key = await new_key(client, a, "a's key"), await new_key(client, b, "b's key")
+    for credentials in (a.headers, bearer(a_key["key"]), b.headers, bearer(b_key["key"])):
+        theirs = await client.delete(f"/api/quota/reservations/{made.json()['id']}", headers=credentials)
+        nobodys = await client.delete(f"/api/quota/reservations/{uuid.uuid4()}", headers=credentials)
+        assert_contract_error(theirs, 403, "permission_denied")
+        _same_answer(theirs, nobodys)

@@ -2,11 +2,8 @@
 
 import asyncio
 import random
-import shutil
-import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -20,39 +17,9 @@ from contracts.topics import BILLING, CALLS
 from services.edge.rate_limit import Limits
 from services.edge.rate_store import MemoryStore, RedisStore
 from tests.integration.test_keys_api import bearer, code, new_key, signup
-from tests.support.apps import free_port, running_app
+from tests.support.apps import running_app
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed (deploy/local/prereqs.sh installs it)")
-    port = free_port()
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        import redis
-
-        client = redis.Redis(port=port)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 async def test_redis_store_decides_exactly_like_the_in_process_store(redis_url):

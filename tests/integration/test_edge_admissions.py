@@ -1,0 +1,153 @@
+"""api_calls admissions shared by edge replicas through Redis: the Lua script on a real
+redis-server, three real `serve` processes against one account, and Redis unreachable."""
+
+import asyncio
+import logging
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+from faststream.kafka import KafkaBroker
+
+from contracts.common import Resource, Tier
+from contracts.events import PlanChanged, RateLimit
+from contracts.plans import catalogue
+from contracts.topics import BILLING
+from services.edge.admissions import SharedAdmissions
+from services.edge.edge import ADMISSION_STORE_ERRORS
+from services.edge.quota_gate import CallsView
+from tests.integration.quota_helpers import eventually
+from tests.integration.test_keys_api import bearer, code, new_key, signup
+from tests.support.apps import ServeProcess, free_port, running_app
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
+UNLIMITED = RateLimit(per_second=100_000, burst=100_000, per_minute=10_000_000)
+
+
+async def publish_plan(settings, account_id: uuid.UUID, api_calls: int) -> None:
+    """A plan with these api_calls and rate limits out of the way (the quota is what is measured)."""
+    quotas = {**catalogue()[Tier.FREE].quotas, Resource.API_CALLS: api_calls}
+    event = PlanChanged(time=datetime.now(UTC), account_id=account_id, plan=Tier.FREE, quotas=quotas, rate_limit=UNLIMITED)
+    async with KafkaBroker(settings.kafka_bootstrap_servers) as broker:
+        await broker.publish(event.model_dump_json().encode(), settings.topic(BILLING.name), key=str(account_id).encode())
+
+
+async def test_replicas_share_one_count_and_the_newest_state(redis_url):
+    prefix = f"t{uuid.uuid4().hex[:8]}:"
+    a, b = SharedAdmissions(redis_url, prefix), SharedAdmissions(redis_url, prefix)
+    account = uuid.uuid4()
+    fresh = CallsView(account, "2026-03", None, 0, 0, 5)  # no state yet: free tier of 5
+    try:
+        admitted = [await a.admit(fresh, T0 + timedelta(seconds=i)) for i in range(3)]
+        admitted += [await b.admit(fresh, T0 + timedelta(seconds=3 + i)) for i in range(3)]
+        assert admitted == [True] * 5 + [False]  # 5 between the two replicas, not 5 each
+        # Replica a learns a state that counted the first three calls (watermark = the third's time):
+        # they leave the pending set; 3 used + 2 pending still fill the 5.
+        counted = CallsView(account, "2026-03", T0 + timedelta(seconds=2), 3, 0, 5)
+        assert not await a.admit(counted, T0 + timedelta(seconds=10))
+        assert await a.pending(counted) == 2
+        # Replica b lags (no state yet): it is judged with the newest state Redis keeps, not its own.
+        assert not await b.admit(fresh, T0 + timedelta(seconds=11))
+        # An upgrade (same watermark, bigger total) and a reservation (reserved) count at once.
+        bigger = CallsView(account, "2026-03", T0 + timedelta(seconds=2), 3, 4, 10)
+        assert [await b.admit(bigger, T0 + timedelta(seconds=12 + i)) for i in range(2)] == [True, False]
+        # Another period is a fresh count.
+        april = CallsView(account, "2026-04", None, 0, 0, 1)
+        assert [await a.admit(april, T0 + timedelta(days=25)) for _ in range(2)] == [True, False]
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_three_serve_processes_share_api_calls_within_the_documented_bound(settings, redis_url):
+    """200 concurrent callers of one account spread over three replicas: used never exceeds the
+    total by more than 1 call per replica (docs/quota.md), and never stops short of it."""
+    shared = settings.model_copy(update={"redis_url": redis_url})
+    total = 1000
+    # Without metering: the embedded ClickHouse engine (chdb) admits one process per path.
+    replicas = [ServeProcess(shared, targets="keys,quota,geo") for _ in range(3)]
+    try:
+        for replica in replicas:
+            replica.wait_ready(timeout=120)
+        async with httpx.AsyncClient(base_url=replicas[0].base_url, timeout=30) as first:
+            account, console = await signup(first)
+            secret = (await new_key(first, console))["key"]
+            account_id = uuid.UUID(account["id"])
+            await publish_plan(settings, account_id, total)
+            pool = httpx.Limits(max_connections=100)
+            clients = [httpx.AsyncClient(base_url=r.base_url, timeout=30, limits=pool) for r in replicas]
+            try:
+                for client in clients:  # every replica knows the key and the plan's rate limits
+
+                    async def ready(c: httpx.AsyncClient = client) -> bool:
+                        r = await c.get("/api/billing/check-quota", headers=console)
+                        calls = next(i for i in r.json()["items"] if i["resource"] == "api_calls")
+                        return r.status_code == 200 and calls["total"] == total
+
+                    await eventually(ready, within=30)
+
+                    async def known(c: httpx.AsyncClient = client) -> bool:
+                        r = await c.get("/api/geo/projects", headers=bearer(secret))
+                        return r.status_code == 200 and r.headers["X-RateLimit-Limit"] == str(UNLIMITED.per_minute)
+
+                    await eventually(known, within=30)
+                statuses: dict[int, int] = {}
+
+                async def caller(i: int) -> None:
+                    client = clients[i % 3]
+                    while True:
+                        r = await client.get("/api/geo/projects", headers=bearer(secret))
+                        statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+                        if r.status_code == 403:
+                            assert code(r) == "insufficient_quota"
+                            return
+
+                await asyncio.wait_for(asyncio.gather(*(caller(i) for i in range(200))), 180)
+                assert set(statuses) <= {200, 403}, statuses
+
+                async def used() -> int:
+                    r = await clients[0].get("/api/billing/check-quota", headers=console)
+                    return int(next(i for i in r.json()["items"] if i["resource"] == "api_calls")["used"])
+
+                # Every admitted call is counted (3 warm-up calls + the callers' 200s) ...
+                admitted = statuses[200] + 3
+                await eventually(lambda: _equals(used, admitted), within=60)
+                # ... and the admissions of the three replicas overshoot by at most 3 (1 per replica).
+                assert total <= admitted <= total + 3, (admitted, statuses)
+            finally:
+                for client in clients:
+                    await client.aclose()
+    finally:
+        for replica in replicas:
+            replica.stop()
+
+
+async def _equals(probe, expected: int) -> bool:
+    return bool(await probe() == expected)
+
+
+async def test_redis_unreachable_fails_open_to_the_process_count_loudly(settings, caplog):
+    """Declared behaviour: the call is judged by this process's own count (one process keeps its
+    exact limit), with a warning in the log and tollgate_edge_admission_store_errors_total."""
+    down = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"})  # nothing listens
+    async with running_app(down) as (app, client):
+        account, console = await signup(client)
+        secret = (await new_key(client, console))["key"]
+        account_id = uuid.UUID(account["id"])
+        await publish_plan(settings, account_id, 5)
+        edge = app.state.runtime.edge
+
+        async def applied() -> bool:
+            state = edge.quota.get(account_id, Resource.API_CALLS)
+            return state is not None and state.total == 5 and edge.plans.rate_limit(account_id) == UNLIMITED
+
+        await eventually(applied)
+        errors_before = ADMISSION_STORE_ERRORS._value.get()
+        with caplog.at_level(logging.WARNING, logger="services.edge.edge"):
+            statuses = [(await client.get("/api/geo/projects", headers=bearer(secret))).status_code for _ in range(7)]
+        assert statuses == [200] * 5 + [403, 403]
+        assert ADMISSION_STORE_ERRORS._value.get() - errors_before == 7
+        assert any("shared api_calls admissions unavailable" in r.getMessage() for r in caplog.records)
