@@ -5,7 +5,7 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from contracts.common import KeyStatus, Role, UserType
-from contracts.events import AccountState, KeyState
+from contracts.events import AccountState, KeyState, UserState
 from services.edge.edge import API_KEY_PREFIX, hash_secret
 
 SECRET_BYTES = 36  # token_urlsafe(36): 48 URL-safe characters, 288 bits from the OS CSPRNG
@@ -67,3 +67,17 @@ def key_state(
 
 def account_state(*, account_id: UUID, roles: list[Role], user_type: UserType, now: datetime) -> AccountState:
     return AccountState(time=now, account_id=account_id, roles=roles, user_type=user_type)
+
+
+def user_role(account_roles: list[Role]) -> Role:
+    """The one role of the account's registering user (users.v1 carries one role per user):
+    owner if the account has it, else its first role."""
+    return Role.OWNER if Role.OWNER in account_roles else account_roles[0]
+
+
+def user_state(*, account_id: UUID, roles: list[Role], sessions_not_before: datetime | None, now: datetime) -> UserState:
+    """Until members exist (a later issue) an account has one user, its registering owner, whose
+    user id is the account id."""
+    return UserState(
+        time=now, account_id=account_id, user_id=account_id, role=user_role(roles), sessions_not_before=sessions_not_before
+    )
