@@ -256,7 +256,9 @@ class Edge:
             raise _unauthorized(ErrorCode.INVALID_SESSION, "The console session is invalid or has expired.") from None
         account = self.accounts.get(claims.account_id)
         # logged out (sessions.v1), or issued before the user's password change (users.v1)
-        ended = claims.session_id in self.revoked_sessions or self.users.ended(claims.account_id, claims.issued_at)
+        # (until members exist, user id = account id)
+        revoked = (claims.account_id, claims.session_id) in self.revoked_sessions
+        ended = revoked or self.users.ended(claims.account_id, claims.issued_at)
         if account is None or ended:
             raise _unauthorized(ErrorCode.INVALID_SESSION, "The console session is invalid or has expired.")
         roles = frozenset(Role(r) for r in account.roles)

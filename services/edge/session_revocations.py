@@ -40,33 +40,35 @@ class UserSessions:
 
 
 class RevokedSessions:
-    """Logged-out session ids, each kept until the session could no longer be valid anyway."""
+    """Logged-out sessions, (user id, session id) each (ids are random, but a user's own pair can
+    never end another user's session), kept until the session could no longer be valid anyway."""
 
     def __init__(self, session_ttl_seconds: int) -> None:
         self._ttl = session_ttl_seconds
-        # session id -> unix second after which it is forgotten; insertion order ~ revocation order
-        self._forget_at: OrderedDict[str, float] = OrderedDict()
+        # (user id, session id) -> unix second after which it is forgotten; insertion order ~ revocation order
+        self._forget_at: OrderedDict[tuple[UUID, str], float] = OrderedDict()
 
     def apply(self, event: SessionRevoked, now: datetime) -> None:
         self.forget_expired(now)
         forget_at = event.revoked_at.timestamp() + self._ttl
         if forget_at <= now.timestamp():
             return  # the session has expired by itself since
-        if forget_at > self._forget_at.get(event.session_id, 0.0):
-            self._forget_at[event.session_id] = forget_at
+        session = (event.user_id, event.session_id)
+        if forget_at > self._forget_at.get(session, 0.0):
+            self._forget_at[session] = forget_at
 
     def forget_expired(self, now: datetime) -> None:
         """Drop the entries due from the front (events arrive about in revocation order; an
         out-of-order one is dropped a little later, with the ones before it)."""
         cutoff = now.timestamp()
         while self._forget_at:
-            session_id, forget_at = next(iter(self._forget_at.items()))
+            session, forget_at = next(iter(self._forget_at.items()))
             if forget_at > cutoff:
                 return
-            del self._forget_at[session_id]
+            del self._forget_at[session]
 
-    def __contains__(self, session_id: str) -> bool:
-        return session_id in self._forget_at
+    def __contains__(self, session: tuple[UUID, str]) -> bool:
+        return session in self._forget_at
 
     def __len__(self) -> int:
         return len(self._forget_at)

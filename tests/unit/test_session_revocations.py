@@ -11,8 +11,11 @@ NOW = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
 TTL = 3600
 
 
-def _revoked(sid: str, at: datetime) -> SessionRevoked:
-    return SessionRevoked(time=at, account_id=uuid4(), session_id=sid, user_id=uuid4(), revoked_at=at)
+USER = uuid4()
+
+
+def _revoked(sid: str, at: datetime, user=USER) -> SessionRevoked:
+    return SessionRevoked(time=at, account_id=user, session_id=sid, user_id=user, revoked_at=at)
 
 
 def _user(user_id, at: datetime, not_before: datetime | None = None, removed: bool = False) -> UserState:
@@ -24,11 +27,12 @@ def _user(user_id, at: datetime, not_before: datetime | None = None, removed: bo
 def test_a_revoked_session_is_refused_until_it_would_have_expired_anyway():
     revoked = RevokedSessions(TTL)
     revoked.apply(_revoked("a", NOW), NOW)
-    assert "a" in revoked and "b" not in revoked
+    assert (USER, "a") in revoked and (USER, "b") not in revoked
+    assert (uuid4(), "a") not in revoked  # another user's session with the same id
     revoked.forget_expired(NOW + timedelta(seconds=TTL - 1))
-    assert "a" in revoked
+    assert (USER, "a") in revoked
     revoked.forget_expired(NOW + timedelta(seconds=TTL))
-    assert "a" not in revoked and len(revoked) == 0
+    assert (USER, "a") not in revoked and len(revoked) == 0
 
 
 def test_replayed_old_revocations_are_not_stored_and_the_projection_stays_bounded():
@@ -37,7 +41,7 @@ def test_replayed_old_revocations_are_not_stored_and_the_projection_stays_bounde
         at = NOW - timedelta(seconds=86_400) + timedelta(seconds=86.4 * i)
         revoked.apply(_revoked(f"s{i}", at), NOW)
     assert 0 < len(revoked) <= 1000 * TTL / 86_400 + 1
-    assert "s999" in revoked and "s0" not in revoked
+    assert (USER, "s999") in revoked and (USER, "s0") not in revoked
 
 
 def test_sessions_issued_before_a_password_change_end_and_later_ones_do_not():
