@@ -86,7 +86,9 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
     @api.post(
         "/api/auth/register",
         status_code=201,
-        description="Creates an account (roles `[owner]`, plan `free`). Extension: 409 `conflict` if the e-mail is taken.",
+        description="Creates an account (roles `[owner]`, plan `free`). Extension: 409 `conflict` if the e-mail is taken. "
+        "Until members exist an account has one user, its registering owner, whose user id is the account id: "
+        "its users.v1 state (role `owner`) is published here.",
     )
     async def register(body: RegisterRequest) -> Account:
         return _account(await service.register(body))
@@ -109,7 +111,8 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
         response_class=Response,
         description=CONSOLE + " Ends this console session: publishes `session_revoked` to sessions.v1 and answers "
         "after Kafka has it and this process refuses the session (401 `invalid_session`); every other replica "
-        "refuses it within milliseconds. A second logout with the same session is therefore 401.",
+        "refuses it within milliseconds. A second logout with the same session is therefore 401. The event's "
+        "`user_id` is the account id (until members exist an account has one user, its registering owner).",
     )
     async def logout(principal: Annotated[Principal, Depends(console)]) -> Response:
         await service.logout(principal)
