@@ -1,5 +1,6 @@
 """HTTP payloads of the keys service (accounts, console sessions, API keys) and GEO projects."""
 
+from enum import StrEnum
 from typing import Annotated, Literal
 from uuid import UUID
 
@@ -44,6 +45,13 @@ class LoginResponse(BaseModel):
     expires_in: int
 
 
+class PasswordChangeRequest(_In):
+    """(v2) `new_password` follows the registration rule (8..1024 characters) and must differ."""
+
+    current_password: str = Field(max_length=1024)
+    new_password: str = Field(min_length=8, max_length=1024)
+
+
 class UserTypeRequest(_In):
     user_type: UserType
 
@@ -68,11 +76,20 @@ class KeyCreated(BaseModel):
     created_at: AwareDatetime
 
 
+class KeyListStatus(StrEnum):
+    """(v2) A listed key's status: `expired` is computed (now >= expires_at), never stored or
+    published (keys.v1 carries contracts.common.KeyStatus)."""
+
+    ENABLED = "enabled"
+    DISABLED = "disabled"
+    EXPIRED = "expired"
+
+
 class KeyItem(BaseModel):
     id: UUID
     name: str
     masked_key: str
-    status: KeyStatus
+    status: KeyListStatus
     expires_at: AwareDatetime | None
     created_at: AwareDatetime
     last_used_at: AwareDatetime | None

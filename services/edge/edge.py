@@ -19,9 +19,18 @@ from prometheus_client import Counter
 
 from contracts.common import Permission, Resource, Role, ServiceScope
 from contracts.errors import ErrorCode
-from contracts.events import AccountState, KeyState, PlanChanged, QuotaState, RateLimit, ServiceTokenState
+from contracts.events import (
+    AccountState,
+    KeyState,
+    PlanChanged,
+    QuotaState,
+    RateLimit,
+    ServiceTokenState,
+    SessionRevoked,
+    UserState,
+)
 from contracts.quota_api import InsufficientQuotaDetails, counts_as_api_call, quota_links
-from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA, SERVICE_TOKENS
+from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA, SERVICE_TOKENS, SESSIONS, USERS
 from services.edge import sessions
 from services.edge.admissions import SharedAdmissions
 from services.edge.calls import Call, CallRecorder, client_ip, parse_networks
@@ -34,6 +43,7 @@ from services.edge.quota_gate import QuotaProjection
 from services.edge.rate_limit import Limits
 from services.edge.rate_store import make_store
 from services.edge.service_tokens import ServicePrincipal, ServiceTokenProjection
+from services.edge.session_revocations import RevokedSessions, UserSessions
 from services.runtime.settings import Settings
 
 API_KEY_PREFIX = "sk-"
@@ -116,6 +126,8 @@ class Edge:
         self.service_tokens = ServiceTokenProjection()
         self.quota = QuotaProjection(settings.tz)
         self.plans = PlanLimits()
+        self.users = UserSessions()
+        self.revoked_sessions = RevokedSessions(settings.session_ttl_seconds)
         self.limiter = make_store(settings.redis_url)
         # api_calls admissions shared by the replicas (REDIS_URL); None: this process counts alone
         self.admissions = SharedAdmissions(settings.redis_url) if settings.redis_url else None
@@ -134,6 +146,8 @@ class Edge:
             TopicFollower(settings.kafka_bootstrap_servers, settings.topic(QUOTA.name), self._apply_quota),
             TopicFollower(settings.kafka_bootstrap_servers, settings.topic(BILLING.name), self._apply_billing),
             TopicFollower(settings.kafka_bootstrap_servers, settings.topic(SERVICE_TOKENS.name), self._apply_service_token),
+            TopicFollower(settings.kafka_bootstrap_servers, settings.topic(USERS.name), self._apply_user),
+            TopicFollower(settings.kafka_bootstrap_servers, settings.topic(SESSIONS.name), self._apply_session),
         ]
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -182,10 +196,24 @@ class Edge:
         if value is not None:
             self.quota.apply(QuotaState.model_validate(json.loads(value)))
 
+    def _apply_user(self, _key: bytes | None, value: bytes | None) -> None:
+        if value is not None:
+            self.users.apply(UserState.model_validate(json.loads(value)))
+
+    def _apply_session(self, _key: bytes | None, value: bytes | None) -> None:
+        if value is not None:
+            self.revoked_sessions.apply(SessionRevoked.model_validate(json.loads(value)), datetime.now(UTC))
+
     # ---- session tokens ------------------------------------------------------------------
     def issue_session(self, account_id: UUID, session_id: str, now: datetime) -> str:
         expires = int(now.timestamp()) + self.settings.session_ttl_seconds
-        return sessions.issue(self._secret, sessions.SessionClaims(account_id, session_id, expires))
+        # Never "before" the user's known sessions_not_before: a login right after a password
+        # change answered by a replica whose clock is a little behind is not refused.
+        issued_at = now.timestamp()
+        user = self.users.get(account_id)  # until members exist, user id = account id
+        if user is not None and user.sessions_not_before is not None:
+            issued_at = max(issued_at, user.sessions_not_before.timestamp())
+        return sessions.issue(self._secret, sessions.SessionClaims(account_id, session_id, expires, issued_at))
 
     # ---- the request path ----------------------------------------------------------------
     def requires(
@@ -338,9 +366,14 @@ class Edge:
         except sessions.InvalidSession:
             raise _unauthorized(ErrorCode.INVALID_SESSION, "The console session is invalid or has expired.") from None
         account = self.accounts.get(claims.account_id)
-        if account is None:
+        # logged out (sessions.v1), or issued before the user's password change (users.v1)
+        # (until members exist, user id = account id)
+        revoked = (claims.account_id, claims.session_id) in self.revoked_sessions
+        ended = revoked or self.users.ended(claims.account_id, claims.issued_at)
+        if account is None or ended:
             raise _unauthorized(ErrorCode.INVALID_SESSION, "The console session is invalid or has expired.")
-        return Principal(account_id=account.account_id, roles=frozenset(Role(r) for r in account.roles))
+        roles = frozenset(Role(r) for r in account.roles)
+        return Principal(account_id=account.account_id, roles=roles, session_id=claims.session_id)
 
     def _authenticate_key(self, secret: str, now: datetime) -> Principal:
         # A dict lookup by SHA-256: timing does not depend on how much of a guess is right.

@@ -11,6 +11,7 @@ class Principal:
     account_id: UUID
     roles: frozenset[Role]
     api_key_id: UUID | None = None  # None for a console session
+    session_id: str | None = None  # the console session's id (logout revokes it)
 
     @property
     def is_console(self) -> bool:

@@ -1,8 +1,11 @@
 """Console session tokens: stateless, HMAC-signed, expiring; never start with `sk-`.
 
-`tg1.<payload>.<signature>` where payload is base64url JSON `{sub, sid, exp}`. Any replica of
+`tg1.<payload>.<signature>` where payload is base64url JSON `{sub, sid, iat, exp}`. Any replica of
 any service verifies them with the shared secret; no network hop. Roles are not in the token:
-the edge takes the account's *current* roles from its account projection.
+the edge takes the account's *current* roles from its account projection. `iat` (issue time,
+unix seconds with microseconds) lets the edge refuse sessions issued before a password change
+(users.v1 `sessions_not_before`); a token without it (issued before v2) is refused as malformed:
+the edge could not tell whether a password change ended it (its holder just logs in again).
 """
 
 import base64
@@ -21,6 +24,9 @@ class SessionClaims:
     account_id: UUID
     session_id: str
     expires_at: int  # unix seconds
+    # unix seconds, microsecond precision (a login right after a password change is not "before" it);
+    # 0 = "long ago": refused by any sessions_not_before
+    issued_at: float = 0.0
 
 
 class InvalidSession(Exception):
@@ -40,7 +46,8 @@ def _sign(secret: bytes, payload: str) -> str:
 
 
 def issue(secret: bytes, claims: SessionClaims) -> str:
-    payload = _b64(json.dumps({"sub": str(claims.account_id), "sid": claims.session_id, "exp": claims.expires_at}).encode())
+    body = {"sub": str(claims.account_id), "sid": claims.session_id, "iat": round(claims.issued_at, 6), "exp": claims.expires_at}
+    payload = _b64(json.dumps(body).encode())
     return f"{PREFIX}.{payload}.{_sign(secret, payload)}"
 
 
@@ -54,7 +61,7 @@ def verify(secret: bytes, token: str, now: datetime) -> SessionClaims:
         raise InvalidSession("bad signature")
     try:
         body = json.loads(_unb64(payload))
-        claims = SessionClaims(UUID(body["sub"]), str(body["sid"]), int(body["exp"]))
+        claims = SessionClaims(UUID(body["sub"]), str(body["sid"]), int(body["exp"]), float(body["iat"]))
     except (ValueError, KeyError, TypeError) as exc:
         raise InvalidSession("malformed session payload") from exc
     if now.timestamp() >= claims.expires_at:

@@ -1,6 +1,7 @@
 """HTTP routes of the keys service: accounts, console sessions, API keys, operator roles."""
 
 import hmac
+from datetime import UTC, datetime
 from typing import Annotated
 from uuid import UUID
 
@@ -14,9 +15,11 @@ from contracts.keys_api import (
     KeyCreateRequest,
     KeyItem,
     KeyList,
+    KeyListStatus,
     KeyToggled,
     LoginRequest,
     LoginResponse,
+    PasswordChangeRequest,
     RegisterRequest,
     RolesRequest,
     RotateRequest,
@@ -47,8 +50,9 @@ def _account(row: store.Row) -> Account:
     )
 
 
-def _item(row: store.Row) -> KeyItem:
-    return KeyItem.model_validate(row)
+def _item(row: store.Row, now: datetime) -> KeyItem:
+    expired = row["expires_at"] is not None and now >= row["expires_at"]
+    return KeyItem.model_validate({**row, "status": KeyListStatus.EXPIRED if expired else row["status"]})
 
 
 def _created(row: store.Row, secret: str) -> KeyCreated:
@@ -86,7 +90,9 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
     @api.post(
         "/api/auth/register",
         status_code=201,
-        description="Creates an account (roles `[owner]`, plan `free`). Extension: 409 `conflict` if the e-mail is taken.",
+        description="Creates an account (roles `[owner]`, plan `free`). Extension: 409 `conflict` if the e-mail is taken. "
+        "Until members exist an account has one user, its registering owner, whose user id is the account id: "
+        "its users.v1 state (role `owner`) is published here.",
     )
     async def register(body: RegisterRequest) -> Account:
         return _account(await service.register(body))
@@ -102,6 +108,33 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
         with throttle.attempt(body.email, client_ip(peer, request.headers.get("x-forwarded-for", ""), trusted)):
             token, ttl = await service.login(body.email, body.password)
         return LoginResponse(access_token=token, expires_in=ttl)
+
+    @api.post(
+        "/api/auth/logout",
+        status_code=204,
+        response_class=Response,
+        description=CONSOLE + " Ends this console session: publishes `session_revoked` to sessions.v1 and answers "
+        "after Kafka has it and this process refuses the session (401 `invalid_session`); every other replica "
+        "refuses it within milliseconds. A second logout with the same session is therefore 401. The event's "
+        "`user_id` is the account id (until members exist an account has one user, its registering owner).",
+    )
+    async def logout(principal: Annotated[Principal, Depends(console)]) -> Response:
+        await service.logout(principal)
+        return Response(status_code=204)
+
+    @api.put(
+        "/api/account/password",
+        status_code=204,
+        response_class=Response,
+        description=CONSOLE + " Changes the password (argon2, as at login) and ends every session of the user, "
+        "this one included, on every replica at once (users.v1 `sessions_not_before` = now; log in again). "
+        "403 `permission_denied` if `current_password` is wrong; 422 if `new_password` is shorter than 8 or "
+        "longer than 1024 characters (the registration rule) or equals the current one. Until members exist "
+        "an account has one user, its registering owner, whose user id is the account id.",
+    )
+    async def put_password(body: PasswordChangeRequest, principal: Annotated[Principal, Depends(console)]) -> Response:
+        await service.change_password(principal.account_id, body.current_password, body.new_password)
+        return Response(status_code=204)
 
     @api.get("/api/account", description=CONSOLE)
     async def get_account(principal: Annotated[Principal, Depends(console)]) -> Account:
@@ -121,9 +154,16 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
         row, secret = await service.create_key(principal.account_id, body.name, body.expires_at)
         return _created(row, secret)
 
-    @api.get("/api/api-keys", description=CONSOLE + " Live keys (deleted ones are gone), oldest first.")
+    @api.get(
+        "/api/api-keys",
+        description=CONSOLE + " Live keys (deleted ones are gone), oldest first. `status` is `expired` once "
+        "now >= `expires_at` (computed at listing, whatever the stored enabled/disabled state); `last_used_at` "
+        "moves only on calls the key was admitted for (refused calls, which carry `error_code` on calls.v1, do not move it).",
+    )
     async def list_keys(principal: Annotated[Principal, Depends(console)]) -> KeyList:
-        return KeyList(items=[_item(r) for r in await service.list_keys(principal.account_id)])
+        rows = await service.list_keys(principal.account_id)
+        now = datetime.now(UTC)
+        return KeyList(items=[_item(r, now) for r in rows])
 
     @api.post(
         "/api/api-keys/{key_id}/toggle",

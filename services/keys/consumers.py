@@ -1,5 +1,5 @@
 """Subscribers of the keys service: the account's plan (billing.v1) for GET /api/account, and
-each key's last_used_at from calls.v1, in batches (one UPDATE per batch, off the request path)."""
+each key's last_used_at from calls.v1 (admitted calls only), in batches (one UPDATE per batch, off the request path)."""
 
 import asyncio
 from datetime import datetime
@@ -48,7 +48,9 @@ def subscribers(service: KeysService, broker: KafkaBroker, settings: Settings) -
         used: dict[UUID, datetime] = {}
         for raw in cast(list[bytes], msg.body):
             event = await parse_or_dead_letter(broker, settings, CALLS, CallEvent, raw)
-            if event is not None and (event.api_key_id not in used or used[event.api_key_id] < event.time):
+            if event is None or event.error_code is not None:
+                continue  # refused calls (they carry error_code) do not move last_used_at (API.md)
+            if event.api_key_id not in used or used[event.api_key_id] < event.time:
                 used[event.api_key_id] = event.time
         await service.note_calls(used)  # GREATEST(): replays and reordering change nothing
         # last_used_at is coarse by nature: at most one UPDATE per second, whatever the call

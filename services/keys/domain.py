@@ -5,7 +5,7 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from contracts.common import KeyStatus, Role, ServiceScope, UserType
-from contracts.events import AccountState, KeyState, ServiceTokenState
+from contracts.events import AccountState, KeyState, ServiceTokenState, UserState
 from services.edge.edge import API_KEY_PREFIX, SERVICE_TOKEN_PREFIX, hash_secret
 
 SECRET_BYTES = 36  # token_urlsafe(36): 48 URL-safe characters, 288 bits from the OS CSPRNG
@@ -78,3 +78,17 @@ def service_token_state(
     *, token_id: UUID, name: str, digest: str, scopes: list[ServiceScope], now: datetime, revoked: bool = False
 ) -> ServiceTokenState:
     return ServiceTokenState(time=now, token_id=token_id, name=name, hash=digest, scopes=scopes, revoked=revoked)
+
+
+def user_role(account_roles: list[Role]) -> Role:
+    """The one role of the account's registering user (users.v1 carries one role per user):
+    owner if the account has it, else its first role."""
+    return Role.OWNER if Role.OWNER in account_roles else account_roles[0]
+
+
+def user_state(*, account_id: UUID, roles: list[Role], sessions_not_before: datetime | None, now: datetime) -> UserState:
+    """Until members exist (a later issue) an account has one user, its registering owner, whose
+    user id is the account id."""
+    return UserState(
+        time=now, account_id=account_id, user_id=account_id, role=user_role(roles), sessions_not_before=sessions_not_before
+    )

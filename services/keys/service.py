@@ -3,6 +3,7 @@ that must take effect "at once") waits for the relay's Kafka ack and applies the
 this process's edge, so the serving process already judges by it when the response leaves."""
 
 import asyncio
+import hmac
 import logging
 import secrets
 import time
@@ -17,12 +18,13 @@ from psycopg_pool import AsyncConnectionPool
 
 from contracts.common import KeyStatus, Role, ServiceScope, Tier, UserType
 from contracts.errors import ErrorCode
-from contracts.events import AccountState, KeyState, ServiceTokenState, UserTypeChanged
+from contracts.events import AccountState, KeyState, ServiceTokenState, SessionRevoked, UserState, UserTypeChanged
 from contracts.keys_api import RegisterRequest
 from contracts.plans import user_type_may_take
-from contracts.topics import ACCOUNTS, BILLING, KEYS
+from contracts.topics import ACCOUNTS, BILLING, KEYS, SESSIONS, USERS
 from services.edge.edge import Edge
 from services.edge.errors import ApiError, not_found
+from services.edge.principal import Principal
 from services.keys import domain, service_tokens, store
 from services.runtime.outbox_relay import OutboxRelay
 from services.runtime.settings import Settings
@@ -40,6 +42,8 @@ class _Changes:
     keys: list[KeyState] = field(default_factory=list)
     accounts: list[AccountState] = field(default_factory=list)
     service_tokens: list[ServiceTokenState] = field(default_factory=list)
+    users: list[UserState] = field(default_factory=list)
+    sessions: list[SessionRevoked] = field(default_factory=list)
 
 
 def _invalid_login() -> ApiError:
@@ -72,6 +76,13 @@ class KeysService:
         await self.relay.add(conn, ACCOUNTS, str(row["id"]).encode(), state.model_dump_json().encode())
         changes.accounts.append(state)
 
+    async def _emit_user(self, conn: store.Conn, row: store.Row, now: datetime, changes: _Changes) -> None:
+        state = domain.user_state(
+            account_id=row["id"], roles=[Role(r) for r in row["roles"]], sessions_not_before=row["sessions_not_before"], now=now
+        )
+        await self.relay.add(conn, USERS, str(state.user_id).encode(), state.model_dump_json().encode())
+        changes.users.append(state)
+
     async def _deliver(self, changes: _Changes) -> None:
         """Wait for Kafka's ack of the committed rows, then make this process judge by them."""
         try:
@@ -89,6 +100,10 @@ class KeysService:
             self.edge.keys.apply(key)
         for token in changes.service_tokens:
             self.edge.service_tokens.apply(token)
+        for user in changes.users:
+            self.edge.users.apply(user)
+        for revoked in changes.sessions:
+            self.edge.revoked_sessions.apply(revoked, datetime.now(UTC))
 
     async def _tick(self) -> None:
         await self.sweep_rotated()
@@ -114,6 +129,7 @@ class KeysService:
             if row is None:
                 raise ApiError(409, ErrorCode.CONFLICT, "An account with this e-mail already exists.")
             await self._emit_account(conn, row, now, changes)
+            await self._emit_user(conn, row, now, changes)
         await self._deliver(changes)
         return row
 
@@ -136,6 +152,49 @@ class KeysService:
         now = datetime.now(UTC)
         token = self.edge.issue_session(row["id"], secrets.token_urlsafe(16), now)
         return token, self.settings.session_ttl_seconds
+
+    async def logout(self, principal: Principal) -> None:
+        """sessions.v1: the session is refused by every edge; this one already when we answer."""
+        assert principal.session_id is not None  # a console-only route
+        now = datetime.now(UTC)
+        event = SessionRevoked(
+            time=now,
+            account_id=principal.account_id,
+            session_id=principal.session_id,
+            user_id=principal.account_id,
+            revoked_at=now,
+        )  # user id = account id (one user)
+        changes = _Changes(sessions=[event])
+        async with self.pool.connection() as conn:
+            await self.relay.add(conn, SESSIONS, event.session_id.encode(), event.model_dump_json().encode())
+        await self._deliver(changes)
+
+    async def change_password(self, account_id: UUID, current_password: str, new_password: str) -> None:
+        """A new password; users.v1 `sessions_not_before = now` ends every session of the user."""
+        if hmac.compare_digest(current_password.encode(), new_password.encode()):
+            raise ApiError(
+                422,
+                ErrorCode.VALIDATION_ERROR,
+                "The request is not valid.",
+                details=[{"field": "new_password", "message": "must differ from the current password", "type": "value_error"}],
+            )
+        async with self.pool.connection() as conn:
+            row = await store.account_by_id(conn, account_id)
+        if row is None:
+            raise not_found("account")
+        try:
+            await asyncio.to_thread(self.hasher.verify, row["password_hash"], current_password)
+        except (VerificationError, InvalidHashError):
+            raise ApiError(403, ErrorCode.PERMISSION_DENIED, "The current password is wrong.") from None
+        new_hash = await asyncio.to_thread(self.hasher.hash, new_password)
+        now = datetime.now(UTC)
+        changes = _Changes()
+        async with self.pool.connection() as conn:
+            updated = await store.set_password(conn, account_id, new_hash, now)
+            if updated is None:
+                raise not_found("account")
+            await self._emit_user(conn, updated, now, changes)
+        await self._deliver(changes)
 
     async def account(self, account_id: UUID) -> store.Row:
         async with self.pool.connection() as conn:
@@ -186,6 +245,7 @@ class KeysService:
             if row is None:
                 raise not_found("account")
             await self._emit_account(conn, row, now, changes)
+            await self._emit_user(conn, row, now, changes)
             for key in await store.live_keys_of(conn, account_id):
                 await self._emit_key(conn, self._state(key, [Role(r) for r in unique], now), changes)
         await self._deliver(changes)

@@ -50,6 +50,15 @@ async def set_password_hash(conn: Conn, account_id: UUID, password_hash: str) ->
     await conn.execute("UPDATE keys.accounts SET password_hash = %s WHERE id = %s", (password_hash, account_id))
 
 
+async def set_password(conn: Conn, account_id: UUID, password_hash: str, sessions_not_before: datetime) -> Row | None:
+    """A new password; every session issued before `sessions_not_before` ends."""
+    return await _one(
+        conn,
+        "UPDATE keys.accounts SET password_hash = %s, sessions_not_before = %s WHERE id = %s RETURNING *",
+        (password_hash, sessions_not_before, account_id),
+    )
+
+
 async def set_user_type(conn: Conn, account_id: UUID, user_type: str) -> Row | None:
     return await _one(conn, "UPDATE keys.accounts SET user_type = %s WHERE id = %s RETURNING *", (user_type, account_id))
 

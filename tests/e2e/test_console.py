@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -458,12 +458,58 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     page.get_by_role("link", name="Quota").click()
     expect(page.get_by_role("heading", level=1)).to_have_text("Quota", timeout=WAIT_MS)
 
-    # ---- sign out: the session is gone from the browser --------------------------------------
-    page.get_by_role("button", name="Sign out").click()
+    page.set_viewport_size(LAPTOP)
+
+    # ---- an expired key is listed as expired -------------------------------------------------
+    console_auth = {"Authorization": f"Bearer {page.evaluate('sessionStorage.getItem(`tollgate.session`)')}"}
+    expires_at = datetime.now(UTC) + timedelta(seconds=1)
+    made = api.post("/api/api-keys", json={"name": "short key", "expires_at": expires_at.isoformat()}, headers=console_auth)
+    assert made.status_code == 201, made.text
+    time.sleep(max(0.0, (expires_at - datetime.now(UTC)).total_seconds()) + 0.1)
+    open_page(page, base, "keys", "API keys")
+    short_row = page.locator("#keys-table tbody tr", has_text="short key")
+    expect(short_row.locator(".status")).to_have_text("Expired", timeout=WAIT_MS)
+    expect(short_row.get_by_role("button", name="Disable key short key")).to_have_count(0)
+    shot(page, "keys-expired")
+
+    # ---- change the password: a wrong current one is refused; then every session ends --------
+    def account_status(headers: dict[str, str]) -> tuple[int, str | None]:
+        response = api.get("/api/account", headers=headers)
+        return response.status_code, response.json().get("error", {}).get("code") if response.status_code >= 400 else None
+
+    other_session = {
+        "Authorization": "Bearer "
+        + api.post("/api/auth/login", json={"email": email, "password": "correct horse battery"}).json()["access_token"]
+    }
+    open_page(page, base, "plan", "Plan & account")
+    password_form = page.get_by_role("form", name="Change password")
+    password_form.get_by_label("Current password").fill("not my password")
+    password_form.get_by_label("New password").fill("a much better passphrase")
+    password_form.get_by_role("button", name="Change password").click()
+    expect(password_form.get_by_role("alert")).to_contain_text("current password is wrong", timeout=WAIT_MS)
+    assert account_status(console_auth) == (200, None)
+    password_form.get_by_label("Current password").fill("correct horse battery")
+    password_form.get_by_role("button", name="Change password").click()
     expect(page.get_by_role("heading", name="Sign in")).to_be_visible(timeout=WAIT_MS)
     assert page.evaluate("sessionStorage.getItem('tollgate.session')") is None
+    for ended in (console_auth, other_session):  # this browser's session and another one
+        assert account_status(ended) == (401, "invalid_session")
+    page.get_by_label("Email").fill(email)
+    page.get_by_label("Password").fill("correct horse battery")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("alert")).to_be_visible(timeout=WAIT_MS)  # the old password no longer works
+    page.get_by_label("Password").fill("a much better passphrase")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("API keys", timeout=WAIT_MS)
+    new_auth = {"Authorization": f"Bearer {page.evaluate('sessionStorage.getItem(`tollgate.session`)')}"}
+    assert account_status(new_auth) == (200, None)
+
+    # ---- log out: the session ends on the server and is gone from the browser ----------------
+    page.get_by_role("button", name="Log out").click()
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible(timeout=WAIT_MS)
+    assert page.evaluate("sessionStorage.getItem('tollgate.session')") is None
+    assert account_status(new_auth) == (401, "invalid_session")
     shot(page, "signin")
-    page.set_viewport_size(LAPTOP)
     page.goto(f"{base}/console/register")
     shot(page, "register")
     assert page_errors == [], page_errors

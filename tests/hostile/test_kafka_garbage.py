@@ -9,14 +9,14 @@ import json
 import secrets
 import uuid
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from contracts.common import KeyStatus, Resource, Role, ServiceScope, UserType
-from contracts.events import AccountState, KeyState, QuotaState, ServiceTokenState
+from contracts.events import AccountState, KeyState, QuotaState, ServiceTokenState, SessionRevoked, UserState
 from contracts.topics import ACCOUNTS, ALL_TOPICS, KEYS, QUOTA, SERVICE_TOKENS, SESSIONS, USERS, dead_letter
 from services.edge.edge import Edge
 from services.runtime.settings import Settings
@@ -218,6 +218,26 @@ async def test_garbage_on_every_topic_is_dead_lettered_and_every_consumer_keeps_
         key=str(synthetic).encode(),
     )
     session = bearer(Edge(settings).issue_session(synthetic, "sid", now))
+    # users.v1 and sessions.v1 (edge followers only): a logged-out session and a password change
+    logged_out = bearer(Edge(settings).issue_session(synthetic, "logged-out", now))
+    await broker.publish(
+        SessionRevoked(time=now, account_id=synthetic, session_id="logged-out", user_id=synthetic, revoked_at=now),
+        settings.topic(SESSIONS.name),
+        key=b"logged-out",
+    )
+    other = uuid.uuid4()  # a second synthetic account whose user changed its password after `now`
+    await broker.publish(
+        AccountState(time=now, account_id=other, roles=[Role.OWNER], user_type=UserType.INDIVIDUAL),
+        settings.topic(ACCOUNTS.name),
+        key=str(other).encode(),
+    )
+    before_change = bearer(Edge(settings).issue_session(other, "before", now))
+    after_change = bearer(Edge(settings).issue_session(other, "after", now + timedelta(seconds=2)))
+    await broker.publish(
+        UserState(time=now, account_id=other, user_id=other, role=Role.OWNER, sessions_not_before=now + timedelta(seconds=1)),
+        settings.topic(USERS.name),
+        key=str(other).encode(),
+    )
 
     # ---- every consumer got past the garbage ----------------------------------------------------
     async def counted() -> bool:
@@ -273,6 +293,8 @@ async def test_garbage_on_every_topic_is_dead_lettered_and_every_consumer_keeps_
         by_session = await client.get("/api/geo/projects", headers=session)
         blocked = await client.post("/api/geo/projects", json={"name": "p"}, headers=session)
         by_service = await client.get("/api/geo/projects", headers=bearer(service_token))
+        ended = [await client.get("/api/geo/projects", headers=h) for h in (logged_out, before_change)]
+        after = await client.get("/api/geo/projects", headers=after_change)
         return (
             limit == "1200"  # billing.v1 follower: basic plan's minute window
             and by_key.status_code == 200  # keys.v1 follower
@@ -281,10 +303,14 @@ async def test_garbage_on_every_topic_is_dead_lettered_and_every_consumer_keeps_
             and blocked.json()["error"]["code"] == "insufficient_quota"  # quota.v1 follower
             # service-tokens.v1 follower: a known service token (unknown would be 401) on a customer route
             and (by_service.status_code, by_service.json()["error"]["code"]) == (403, "permission_denied")
+            # sessions.v1 and users.v1 followers: the same accounts' other sessions are accepted
+            and all(r.status_code == 401 and r.json()["error"]["code"] == "invalid_session" for r in ended)
+            and after.status_code == 200
         )
 
     await eventually(
-        edge_followed, what="the edge's followers applied keys.v1, accounts.v1, quota.v1, billing.v1, service-tokens.v1"
+        edge_followed,
+        what="the edge's followers applied keys.v1, accounts.v1, quota.v1, billing.v1, service-tokens.v1, users.v1, sessions.v1",
     )
 
     async def masked() -> bool:

@@ -5,6 +5,7 @@ X-Request-ID, every response in its documented schema and content type. Bounded:
 examples per operation (positive and negative data)."""
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -21,6 +22,8 @@ from tests.hostile.conftest import Served
 pytestmark = pytest.mark.integration
 
 MAX_EXAMPLES = 20
+PASSWORD = "schemathesis-pass-1"
+LOGOUT = "POST /api/auth/logout"  # ends the session it is called with: fuzzed with fresh ones
 
 
 def contract_error_body(ctx: Any, response: Any, case: Any) -> bool | None:
@@ -39,16 +42,28 @@ CHECKS = [not_a_server_error, status_code_conformance, response_schema_conforman
 
 
 @pytest.fixture(scope="module")
-def console_session(served: Served) -> dict[str, str]:
+def new_session(served: Served) -> Callable[[], dict[str, str]]:
+    """Logs in again (a new session of the same account) at every call."""
     email = f"s{uuid.uuid4().hex[:10]}@example.com"
-    body = {"email": email, "password": "schemathesis-pass-1", "name": "fuzz", "user_type": "enterprise"}
+    body = {"email": email, "password": PASSWORD, "name": "fuzz", "user_type": "enterprise"}
     assert httpx.post(f"{served.base_url}/api/auth/register", json=body, timeout=30).status_code == 201
-    login = httpx.post(f"{served.base_url}/api/auth/login", json={"email": email, "password": body["password"]}, timeout=30)
-    assert login.status_code == 200, login.text
-    return {"Authorization": f"Bearer {login.json()['access_token']}"}
+
+    def login() -> dict[str, str]:
+        response = httpx.post(f"{served.base_url}/api/auth/login", json={"email": email, "password": PASSWORD}, timeout=30)
+        assert response.status_code == 200, response.text
+        return {"Authorization": f"Bearer {response.json()['access_token']}"}
+
+    return login
 
 
-def _fuzz(served: Served, headers: dict[str, str], examples: int) -> None:
+@pytest.fixture(scope="module")
+def console_session(new_session: Callable[[], dict[str, str]]) -> dict[str, str]:
+    return new_session()
+
+
+def _fuzz(
+    served: Served, headers: dict[str, str], examples: int, new_session: Callable[[], dict[str, str]] | None = None
+) -> None:
     """Each operation, positive and negative data; collect every failure, then report them all.
     (schemathesis' own pytest loader, `from_fixture`, does not run on pytest 9: this drives its
     strategies with Hypothesis directly.)"""
@@ -74,7 +89,8 @@ def _fuzz(served: Served, headers: dict[str, str], examples: int) -> None:
                 calls += 1
                 if case.headers:
                     case.headers.pop("Authorization", None)
-                case.call_and_validate(base_url=served.base_url, headers=headers, checks=CHECKS, timeout=30)
+                sent = new_session() if new_session is not None and operation.label == LOGOUT else headers
+                case.call_and_validate(base_url=served.base_url, headers=sent, checks=CHECKS, timeout=30)
 
             try:
                 run()
@@ -86,8 +102,10 @@ def _fuzz(served: Served, headers: dict[str, str], examples: int) -> None:
     assert not failures, "\n\n".join(failures)
 
 
-def test_every_operation_with_a_console_session(served: Served, console_session: dict[str, str]):
-    _fuzz(served, console_session, MAX_EXAMPLES)
+def test_every_operation_with_a_console_session(
+    served: Served, console_session: dict[str, str], new_session: Callable[[], dict[str, str]]
+):
+    _fuzz(served, console_session, MAX_EXAMPLES, new_session)
 
 
 def test_every_operation_without_credentials(served: Served):

@@ -45,3 +45,16 @@ def test_tampered_tokens_are_refused(mangle):
 def test_another_secret_is_refused():
     with pytest.raises(sessions.InvalidSession):
         sessions.verify(b"other", sessions.issue(SECRET, _claims()), NOW)
+
+
+def test_the_issue_time_travels_with_microseconds():
+    claims = sessions.SessionClaims(uuid4(), "sid", int(NOW.timestamp()) + 60, NOW.timestamp() + 0.123456)
+    assert sessions.verify(SECRET, sessions.issue(SECRET, claims), NOW).issued_at == claims.issued_at
+
+
+def test_a_token_without_issue_time_is_refused():
+    # Issued before v2 ({sub, sid, exp}): the edge could not tell whether a password change ended it.
+    payload = sessions._b64(b'{"sub": "%s", "sid": "s", "exp": %d}' % (str(uuid4()).encode(), int(NOW.timestamp()) + 60))
+    token = f"tg1.{payload}.{sessions._sign(SECRET, payload)}"
+    with pytest.raises(sessions.InvalidSession):
+        sessions.verify(SECRET, token, NOW)

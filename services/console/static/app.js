@@ -1,5 +1,5 @@
 // The console shell: path routing (/console/keys ...), the signed-in account, navigation and toasts.
-import { ApiError, get, session } from "./api.js";
+import { ApiError, get, post, session } from "./api.js";
 import { clear, errorBox, h } from "./dom.js";
 import * as alertsPage from "./page-alerts.js";
 import * as authPage from "./page-auth.js";
@@ -139,16 +139,26 @@ menuToggle.addEventListener("click", () => {
   menuToggle.setAttribute("aria-expanded", String(open));
 });
 
-document.getElementById("sign-out").addEventListener("click", () => {
+// Log out ends the session on the server (every replica refuses it at once), then here.
+document.getElementById("sign-out").addEventListener("click", async (event) => {
+  const button = event.currentTarget;
+  button.disabled = true;
+  try {
+    if (session.token) await post("/api/auth/logout");
+  } catch {
+    // already ended (401) or unreachable: the browser forgets the session either way
+  } finally {
+    button.disabled = false;
+  }
   session.clear();
   state.account = null;
-  toast("You are signed out.");
+  toast("You are logged out.");
   navigate("signin");
 });
 
-window.addEventListener("tollgate:signed-out", () => {
+window.addEventListener("tollgate:signed-out", (event) => {
   state.account = null;
-  toast("Your session has ended; please sign in again.");
+  toast((event.detail && event.detail.toast) || "Your session has ended; please sign in again.");
   navigate("signin");
 });
 

@@ -69,6 +69,7 @@ export async function render(container, ctx) {
       { type: "button", class: "secondary small", "aria-label": `${key.status === "enabled" ? "Disable" : "Enable"} key ${key.name}` },
       key.status === "enabled" ? "Disable" : "Enable",
     );
+    toggle.hidden = key.status === "expired"; // refused whatever its switch says: rotate or delete it
     toggle.addEventListener("click", async () => {
       listErrors.replaceChildren();
       try {

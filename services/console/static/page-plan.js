@@ -1,6 +1,6 @@
 // Plan & account: who you are, your plan and user type, the plans table, upgrades with the
 // prorated amount shown before paying, and the individual/enterprise rule when it blocks.
-import { get, newIdempotencyKey, post, put } from "./api.js";
+import { get, newIdempotencyKey, post, put, session } from "./api.js";
 import { busy, errorBox, field, h, select } from "./dom.js";
 import { RESOURCES, amount, date, money, num, titleCase } from "./format.js";
 
@@ -69,6 +69,35 @@ export async function render(container, ctx) {
       ),
       form,
     );
+  }
+
+  /** Changing the password ends every session, this one too: back to sign-in afterwards. */
+  function passwordCard() {
+    const current = h("input", { type: "password", name: "current_password", autocomplete: "current-password", required: true, maxlength: "1024" });
+    const fresh = h("input", { type: "password", name: "new_password", autocomplete: "new-password", required: true, minlength: "8", maxlength: "1024" });
+    const save = h("button", { type: "submit", class: "secondary" }, "Change password");
+    const problems = h("div", { "aria-live": "polite" });
+    const form = h(
+      "form",
+      { "aria-label": "Change password", id: "password-form" },
+      field("Current password", current),
+      field("New password", fresh, "At least 8 characters. Every session ends, this one too: you sign in again."),
+      problems,
+      h("div", { class: "actions" }, save),
+    );
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      problems.replaceChildren();
+      try {
+        await busy(save, () => put("/api/account/password", { current_password: current.value, new_password: fresh.value }));
+      } catch (err) {
+        problems.append(errorBox(err));
+        return;
+      }
+      session.clear();
+      window.dispatchEvent(new CustomEvent("tollgate:signed-out", { detail: { toast: "Password changed. Sign in with the new password." } }));
+    });
+    return h("section", { class: "card", "aria-labelledby": "password-title" }, h("h2", { id: "password-title" }, "Password"), form);
   }
 
   function planCard() {
@@ -179,6 +208,13 @@ export async function render(container, ctx) {
     }
   }
 
-  container.append(h("h1", {}, "Plan & account"), errors, h("div", { class: "two-col" }, planSlot, accountSlot), checkout, tableSlot);
+  container.append(
+    h("h1", {}, "Plan & account"),
+    errors,
+    h("div", { class: "two-col" }, planSlot, accountSlot),
+    checkout,
+    tableSlot,
+    passwordCard(),
+  );
   await load();
 }

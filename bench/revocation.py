@@ -1,0 +1,115 @@
+"""Logout-to-refusal lag across two `serve` processes, against the key-toggle lag in the same run.
+
+Process A answers `POST /api/auth/logout`; the clock starts when that 204 arrives and stops when
+process B first answers 401 `invalid_session` for the session (B polled back to back with
+`GET /api/geo/projects`). Baseline, same run, same poll loop, same endpoint, interleaved trial by
+trial: a key toggled off on A until B answers 401 `api_key_disabled` (the established "at once"
+path: keys.v1 through the keys outbox). Contract: p99 <= 50 ms, never more than 1 s (API.md).
+Printed, never asserted (tests/integration/test_sessions_two_processes.py asserts the 1 s bound).
+
+Real Kafka and Postgres: the local test stack or TEST_KAFKA_BOOTSTRAP_SERVERS / TEST_DATABASE_URL.
+
+    .venv/bin/python bench/revocation.py [--trials 200]
+"""
+
+import argparse
+import asyncio
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx
+
+from bench.edge import PASSWORD, PATH, signup
+from bench.stats import percentile, ratio_line
+from services.runtime.settings import Settings
+from tests.support import databases
+from tests.support.apps import ServeProcess
+from tests.support.infra import delete_topics_with_prefix, endpoints
+
+
+async def _until(client: httpx.AsyncClient, headers: dict[str, str], status: int, code: str | None = None) -> None:
+    """Poll as fast as the process answers until it gives `status` (and error `code`)."""
+    deadline = time.monotonic() + 5
+    while True:
+        response = await client.get(PATH, headers=headers)
+        if response.status_code == status and (code is None or response.json()["error"]["code"] == code):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"still {response.status_code} after 5 s: {response.text}")
+
+
+async def lags(settings: Settings, trials: int) -> tuple[list[float], list[float]]:
+    a, b = ServeProcess(settings, "keys,geo"), ServeProcess(settings, "keys,geo")
+    try:
+        a.wait_ready()
+        b.wait_ready()
+        async with httpx.AsyncClient(base_url=a.base_url) as on_a, httpx.AsyncClient(base_url=b.base_url) as on_b:
+            _, console = await signup(on_a, settings)
+            email = (await on_a.get("/api/account", headers=console)).json()["email"]
+            key = (await on_a.post("/api/api-keys", json={"name": "lag"}, headers=console)).json()
+            auth = {"Authorization": f"Bearer {key['key']}"}
+            await _until(on_b, auth, 200)
+            logout: list[float] = []
+            toggle: list[float] = []
+            for _ in range(trials):
+                # a fresh session, in use on B, logged out on A
+                login = await on_b.post("/api/auth/login", json={"email": email, "password": PASSWORD})
+                session = {"Authorization": f"Bearer {login.json()['access_token']}"}
+                await _until(on_b, session, 200)
+                out = await on_a.post("/api/auth/logout", headers=session)
+                started = time.perf_counter()
+                assert out.status_code == 204, out.text
+                await _until(on_b, session, 401, "invalid_session")
+                logout.append(time.perf_counter() - started)
+                # baseline: the key toggled off on A, the same poll loop on B
+                off = await on_a.post(f"/api/api-keys/{key['id']}/toggle", headers=console)
+                started = time.perf_counter()
+                assert off.json()["status"] == "disabled", off.text
+                await _until(on_b, auth, 401, "api_key_disabled")
+                toggle.append(time.perf_counter() - started)
+                await on_a.post(f"/api/api-keys/{key['id']}/toggle", headers=console)
+                await _until(on_b, auth, 200)
+            return logout, toggle
+    finally:
+        a.stop()
+        b.stop()
+
+
+def _line(name: str, samples_s: list[float]) -> str:
+    ms = [s * 1000 for s in samples_s]
+    return f"{name}: p50={percentile(ms, 50):.2f}ms p99={percentile(ms, 99):.2f}ms max={max(ms):.2f}ms n={len(ms)}"
+
+
+async def main(trials: int) -> None:
+    with endpoints() as infra:
+        tag = uuid.uuid4().hex[:8]
+        template = databases.create_template(infra.database_url)
+        url = databases.clone(infra.database_url, template)
+        settings = Settings(
+            kafka_bootstrap_servers=infra.kafka_bootstrap, database_url=url, topic_prefix=f"bench{tag}.",
+            clickhouse_dsn=f"chdb://{infra.chdb_root}", clickhouse_database=f"b_{tag}", session_secret=f"bench-{tag}",
+        )  # fmt: skip
+        try:
+            logout, toggle = await lags(settings, trials)
+        finally:
+            databases.drop(infra.database_url, url)
+            databases.drop_template(infra.database_url, template)
+            await delete_topics_with_prefix(infra.kafka_bootstrap, settings.topic_prefix)
+    print(_line("logout -> refused on the other process", logout))
+    print(_line("key toggle -> refused on the other process (baseline)", toggle))
+    logout_ms = [s * 1000 for s in logout]
+    toggle_ms = [s * 1000 for s in toggle]
+    print(ratio_line("p50 lag, logout vs key toggle", percentile(logout_ms, 50), percentile(toggle_ms, 50), "ms"))
+    print(ratio_line("p99 lag, logout vs key toggle", percentile(logout_ms, 99), percentile(toggle_ms, 99), "ms"))
+    print(f"over the contract's 1 s: {sum(1 for s in logout if s > 1.0)} logouts (must be 0)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trials", type=int, default=200)
+    args = parser.parse_args()
+    asyncio.run(main(args.trials))

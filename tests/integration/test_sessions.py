@@ -1,0 +1,200 @@
+"""(v2) Logout and password change end console sessions; key listing shows `expired`;
+`last_used_at` moves only on admitted calls. Real Kafka and Postgres, the whole platform."""
+
+import asyncio
+import json
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from contracts.events import CallEvent, SessionRevoked, UserState
+from contracts.topics import CALLS, SESSIONS, USERS
+from services.edge import sessions
+from tests.integration.test_keys_api import PASSWORD, bearer, code, new_key, signup
+
+pytestmark = pytest.mark.integration
+NEW_PASSWORD = "a brand new passphrase"
+
+
+async def _login(client, email: str, password: str):
+    return await client.post("/api/auth/login", json={"email": email, "password": password})
+
+
+async def _consumed(settings, topic: str) -> list[dict]:
+    """Every event on `topic` (prefixed), read from the start."""
+    consumer = AIOKafkaConsumer(
+        settings.topic(topic), bootstrap_servers=settings.kafka_bootstrap_servers, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    try:
+        events: list[dict] = []
+        while batches := await consumer.getmany(timeout_ms=1500):  # until idle
+            events += [json.loads(r.value) for records in batches.values() for r in records if r.value]
+        return sorted(events, key=lambda e: e["time"])
+    finally:
+        await consumer.stop()
+
+
+async def test_logout_ends_this_session_only_and_a_second_logout_is_401(client, settings):
+    account, console = await signup(client)
+    other = {"Authorization": f"Bearer {(await _login(client, account['email'], PASSWORD)).json()['access_token']}"}
+    assert (await client.get("/api/account", headers=console)).status_code == 200
+
+    out = await client.post("/api/auth/logout", headers=console)
+    assert out.status_code == 204 and out.content == b""
+    refused = await client.get("/api/account", headers=console)
+    assert (refused.status_code, code(refused)) == (401, "invalid_session")
+    again = await client.post("/api/auth/logout", headers=console)
+    assert (again.status_code, code(again)) == (401, "invalid_session")
+    assert set(again.json()["error"]) >= {"code", "message", "request_id"}
+    # the user's other session lives on
+    assert (await client.get("/api/account", headers=other)).status_code == 200
+
+    # sessions.v1 carries the session id and user (= account) id, never the token
+    events = [e for e in await _consumed(settings, SESSIONS.name) if e["account_id"] == account["id"]]
+    assert len(events) == 1
+    event = SessionRevoked.model_validate(events[0])
+    token = console["Authorization"].removeprefix("Bearer ")
+    claims = sessions.verify(settings.session_secret.get_secret_value().encode(), token, datetime.now(UTC) - timedelta(hours=1))
+    assert event.user_id == uuid.UUID(account["id"]) and event.session_id == claims.session_id
+    assert console["Authorization"].removeprefix("Bearer ") not in str(events)
+
+    # users.v1 got the owner at registration
+    users = [UserState.model_validate(e) for e in await _consumed(settings, USERS.name) if e["account_id"] == account["id"]]
+    assert [(u.user_id, u.role.value, u.sessions_not_before) for u in users] == [(uuid.UUID(account["id"]), "owner", None)]
+
+
+async def test_password_change_ends_every_session_of_the_user(client, settings):
+    account, console = await signup(client)
+    second = {"Authorization": f"Bearer {(await _login(client, account['email'], PASSWORD)).json()['access_token']}"}
+    _, bystander_console = await signup(client)
+    key = await new_key(client, console)
+
+    changed = await client.put(
+        "/api/account/password", json={"current_password": PASSWORD, "new_password": NEW_PASSWORD}, headers=console
+    )
+    assert changed.status_code == 204, changed.text
+    for headers in (console, second):
+        refused = await client.get("/api/account", headers=headers)
+        assert (refused.status_code, code(refused)) == (401, "invalid_session")
+    # API keys are not sessions; another account's sessions are untouched
+    assert (await client.get("/api/geo/projects", headers=bearer(key["key"]))).status_code == 200
+    assert (await client.get("/api/account", headers=bystander_console)).status_code == 200
+
+    assert code(await _login(client, account["email"], PASSWORD)) == "invalid_credentials"
+    fresh = await _login(client, account["email"], NEW_PASSWORD)
+    assert fresh.status_code == 200
+    assert (await client.get("/api/account", headers=bearer(fresh.json()["access_token"]))).status_code == 200
+
+    users = [UserState.model_validate(e) for e in await _consumed(settings, USERS.name) if e["account_id"] == account["id"]]
+    assert users[-1].sessions_not_before is not None
+    assert abs((users[-1].sessions_not_before - datetime.now(UTC)).total_seconds()) < 30
+    async with await psycopg.AsyncConnection.connect(settings.database_url) as conn:
+        row = await (await conn.execute("SELECT password_hash FROM keys.accounts WHERE id = %s", [account["id"]])).fetchone()
+    assert row is not None and row[0].startswith("$argon2") and NEW_PASSWORD not in row[0]
+
+
+async def test_password_change_refusals(client):
+    account, console = await signup(client)
+
+    async def put(body: dict, headers=console):
+        return await client.put("/api/account/password", json=body, headers=headers)
+
+    wrong = await put({"current_password": "not the password", "new_password": NEW_PASSWORD})
+    assert (wrong.status_code, code(wrong)) == (403, "permission_denied")
+    for weak in ("short", "x" * 1025):
+        response = await put({"current_password": PASSWORD, "new_password": weak})
+        assert (response.status_code, code(response)) == (422, "validation_error"), weak
+        assert response.json()["error"]["details"]
+    same = await put({"current_password": PASSWORD, "new_password": PASSWORD})
+    assert (same.status_code, code(same)) == (422, "validation_error")
+    for bad in ({}, {"current_password": PASSWORD}, {"current_password": 1, "new_password": NEW_PASSWORD}, []):
+        response = await client.put("/api/account/password", json=bad, headers=console)
+        assert (response.status_code, code(response)) == (422, "validation_error"), bad
+    # none of those changed anything: the session and the password still work
+    assert (await client.get("/api/account", headers=console)).status_code == 200
+    assert (await _login(client, account["email"], PASSWORD)).status_code == 200
+
+    missing = await client.put("/api/account/password", json={"current_password": PASSWORD, "new_password": NEW_PASSWORD})
+    assert (missing.status_code, code(missing)) == (401, "missing_credentials")
+
+
+async def test_api_keys_cannot_log_out_or_change_the_password(client):
+    account, console = await signup(client)
+    key = bearer((await new_key(client, console))["key"])
+    out = await client.post("/api/auth/logout", headers=key)
+    assert (out.status_code, code(out)) == (403, "console_session_required")
+    pw = await client.put("/api/account/password", json={"current_password": PASSWORD, "new_password": NEW_PASSWORD}, headers=key)
+    assert (pw.status_code, code(pw)) == (403, "console_session_required")
+    assert (await client.get("/api/account", headers=console)).status_code == 200
+    assert (await _login(client, account["email"], PASSWORD)).status_code == 200
+
+
+async def test_listing_shows_expired_keys(client):
+    _, console = await signup(client)
+    expires_at = datetime.now(UTC) + timedelta(seconds=1.5)
+    short = await new_key(client, console, expires_at=expires_at.isoformat())
+    lasting = await new_key(client, console)
+    disabled_then_expired = await new_key(client, console, expires_at=expires_at.isoformat())
+    assert (await client.post(f"/api/api-keys/{disabled_then_expired['id']}/toggle", headers=console)).status_code == 200
+
+    def statuses(items: list[dict]) -> dict[str, str]:
+        return {i["id"]: i["status"] for i in items}
+
+    before = statuses((await client.get("/api/api-keys", headers=console)).json()["items"])
+    assert before == {short["id"]: "enabled", lasting["id"]: "enabled", disabled_then_expired["id"]: "disabled"}
+    await asyncio.sleep(max(0.0, (expires_at - datetime.now(UTC)).total_seconds()) + 0.05)
+    after = statuses((await client.get("/api/api-keys", headers=console)).json()["items"])
+    assert after == {short["id"]: "expired", lasting["id"]: "enabled", disabled_then_expired["id"]: "expired"}
+    # toggling an expired key still works (stored state), and it stays listed as expired
+    toggled = await client.post(f"/api/api-keys/{short['id']}/toggle", headers=console)
+    assert toggled.json()["status"] == "disabled"
+    assert statuses((await client.get("/api/api-keys", headers=console)).json()["items"])[short["id"]] == "expired"
+
+
+async def test_last_used_at_moves_only_on_admitted_calls(app_client, settings):
+    app, client = app_client
+    account, console = await signup(client)
+    key = await new_key(client, console)
+    broker = app.state.runtime.broker
+    future = datetime.now(UTC) + timedelta(minutes=10)
+
+    async def publish_call(error_code: str | None, status: int) -> None:
+        event = CallEvent(
+            time=future,
+            account_id=uuid.UUID(account["id"]),
+            api_key_id=uuid.UUID(key["id"]),
+            method="GET",
+            path="/api/geo/projects",
+            status=status,
+            ip="203.0.113.9",
+            latency_ms=1.0,
+            error_code=error_code,
+        )
+        # keyed by account like the edge's: same partition, so read before the admitted call below
+        await broker.publish(event, settings.topic(CALLS.name), key=account["id"].encode())
+
+    await publish_call("rate_limited", 429)
+    await publish_call("api_key_disabled", 401)
+    started = datetime.now(UTC)
+    assert (await client.get("/api/geo/projects", headers=bearer(key["key"]))).status_code == 200
+
+    async def last_used() -> str | None:
+        return (await client.get("/api/api-keys", headers=console)).json()["items"][0]["last_used_at"]
+
+    deadline = time.monotonic() + 30
+    while (seen := await last_used()) is None:
+        assert time.monotonic() < deadline, "the admitted call never moved last_used_at"
+        await asyncio.sleep(0.2)
+    moved = datetime.fromisoformat(seen)
+    assert started - timedelta(seconds=1) <= moved < future  # the admitted call's time, not the refused ones'
+
+    # and an admitted call's event (no error_code) with the future time does move it
+    await publish_call(None, 200)
+    while (seen := await last_used()) != future.isoformat().replace("+00:00", "Z") and datetime.fromisoformat(seen) != future:
+        assert time.monotonic() < deadline, seen
+        await asyncio.sleep(0.2)

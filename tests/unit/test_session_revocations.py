@@ -1,0 +1,58 @@
+"""The edge's projections of users.v1 and sessions.v1 (pure logic)."""
+
+from datetime import UTC, datetime, timedelta
+from uuid import uuid4
+
+from contracts.common import Role
+from contracts.events import SessionRevoked, UserState
+from services.edge.session_revocations import RevokedSessions, UserSessions
+
+NOW = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
+TTL = 3600
+
+
+USER = uuid4()
+
+
+def _revoked(sid: str, at: datetime, user=USER) -> SessionRevoked:
+    return SessionRevoked(time=at, account_id=user, session_id=sid, user_id=user, revoked_at=at)
+
+
+def _user(user_id, at: datetime, not_before: datetime | None = None, removed: bool = False) -> UserState:
+    return UserState(
+        time=at, account_id=user_id, user_id=user_id, role=Role.OWNER, sessions_not_before=not_before, removed=removed
+    )
+
+
+def test_a_revoked_session_is_refused_until_it_would_have_expired_anyway():
+    revoked = RevokedSessions(TTL)
+    revoked.apply(_revoked("a", NOW), NOW)
+    assert (USER, "a") in revoked and (USER, "b") not in revoked
+    assert (uuid4(), "a") not in revoked  # another user's session with the same id
+    revoked.forget_expired(NOW + timedelta(seconds=TTL - 1))
+    assert (USER, "a") in revoked
+    revoked.forget_expired(NOW + timedelta(seconds=TTL))
+    assert (USER, "a") not in revoked and len(revoked) == 0
+
+
+def test_replayed_old_revocations_are_not_stored_and_the_projection_stays_bounded():
+    revoked = RevokedSessions(TTL)
+    for i in range(1000):  # a day of logouts replayed at start: only the last hour's stay
+        at = NOW - timedelta(seconds=86_400) + timedelta(seconds=86.4 * i)
+        revoked.apply(_revoked(f"s{i}", at), NOW)
+    assert 0 < len(revoked) <= 1000 * TTL / 86_400 + 1
+    assert (USER, "s999") in revoked and (USER, "s0") not in revoked
+
+
+def test_sessions_issued_before_a_password_change_end_and_later_ones_do_not():
+    users = UserSessions()
+    uid = uuid4()
+    assert not users.ended(uid, NOW.timestamp())  # unknown user: nothing ended
+    users.apply(_user(uid, NOW, not_before=NOW))
+    assert users.ended(uid, NOW.timestamp() - 0.000001)
+    assert not users.ended(uid, NOW.timestamp())
+    # an older state redelivered after the newer one changes nothing
+    users.apply(_user(uid, NOW - timedelta(seconds=5)))
+    assert users.ended(uid, NOW.timestamp() - 1)
+    users.apply(_user(uid, NOW + timedelta(seconds=1), not_before=NOW, removed=True))
+    assert users.ended(uid, NOW.timestamp() + 10)
