@@ -220,7 +220,7 @@ class Edge:
 
     def _record_call(self, request: Request, account_id: UUID, api_key_id: UUID, now: datetime) -> _CallDone:
         """Arrange a calls.v1 event for when the response has been sent (status and latency known)."""
-        state = request.scope["state"]
+        state = request.scope.setdefault("state", {})  # RequestIdMiddleware's, which calls the done callback
         previous = state.get(RESPONSE_DONE)
         if isinstance(previous, _CallDone) and previous.reserved:  # a second edge dependency of one route
             previous.reserved = False
