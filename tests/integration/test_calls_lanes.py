@@ -70,8 +70,10 @@ async def api_calls_used(client: httpx.AsyncClient, session: str) -> int:
 async def test_a_flood_of_refused_calls_neither_crowds_out_nor_miscounts_another_accounts_200_calls(settings):
     async with running_app(settings) as (app, client):
         edge = app.state.runtime.edge
-        # A tiny refused lane, so the flood is folded: every refusal must still be counted.
+        # Tiny lanes: the flood is folded (every refusal must still be counted), and the admitted
+        # lane fills, so some good calls are refused with 503 overloaded (retried: not counted).
         edge.calls.lanes.refused_capacity = 2
+        edge.calls.lanes.admitted_capacity = 8
         flooder, flooder_session = await new_account(app, settings)
         disabled, disabled_id = await new_key(app, settings, flooder, KeyStatus.DISABLED)
         limited, limited_id = await new_key(app, settings, flooder)  # free plan: a few calls, then 429
@@ -100,10 +102,16 @@ async def test_a_flood_of_refused_calls_neither_crowds_out_nor_miscounts_another
                 # Kafka) still gets the loop, as a real server's network reads would.
                 await asyncio.sleep(0.002)
 
+        overloaded: list[httpx.Response] = []
+
         async def call_200() -> list[int | str]:
             statuses: list[int | str] = []
-            for _ in range(CALLS // 10):
+            while len(statuses) < CALLS // 10:
                 r = await client.get("/api/geo/projects", headers=bearer(good))
+                if r.status_code == 503 and r.json()["error"]["code"] == "overloaded":
+                    overloaded.append(r)
+                    await asyncio.sleep(0.01)  # a client honouring Retry-After, shortened
+                    continue
                 statuses.append(r.status_code if r.status_code == 200 else r.text)
             return statuses
 
@@ -115,6 +123,9 @@ async def test_a_flood_of_refused_calls_neither_crowds_out_nor_miscounts_another
             done.set()
             await asyncio.gather(*flooding)
         assert [s for statuses in results for s in statuses] == [200] * CALLS
+        # 10 callers, 8 places each held >= the producer's 20 ms linger: the lane did fill
+        assert overloaded, "the tiny admitted lane never filled"
+        assert all(r.headers["Retry-After"] == "1" and r.json()["error"]["request_id"] for r in overloaded)
         assert set(seen) <= {("disabled", 401), ("limited", 200), ("limited", 429)}, seen
         assert seen[("disabled", 401)] > 100 and seen[("limited", 429)] > 100, seen
 
@@ -134,7 +145,7 @@ async def test_a_flood_of_refused_calls_neither_crowds_out_nor_miscounts_another
         assert len(logged) == CALLS and {i["api_key_id"] for i in logged} == {str(good_id)}
         assert {(i["status"], i["error_code"], i["count"]) for i in logged} == {(200, None, 1)}
         assert await activity(client, caller_console, outcome="refused") == []
-        assert await api_calls_used(client, caller_session) == CALLS
+        assert await api_calls_used(client, caller_session) == CALLS, f"{len(overloaded)} calls were refused as overloaded"
 
         # The first account: every refusal is in its log with its code, folded or not.
         flooder_console = bearer(flooder_session)
