@@ -137,14 +137,14 @@ async def test_unacknowledged_events_are_sent_again_with_their_ids_and_meanwhile
 
 
 # ---- over HTTP: what the edge puts in which lane --------------------------------------------
-SECRET, DISABLED, DELETED, UNKNOWN = ("sk-" + c * 40 for c in "abcd")
+SECRET, DISABLED, DELETED, EXPIRED, UNKNOWN = ("sk-" + c * 40 for c in "abcde")
 
 
 def _app(max_buffer: int = 10_000) -> tuple[TestClient, Edge, uuid.UUID, dict[str, uuid.UUID]]:
     edge = Edge(settings())
     edge.calls = CallRecorder(edge.settings, max_buffer=max_buffer)  # not started: nothing leaves the lanes
     account = uuid.uuid4()
-    keys = {s: uuid.uuid4() for s in (SECRET, DISABLED, DELETED)}
+    keys = {s: uuid.uuid4() for s in (SECRET, DISABLED, DELETED, EXPIRED)}
     for secret, key in keys.items():
         edge.keys.apply(
             KeyState(
@@ -153,6 +153,7 @@ def _app(max_buffer: int = 10_000) -> tuple[TestClient, Edge, uuid.UUID, dict[st
                 key_id=key,
                 hash=hash_secret(secret),
                 status="disabled" if secret == DISABLED else "enabled",
+                expires_at=T if secret == EXPIRED else None,
                 roles=[Role.VIEWER],
             )
         )
@@ -202,24 +203,26 @@ def test_refusals_of_the_accounts_keys_are_logged_with_their_code_and_unknown_ke
     statuses = [
         client.get("/read", headers=_bearer(DISABLED)).status_code,
         client.get("/read", headers=_bearer(DELETED)).status_code,
+        client.get("/read", headers=_bearer(EXPIRED)).status_code,
         client.get("/read", headers=_bearer(UNKNOWN)).status_code,
         client.get("/write", headers=_bearer(SECRET)).status_code,  # a viewer's key
         client.get("/read", headers=_bearer(SECRET)).status_code,
         client.get("/handler-refuses", headers=_bearer(SECRET)).status_code,
     ]
-    assert statuses == [401, 401, 401, 403, 200, 403]
+    assert statuses == [401, 401, 401, 401, 403, 200, 403]
     calls = edge.calls.lanes.take(100)
     got = {(c.api_key_id, c.status, c.error_code, c.admitted) for c in calls}
     assert got == {
         (keys[DISABLED], 401, "api_key_disabled", False),
         (keys[DELETED], 401, "invalid_api_key", False),
+        (keys[EXPIRED], 401, "api_key_expired", False),
         (keys[SECRET], 403, "permission_denied", False),
         (keys[SECRET], 200, None, True),
         (keys[SECRET], 403, "permission_denied", True),  # refused by the handler after admission
     }
-    assert len(calls) == 5 and {c.account_id for c in calls} == {account}
+    assert len(calls) == 6 and {c.account_id for c in calls} == {account}
     codes = {c.event().error_code for c in calls if c.status != 200}
-    assert codes == {"api_key_disabled", "invalid_api_key", "permission_denied"}
+    assert codes == {"api_key_disabled", "invalid_api_key", "api_key_expired", "permission_denied"}
     edge.calls.lanes.sent(calls)
     assert edge.calls.lanes.open == 0  # every reservation was used exactly once
 
