@@ -109,6 +109,10 @@ class ActivityItem(BaseModel):
     ip: str
     user_agent: str
     latency_ms: float
+    # (v2) refused calls are logged too: the contract's code (null on an admitted call), and how
+    # many refused calls of this key, code and second the edge folded into this item
+    error_code: str | None = None
+    count: int = 1
 
 
 class ActivityLog(BaseModel):

@@ -1,13 +1,20 @@
 """calls.v1: one event per API-key call, sent by a bounded, batched, asynchronous producer.
 
-`record()` never waits and never fails: it appends to a bounded queue, or counts a drop when the
-queue is full (Kafka away for long). A background task builds the events and sends them in
-record batches with aiokafka, so the response is never delayed by Kafka.
+Two lanes (`CallLanes`, pure bookkeeping). Admitted calls travel in a lane that never drops: the
+edge reserves a place in it before it admits a call (`reserve`; full -> 503 `overloaded`), so
+every admitted call has its place before its handler runs, and the place is freed only when Kafka
+has acknowledged the event (a failed send is retried, not dropped). Refused calls (401 of a known
+key, 403, 429) travel in their own bounded lane, so a flood of them cannot crowd out admitted
+ones; when it is full they are folded into one event per (key, error_code, second) with `count`.
+A background task takes both lanes in batches and sends them in record batches with aiokafka, so
+the response is never delayed by Kafka.
 """
 
 import asyncio
 import ipaddress
 import logging
+import time
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -27,6 +34,9 @@ log = logging.getLogger(__name__)
 
 DROPPED = Counter("tollgate_edge_call_events_dropped_total", "calls.v1 events dropped, by reason", ["reason"])
 SENT = Counter("tollgate_edge_call_events_sent_total", "calls.v1 events acknowledged by Kafka")
+RETRIED = Counter("tollgate_edge_call_events_retried_total", "calls.v1 events Kafka did not acknowledge, sent again")
+OVERLOADED = Counter("tollgate_edge_overloaded_total", "API-key calls refused with 503 overloaded: the admitted lane was full")
+FOLDED = Counter("tollgate_edge_refused_calls_folded_total", "refused calls folded into another's event (its count)")
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -71,10 +81,16 @@ class Call:
     ip: str
     user_agent: str
     latency_ms: float
+    error_code: str | None = None  # set exactly on refused calls
+    admitted: bool = True  # travels in the admitted lane (holds a reserved place)
+    count: int = 1  # > 1 once refused calls were folded into this one
+    id: UUID | None = None  # given at the first serialisation, kept for every retry (idempotency)
 
     def event(self) -> CallEvent:
+        if self.id is None:
+            self.id = uuid4()
         return CallEvent(
-            id=uuid4(),
+            id=self.id,
             time=self.time,
             account_id=self.account_id,
             api_key_id=self.api_key_id,
@@ -84,7 +100,90 @@ class Call:
             ip=self.ip[:64],
             user_agent=self.user_agent[:512],
             latency_ms=max(0.0, self.latency_ms),
+            error_code=self.error_code,
+            count=self.count,
         )
+
+
+class CallLanes:
+    """The two lanes' bookkeeping (no I/O, no event loop: the request path and the producer call it).
+
+    Admitted lane: `open` counts the places taken (reserved, queued, or being sent); `reserve`
+    takes one, or says no when all `admitted_capacity` are taken; `admit` queues the call on its
+    reserved place; `release` frees a place whose call was not recorded; `sent` frees the places
+    of the acknowledged calls. So the queue can never hold more than its capacity and nothing
+    admitted is ever turned away. Refused lane: up to `refused_capacity` queued calls, then
+    folding into at most `fold_capacity` (key, error_code, second) events; past that (Kafka away
+    for long under a flood) a refused call is counted as dropped (metric and log), never silently.
+    """
+
+    def __init__(self, admitted_capacity: int = 10_000, refused_capacity: int = 10_000, fold_capacity: int = 100_000) -> None:
+        self.admitted_capacity = admitted_capacity
+        self.refused_capacity = refused_capacity
+        self.fold_capacity = fold_capacity
+        self.open = 0
+        self.admitted: deque[Call] = deque()
+        self.refused: deque[Call] = deque()
+        self.folded: dict[tuple[UUID, str | None, int], Call] = {}
+
+    def reserve(self) -> bool:
+        if self.open >= self.admitted_capacity:
+            return False
+        self.open += 1
+        return True
+
+    def release(self) -> None:
+        self.open -= 1
+
+    def admit(self, call: Call) -> None:
+        """Queue an admitted call on the place reserved for it."""
+        self.admitted.append(call)
+
+    def refuse(self, call: Call) -> None:
+        call.admitted = False
+        if len(self.refused) < self.refused_capacity:
+            self.refused.append(call)
+            return
+        key = (call.api_key_id, call.error_code, int(call.time.timestamp()))
+        folded = self.folded.get(key)
+        if folded is not None:
+            folded.count += call.count
+        elif len(self.folded) < self.fold_capacity:
+            self.folded[key] = call
+        else:
+            DROPPED.labels("refused_fold_full").inc(call.count)
+            _warn_fold_full()
+            return
+        FOLDED.inc(call.count)
+
+    def __len__(self) -> int:
+        return len(self.admitted) + len(self.refused) + len(self.folded)
+
+    def take(self, limit: int) -> list[Call]:
+        """Up to `limit` calls, admitted first; refused ones only with what room is left."""
+        calls: list[Call] = []
+        while self.admitted and len(calls) < limit:
+            calls.append(self.admitted.popleft())
+        while self.refused and len(calls) < limit:
+            calls.append(self.refused.popleft())
+        while self.folded and len(calls) < limit:
+            calls.append(self.folded.pop(next(iter(self.folded))))
+        return calls
+
+    def sent(self, calls: list[Call]) -> None:
+        """Kafka acknowledged these: the admitted ones' places are free again."""
+        self.open -= sum(1 for call in calls if call.admitted)
+
+
+_last_fold_warning = 0.0
+
+
+def _warn_fold_full() -> None:
+    global _last_fold_warning
+    now = time.monotonic()
+    if now - _last_fold_warning >= 10:  # a flood would otherwise flood the log too
+        _last_fold_warning = now
+        log.warning("refused-call lane and its folds are full: refused calls dropped (tollgate_edge_call_events_dropped_total)")
 
 
 class PartitionMap:
@@ -114,29 +213,56 @@ class PartitionMap:
 
 
 class CallRecorder:
-    """Calls are taken off the queue in batches (what arrived during `linger_s` after the first,
+    """Calls are taken off the lanes in batches (what arrived during `linger_s` after the first,
     up to `batch`), serialised, grouped by partition into aiokafka record batches and sent with
     one `send_batch` per partition batch: no per-message future, partitioner call or task switch.
     The linger is what the old producer's `linger_ms=20` already added to an event's way to Kafka;
     measured in bench/edge.py, 5 ms gave batches of ~2-4 calls at ~1,000 calls/s and the
     per-produce-request cost (here and in the broker, on the same 2 cores) showed in the edge's
-    latency; 20 ms cuts the requests fourfold."""
+    latency; 20 ms cuts the requests fourfold. What Kafka did not acknowledge is sent again
+    (same event ids: consumers drop a copy) after a growing pause, before anything new."""
 
-    def __init__(self, settings: Settings, *, max_buffer: int = 10_000, batch: int = 1000, linger_s: float = 0.02) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        max_buffer: int = 10_000,
+        refused_buffer: int = 10_000,
+        batch: int = 1000,
+        linger_s: float = 0.02,
+        retry_s: tuple[float, float] = (0.1, 5.0),
+    ) -> None:
         self._settings = settings
         self._topic = settings.topic(CALLS.name)
-        self._queue: asyncio.Queue[Call] = asyncio.Queue(max_buffer)
+        self.lanes = CallLanes(max_buffer, refused_buffer)
+        self._wake = asyncio.Event()
         self._batch = batch
         self._linger = linger_s
+        self._retry = retry_s
         self._partitions = PartitionMap()
         self._producer: AIOKafkaProducer | None = None
         self._task: asyncio.Task[None] | None = None
+        self._busy = False  # a batch is taken and not yet acknowledged
+        self._in_flight: list[Call] = []
+
+    def reserve(self) -> bool:
+        """A place for one admitted call's event; False when the lane is full (answer 503)."""
+        return self.lanes.reserve()
+
+    def release(self) -> None:
+        self.lanes.release()
 
     def record(self, call: Call) -> None:
-        try:
-            self._queue.put_nowait(call)
-        except asyncio.QueueFull:
-            DROPPED.labels("buffer_full").inc()
+        """An admitted call, on the place reserved for it (never dropped)."""
+        self.lanes.admit(call)
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def refuse(self, call: Call) -> None:
+        """A refused call: queued, or folded when its lane is full."""
+        self.lanes.refuse(call)
+        if not self._wake.is_set():
+            self._wake.set()
 
     async def start(self) -> None:
         # linger 0: the batches are made here. acks=all like every producer: a call counts
@@ -149,66 +275,89 @@ class CallRecorder:
 
     async def stop(self) -> None:
         if self._task is not None:
-            try:  # give what is buffered a moment to leave
-                await asyncio.wait_for(self._queue.join(), 2)
-            except TimeoutError:
-                pass
+            deadline = time.monotonic() + 2  # give what is queued or being sent a moment to leave
+            # polled: an event the request path would have to set per call is dearer than this
+            while (len(self.lanes) or self._busy) and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+            left = len(self.lanes) + len(self._in_flight)
+            if left:
+                DROPPED.labels("shutdown").inc(left)
+                log.error("stopped with %d call events not acknowledged by Kafka", left)
         if self._producer is not None:
             await self._producer.stop()
 
     async def _take(self) -> list[Call]:
-        calls = [await self._queue.get()]
+        while not len(self.lanes):
+            self._wake.clear()
+            await self._wake.wait()
         if self._linger > 0:
             await asyncio.sleep(self._linger)  # one timer per batch, not one per call
-        while len(calls) < self._batch and not self._queue.empty():
-            calls.append(self._queue.get_nowait())
-        return calls
+        return self.lanes.take(self._batch)
 
     async def _run(self, producer: AIOKafkaProducer) -> None:
         while True:
+            self._busy = False
             calls = await self._take()
-            try:
-                sent = await self.send(producer, calls)
-                SENT.inc(sent)
-                if sent < len(calls):
-                    DROPPED.labels("kafka_error").inc(len(calls) - sent)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                DROPPED.labels("kafka_error").inc(len(calls))
-                log.warning("could not send %d call events", len(calls), exc_info=True)
-            for _ in calls:
-                self._queue.task_done()
+            self._busy = True
+            pause = self._retry[0]
+            while calls:
+                self._in_flight = calls
+                try:
+                    failed = await self.send(producer, calls)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.warning("could not send %d call events", len(calls), exc_info=True)
+                    failed = calls
+                done = len(calls) - len(failed)
+                if done:
+                    SENT.inc(done)
+                    lost = {id(call) for call in failed}
+                    self.lanes.sent([call for call in calls if id(call) not in lost] if failed else calls)
+                if failed:
+                    # Never dropped: the admitted lane fills meanwhile and the edge answers 503
+                    # `overloaded`; the refused lane folds.
+                    RETRIED.inc(len(failed))
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, self._retry[1])
+                calls = failed
+            self._in_flight = []
 
-    async def send(self, producer: AIOKafkaProducer, calls: list[Call]) -> int:
-        """Send `calls` as record batches, one partition each; how many Kafka acknowledged. A batch
-        that cannot even be queued (e.g. Kafka away past the timeout) is not counted as sent and
-        does not stop the others, so sent + dropped is exact per batch."""
+    async def send(self, producer: AIOKafkaProducer, calls: list[Call]) -> list[Call]:
+        """Send `calls` as record batches, one partition each; the calls Kafka did not acknowledge.
+        A batch that cannot even be queued (e.g. Kafka away past the timeout) does not stop the
+        others, so what is returned is exactly what must be sent again."""
         self._partitions.set_partitions(await producer.partitions_for(self._topic))
-        pending: list[tuple[asyncio.Future[Any], int]] = []
-        for partition, batch, count in self._batches(producer, calls):
+        failed: list[Call] = []
+        pending: list[tuple[asyncio.Future[Any], list[Call]]] = []
+        for partition, batch, members in self._batches(producer, calls):
             try:
-                pending.append((await producer.send_batch(batch, self._topic, partition=partition), count))
+                pending.append((await producer.send_batch(batch, self._topic, partition=partition), members))
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.warning("could not queue %d call events for partition %d", count, partition, exc_info=True)
+                log.warning("could not queue %d call events for partition %d", len(members), partition, exc_info=True)
+                failed += members
         results = await asyncio.gather(*(future for future, _ in pending), return_exceptions=True)
-        return sum(count for (_, count), result in zip(pending, results, strict=True) if not isinstance(result, BaseException))
+        for (_, members), result in zip(pending, results, strict=True):
+            if isinstance(result, BaseException):
+                failed += members
+        return failed
 
-    def _batches(self, producer: AIOKafkaProducer, calls: list[Call]) -> list[tuple[int, BatchBuilder, int]]:
+    def _batches(self, producer: AIOKafkaProducer, calls: list[Call]) -> list[tuple[int, BatchBuilder, list[Call]]]:
         """The calls' events in record batches per partition (each as full as aiokafka allows)."""
-        done: list[tuple[int, BatchBuilder, int]] = []
-        filling: dict[int, tuple[BatchBuilder, int]] = {}
+        done: list[tuple[int, BatchBuilder, list[Call]]] = []
+        filling: dict[int, tuple[BatchBuilder, list[Call]]] = {}
         for call in calls:
             partition = self._partitions.of(call.account_id)
             key, value = str(call.account_id).encode(), call.event().model_dump_json().encode()
-            batch, count = filling.get(partition) or (producer.create_batch(), 0)
+            batch, members = filling.get(partition) or (producer.create_batch(), [])
             if batch.append(key=key, value=value, timestamp=None) is None:  # full: start another
-                done.append((partition, batch, count))
-                batch, count = producer.create_batch(), 0
+                done.append((partition, batch, members))
+                batch, members = producer.create_batch(), []
                 batch.append(key=key, value=value, timestamp=None)  # an empty batch takes any record
-            filling[partition] = (batch, count + 1)
-        return done + [(partition, batch, count) for partition, (batch, count) in filling.items()]
+            members.append(call)
+            filling[partition] = (batch, members)
+        return done + [(partition, batch, members) for partition, (batch, members) in filling.items()]

@@ -33,7 +33,7 @@ from contracts.quota_api import InsufficientQuotaDetails, counts_as_api_call, qu
 from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA, SERVICE_TOKENS, SESSIONS, USERS
 from services.edge import sessions
 from services.edge.admissions import SharedAdmissions
-from services.edge.calls import Call, CallRecorder, client_ip, parse_networks
+from services.edge.calls import OVERLOADED, Call, CallRecorder, client_ip, parse_networks
 from services.edge.errors import RESPONSE_DONE, RESPONSE_HEADERS, ApiError
 from services.edge.openapi_security import API_KEY, CONSOLE_SESSION, SERVICE_TOKEN, accepts
 from services.edge.principal import Principal
@@ -49,6 +49,7 @@ from services.runtime.settings import Settings
 API_KEY_PREFIX = "sk-"
 SERVICE_TOKEN_PREFIX = "st-"  # noqa: S105 - (v2) a platform service's token prefix, not a secret
 MAX_CACHED_SUBJECTS = 100_000
+OVERLOADED_RETRY_AFTER_S = 1
 
 log = logging.getLogger(__name__)
 ADMISSION_STORE_ERRORS = Counter(
@@ -64,8 +65,10 @@ def hash_secret(secret: str) -> str:
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs a setattr call per field
 class _CallDone:
-    """The request's part of a calls.v1 event; called with (status, seconds) once the response
-    has been sent (RequestIdMiddleware), it hands the whole call to the recorder."""
+    """The request's part of a calls.v1 event; called with (status, seconds, error code of a
+    refusal) once the response has been sent (RequestIdMiddleware), it hands the whole call to
+    the recorder: an admitted call on the place reserved for it, a refused one to its own lane,
+    anything else (503 `overloaded`) not at all."""
 
     recorder: CallRecorder
     at: datetime
@@ -75,21 +78,27 @@ class _CallDone:
     path: str  # the route template, not the raw URL
     ip: str
     user_agent: str
+    reserved: bool = False  # admitted: a place in the admitted lane is held for this call
 
-    def __call__(self, status: int, seconds: float) -> None:
-        self.recorder.record(
-            Call(
-                self.at,
-                self.account_id,
-                self.api_key_id,
-                self.method,
-                self.path,
-                status,
-                self.ip,
-                self.user_agent,
-                round(seconds * 1000, 3),
-            )
+    def __call__(self, status: int, seconds: float, error_code: str | None = None) -> None:
+        if not self.reserved and error_code is None:
+            return
+        call = Call(
+            self.at,
+            self.account_id,
+            self.api_key_id,
+            self.method,
+            self.path,
+            status,
+            self.ip,
+            self.user_agent,
+            round(seconds * 1000, 3),
+            error_code,
         )
+        if self.reserved:
+            self.recorder.record(call)
+        else:
+            self.recorder.refuse(call)
 
 
 def _unauthorized(code: ErrorCode, message: str) -> ApiError:
@@ -115,6 +124,16 @@ def insufficient_quota(console_url: str, resource: Resource, used: int, total: i
         f"The {resource.value} quota of this period is exhausted ({used} of {total} used); "
         "upgrade the plan or buy a quota package.",
         details=details.model_dump(mode="json"),
+    )
+
+
+def _overloaded() -> ApiError:
+    OVERLOADED.inc()
+    return ApiError(
+        503,
+        ErrorCode.OVERLOADED,
+        "The edge cannot meter more calls right now; retry shortly.",
+        headers={"Retry-After": str(OVERLOADED_RETRY_AFTER_S)},
     )
 
 
@@ -228,13 +247,19 @@ class Edge:
         async def dependency(request: Request) -> Principal:
             now = datetime.now(UTC)
             principal = self.authenticate(request, now)
+            done = None
             if principal.api_key_id is not None:
-                self._record_call(request, principal, now)
+                done = self._record_call(request, principal.account_id, principal.api_key_id, now)
                 await self._rate_limit(request, principal)
             if console_only and not principal.is_console:
                 raise ApiError(403, ErrorCode.CONSOLE_SESSION_REQUIRED, "This call needs a console session, not an API key.")
             if permission is not None and not principal.can(permission):
                 raise ApiError(403, ErrorCode.PERMISSION_DENIED, f"Your roles lack the permission {permission.value}.")
+            if done is not None:
+                # Admission: the call's event gets its place before the handler runs (or 503).
+                if not self.calls.reserve():
+                    raise _overloaded()
+                done.reserved = True
             route = getattr(request.scope.get("route"), "path", None)
             await self.check_quota(principal, consumes, now, counted=counts_as_api_call(request.method, str(route)))
             request.state.principal = principal
@@ -290,23 +315,28 @@ class Edge:
         if not decision.allowed:
             raise ApiError(429, ErrorCode.RATE_LIMITED, f"Too many requests; retry in {decision.retry_after_s} s.")
 
-    def _record_call(self, request: Request, principal: Principal, now: datetime) -> None:
+    def _record_call(self, request: Request, account_id: UUID, api_key_id: UUID, now: datetime) -> _CallDone:
         """Arrange a calls.v1 event for when the response has been sent (status and latency known)."""
-        assert principal.api_key_id is not None
+        state = request.scope.setdefault("state", {})  # RequestIdMiddleware's, which calls the done callback
+        previous = state.get(RESPONSE_DONE)
+        if isinstance(previous, _CallDone) and previous.reserved:  # a second edge dependency of one route
+            previous.reserved = False
+            self.calls.release()
         path = getattr(request.scope.get("route"), "path", None) or request.url.path  # the URL only if no route
         client = request.scope.get("client")
         headers = request.headers
         done = _CallDone(
             self.calls,
             now,
-            principal.account_id,
-            principal.api_key_id,
+            account_id,
+            api_key_id,
             request.method,
             str(path),
             client_ip(client[0] if client else "", headers.get("x-forwarded-for", ""), self._trusted),
             headers.get("user-agent", ""),
         )
-        setattr(request.state, RESPONSE_DONE, done)
+        state[RESPONSE_DONE] = done
+        return done
 
     async def check_quota(self, principal: Principal, consumes: Resource | None, now: datetime, *, counted: bool = True) -> None:
         """403 insufficient_quota when a resource this call consumes is exhausted this period.
@@ -354,7 +384,7 @@ class Edge:
         if scheme.lower() != "bearer" or not token:
             raise _unauthorized(ErrorCode.MISSING_CREDENTIALS, "Send Authorization: Bearer <API key or session token>.")
         if token.startswith(API_KEY_PREFIX):
-            return self._authenticate_key(token, now)
+            return self._authenticate_key(token, now, request)
         if token.startswith(SERVICE_TOKEN_PREFIX):
             self._authenticate_service(token)  # unknown or revoked: 401; valid: not a customer
             raise ApiError(403, ErrorCode.PERMISSION_DENIED, "A service token cannot call a customer endpoint.")
@@ -375,14 +405,20 @@ class Edge:
         roles = frozenset(Role(r) for r in account.roles)
         return Principal(account_id=account.account_id, roles=roles, session_id=claims.session_id)
 
-    def _authenticate_key(self, secret: str, now: datetime) -> Principal:
+    def _authenticate_key(self, secret: str, now: datetime, request: Request) -> Principal:
         # A dict lookup by SHA-256: timing does not depend on how much of a guess is right.
-        state = self.keys.get(hash_secret(secret))
+        digest = hash_secret(secret)
+        state = self.keys.get(digest)
         if state is None:
+            deleted = self.keys.deleted(digest)
+            if deleted is not None:  # the account's own (deleted) key: its refusal is logged
+                self._record_call(request, deleted.account_id, deleted.key_id, now)
             raise _unauthorized(ErrorCode.INVALID_API_KEY, "The API key is not valid.")
         if state.status != "enabled":
+            self._record_call(request, state.account_id, state.key_id, now)
             raise _unauthorized(ErrorCode.API_KEY_DISABLED, "The API key is disabled.")
         if state.expires_at is not None and now >= state.expires_at:
+            self._record_call(request, state.account_id, state.key_id, now)
             raise _unauthorized(ErrorCode.API_KEY_EXPIRED, "The API key has expired.")
         account = self.accounts.get(state.account_id)
         # The principal of a key is a function of the two (immutable) states it was built from:

@@ -19,8 +19,10 @@ log = logging.getLogger(__name__)
 REQUEST_ID_HEADER = "X-Request-ID"
 # Request-state slots the edge fills on the request path and RequestIdMiddleware honours.
 RESPONSE_HEADERS = "edge_response_headers"  # dict[str, str] added to the response, errors included
-RESPONSE_DONE = "edge_response_done"  # ResponseDone called with (status, seconds) once it is sent
-ResponseDone = Callable[[int, float], None]
+RESPONSE_DONE = "edge_response_done"  # ResponseDone called with (status, seconds, code) once it is sent
+ERROR_CODE = "edge_error_code"  # the code of a refusal (401, 403, 429) answered with ApiError
+REFUSED_STATUSES = frozenset({401, 403, 429})
+ResponseDone = Callable[[int, float, str | None], None]
 _STATUS_CODES = {
     401: ErrorCode.MISSING_CREDENTIALS,
     403: ErrorCode.PERMISSION_DENIED,
@@ -82,6 +84,8 @@ def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        if exc.status in REFUSED_STATUSES:  # a refused call: its calls.v1 event carries the code
+            request.scope.setdefault("state", {})[ERROR_CODE] = exc.code.value
         return error_response(request, exc.status, exc.code, exc.message, exc.details, exc.headers)
 
     @app.exception_handler(RequestValidationError)
@@ -148,4 +152,4 @@ class RequestIdMiddleware:
         finally:
             done: ResponseDone | None = state.get(RESPONSE_DONE)
             if done is not None:  # after the last byte left: e.g. the edge's calls.v1 event
-                done(status, time.perf_counter() - started)
+                done(status, time.perf_counter() - started, state.get(ERROR_CODE) if status in REFUSED_STATUSES else None)

@@ -25,11 +25,16 @@ class AccountProjection:
 
 
 class KeyProjection:
-    """SHA-256 hex of the secret -> current key state, from keys.v1 (tombstones remove)."""
+    """SHA-256 hex of the secret -> current key state, from keys.v1 (tombstones remove).
 
-    def __init__(self) -> None:
+    Deleted keys are remembered (their last state, the newest `max_deleted`) so that a call with
+    one can be attributed to its account in the activity log; they never authenticate."""
+
+    def __init__(self, max_deleted: int = 100_000) -> None:
         self._by_hash: dict[str, KeyState] = {}
         self._hash_by_id: dict[UUID, str] = {}
+        self._deleted: dict[str, KeyState] = {}  # insertion order: the oldest is forgotten first
+        self._max_deleted = max_deleted
 
     def apply(self, state: KeyState) -> None:
         known = self._hash_by_id.get(state.key_id)
@@ -38,17 +43,31 @@ class KeyProjection:
             return
         if state.deleted:
             self.remove(state.key_id)
+            self._remember_deleted(state)
             return
+        self._deleted.pop(state.hash, None)
         self._by_hash[state.hash] = state
         self._hash_by_id[state.key_id] = state.hash
 
     def remove(self, key_id: UUID) -> None:
         digest = self._hash_by_id.pop(key_id, None)
         if digest is not None:
-            self._by_hash.pop(digest, None)
+            state = self._by_hash.pop(digest, None)
+            if state is not None:
+                self._remember_deleted(state)
+
+    def _remember_deleted(self, state: KeyState) -> None:
+        self._deleted.pop(state.hash, None)
+        if len(self._deleted) >= self._max_deleted:
+            del self._deleted[next(iter(self._deleted))]
+        self._deleted[state.hash] = state
 
     def get(self, digest: str) -> KeyState | None:
         return self._by_hash.get(digest)
+
+    def deleted(self, digest: str) -> KeyState | None:
+        """The last state of a deleted key with this secret's hash, if still remembered."""
+        return self._deleted.get(digest)
 
     def __len__(self) -> int:
         return len(self._by_hash)

@@ -3,7 +3,7 @@
 import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Literal
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Query, Response
@@ -258,7 +258,10 @@ def build_router(
         description=(
             "The account's API-key calls, newest first. `start` (inclusive) and `end` (exclusive) bound the time; "
             "`limit` 1..200 (default 50); pass `next_cursor` back as `cursor` for the next page (keyset pagination: "
-            "stable while new calls arrive). `masked_key` comes from keys.v1 and is null for a key metering never saw."
+            "stable while new calls arrive). `masked_key` comes from keys.v1 and is null for a key metering never saw. "
+            "Refused calls are logged too (401 for a disabled, expired or deleted key of the account, 403, 429) with "
+            "their `error_code` (null on admitted calls); `count` > 1 when the edge folded refused calls of one key, "
+            "code and second into one item under a flood. `status=` keeps one status; `outcome=admitted|refused`."
         ),
     )
     async def activity_log(
@@ -269,6 +272,8 @@ def build_router(
         ip: Annotated[str | None, Query(max_length=64)] = None,
         limit: Annotated[int, Query(ge=1, le=200)] = 50,
         cursor: Annotated[str | None, Query(max_length=200)] = None,
+        status: Annotated[int | None, Query(ge=100, le=599)] = None,
+        outcome: Literal["admitted", "refused"] | None = None,
     ) -> ActivityLog:
         for field, value in (("start", start), ("end", end)):
             if value is not None and value.tzinfo is None:
@@ -278,7 +283,8 @@ def build_router(
             after = domain.Cursor.decode(cursor) if cursor else None
         except InvalidQuery as exc:
             raise _invalid(exc) from None
-        where = ActivityFilter(start=start, end=end, api_key_id=api_key_id, ip=ip)
+        refused = None if outcome is None else outcome == "refused"
+        where = ActivityFilter(start=start, end=end, api_key_id=api_key_id, ip=ip, status=status, refused=refused)
         rows = await store.calls(principal.account_id, where, limit + 1, after)
         page = rows[:limit]
         items = [
@@ -292,6 +298,8 @@ def build_router(
                 ip=row.ip,
                 user_agent=row.user_agent,
                 latency_ms=row.latency_ms,
+                error_code=row.error_code,
+                count=row.count,
             )
             for row in page
         ]

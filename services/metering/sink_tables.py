@@ -40,10 +40,14 @@ CALLS = SinkTable(
     table="call_events",
     staging=(
         "id UUID, time DateTime64(3, 'UTC'), account_id UUID, api_key_id UUID, method String, path String, "
-        "status UInt16, ip String, user_agent String, latency_ms Float64"
+        "status UInt16, ip String, user_agent String, latency_ms Float64, error_code Nullable(String), count Nullable(UInt32)"
     ),
-    columns="id, time, account_id, api_key_id, method, path, status, ip, user_agent, latency_ms",
-    select="id, time, account_id, api_key_id, method, path, status, ip, user_agent, latency_ms",
+    columns="id, time, account_id, api_key_id, method, path, status, ip, user_agent, latency_ms, error_code, count",
+    # (v2) an admitted call has no error_code (stored ''); an event without `count` is one call
+    select=(
+        "id, time, account_id, api_key_id, method, path, status, ip, user_agent, latency_ms, "
+        "ifNull(error_code, ''), ifNull(count, 1)"
+    ),
 )
 
 # How the engine reads the events' JSON. Unknown keys (`type`, fields added later) are skipped;

@@ -50,6 +50,8 @@ class ActivityFilter:
     end: datetime | None = None
     api_key_id: UUID | None = None
     ip: str | None = None
+    status: int | None = None
+    refused: bool | None = None  # (v2) outcome: True refused (has an error_code), False admitted
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,8 @@ class CallRow:
     ip: str
     user_agent: str
     latency_ms: float
+    error_code: str | None = None  # (v2) None on an admitted call
+    count: int = 1  # (v2) refused calls the edge folded into this one event
 
 
 class _Guarded:
@@ -252,6 +256,11 @@ class MeteringStore:
         if where.ip is not None:
             clauses.append("ip = {ip:String}")
             params["ip"] = where.ip
+        if where.status is not None:
+            clauses.append("status = {status:UInt16}")
+            params["status"] = where.status
+        if where.refused is not None:
+            clauses.append("error_code != ''" if where.refused else "error_code = ''")
         if after is not None:
             clauses.append("(time, id) < ({ct:DateTime64(6, 'UTC')}, {cid:UUID})")
             params["ct"] = after.time
@@ -260,12 +269,15 @@ class MeteringStore:
         # drops known ids, and a copy that slipped through (a rebalance race) sits next to its
         # twin in (time, id) order, so LIMIT 1 BY id drops it while the read stays in key order.
         sql = (
-            "SELECT id, time, api_key_id, method, path, status, ip, user_agent, latency_ms "
+            "SELECT id, time, api_key_id, method, path, status, ip, user_agent, latency_ms, error_code, count "
             f"FROM {self.db}.call_events WHERE {' AND '.join(clauses)} "
             "ORDER BY time DESC, id DESC LIMIT 1 BY id LIMIT {limit:UInt32}"
         )
         rows = await self.reader.run(lambda c: c.query(sql, parameters=params).result_rows)
-        return [CallRow(r[0], _utc(r[1]), r[2], r[3], r[4], int(r[5]), r[6], r[7], float(r[8])) for r in rows]
+        return [
+            CallRow(r[0], _utc(r[1]), r[2], r[3], r[4], int(r[5]), r[6], r[7], float(r[8]), r[9] or None, int(r[10]))
+            for r in rows
+        ]
 
 
 def _usage_row(row: Sequence[Any]) -> UsageRow:

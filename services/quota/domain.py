@@ -39,14 +39,15 @@ def is_stock(resource: Resource) -> bool:
     return resource in STOCK_RESOURCES
 
 
-# Calls the edge refused before the handler ran (bad credentials, roles, quota, rate limit)
-# used nothing, so they do not count against api_calls.
+# Refused calls (bad credentials, roles, quota, rate limit) used nothing, so they do not count
+# against api_calls: (v2) the edge marks them with `error_code` (events of older edges by status).
 REFUSED_STATUSES = frozenset({401, 403, 429})
 
 
 def call_counts(event: CallEvent) -> bool:
-    """Admitted calls count, except the quota reads (the edge does not gate them either)."""
-    return event.status not in REFUSED_STATUSES and counts_as_api_call(event.method, event.path)
+    """Admitted calls count (refused ones carry an error code), except the quota reads (the edge
+    does not gate them either)."""
+    return event.error_code is None and event.status not in REFUSED_STATUSES and counts_as_api_call(event.method, event.path)
 
 
 @dataclass(frozen=True, slots=True)

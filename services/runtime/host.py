@@ -44,7 +44,7 @@ _ERROR_STATUSES = {
     409: "Conflicts with the current state",
     422: "The body or query is not valid; `details` lists the fields",
     429: "Rate-limited; see Retry-After",
-    503: "A dependency is unavailable; retry after Retry-After",
+    503: "A dependency is unavailable, or (`overloaded`) the edge cannot meter more calls; retry after Retry-After",
 }
 # Every error a route can answer uses the contract's body; documented on every operation.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {

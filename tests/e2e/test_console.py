@@ -252,6 +252,24 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     expect(page.locator("#keys-table tbody tr", has_text="ci key")).to_contain_text("Enabled", timeout=WAIT_MS)
     assert api.get("/api/geo/projects", headers=key).status_code == 200
 
+    # ---- the refused call is in the activity log, with its code, under the "Refused" outcome --
+    open_page(page, base, "usage", "Usage")
+    page.get_by_label("Outcome").select_option(label="Refused")
+    refused_rows = page.locator("#activity-table tbody tr")
+
+    def activity_shows_the_refusal() -> bool:
+        page.get_by_role("button", name="Filter").click()
+        page.wait_for_timeout(150)
+        return refused_rows.filter(has_text="api_key_disabled").count() >= 1
+
+    poll(activity_shows_the_refusal, "the activity log to list the refused call")
+    expect(refused_rows).to_have_count(1)  # only the refusal: the admitted calls are filtered out
+    expect(refused_rows.first).to_contain_text("401")
+    page.get_by_label("Outcome").select_option(label="Admitted")
+    page.get_by_role("button", name="Filter").click()
+    expect(refused_rows.filter(has_text="/api/geo/projects").first).to_be_visible()
+    expect(refused_rows.filter(has_text="api_key_disabled")).to_have_count(0)
+
     # ---- exhaust a quota: red band in the console and 403 from the API ----------------------
     for n in range(3):  # the free plan allows 3 GEO projects
         created = api.post("/api/geo/projects", headers=key, json={"name": f"site {n}"})

@@ -34,6 +34,7 @@ async def test_batched_calls_arrive_once_partitioned_by_account_and_in_order(set
     try:
         for n in range(total):  # n rides in latency_ms so the order can be checked
             call = Call(datetime.now(UTC), accounts[n % 7], key, "GET", "/api/geo/projects", 200, "192.0.2.1", "t", float(n))
+            assert recorder.reserve()  # as the edge does before it admits a call
             recorder.record(call)
     finally:
         await recorder.stop()  # drains what is buffered first

@@ -140,6 +140,7 @@ async def test_activity_log_pages_filters_and_masks(settings):
         assert results[2] and sum(r[3] for r in results[2]) == 123
         assert results[3] == [("/api/geo/projects", 123, pytest.approx(results[3][0][2]))]
         assert results[4] == [(240, 240)]
+        assert results[5] == []  # refused calls per key and code: this account's calls were all admitted
 
         # ---- a copy that slipped past the sink (a rebalance race) is not listed twice ------------
         db = settings.clickhouse_database

@@ -1,5 +1,5 @@
 """The edge's request path and calls.v1 recorder without Kafka: what a call hands over, the
-partition each account's calls go to, and the bounded buffer's drop count."""
+partition each account's calls go to (the lanes: tests/unit/test_edge_call_lanes.py)."""
 
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -40,13 +40,15 @@ def test_partitions_are_the_ones_per_message_send_would_pick_and_follow_a_new_pa
     assert [partitions.of(a) for a in accounts] == [DefaultPartitioner()(str(a).encode(), six, six) for a in accounts]
 
 
-def test_a_full_buffer_drops_and_counts_without_waiting_or_failing():
+def test_a_full_admitted_lane_refuses_a_reservation_and_drops_nothing_it_holds():
+    # (v2) replaces the old drop-when-full: an admitted call's place is reserved before admission
     recorder = CallRecorder(settings(), max_buffer=3)
     call = Call(datetime.now(UTC), uuid.uuid4(), uuid.uuid4(), "GET", "/api/x", 200, "127.0.0.1", "ua", 1.0)
     before = dropped("buffer_full")
-    for _ in range(5):
+    assert [recorder.reserve() for _ in range(5)] == [True, True, True, False, False]
+    for _ in range(3):
         recorder.record(call)
-    assert dropped("buffer_full") - before == 2
+    assert len(recorder.lanes.take(10)) == 3 and dropped("buffer_full") == before
 
 
 def _edge(**extra: Any) -> tuple[Edge, uuid.UUID, uuid.UUID]:
@@ -81,9 +83,11 @@ async def test_an_api_key_call_hands_over_its_event_and_headers_once_the_respons
     state = request.scope["state"]
     assert state[RESPONSE_HEADERS]["X-RateLimit-Remaining"] == str(edge.plans.default.per_minute - 1)
     assert edge.quota.pending_calls(account) == 1  # admitted, so counted
-    assert edge.calls._queue.empty()  # nothing yet: status and latency come with the response
+    assert len(edge.calls.lanes) == 0  # nothing yet: status and latency come with the response
+    assert edge.calls.lanes.open == 1  # but its place is reserved
     state[RESPONSE_DONE](204, 0.0123)
-    call = edge.calls._queue.get_nowait()
+    (call,) = edge.calls.lanes.take(10)
+    assert call.admitted and call.error_code is None
     assert (call.account_id, call.api_key_id, call.method, call.path, call.status) == (account, key, "GET", Route.path, 204)
     assert (call.ip, call.user_agent, call.latency_ms) == ("198.51.100.7", "ua/1", 12.3)
     event = call.event()
@@ -102,6 +106,10 @@ async def test_a_rate_limited_call_still_becomes_an_event_and_is_not_admitted_to
     assert refused.scope["state"][RESPONSE_HEADERS]["Retry-After"] == "1000"
     assert RESPONSE_DONE in refused.scope["state"]  # the 429 is a call too (quota ignores it)
     assert edge.quota.pending_calls(account) == 1
+    assert edge.calls.lanes.open == 1  # only the admitted call holds a place
+    refused.scope["state"][RESPONSE_DONE](429, 0.001, "rate_limited")
+    (call,) = list(edge.calls.lanes.refused)
+    assert (call.status, call.error_code, call.admitted) == (429, "rate_limited", False)
 
 
 async def test_console_sessions_record_no_call_and_consume_no_api_calls():

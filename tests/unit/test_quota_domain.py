@@ -60,6 +60,9 @@ def test_events_sum_per_account_resource_and_period_of_their_own_time():
         CallEvent(time=feb, account_id=a, status=200, **call),
         CallEvent(time=feb, account_id=a, status=404, **call),
         CallEvent(time=feb, account_id=a, status=429, **call),  # refused by the edge: not counted
+        # (v2) refused calls carry error_code (a handler's 403 too; folded ones a count): not counted
+        CallEvent(time=feb, account_id=a, status=403, error_code="permission_denied", **call),
+        CallEvent(time=feb, account_id=a, status=401, error_code="api_key_disabled", count=40, **call),
     ]
     got = {(d.resource, d.period): d.quantity for d in domain.deltas(events, tz)}
     assert got == {

@@ -193,12 +193,14 @@ function activitySection() {
   const ip = h("input", { type: "text", name: "ip", inputmode: "decimal", placeholder: "e.g. 203.0.113.7", autocomplete: "off" });
   const start = h("input", { type: "datetime-local", name: "start" });
   const end = h("input", { type: "datetime-local", name: "end" });
+  // Refused calls (401 of the account's key, 403, 429) are logged too, with their error code.
+  const outcome = select("outcome", [["", "All calls"], ["admitted", "Admitted"], ["refused", "Refused"]], "");
   const tbody = h("tbody");
   const errors = h("div");
   const more = h("button", { type: "button", class: "secondary", hidden: true }, "Load more");
   const empty = h("p", { class: "muted", hidden: true }, "No calls match these filters.");
   const apply = h("button", { type: "submit", class: "primary" }, "Filter");
-  const form = h("form", { class: "row filters", "aria-label": "Activity filters" }, field("API key", key), field("IP address", ip), field("From", start), field("To", end), h("div", { class: "actions" }, apply));
+  const form = h("form", { class: "row filters", "aria-label": "Activity filters" }, field("API key", key), field("IP address", ip), field("From", start), field("To", end), field("Outcome", outcome), h("div", { class: "actions" }, apply));
   let cursor = null;
   const keyNames = new Map(); // api_key_id -> "name (sk-abcd...wxyz)" from the keys list
 
@@ -207,6 +209,7 @@ function activitySection() {
     ip: ip.value.trim(),
     start: start.value ? new Date(start.value).toISOString() : "",
     end: end.value ? new Date(end.value).toISOString() : "",
+    outcome: outcome.value,
     limit: 25,
   });
 
@@ -219,6 +222,8 @@ function activitySection() {
       h("td", { "data-label": "Method" }, item.method),
       h("td", { "data-label": "Path", class: "path" }, item.path),
       h("td", { "data-label": "Status" }, h("span", { class: `http http-${String(item.status)[0]}xx` }, String(item.status))),
+      // A flood of refusals may be folded into one row per key, code and second: "× count".
+      h("td", { "data-label": "Error code", class: "error-code" }, item.error_code ? h("code", {}, item.error_code) : "–", (item.count || 1) > 1 ? ` × ${item.count}` : ""),
       h("td", { "data-label": "IP" }, item.ip),
       h("td", { "data-label": "User agent", class: "ua" }, item.user_agent),
       h("td", { "data-label": "Latency", class: "num" }, `${dec(item.latency_ms)} ms`),
@@ -267,7 +272,7 @@ function activitySection() {
       h(
         "table",
         { class: "responsive", id: "activity-table" },
-        h("thead", {}, h("tr", {}, ["Time", "Key", "Method", "Path", "Status", "IP", "User agent", "Latency"].map((t) => h("th", { scope: "col" }, t)))),
+        h("thead", {}, h("tr", {}, ["Time", "Key", "Method", "Path", "Status", "Error code", "IP", "User agent", "Latency"].map((t) => h("th", { scope: "col" }, t)))),
         tbody,
       ),
     ),
