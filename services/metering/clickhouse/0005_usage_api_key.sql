@@ -1,4 +1,5 @@
--- Usage per API key (issue 19, item 4). Events may name the key that caused them; events
+-- (No semicolon inside a comment: apply_migrations splits the file on them.)
+-- Usage per API key (issue 19, item 4). Events may name the key that caused them, and events
 -- without one store the zero UUID (a plain UUID keeps the projection's key non-nullable).
 -- The `hourly` projection is rebuilt with api_key_id in its GROUP BY (after the columns the API
 -- filters on first, so an account-hour range still reads a few granules) and with max(time), the
