@@ -354,10 +354,14 @@ def build_router(
         description=(
             "The account's API-key calls, newest first. `start` (inclusive) and `end` (exclusive) bound the time; "
             "`limit` 1..200 (default 50); pass `next_cursor` back as `cursor` for the next page (keyset pagination: "
-            "stable while new calls arrive). `masked_key` comes from keys.v1 and is null for a key metering never saw."
+            "stable while new calls arrive). `masked_key` comes from keys.v1 and is null for a key metering never saw. "
+            "(v2) With `Accept: text/csv`: every call the filters match (no limit, no cursor), newest first, streamed as "
+            "CSV with the items' columns."
         ),
+        responses=csv_export.CSV_RESPONSE,
     )
     async def activity_log(
+        request: Request,
         principal: Annotated[Principal, Depends(edge.requires(Permission.ACTIVITY_READ))],
         start: datetime | None = None,
         end: datetime | None = None,
@@ -365,7 +369,7 @@ def build_router(
         ip: Annotated[str | None, Query(max_length=64)] = None,
         limit: Annotated[int, Query(ge=1, le=200)] = 50,
         cursor: Annotated[str | None, Query(max_length=200)] = None,
-    ) -> ActivityLog:
+    ) -> ActivityLog | Response:
         for field, value in (("start", start), ("end", end)):
             if value is not None and value.tzinfo is None:
                 raise _invalid(InvalidQuery(field, f"{field} needs a UTC offset (RFC 3339)"))
@@ -375,6 +379,8 @@ def build_router(
         except InvalidQuery as exc:
             raise _invalid(exc) from None
         where = ActivityFilter(start=start, end=end, api_key_id=api_key_id, ip=ip)
+        if csv_export.wants_csv(request):
+            return activity_csv(store, masks, principal.account_id, where)
         rows = await store.calls(principal.account_id, where, limit + 1, after)
         page = rows[:limit]
         items = [
@@ -395,6 +401,33 @@ def build_router(
         return ActivityLog(items=items, next_cursor=next_cursor)
 
     return router
+
+
+ACTIVITY_CSV = ["time", "api_key_id", "masked_key", "method", "path", "status", "ip", "user_agent", "latency_ms"]
+
+
+def activity_csv(store: MeteringStore, masks: KeyMasks, account_id: UUID, where: ActivityFilter) -> Response:
+    """The activity log as CSV (`Accept: text/csv`): every call the filters match, newest first,
+    streamed from the engine block by block (no page limit, no cursor)."""
+
+    async def rows() -> AsyncIterator[list[Sequence[object]]]:
+        async for block in store.stream_calls(account_id, where):
+            yield [
+                [
+                    r.time.isoformat(),
+                    r.api_key_id,
+                    masks.get(r.api_key_id),
+                    r.method,
+                    r.path,
+                    r.status,
+                    r.ip,
+                    r.user_agent,
+                    r.latency_ms,
+                ]
+                for r in block
+            ]
+
+    return csv_export.response(ACTIVITY_CSV, rows(), "activity-log.csv")
 
 
 TREND_CSV = ["key", "t", "input_tokens", "output_tokens", "total_tokens", "calls", "estimated_cost", "priced"]

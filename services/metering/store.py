@@ -345,6 +345,32 @@ class MeteringStore:
         rows = await self.reader.run(lambda c: c.query(sql, parameters=params).result_rows)
         return [CallRow(r[0], _utc(r[1]), r[2], r[3], r[4], int(r[5]), r[6], r[7], float(r[8])) for r in rows]
 
+    async def stream_calls(self, account_id: UUID, where: ActivityFilter) -> AsyncIterator[list[CallRow]]:
+        """Every call of the filter, newest first, in blocks (the activity log's CSV export: no
+        page limit, never held whole). Same filters and de-duplication as `calls`."""
+        sql, params = self._activity_sql(account_id, where)
+        async for block in self._stream(sql, params):
+            yield [CallRow(r[0], _utc(r[1]), r[2], r[3], r[4], int(r[5]), r[6], r[7], float(r[8])) for r in block]
+
+    def _activity_sql(self, account_id: UUID, where: ActivityFilter) -> tuple[str, dict[str, Any]]:
+        clauses = ["account_id = {account:UUID}"]
+        params: dict[str, Any] = {"account": account_id}
+        for clause, name, value in (
+            ("time >= {start:DateTime64(6, 'UTC')}", "start", where.start and where.start.astimezone(UTC)),
+            ("time < {end:DateTime64(6, 'UTC')}", "end", where.end and where.end.astimezone(UTC)),
+            ("api_key_id = {key:UUID}", "key", where.api_key_id),
+            ("ip = {ip:String}", "ip", where.ip),
+        ):
+            if value is not None:
+                clauses.append(clause)
+                params[name] = value
+        sql = (
+            "SELECT id, time, api_key_id, method, path, status, ip, user_agent, latency_ms "
+            f"FROM {self.db}.call_events WHERE {' AND '.join(clauses)} "
+            f"ORDER BY time DESC, id DESC LIMIT 1 BY id SETTINGS max_block_size = {STREAM_BLOCK_ROWS}"
+        )
+        return sql, params
+
 
 def _usage_row(row: Sequence[Any]) -> UsageRow:
     b, provider, model, n, i, o, t, last = row[:8]

@@ -14,8 +14,8 @@ from decimal import ROUND_HALF_EVEN, Decimal
 import pytest
 
 from contracts.common import KeyStatus, Resource, Role
-from contracts.events import KeyState, UsageEvent
-from contracts.topics import KEYS, USAGE
+from contracts.events import CallEvent, KeyState, UsageEvent
+from contracts.topics import CALLS, KEYS, USAGE
 from services.metering import store as metering_store
 from tests.support.apps import running_app
 from tests.support.metering import publish_all, sign_in, wait_until
@@ -314,3 +314,59 @@ async def test_usage_per_key_csv_and_honest_numbers(settings, tmp_path, monkeypa
                 error = r.json()["error"]
                 assert error["code"] == "validation_error" and error["message"] and error["request_id"], error
         assert (await client.get("/api/ai/usage/by-provider", params=window, headers={"Accept": "text/csv"})).status_code == 401
+
+
+async def test_the_activity_log_exports_every_matching_call_as_csv(settings, monkeypatch):
+    monkeypatch.setattr(metering_store, "STREAM_BLOCK_ROWS", 7)  # many blocks of the engine's stream
+    async with running_app(settings, targets=("metering",)) as (app, client):
+        broker = app.state.runtime.broker
+        (account, headers), (other, _) = [await sign_in(app), await sign_in(app)]
+        k1, k2 = uuid.uuid4(), uuid.uuid4()
+        t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+        calls = [
+            CallEvent(
+                time=t0 + timedelta(seconds=n // 2),  # pairs share a time: the order still holds (time, id)
+                account_id=account,
+                api_key_id=k1 if n % 3 else k2,
+                method="GET",
+                path="/api/geo/projects",
+                status=200 if n % 4 else 429,
+                ip="10.0.0.1",
+                user_agent='agent, with "quotes"',  # CSV quoting
+                latency_ms=n / 4,
+            )
+            for n in range(60)
+        ]
+        strangers = [c.model_copy(update={"id": uuid.uuid4(), "account_id": other}) for c in calls[:5]]
+        await publish_all(
+            broker, settings.topic(CALLS.name), [*calls, *strangers, *calls[:9]], lambda e: str(e.account_id).encode()
+        )
+
+        async def json_items(params):
+            items, cursor = [], None
+            while True:
+                r = await client.get(
+                    "/api/activity-log", params=dict(params, limit=200, **({"cursor": cursor} if cursor else {})), headers=headers
+                )
+                assert r.status_code == 200, r.text
+                items += r.json()["items"]
+                if not (cursor := r.json()["next_cursor"]):
+                    return items
+
+        async def all_there():
+            return len(await json_items({})) == len(calls)
+
+        await wait_until(all_there, timeout=60)
+        columns = ["time", "api_key_id", "masked_key", "method", "path", "status", "ip", "user_agent", "latency_ms"]
+        for params in ({}, {"api_key_id": str(k2)}, {"start": (t0 + timedelta(seconds=10)).isoformat(), "limit": 3}):
+            r = await client.get("/api/activity-log", params=params, headers=dict(headers, Accept="text/csv"))
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv"), r.text
+            assert r.text.splitlines()[0] == ",".join(columns)
+            rows = parse_csv(r.text)
+            want = await json_items({k: v for k, v in params.items() if k != "limit"})  # the CSV has no page limit
+            assert len(rows) == len(want) > 3
+            for row, item in zip(rows, want, strict=True):  # the same calls, in the same order (newest first)
+                assert datetime.fromisoformat(row["time"]) == datetime.fromisoformat(item["time"])
+                assert [row[c] for c in columns[1:]] == [as_csv(item[c]) for c in columns[1:]]
+        bad = await client.get("/api/activity-log", params={"api_key_id": "nope"}, headers=dict(headers, Accept="text/csv"))
+        assert bad.status_code == 422 and bad.json()["error"]["code"] == "validation_error"
