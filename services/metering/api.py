@@ -242,7 +242,8 @@ def build_router(
         except InvalidQuery as exc:
             raise _invalid(exc) from None
         local = {t: r.local(t) for t in builder.starts}  # once per bucket, not once per bucket and series
-        blocks = store.stream_usage(query(principal, r, api_key_id), per="hour", group_by=group_by, keys=wanted)
+        csv = csv_export.wants_csv(request)
+        blocks = store.stream_usage(query(principal, r, api_key_id), per="hour", group_by=group_by, keys=wanted, at_once=not csv)
 
         def points(series: list[domain.Series]) -> list[TrendSeries]:
             # Up to thousands of points: built without re-validating what the domain computed, and
@@ -267,7 +268,7 @@ def build_router(
                 for key, cells in series
             ]
 
-        if csv_export.wants_csv(request):
+        if csv:
 
             async def rows() -> AsyncIterator[list[Sequence[object]]]:
                 async for block in blocks:
@@ -311,7 +312,8 @@ def build_router(
     ) -> Response:
         r = resolve(range, tz, start, end)
         per_key = group_by == "api_key"
-        blocks = store.stream_usage(query(principal, r, api_key_id, per_key), per="day")
+        csv = csv_export.wants_csv(request)
+        blocks = store.stream_usage(query(principal, r, api_key_id, per_key), per="day", at_once=not csv)
         builder = domain.ItemBuilder(prices)
 
         def item(key: domain.ItemKey, t: domain.Totals) -> ProviderItem:
@@ -328,7 +330,7 @@ def build_router(
                 masked_key=masks.get(key_id) if key_id is not None else None,
             )
 
-        if csv_export.wants_csv(request):
+        if csv:
             header = PROVIDER_CSV if per_key else [c for c in PROVIDER_CSV if c not in ("api_key_id", "masked_key")]
 
             def csv_rows(done: list[tuple[domain.ItemKey, domain.Totals]]) -> list[Sequence[object]]:
