@@ -93,11 +93,30 @@ function rangeControls(state, onApply) {
     custom.hidden = event.target.value !== "custom";
     if (event.target.value !== "custom") form.requestSubmit();
   });
+  // A change while a load runs (a range or key picked before the trend arrived) loads once more
+  // after it, instead of stacking a second busy() that would leave "Show" disabled for good.
+  let running = false;
+  let again = false;
+  async function load() {
+    if (running) {
+      again = true;
+      return;
+    }
+    running = true;
+    try {
+      do {
+        again = false;
+        await busy(apply, onApply);
+      } while (again);
+    } finally {
+      running = false;
+    }
+  }
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     const chosen = form.querySelector("input[name=range]:checked").value;
     Object.assign(state, { range: chosen, start: start.value, end: end.value });
-    busy(apply, onApply);
+    load();
   });
   return form;
 }
