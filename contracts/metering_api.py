@@ -10,7 +10,7 @@ from contracts.events import UsageEvent
 
 RangeName = Literal["today", "week", "month", "custom"]
 Granularity = Literal["hour", "day", "week"]
-GroupBy = Literal["model", "provider"]
+GroupBy = Literal["model", "provider", "api_key"]
 
 
 class IngestRequest(BaseModel):
@@ -31,6 +31,10 @@ class PeriodTotals(BaseModel):
     total_tokens: int
     calls: int
     estimated_cost: str
+    # (v2) tokens of models without a price (not in estimated_cost), and the span compared:
+    # the previous period cut to as much of it as has elapsed of the current one.
+    unpriced_tokens: int = 0
+    range: TimeRange | None = None
 
 
 class ChangePct(BaseModel):
@@ -46,6 +50,8 @@ class ModelShare(BaseModel):
     model: str
     total_tokens: int
     share_pct: float
+    estimated_cost: str | None = Field(description="(v2) null when the model has no price (priced: false)")
+    priced: bool
 
 
 class Overview(BaseModel):
@@ -60,6 +66,7 @@ class Overview(BaseModel):
     previous: PeriodTotals
     change_pct: ChangePct
     models: list[ModelShare]
+    unpriced_tokens: int = Field(description="(v2) tokens of models without a price: not in estimated_cost")
 
 
 class TrendPoint(BaseModel):
@@ -68,7 +75,8 @@ class TrendPoint(BaseModel):
     output_tokens: int
     total_tokens: int
     calls: int
-    estimated_cost: str
+    estimated_cost: str | None = Field(description="null when the bucket holds usage of a model without a price")
+    priced: bool
 
 
 class TrendSeries(BaseModel):
@@ -79,6 +87,7 @@ class TrendSeries(BaseModel):
 class Trend(BaseModel):
     granularity: Granularity
     series: list[TrendSeries]
+    as_of: datetime | None = Field(description="(v2) the newest event time included; null when none is")
     # Extensions (API.md is silent): the resolved range and the currency of estimated_cost.
     range: TimeRange
     currency: str
@@ -89,7 +98,11 @@ class ProviderItem(BaseModel):
     model: str
     calls: int
     total_tokens: int
-    estimated_cost: str
+    estimated_cost: str | None = Field(description="null when the model has no price (priced: false)")
+    priced: bool
+    # (v2) with group_by=api_key: the key (null for usage reported without one) and its mask
+    api_key_id: UUID | None = None
+    masked_key: str | None = None
 
 
 class ByProvider(BaseModel):

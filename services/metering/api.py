@@ -1,12 +1,12 @@
 """Metering's HTTP API: usage ingestion and usage analytics (API.md), scoped to the caller."""
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from psycopg.rows import dict_row
 
 from contracts.common import Permission, ServiceScope
@@ -33,11 +33,11 @@ from contracts.usage_rules import violations
 from services.edge.errors import ApiError
 from services.edge.principal import Principal
 from services.edge.service_tokens import ServicePrincipal
-from services.metering import domain
+from services.metering import csv_export, domain
 from services.metering.domain import Granularity, GroupBy, InvalidQuery, RangeName
 from services.metering.keymasks import KeyMasks
 from services.metering.prices import PriceTable
-from services.metering.store import ActivityFilter, MeteringStore
+from services.metering.store import ActivityFilter, MeteringStore, UsageQuery
 from services.runtime.component import Runtime
 from services.runtime.kafka import within_publish_timeout
 
@@ -50,7 +50,17 @@ RANGE_DOC = (
     "(for custom: the same duration ending at `start`). `change_pct` is null when the previous value is 0 and the "
     "current one is not. Costs are estimated at query time from the price table, as decimal strings with 6 places. "
     "`calls` counts usage events of `ai_tokens` (model calls); `total_tokens` of an event is input+output when it "
-    "splits them, else its quantity. Zones with non-whole-hour offsets get buckets aligned to whole UTC hours."
+    "splits them, else its quantity. Zones with non-whole-hour offsets get buckets aligned to whole UTC hours. "
+    "(v2) `previous` compares the same elapsed span: a period still running (this month so far) is compared with as "
+    "many whole hours (the current one included) from the start of the previous period, never past its end; "
+    "`previous.range` is the span compared. Models without a price have `estimated_cost: null` and `priced: false` "
+    "(their tokens are counted, their cost is unknown, never 0); the overview's `estimated_cost` is that of the "
+    "priced usage and `unpriced_tokens` says how much is not in it. `api_key_id=` keeps the usage reported with that "
+    "key (usage events name it; a key of another account matches nothing)."
+)
+CSV_DOC = (
+    " (v2) With `Accept: text/csv` the same rows are streamed as CSV (a header line first; an unpriced cost is an "
+    "empty cell), written as they are read from the rollup."
 )
 
 
@@ -77,6 +87,9 @@ def build_router(
     router = APIRouter(tags=["metering"])
     usage_reader = edge.requires(Permission.USAGE_READ)
     usage_writer = edge.requires_service(ServiceScope.USAGE_WRITE)
+
+    def query(principal: Principal, r: domain.TimeRange, api_key_id: UUID | None, per_key: bool = False) -> UsageQuery:
+        return UsageQuery(principal.account_id, r.start, r.end, api_key_id, per_key)
 
     def resolve(name: RangeName, tz: str | None, start: datetime | None, end: datetime | None) -> domain.TimeRange:
         _storable("start", start)
@@ -145,11 +158,13 @@ def build_router(
         tz: str | None = None,
         start: datetime | None = None,
         end: datetime | None = None,
+        api_key_id: UUID | None = None,
     ) -> Overview:
         r = resolve(range, tz, start, end)
-        prev = domain.previous_range(r)
-        # The previous period ends where the current one starts: one read of the rollup for both.
-        prev_rows, rows = await store.daily_rows_split(principal.account_id, prev.start, r.start, r.end)
+        prev = domain.comparable_previous(r, now())
+        # The previous period lies just before the current one: one read of the rollup for both.
+        whole = UsageQuery(principal.account_id, prev.start, r.end, api_key_id)
+        prev_rows, rows = await store.daily_rows_split(whole, prev.end, r.start)
         cur, before = domain.totals(rows, prices), domain.totals(prev_rows, prices)
         models = sorted(domain.by_model(rows, prices).items(), key=lambda kv: (-kv[1].total_tokens, kv[0]))
         days = domain.elapsed_days(r, now())
@@ -162,7 +177,13 @@ def build_router(
             estimated_cost=domain.money(cur.cost),
             currency=prices.currency,
             daily_average_tokens=domain.average(cur.total_tokens, days),
-            previous=PeriodTotals(total_tokens=before.total_tokens, calls=before.calls, estimated_cost=domain.money(before.cost)),
+            previous=PeriodTotals(
+                total_tokens=before.total_tokens,
+                calls=before.calls,
+                estimated_cost=domain.money(before.cost),
+                unpriced_tokens=before.unpriced_tokens,
+                range=_range_model(prev),
+            ),
             change_pct=ChangePct(
                 total_tokens=domain.change_pct(cur.total_tokens, before.total_tokens),
                 calls=domain.change_pct(cur.calls, before.calls),
@@ -170,21 +191,33 @@ def build_router(
             ),
             models=[
                 ModelShare(
-                    provider=p, model=m, total_tokens=t.total_tokens, share_pct=domain.pct(t.total_tokens, cur.total_tokens)
+                    provider=p,
+                    model=m,
+                    total_tokens=t.total_tokens,
+                    share_pct=domain.pct(t.total_tokens, cur.total_tokens),
+                    estimated_cost=t.estimated_cost,
+                    priced=t.priced,
                 )
                 for (p, m), t in models
             ],
+            unpriced_tokens=cur.unpriced_tokens,
         )
 
     @router.get(
         "/api/ai/usage/trend",
         response_model=Trend,
+        responses=csv_export.CSV_RESPONSE,
         description=RANGE_DOC
         + " Every bucket of the range is present (zeros when empty); day and week buckets start at local midnight "
         "(weeks on Monday), so the first may start before the range. Without `group_by` there is one series, key "
-        "`total`; with it one per model or provider, or exactly the comma-separated `keys`.",
+        "`total`; with it one per model (keyed `provider/model`), provider or API key (keyed by the key id; `none` for "
+        "usage reported without a key), or exactly the comma-separated `keys`. A point whose bucket holds usage of a "
+        "model without a price has `estimated_cost: null`, `priced: false`. `as_of` is the newest event time included."
+        + CSV_DOC
+        + " CSV columns: key, t, input_tokens, output_tokens, total_tokens, calls, estimated_cost, priced.",
     )
     async def trend(
+        request: Request,
         principal: Annotated[Principal, Depends(usage_reader)],
         range: RangeName = "today",
         tz: str | None = None,
@@ -193,24 +226,25 @@ def build_router(
         granularity: Granularity = "day",
         group_by: GroupBy | None = None,
         keys: str | None = None,
+        api_key_id: UUID | None = None,
     ) -> Response:
         r = resolve(range, tz, start, end)
-        wanted = [k for k in (keys or "").split(",") if k.strip()] or None
+        wanted = [k.strip() for k in (keys or "").split(",") if k.strip()] or None
         if wanted and group_by is None:
             raise _invalid(InvalidQuery("keys", "keys needs group_by"))
         try:
-            starts = domain.buckets(r, granularity)  # reject a too fine grid before reading anything
+            builder = domain.TrendBuilder(prices, r, granularity, group_by, wanted)  # rejects a too fine grid first
         except InvalidQuery as exc:
             raise _invalid(exc) from None
-        local = {t: r.local(t) for t in starts}  # once per bucket, not once per bucket and series
-        rows = await store.usage_rows(principal.account_id, r.start, r.end, per="hour")
-        grid = domain.trend(rows, prices, r, granularity, group_by, [k.strip() for k in wanted] if wanted else None)
-        # Up to thousands of points: built without re-validating what the domain computed, and
-        # serialised once by pydantic (validating and encoding them again through the response
-        # model cost ~12 ms of a 30-day hourly trend's ~28).
-        trend = Trend.model_construct(
-            granularity=granularity,
-            series=[
+        local = {t: r.local(t) for t in builder.starts}  # once per bucket, not once per bucket and series
+        csv = csv_export.wants_csv(request)
+        blocks = store.stream_usage(query(principal, r, api_key_id), per="hour", group_by=group_by, keys=wanted, at_once=not csv)
+
+        def points(series: list[domain.Series]) -> list[TrendSeries]:
+            # Up to thousands of points: built without re-validating what the domain computed, and
+            # serialised once by pydantic (validating and encoding them again through the response
+            # model cost ~12 ms of a 30-day hourly trend's ~28).
+            return [
                 TrendSeries.model_construct(
                     key=key,
                     points=[
@@ -220,37 +254,96 @@ def build_router(
                             output_tokens=v.output_tokens,
                             total_tokens=v.total_tokens,
                             calls=v.calls,
-                            estimated_cost=domain.money(v.cost),
+                            estimated_cost=v.estimated_cost,
+                            priced=v.priced,
                         )
-                        for t, v in points
+                        for t, v in cells
                     ],
                 )
-                for key, points in grid.items()
-            ],
+                for key, cells in series
+            ]
+
+        if csv:
+
+            async def rows() -> AsyncIterator[list[Sequence[object]]]:
+                async for block in blocks:
+                    yield _trend_csv(points(builder.feed(block)))
+                yield _trend_csv(points(builder.finish()))
+
+            return csv_export.response(TREND_CSV, rows(), "usage-trend.csv")
+        series: list[domain.Series] = []
+        async for block in blocks:
+            series += builder.feed(block)
+        series += builder.finish()
+        trend = Trend.model_construct(
+            granularity=granularity,
+            series=points(series),
+            as_of=builder.as_of,
             range=_range_model(r),
             currency=prices.currency,
         )
         return Response(trend.model_dump_json(), media_type="application/json")
 
-    @router.get("/api/ai/usage/by-provider", response_model=ByProvider, description=RANGE_DOC)
+    @router.get(
+        "/api/ai/usage/by-provider",
+        response_model=ByProvider,
+        responses=csv_export.CSV_RESPONSE,
+        description=RANGE_DOC
+        + " (v2) `group_by=api_key` gives one item per provider, model and key, with `api_key_id` (null for usage "
+        "reported without a key) and `masked_key` (null for a key metering never saw)."
+        + CSV_DOC
+        + " CSV columns: provider, model, [api_key_id, masked_key with group_by=api_key,] calls, total_tokens, "
+        "estimated_cost, priced; ordered by provider, model and key (JSON: by provider, then most tokens first).",
+    )
     async def by_provider(
+        request: Request,
         principal: Annotated[Principal, Depends(usage_reader)],
         range: RangeName = "today",
         tz: str | None = None,
         start: datetime | None = None,
         end: datetime | None = None,
-    ) -> ByProvider:
+        api_key_id: UUID | None = None,
+        group_by: Literal["api_key"] | None = None,
+    ) -> Response:
         r = resolve(range, tz, start, end)
-        rows = await store.usage_rows(principal.account_id, r.start, r.end, per="day")
-        items = sorted(domain.by_model(rows, prices).items(), key=lambda kv: (kv[0][0], -kv[1].total_tokens, kv[0][1]))
-        return ByProvider(
-            items=[
-                ProviderItem(provider=p, model=m, calls=t.calls, total_tokens=t.total_tokens, estimated_cost=domain.money(t.cost))
-                for (p, m), t in items
-            ],
-            range=_range_model(r),
-            currency=prices.currency,
-        )
+        per_key = group_by == "api_key"
+        csv = csv_export.wants_csv(request)
+        blocks = store.stream_usage(query(principal, r, api_key_id, per_key), per="day", at_once=not csv)
+        builder = domain.ItemBuilder(prices)
+
+        def item(key: domain.ItemKey, t: domain.Totals) -> ProviderItem:
+            provider, model, key_id = key
+            key_id = None if key_id == domain.NO_KEY else key_id
+            return ProviderItem.model_construct(
+                provider=provider,
+                model=model,
+                calls=t.calls,
+                total_tokens=t.total_tokens,
+                estimated_cost=t.estimated_cost,
+                priced=t.priced,
+                api_key_id=key_id,
+                masked_key=masks.get(key_id) if key_id is not None else None,
+            )
+
+        if csv:
+            header = PROVIDER_CSV if per_key else [c for c in PROVIDER_CSV if c not in ("api_key_id", "masked_key")]
+
+            def csv_rows(done: list[tuple[domain.ItemKey, domain.Totals]]) -> list[Sequence[object]]:
+                return [[getattr(item(k, t), c) for c in header] for k, t in done]
+
+            async def rows() -> AsyncIterator[list[Sequence[object]]]:
+                async for block in blocks:
+                    yield csv_rows(builder.feed(block))
+                yield csv_rows(builder.finish())
+
+            return csv_export.response(header, rows(), "usage-by-provider.csv")
+        done: list[tuple[domain.ItemKey, domain.Totals]] = []
+        async for block in blocks:
+            done += builder.feed(block)
+        done += builder.finish()
+        done.sort(key=lambda kt: (kt[0][0], -kt[1].total_tokens, kt[0][1], str(kt[0][2])))
+        body = ByProvider.model_construct(items=[item(k, t) for k, t in done], range=_range_model(r), currency=prices.currency)
+        return Response(body.model_dump_json(), media_type="application/json")
 
     @router.get(
         "/api/activity-log",
@@ -261,10 +354,14 @@ def build_router(
             "stable while new calls arrive). `masked_key` comes from keys.v1 and is null for a key metering never saw. "
             "Refused calls are logged too (401 for a disabled, expired or deleted key of the account, 403, 429) with "
             "their `error_code` (null on admitted calls); `count` > 1 when the edge folded refused calls of one key, "
-            "code and second into one item under a flood. `status=` keeps one status; `outcome=admitted|refused`."
+            "code and second into one item under a flood. `status=` keeps one status; `outcome=admitted|refused`. "
+            "(v2) With `Accept: text/csv`: every call the filters match (no limit, no cursor), newest first, streamed as "
+            "CSV with the items' columns."
         ),
+        responses=csv_export.CSV_RESPONSE,
     )
     async def activity_log(
+        request: Request,
         principal: Annotated[Principal, Depends(edge.requires(Permission.ACTIVITY_READ))],
         start: datetime | None = None,
         end: datetime | None = None,
@@ -274,7 +371,7 @@ def build_router(
         cursor: Annotated[str | None, Query(max_length=200)] = None,
         status: Annotated[int | None, Query(ge=100, le=599)] = None,
         outcome: Literal["admitted", "refused"] | None = None,
-    ) -> ActivityLog:
+    ) -> ActivityLog | Response:
         for field, value in (("start", start), ("end", end)):
             if value is not None and value.tzinfo is None:
                 raise _invalid(InvalidQuery(field, f"{field} needs a UTC offset (RFC 3339)"))
@@ -285,6 +382,8 @@ def build_router(
             raise _invalid(exc) from None
         refused = None if outcome is None else outcome == "refused"
         where = ActivityFilter(start=start, end=end, api_key_id=api_key_id, ip=ip, status=status, refused=refused)
+        if csv_export.wants_csv(request):
+            return activity_csv(store, masks, principal.account_id, where)
         rows = await store.calls(principal.account_id, where, limit + 1, after)
         page = rows[:limit]
         items = [
@@ -307,6 +406,59 @@ def build_router(
         return ActivityLog(items=items, next_cursor=next_cursor)
 
     return router
+
+
+ACTIVITY_CSV = [
+    "time",
+    "api_key_id",
+    "masked_key",
+    "method",
+    "path",
+    "status",
+    "ip",
+    "user_agent",
+    "latency_ms",
+    "error_code",
+    "count",
+]
+
+
+def activity_csv(store: MeteringStore, masks: KeyMasks, account_id: UUID, where: ActivityFilter) -> Response:
+    """The activity log as CSV (`Accept: text/csv`): every call the filters match, newest first,
+    streamed from the engine block by block (no page limit, no cursor)."""
+
+    async def rows() -> AsyncIterator[list[Sequence[object]]]:
+        async for block in store.stream_calls(account_id, where):
+            yield [
+                [
+                    r.time.isoformat(),
+                    r.api_key_id,
+                    masks.get(r.api_key_id),
+                    r.method,
+                    r.path,
+                    r.status,
+                    r.ip,
+                    r.user_agent,
+                    r.latency_ms,
+                    r.error_code,
+                    r.count,
+                ]
+                for r in block
+            ]
+
+    return csv_export.response(ACTIVITY_CSV, rows(), "activity-log.csv")
+
+
+TREND_CSV = ["key", "t", "input_tokens", "output_tokens", "total_tokens", "calls", "estimated_cost", "priced"]
+PROVIDER_CSV = ["provider", "model", "api_key_id", "masked_key", "calls", "total_tokens", "estimated_cost", "priced"]
+
+
+def _trend_csv(series: list[TrendSeries]) -> list[Sequence[object]]:
+    return [
+        [s.key, p.t.isoformat(), p.input_tokens, p.output_tokens, p.total_tokens, p.calls, p.estimated_cost, p.priced]
+        for s in series
+        for p in s.points
+    ]
 
 
 async def _publish(runtime: Runtime, topic: str, event: UsageEvent) -> None:

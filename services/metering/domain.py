@@ -19,13 +19,15 @@ from services.metering.prices import PriceTable
 
 RangeName = Literal["today", "week", "month", "custom"]
 Granularity = Literal["hour", "day", "week"]
-GroupBy = Literal["model", "provider"]
+GroupBy = Literal["model", "provider", "api_key"]
 
 HOUR = timedelta(hours=1)
 MAX_CUSTOM_SPAN = timedelta(days=400)
 MAX_BUCKETS = 24 * 400
 MONEY_QUANTUM = Decimal("0.000001")
 UNKNOWN = "unknown"  # provider/model of a usage event that names none
+NO_KEY = UUID(int=0)  # api_key_id stored for a usage event that names no key
+NO_KEY_SERIES = "none"  # its trend series key with group_by=api_key
 TOTAL_KEY = "total"  # the one series of a trend without group_by
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -130,6 +132,15 @@ def previous_range(r: TimeRange) -> TimeRange:
     return TimeRange(floor_hour(local_midnight(prev, r.tz)), r.start, r.tz, r.name)
 
 
+def comparable_previous(r: TimeRange, now: datetime) -> TimeRange:
+    """The previous period cut to the span of `r` that has elapsed at `now` (whole hours, the
+    current hour counted as it is in `r`'s sums): month so far vs as many hours of the month
+    before, never past its end. A range already over compares whole periods; one not begun, none."""
+    prev = previous_range(r)
+    elapsed = min(max(ceil_hour(now) - r.start, timedelta(0)), r.end - r.start)
+    return TimeRange(prev.start, min(prev.start + elapsed, prev.end), prev.tz, prev.name)
+
+
 def elapsed_days(r: TimeRange, now: datetime) -> int:
     """Local calendar days of `r` up to now (a started day counts; future days do not); >= 1."""
     until = min(r.end, max(now, r.start))
@@ -176,7 +187,8 @@ def buckets(r: TimeRange, granularity: Granularity) -> list[datetime]:
 # ---- sums, cost, shares ------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class UsageRow:
-    """Sums of one provider x model in one UTC hour (or UTC day: `start` at 00:00 UTC)."""
+    """Sums of one provider x model (x key) in one UTC hour (or UTC day: `start` at 00:00 UTC).
+    `api_key_id` is None when the read was not per key; `last_time` is the newest event summed."""
 
     start: datetime
     provider: str
@@ -185,6 +197,8 @@ class UsageRow:
     input_tokens: int
     output_tokens: int
     total_tokens: int
+    api_key_id: UUID | None = None
+    last_time: datetime | None = None
 
 
 @dataclass(slots=True)
@@ -193,14 +207,30 @@ class Totals:
     output_tokens: int = 0
     total_tokens: int = 0
     calls: int = 0
-    cost: Decimal = Decimal(0)
+    cost: Decimal = Decimal(0)  # of the priced usage only
+    unpriced_tokens: int = 0  # tokens of models without a price on their day
+    unpriced_calls: int = 0
 
     def add(self, row: UsageRow, prices: PriceTable) -> None:
         self.input_tokens += row.input_tokens
         self.output_tokens += row.output_tokens
         self.total_tokens += row.total_tokens
         self.calls += row.calls
-        self.cost += prices.cost(row.provider, row.model, row.start.astimezone(UTC).date(), row.input_tokens, row.output_tokens)
+        day = row.start.astimezone(UTC).date()
+        if prices.at(row.provider, row.model, day) is None:
+            self.unpriced_tokens += row.total_tokens
+            self.unpriced_calls += row.calls
+        else:
+            self.cost += prices.cost(row.provider, row.model, day, row.input_tokens, row.output_tokens)
+
+    @property
+    def priced(self) -> bool:
+        """False when any usage summed here has no price: its cost is unknown, not 0."""
+        return not self.unpriced_calls and not self.unpriced_tokens
+
+    @property
+    def estimated_cost(self) -> str | None:
+        return money(self.cost) if self.priced else None
 
 
 def money(amount: Decimal) -> str:
@@ -241,11 +271,76 @@ def by_model(rows: Iterable[UsageRow], prices: PriceTable) -> dict[tuple[str, st
 
 
 def series_key(row: UsageRow, group_by: GroupBy | None) -> str:
+    """`provider/model` (two providers' models of one name stay apart), the provider, the key id
+    (`none` for usage without a key), or `total`. store.series_sql is the same rule in SQL."""
     if group_by == "model":
-        return row.model
+        return f"{row.provider}/{row.model}"
     if group_by == "provider":
         return row.provider
+    if group_by == "api_key":
+        return NO_KEY_SERIES if row.api_key_id in (None, NO_KEY) else str(row.api_key_id)
     return TOTAL_KEY
+
+
+Series = tuple[str, list[tuple[datetime, Totals]]]
+
+
+class TrendBuilder:
+    """Turns rollup rows ordered by series key into whole series (every bucket of the range,
+    zeros where nothing happened), one series at a time: a CSV export writes each as soon as
+    its rows are read, never holding more than one series. With `keys`, exactly those series
+    in that order (even empty ones; rows must then come in that order); without `group_by`,
+    the one series `total`. `as_of` is the newest event time fed in."""
+
+    def __init__(
+        self, prices: PriceTable, r: TimeRange, granularity: Granularity, group_by: GroupBy | None, keys: list[str] | None
+    ) -> None:
+        self.prices, self.tz, self.granularity, self.group_by = prices, r.tz, granularity, group_by
+        self.starts = buckets(r, granularity)
+        self.pending = list(dict.fromkeys(keys)) if keys else ([TOTAL_KEY] if group_by is None else [])
+        self.only = set(keys) if keys else None
+        self.key: str | None = None
+        self.cells: dict[datetime, Totals] = {}
+        self.as_of: datetime | None = None
+
+    def feed(self, rows: Iterable[UsageRow]) -> list[Series]:
+        done: list[Series] = []
+        for row in rows:
+            key = series_key(row, self.group_by)
+            if self.only is not None and key not in self.only:
+                continue
+            if key != self.key:
+                if self.key is not None:
+                    done.append(self._close())
+                done.extend(self._empty_until(key))
+                self.key = key
+            self.cells.setdefault(bucket_of(row.start, self.granularity, self.tz), Totals()).add(row, self.prices)
+            if row.last_time is not None and (self.as_of is None or row.last_time > self.as_of):
+                self.as_of = row.last_time
+        return done
+
+    def finish(self) -> list[Series]:
+        done = [self._close()] if self.key is not None else []
+        done.extend(self._empty_until(None))
+        self.key = None
+        return done
+
+    def _close(self) -> Series:
+        assert self.key is not None
+        series = (self.key, [(s, self.cells.get(s) or Totals()) for s in self.starts])
+        self.cells = {}
+        return series
+
+    def _empty_until(self, key: str | None) -> list[Series]:
+        """The expected series before `key` (all of them at the end) that had no rows."""
+        if key is not None and key not in self.pending:
+            return []
+        out: list[Series] = []
+        while self.pending and self.pending[0] != key:
+            out.append((self.pending.pop(0), [(s, Totals()) for s in self.starts]))
+        if self.pending:
+            self.pending.pop(0)
+        return out
 
 
 def trend(
@@ -256,23 +351,45 @@ def trend(
     group_by: GroupBy | None,
     keys: list[str] | None,
 ) -> dict[str, list[tuple[datetime, Totals]]]:
-    """key -> every bucket of `r` in order with its totals (zeros where nothing happened).
-    With `keys`, exactly those series (in that order), even when empty."""
-    starts = buckets(r, granularity)
-    grid: dict[str, dict[datetime, Totals]] = {}
-    if keys:
-        for key in keys:
-            grid[key] = {}
-    elif group_by is None:
-        grid[TOTAL_KEY] = {}
-    for row in rows:
+    """key -> every bucket of `r` in order with its totals (zeros where nothing happened), from
+    rows in any order. With `keys`, exactly those series (in that order), even when empty."""
+    builder = TrendBuilder(prices, r, granularity, group_by, keys)
+    rank = {k: i for i, k in enumerate(builder.pending)} if keys else None
+
+    def order(row: UsageRow) -> tuple[int, str]:
         key = series_key(row, group_by)
-        if keys and key not in grid:
-            continue
-        cells = grid.setdefault(key, {})
-        cells.setdefault(bucket_of(row.start, granularity, r.tz), Totals()).add(row, prices)
-    ordered = keys if keys else sorted(grid)
-    return {key: [(s, grid[key].get(s) or Totals()) for s in starts] for key in ordered}
+        return (rank.get(key, -1), "") if rank is not None else (0, key)
+
+    return dict(builder.feed(sorted(rows, key=order)) + builder.finish())
+
+
+ItemKey = tuple[str, str, UUID | None]  # provider, model, api key (None when not per key)
+
+
+class ItemBuilder:
+    """Turns rollup rows ordered by (provider, model, key) into by-provider items, each emitted
+    as soon as its rows are all read (a CSV export holds one item at a time)."""
+
+    def __init__(self, prices: PriceTable) -> None:
+        self.prices = prices
+        self.key: ItemKey | None = None
+        self.totals = Totals()
+
+    def feed(self, rows: Iterable[UsageRow]) -> list[tuple[ItemKey, Totals]]:
+        done: list[tuple[ItemKey, Totals]] = []
+        for row in rows:
+            key = (row.provider, row.model, row.api_key_id)
+            if key != self.key:
+                if self.key is not None:
+                    done.append((self.key, self.totals))
+                self.key, self.totals = key, Totals()
+            self.totals.add(row, self.prices)
+        return done
+
+    def finish(self) -> list[tuple[ItemKey, Totals]]:
+        done = [(self.key, self.totals)] if self.key is not None else []
+        self.key, self.totals = None, Totals()
+        return done
 
 
 # ---- events ----------------------------------------------------------------------------------

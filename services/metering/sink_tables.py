@@ -4,12 +4,13 @@ The sink hands the engine the events' JSON as it came from Kafka (the engine par
 event loop and off the GIL). `staging` is an event's fields as they appear in that JSON; `select`
 derives the stored columns from them. The derived values are the only rules stated here:
 provider and model default to `unknown`, and `total_tokens` is input + output when the event
-splits its tokens, else its quantity (never negative).
+splits its tokens, else its quantity (never negative), and an event without `api_key_id` stores the
+zero UUID.
 """
 
 from dataclasses import dataclass
 
-from services.metering.domain import UNKNOWN
+from services.metering.domain import NO_KEY, UNKNOWN
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,14 +26,17 @@ USAGE = SinkTable(
     staging=(
         "id UUID, time DateTime64(3, 'UTC'), account_id UUID, resource String, quantity Int64, "
         "provider Nullable(String), model Nullable(String), input_tokens Nullable(UInt64), "
-        "output_tokens Nullable(UInt64), source String"
+        "output_tokens Nullable(UInt64), source String, api_key_id Nullable(UUID)"
     ),
-    columns="id, time, account_id, resource, quantity, provider, model, input_tokens, output_tokens, total_tokens, source",
+    columns=(
+        "id, time, account_id, resource, quantity, provider, model, input_tokens, output_tokens, total_tokens, source, api_key_id"
+    ),
     select=(
         f"id, time, account_id, resource, quantity, ifNull(provider, '{UNKNOWN}'), ifNull(model, '{UNKNOWN}'), "
         "ifNull(input_tokens, 0), ifNull(output_tokens, 0), "
         "if(input_tokens IS NULL AND output_tokens IS NULL, toUInt64(greatest(quantity, 0)), "
-        "ifNull(input_tokens, 0) + ifNull(output_tokens, 0)), source"
+        "ifNull(input_tokens, 0) + ifNull(output_tokens, 0)), source, "
+        f"ifNull(api_key_id, toUUID('{NO_KEY}'))"
     ),
 )
 

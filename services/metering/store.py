@@ -11,7 +11,7 @@ SQL runs on chdb and on a ClickHouse server.
 import asyncio
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +23,7 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError
 
 from services.metering import sink_tables
-from services.metering.domain import Cursor, UsageRow
+from services.metering.domain import NO_KEY, NO_KEY_SERIES, TOTAL_KEY, Cursor, GroupBy, UsageRow
 from services.metering.sink_tables import SinkTable
 from services.runtime import clickhouse
 
@@ -34,6 +34,7 @@ READERS = 4
 # time it sees it, which made one request in a hundred take 60-110 ms instead of 15 (measured
 # in bench/metering.py); over a few thousand rows compiled code gains nothing.
 SMALL_READ = "SETTINGS max_threads = 1, compile_expressions = 0, compile_aggregate_expressions = 0"
+STREAM_BLOCK_ROWS = 10_000  # rollup rows per block of a streamed read (an export holds one block at a time)
 T = TypeVar("T")
 Canonical = Callable[[bytes], bytes]  # an event's JSON -> the same event as its model serialises it
 
@@ -52,6 +53,30 @@ class ActivityFilter:
     ip: str | None = None
     status: int | None = None
     refused: bool | None = None  # (v2) outcome: True refused (has an error_code), False admitted
+
+
+@dataclass(frozen=True, slots=True)
+class UsageQuery:
+    """ai_tokens of one account in [start, end) (whole UTC hours), of one key or of all;
+    `per_key` keeps the keys apart (rows carry api_key_id)."""
+
+    account_id: UUID
+    start: datetime
+    end: datetime
+    api_key_id: UUID | None = None
+    per_key: bool = False
+
+
+def series_sql(group_by: GroupBy | None) -> str:
+    """domain.series_key in SQL: rows ordered by it come one trend series after another (the
+    engine orders strings bytewise, as Python orders their code points)."""
+    if group_by == "model":
+        return "concat(provider, '/', model)"
+    if group_by == "provider":
+        return "toString(provider)"
+    if group_by == "api_key":
+        return f"if(api_key_id = toUUID('{NO_KEY}'), '{NO_KEY_SERIES}', toString(api_key_id))"
+    return f"'{TOTAL_KEY}'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +121,13 @@ class _Pool:
         self._free: queue.SimpleQueue[Client] = queue.SimpleQueue()
         for client in clients:
             self._free.put(client)
+
+    def take(self) -> Client:
+        """A free client (blocking: call in a worker thread); hand it back with give()."""
+        return self._free.get()
+
+    def give(self, client: Client) -> None:
+        self._free.put(client)
 
     async def run(self, fn: Callable[[Client], T]) -> T:
         def call() -> T:
@@ -206,34 +238,92 @@ class MeteringStore:
         client.raw_insert(staging, None, insert_block=b"\n".join(lines), fmt="JSONEachRow", settings=sink_tables.JSON_INPUT)
 
     # ---- rollup reads -----------------------------------------------------------------------
-    _SUMS = "provider, model, sum(events), sum(input_tokens), sum(output_tokens), sum(total_tokens)"
+    _SUMS = (
+        "provider, model, sum(events), sum(input_tokens), sum(output_tokens), sum(total_tokens), "
+        "toUnixTimestamp64Milli(max(last_time))"
+    )
 
-    async def usage_rows(self, account_id: UUID, start: datetime, end: datetime, *, per: str) -> list[UsageRow]:
-        """ai_tokens sums from the hourly rollup in [start, end), per UTC `hour` or UTC `day`."""
-        bucket = "hour" if per == "hour" else "toStartOfDay(hour)"
-        sql = (
-            f"SELECT toUnixTimestamp({bucket}) AS b, {self._SUMS} FROM {self.db}.usage_hourly "
-            "WHERE account_id = {account:UUID} AND resource = 'ai_tokens' "
-            "AND hour >= {start:DateTime('UTC')} AND hour < {end:DateTime('UTC')} "
-            f"GROUP BY b, provider, model {SMALL_READ}"
+    def _where(self, q: UsageQuery, params: dict[str, Any]) -> str:
+        params.update(account=q.account_id, start=q.start, end=q.end)
+        where = (
+            "account_id = {account:UUID} AND resource = 'ai_tokens' "
+            "AND hour >= {start:DateTime('UTC')} AND hour < {end:DateTime('UTC')}"
         )
-        params = {"account": account_id, "start": start, "end": end}
-        rows = await self.reader.run(lambda c: c.query(sql, parameters=params).result_rows)
-        return [_usage_row(row) for row in rows]
+        if q.api_key_id is not None:  # another account's key: the account filter already excludes it
+            params["key"] = q.api_key_id
+            where += " AND api_key_id = {key:UUID}"
+        return where
 
-    async def daily_rows_split(
-        self, account_id: UUID, start: datetime, split: datetime, end: datetime
-    ) -> tuple[list[UsageRow], list[UsageRow]]:
-        """Per UTC day sums of [start, split) and of [split, end), in one read of the rollup
+    async def stream_usage(
+        self,
+        q: UsageQuery,
+        *,
+        per: str,
+        group_by: GroupBy | None = None,
+        keys: list[str] | None = None,
+        at_once: bool = False,
+    ) -> AsyncIterator[list[UsageRow]]:
+        """ai_tokens sums from the hourly rollup per UTC `hour` or UTC `day` (x provider x model,
+        x key when q.per_key), in blocks of at most STREAM_BLOCK_ROWS rows, never all at once.
+        Ordered for the builders of domain: with `group_by` by trend series (in the order of
+        `keys` when given, and only those), else by provider, model and key; then by time.
+        `at_once`: the same rows read in one worker-thread call (a JSON answer holds them all
+        anyway; one hand-off instead of one per block keeps the latency down)."""
+        bucket = "hour" if per == "hour" else "toStartOfDay(hour)"
+        params: dict[str, Any] = {}
+        where = self._where(q, params)
+        key_col = ", api_key_id" if q.per_key or group_by == "api_key" else ""
+        if keys:
+            params["keys"] = keys
+            where += f" AND {series_sql(group_by)} IN {{keys:Array(String)}}"
+            order = f"indexOf({{keys:Array(String)}}, {series_sql(group_by)}), b"
+        elif group_by is not None:
+            order = f"{series_sql(group_by)}, b"
+        else:
+            order = f"provider, model{key_col}, b"
+        sql = (
+            f"SELECT toUnixTimestamp({bucket}) AS b, {self._SUMS}{key_col} FROM {self.db}.usage_hourly WHERE {where} "
+            f"GROUP BY b, provider, model{key_col} ORDER BY {order} {SMALL_READ}, max_block_size = {STREAM_BLOCK_ROWS}"
+        )
+        if at_once:
+            rows = await self.reader.run(lambda c: c.query(sql, parameters=params).result_rows)
+            yield [_usage_row(row) for row in rows]
+            return
+        async for block in self._stream(sql, params):
+            yield [_usage_row(row) for row in block]
+
+    async def _stream(self, sql: str, params: dict[str, Any]) -> AsyncIterator[Sequence[Sequence[Any]]]:
+        """The result of `sql` block by block, each fetched in a worker thread; one reader is
+        held for the whole stream (and given back when the consumer stops early)."""
+        pool = self.reader
+        taking = asyncio.ensure_future(asyncio.to_thread(pool.take))
+        try:
+            client = await asyncio.shield(taking)
+        except asyncio.CancelledError:  # the client the thread still takes goes back to the pool
+            taking.add_done_callback(lambda t: None if t.cancelled() or t.exception() else pool.give(t.result()))
+            raise
+        context = None
+        try:
+            context = await asyncio.to_thread(lambda: client.query_row_block_stream(sql, parameters=params))
+            blocks: Iterator[Sequence[Sequence[Any]]] = await asyncio.to_thread(context.__enter__)
+            while (block := await asyncio.to_thread(next, blocks, None)) is not None:
+                yield block
+        finally:
+            if context is not None:
+                await asyncio.to_thread(context.__exit__, None, None, None)
+            pool.give(client)
+
+    async def daily_rows_split(self, q: UsageQuery, prev_end: datetime, split: datetime) -> tuple[list[UsageRow], list[UsageRow]]:
+        """Per UTC day sums of [q.start, prev_end) and of [split, q.end), in one read of the rollup
         (the overview's previous and current period: one query instead of two)."""
+        params: dict[str, Any] = {"split": split, "prev_end": prev_end}
+        where = self._where(q, params)
         sql = (
             f"SELECT hour >= {{split:DateTime('UTC')}} AS current, toUnixTimestamp(toStartOfDay(hour)) AS b, {self._SUMS} "
-            f"FROM {self.db}.usage_hourly "
-            "WHERE account_id = {account:UUID} AND resource = 'ai_tokens' "
-            "AND hour >= {start:DateTime('UTC')} AND hour < {end:DateTime('UTC')} "
+            f"FROM {self.db}.usage_hourly WHERE {where} "
+            "AND (hour < {prev_end:DateTime('UTC')} OR hour >= {split:DateTime('UTC')}) "
             f"GROUP BY current, b, provider, model {SMALL_READ}"
         )
-        params = {"account": account_id, "start": start, "split": split, "end": end}
         rows = await self.reader.run(lambda c: c.query(sql, parameters=params).result_rows)
         before = [_usage_row(row[1:]) for row in rows if not row[0]]
         after = [_usage_row(row[1:]) for row in rows if row[0]]
@@ -242,23 +332,32 @@ class MeteringStore:
     # ---- activity log (raw calls, keyset pagination) ---------------------------------------------
     async def calls(self, account_id: UUID, where: ActivityFilter, limit: int, after: Cursor | None) -> list[CallRow]:
         """Newest first; `after` continues below the last (time, id) returned."""
+        sql, params = self._activity_sql(account_id, where, after)
+        params["limit"] = limit
+        rows = await self.reader.run(lambda c: c.query(sql + " LIMIT {limit:UInt32}", parameters=params).result_rows)
+        return [_call_row(r) for r in rows]
+
+    async def stream_calls(self, account_id: UUID, where: ActivityFilter) -> AsyncIterator[list[CallRow]]:
+        """Every call of the filter, newest first, in blocks (the activity log's CSV export: no
+        page limit, never held whole). Same filters and de-duplication as `calls`."""
+        sql, params = self._activity_sql(account_id, where)
+        async for block in self._stream(sql + f" SETTINGS max_block_size = {STREAM_BLOCK_ROWS}", params):
+            yield [_call_row(r) for r in block]
+
+    def _activity_sql(self, account_id: UUID, where: ActivityFilter, after: Cursor | None = None) -> tuple[str, dict[str, Any]]:
+        """The activity log's one query: the filters, newest first, each id once."""
         clauses = ["account_id = {account:UUID}"]
-        params: dict[str, Any] = {"account": account_id, "limit": limit}
-        if where.start is not None:
-            clauses.append("time >= {start:DateTime64(6, 'UTC')}")
-            params["start"] = where.start.astimezone(UTC)
-        if where.end is not None:
-            clauses.append("time < {end:DateTime64(6, 'UTC')}")
-            params["end"] = where.end.astimezone(UTC)
-        if where.api_key_id is not None:
-            clauses.append("api_key_id = {key:UUID}")
-            params["key"] = where.api_key_id
-        if where.ip is not None:
-            clauses.append("ip = {ip:String}")
-            params["ip"] = where.ip
-        if where.status is not None:
-            clauses.append("status = {status:UInt16}")
-            params["status"] = where.status
+        params: dict[str, Any] = {"account": account_id}
+        for clause, name, value in (
+            ("time >= {start:DateTime64(6, 'UTC')}", "start", where.start and where.start.astimezone(UTC)),
+            ("time < {end:DateTime64(6, 'UTC')}", "end", where.end and where.end.astimezone(UTC)),
+            ("api_key_id = {key:UUID}", "key", where.api_key_id),
+            ("ip = {ip:String}", "ip", where.ip),
+            ("status = {status:UInt16}", "status", where.status),
+        ):
+            if value is not None:
+                clauses.append(clause)
+                params[name] = value
         if where.refused is not None:
             clauses.append("error_code != ''" if where.refused else "error_code = ''")
         if after is not None:
@@ -271,15 +370,17 @@ class MeteringStore:
         sql = (
             "SELECT id, time, api_key_id, method, path, status, ip, user_agent, latency_ms, error_code, count "
             f"FROM {self.db}.call_events WHERE {' AND '.join(clauses)} "
-            "ORDER BY time DESC, id DESC LIMIT 1 BY id LIMIT {limit:UInt32}"
+            "ORDER BY time DESC, id DESC LIMIT 1 BY id"
         )
-        rows = await self.reader.run(lambda c: c.query(sql, parameters=params).result_rows)
-        return [
-            CallRow(r[0], _utc(r[1]), r[2], r[3], r[4], int(r[5]), r[6], r[7], float(r[8]), r[9] or None, int(r[10]))
-            for r in rows
-        ]
+        return sql, params
+
+
+def _call_row(r: Sequence[Any]) -> CallRow:
+    return CallRow(r[0], _utc(r[1]), r[2], r[3], r[4], int(r[5]), r[6], r[7], float(r[8]), r[9] or None, int(r[10]))
 
 
 def _usage_row(row: Sequence[Any]) -> UsageRow:
-    b, provider, model, n, i, o, t = row
-    return UsageRow(datetime.fromtimestamp(b, UTC), provider, model, int(n), int(i), int(o), int(t))
+    b, provider, model, n, i, o, t, last = row[:8]
+    key = row[8] if len(row) > 8 else None
+    last_time = datetime.fromtimestamp(last / 1000, UTC) if last else None
+    return UsageRow(datetime.fromtimestamp(b, UTC), provider, model, int(n), int(i), int(o), int(t), key, last_time)

@@ -7,6 +7,8 @@ band, 403), upgrade and see it clear, add an alert and receive the in-site notif
 Screenshots of every page at laptop and phone width go to artifacts/screenshots/.
 """
 
+import csv
+import io
 import json
 import re
 import shutil
@@ -202,6 +204,11 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
         usage_event(account["id"], 1200, 300, "openai", "gpt-4o"),
         usage_event(account["id"], 600, 400, "anthropic", "claude-sonnet"),
     ]
+    session = {"Authorization": f"Bearer {token}"}
+    (key_id,) = [k["id"] for k in api.get("/api/api-keys", headers=session).json()["items"] if k["name"] == "ci key"]
+    for e in events:  # the events name the key that caused them (usage per key)
+        e["api_key_id"] = key_id
+
     refused = api.post("/api/usage/events", headers=key, json={"events": events})  # never its own meter
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "permission_denied", refused.text
     ingest = api.post("/api/usage/events", headers=service, json={"events": events})
@@ -241,6 +248,48 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     filter_button.click()
     expect(activity.filter(has_text=masked).first).to_be_visible()
     shot(page, "usage")
+
+    # ---- usage per key, honest numbers, export ------------------------------------------------
+    # claude-sonnet has no price: it says "unpriced", never a silent 0; the trend says how fresh it is.
+    expect(page.locator("#provider-table tr", has_text="claude-sonnet")).to_contain_text("unpriced")
+    expect(page.locator("#usage-overview")).to_contain_text("1,000 tokens unpriced")
+    expect(page.locator("#trend-as-of")).to_contain_text("Data as of")
+    expect(page.locator("#trend-as-of .unpriced")).to_have_text("unpriced")
+    # Usage reported by the account itself, without a key: "All keys" counts it, the key filter not.
+    keyless = api.post(
+        "/api/usage/events", headers=session, json={"events": [usage_event(account["id"], 400, 100, "openai", "gpt-4o")]}
+    )
+    assert keyless.status_code == 202, keyless.text
+
+    def usage_counts_keyless() -> bool:
+        show.click()
+        page.wait_for_timeout(150)
+        return total.inner_text(timeout=WAIT_MS).replace(",", "") == "3000"
+
+    poll(usage_counts_keyless, "the overview to count the key-less 500 tokens")
+    page.get_by_label("Show usage of").select_option(label=f"ci key ({masked})")  # reloads at once
+    expect(total).to_have_text("2,500", timeout=WAIT_MS)
+    page.get_by_label("Rows").select_option("api_key")
+    expect(page.locator("#provider-table tr", has_text="gpt-4o")).to_contain_text(f"ci key ({masked})", timeout=WAIT_MS)
+    shot(page, "usage-per-key")
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Export by provider as CSV").click()
+    assert download.value.suggested_filename == "usage-by-provider.csv"
+    rows = list(csv.DictReader(io.StringIO(Path(download.value.path()).read_text())))
+    assert sorted(
+        (r["provider"], r["model"], r["api_key_id"], r["masked_key"], r["total_tokens"], r["priced"]) for r in rows
+    ) == [
+        ("anthropic", "claude-sonnet", key_id, masked, "1000", "false"),
+        ("openai", "gpt-4o", key_id, masked, "1500", "true"),
+    ]
+    assert [r["estimated_cost"] for r in rows if r["model"] == "claude-sonnet"] == [""]  # unpriced: no cost
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Export trend as CSV").click()
+    rows = list(csv.DictReader(io.StringIO(Path(download.value.path()).read_text())))
+    assert {r["key"] for r in rows} == {"anthropic/claude-sonnet", "openai/gpt-4o"}  # model series: provider/model
+    assert sum(int(r["total_tokens"]) for r in rows) == 2500  # the key's usage only
+    page.get_by_label("Show usage of").select_option("")
+    expect(total).to_have_text("3,000", timeout=WAIT_MS)
 
     # ---- toggle the key off: the call fails at once; back on: it works ----------------------
     open_page(page, base, "keys", "API keys")

@@ -72,10 +72,11 @@ def tokens(e: UsageEvent) -> tuple[int, int, int]:
     return i, o, total
 
 
-def cost(e: UsageEvent) -> Decimal:
+def cost(e: UsageEvent) -> Decimal | None:
+    """None for a model without a price on the event's day (v2: unpriced, never a silent 0)."""
     p = price_of(e.provider or "unknown", e.model or "unknown", e.time.astimezone(UTC).date())
     if p is None:
-        return Decimal(0)
+        return None
     i, o, _ = tokens(e)
     return (i * p[0] + o * p[1]) / Decimal(1_000_000)
 
@@ -84,8 +85,22 @@ def sums(events: list[UsageEvent]) -> dict:
     i = sum(tokens(e)[0] for e in events)
     o = sum(tokens(e)[1] for e in events)
     t = sum(tokens(e)[2] for e in events)
-    c = sum((cost(e) for e in events), Decimal(0))
-    return {"input_tokens": i, "output_tokens": o, "total_tokens": t, "calls": len(events), "cost": c}
+    c = sum((cost(e) or Decimal(0) for e in events), Decimal(0))
+    unpriced = [e for e in events if cost(e) is None]
+    return {
+        "input_tokens": i,
+        "output_tokens": o,
+        "total_tokens": t,
+        "calls": len(events),
+        "cost": c,  # of the priced events
+        "unpriced_tokens": sum(tokens(e)[2] for e in unpriced),
+        "priced": not unpriced,
+    }
+
+
+def shown_cost(x: dict) -> str | None:
+    """estimated_cost of a row: null when any of its usage has no price."""
+    return money(x["cost"]) if x["priced"] else None
 
 
 def money(d: Decimal) -> str:
@@ -242,13 +257,15 @@ async def test_analytics_equal_an_independent_computation(settings, tmp_path):
             start = datetime(2026, 10, 20, tzinfo=tz)
             end = datetime(2026, 11, 6, tzinfo=tz)
             params = {"range": "custom", "start": start.isoformat(), "end": end.isoformat(), "tz": tz_name}
-            await check_overview(client, headers, params, events, account, start, end, start - (end - start), 17)
+            # The previous span has the same duration (in real hours: aware datetimes of one zone subtract as wall clocks).
+            span = end.astimezone(UTC) - start.astimezone(UTC)
+            await check_overview(client, headers, params, events, account, start, end, start.astimezone(UTC) - span, 17)
             await check_by_provider(client, headers, params, events, account, start, end)
             for granularity in ("hour", "day", "week"):
                 await check_trend(client, headers, params, events, account, start, end, tz, granularity, None, None)
             await check_trend(client, headers, params, events, account, start, end, tz, "day", "model", None)
             await check_trend(client, headers, params, events, account, start, end, tz, "hour", "provider", None)
-            await check_trend(client, headers, params, events, account, start, end, tz, "day", "model", ["gpt-4o", "nope"])
+            await check_trend(client, headers, params, events, account, start, end, tz, "day", "model", ["openai/gpt-4o", "nope"])
 
         # ---- calendar ranges with the real clock ------------------------------------------------
         account, headers = signed[0]
@@ -259,7 +276,7 @@ async def test_analytics_equal_an_independent_computation(settings, tmp_path):
             end = datetime.combine(today + timedelta(days=1), datetime.min.time(), tzinfo=tz)
             params = {"range": "today", "tz": tz_name}
             prev_start = datetime.combine(today - timedelta(days=1), datetime.min.time(), tzinfo=tz)
-            await check_overview(client, headers, params, events, account, start, end, prev_start, 1)
+            await check_overview(client, headers, params, events, account, start, end, prev_start, 1, elapsed(prev_start, start))
             first = today.replace(day=1)
             m_start = datetime(first.year, first.month, 1, tzinfo=tz)
             nxt = (first + timedelta(days=32)).replace(day=1)
@@ -275,6 +292,7 @@ async def test_analytics_equal_an_independent_computation(settings, tmp_path):
                 m_end,
                 datetime(prev.year, prev.month, 1, tzinfo=tz),
                 today.day,
+                elapsed(datetime(prev.year, prev.month, 1, tzinfo=tz), m_start),
             )
 
         # ---- isolation and validation -------------------------------------------------------------
@@ -300,16 +318,26 @@ async def test_analytics_equal_an_independent_computation(settings, tmp_path):
         assert all(dict(m.headers).get("x-error") for m in dead)
 
 
-async def check_overview(client, headers, params, events, account, start, end, prev_start, days):
+def elapsed(prev_start: datetime, start: datetime) -> datetime:
+    """Where the previous period's compared span ends: as many whole hours after its start as have
+    elapsed of the current period (the running hour counted), never past the current start."""
+    now = datetime.now(UTC)
+    hours = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    return min(prev_start + (hours - start), start)
+
+
+async def check_overview(client, headers, params, events, account, start, end, prev_start, days, prev_end=None):
+    """`prev_end`: where the compared previous span ends (v2: the same elapsed span), else `start`."""
+    prev_end = prev_end or start
     r = await client.get("/api/ai/usage/overview", params=params, headers=headers)
     assert r.status_code == 200, r.text
     got = r.json()
     cur = sums(in_range(events, account, start, end))
-    prev = sums(in_range(events, account, prev_start, start))
+    prev = sums(in_range(events, account, prev_start, prev_end))
     per_model = defaultdict(list)
     for e in in_range(events, account, start, end):
         per_model[(e.provider or "unknown", e.model or "unknown")].append(e)
-    models = sorted(((p, m, sums(es)["total_tokens"]) for (p, m), es in per_model.items()), key=lambda x: (-x[2], (x[0], x[1])))
+    models = sorted(((p, m, sums(es)) for (p, m), es in per_model.items()), key=lambda x: (-x[2]["total_tokens"], (x[0], x[1])))
     assert datetime.fromisoformat(got["range"]["start"]) == start
     assert datetime.fromisoformat(got["range"]["end"]) == end
     expected = {
@@ -320,19 +348,36 @@ async def check_overview(client, headers, params, events, account, start, end, p
         "estimated_cost": money(cur["cost"]),
         "currency": "EUR",
         "daily_average_tokens": pct2(Decimal(cur["total_tokens"]) / days),
-        "previous": {"total_tokens": prev["total_tokens"], "calls": prev["calls"], "estimated_cost": money(prev["cost"])},
+        "previous": {
+            "total_tokens": prev["total_tokens"],
+            "calls": prev["calls"],
+            "estimated_cost": money(prev["cost"]),
+            "unpriced_tokens": prev["unpriced_tokens"],
+            "range": got["previous"]["range"],  # checked below
+        },
         "change_pct": {
             "total_tokens": change(cur["total_tokens"], prev["total_tokens"]),
             "calls": change(cur["calls"], prev["calls"]),
             "estimated_cost": change(cur["cost"], prev["cost"]),
         },
         "models": [
-            {"provider": p, "model": m, "total_tokens": t, "share_pct": pct2(Decimal(t) * 100 / cur["total_tokens"])}
-            for p, m, t in models
+            {
+                "provider": p,
+                "model": m,
+                "total_tokens": x["total_tokens"],
+                "share_pct": pct2(Decimal(x["total_tokens"]) * 100 / cur["total_tokens"]),
+                "estimated_cost": shown_cost(x),
+                "priced": x["priced"],
+            }
+            for p, m, x in models
         ],
+        "unpriced_tokens": cur["unpriced_tokens"],
     }
     assert cur["calls"] > 0 or params.get("range") != "custom"
     assert {k: v for k, v in got.items() if k != "range"} == expected
+    assert datetime.fromisoformat(got["previous"]["range"]["start"]) == prev_start
+    assert datetime.fromisoformat(got["previous"]["range"]["end"]) == prev_end
+    return got
 
 
 async def check_by_provider(client, headers, params, events, account, start, end):
@@ -341,11 +386,18 @@ async def check_by_provider(client, headers, params, events, account, start, end
     for e in in_range(events, account, start, end):
         per_model[(e.provider or "unknown", e.model or "unknown")].append(e)
     want = {
-        (p, m): {"calls": len(es), "total_tokens": sums(es)["total_tokens"], "estimated_cost": money(sums(es)["cost"])}
+        (p, m): {
+            "calls": len(es),
+            "total_tokens": sums(es)["total_tokens"],
+            "estimated_cost": shown_cost(sums(es)),
+            "priced": sums(es)["priced"],
+        }
         for (p, m), es in per_model.items()
     }
-    got = {(i["provider"], i["model"]): {k: i[k] for k in ("calls", "total_tokens", "estimated_cost")} for i in r.json()["items"]}
+    keys = ("calls", "total_tokens", "estimated_cost", "priced")
+    got = {(i["provider"], i["model"]): {k: i[k] for k in keys} for i in r.json()["items"]}
     assert got == want and len(got) >= 4
+    assert {i["priced"] for i in r.json()["items"]} == {True, False}  # acme/x-1 and unknown have no price
 
 
 async def check_trend(client, headers, params, events, account, start, end, tz, granularity, group_by, keys):
@@ -370,7 +422,8 @@ async def check_trend(client, headers, params, events, account, start, end, tz, 
             t = datetime(local.year, local.month, local.day, tzinfo=tz).astimezone(UTC)
     grouped = defaultdict(lambda: defaultdict(list))
     for e in in_range(events, account, start, end):
-        k = {"model": e.model or "unknown", "provider": e.provider or "unknown", None: "total"}[group_by]
+        provider, model = e.provider or "unknown", e.model or "unknown"
+        k = {"model": f"{provider}/{model}", "provider": provider, None: "total"}[group_by]
         grouped[k][local_bucket(e.time, granularity, tz)].append(e)
     series_keys = keys or sorted(grouped)
     assert [s["key"] for s in body["series"]] == series_keys
@@ -378,13 +431,17 @@ async def check_trend(client, headers, params, events, account, start, end, tz, 
         assert [datetime.fromisoformat(p["t"]) for p in s["points"]] == expected_buckets
         for p in s["points"]:
             want = sums(grouped[s["key"]].get(datetime.fromisoformat(p["t"]), []))
-            assert (p["input_tokens"], p["output_tokens"], p["total_tokens"], p["calls"], p["estimated_cost"]) == (
+            assert (p["input_tokens"], p["output_tokens"], p["total_tokens"], p["calls"], p["estimated_cost"], p["priced"]) == (
                 want["input_tokens"],
                 want["output_tokens"],
                 want["total_tokens"],
                 want["calls"],
-                money(want["cost"]),
+                shown_cost(want),
+                want["priced"],
             ), (granularity, s["key"], p["t"])
+    newest = max(e.time for k, cells in grouped.items() if not keys or k in keys for es in cells.values() for e in es)
+    newest = newest.replace(microsecond=newest.microsecond // 1000 * 1000)  # stored in ms
+    assert body["as_of"] is not None and datetime.fromisoformat(body["as_of"]) == newest  # the newest event included
     if granularity == "hour" and tz.key == "Europe/Berlin":
         assert len(expected_buckets) == 17 * 24 + 1  # the autumn day has 25 hours
 

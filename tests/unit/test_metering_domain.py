@@ -81,8 +81,9 @@ def test_week_buckets_start_on_local_monday_and_empty_buckets_are_filled():
     row = UsageRow(datetime(2026, 3, 30, 8, tzinfo=UTC), "p", "m", 1, 1000, 1000, 2000)
     grid = domain.trend([row], TABLE, r, "week", None, None)
     assert [t.total_tokens for _, t in grid["total"]] == [0, 2000]
-    keyed = domain.trend([row], TABLE, r, "day", "model", ["m", "zzz"])
-    assert list(keyed) == ["m", "zzz"] and sum(t.calls for _, t in keyed["zzz"]) == 0
+    keyed = domain.trend([row], TABLE, r, "day", "model", ["p/m", "zzz"])  # (v2) model series are provider/model
+    assert list(keyed) == ["p/m", "zzz"] and sum(t.calls for _, t in keyed["zzz"]) == 0
+    assert sum(t.calls for _, t in keyed["p/m"]) == 1
 
 
 def test_cost_uses_the_price_in_force_on_the_day_in_decimal():
@@ -118,3 +119,84 @@ def test_the_previous_period_ends_where_the_current_starts(name, tz):
     r = domain.resolve_range(name, tz, now, *span)
     prev = domain.previous_range(r)
     assert prev.end == r.start and prev.start < r.start
+
+
+# ---- (v2) per key, honest numbers, streaming builders ---------------------------------------------
+def test_model_series_keep_two_providers_models_of_one_name_apart_and_key_series_name_the_key():
+    key = uuid.uuid4()
+    a = UsageRow(datetime(2026, 3, 2, tzinfo=UTC), "p", "m", 1, 1, 1, 2, api_key_id=key)
+    b = UsageRow(datetime(2026, 3, 2, tzinfo=UTC), "q", "m", 1, 1, 1, 2, api_key_id=domain.NO_KEY)
+    assert (domain.series_key(a, "model"), domain.series_key(b, "model")) == ("p/m", "q/m")
+    assert (domain.series_key(a, "api_key"), domain.series_key(b, "api_key")) == (str(key), "none")
+    assert domain.series_key(a, None) == "total" and domain.series_key(a, "provider") == "p"
+
+
+def test_unpriced_usage_has_no_cost_rather_than_zero():
+    priced = UsageRow(datetime(2026, 3, 2, tzinfo=UTC), "p", "m", 2, 1_000_000, 0, 1_000_000)
+    unpriced = UsageRow(datetime(2026, 3, 2, tzinfo=UTC), "x", "y", 3, 10, 20, 30)
+    early = UsageRow(datetime(2025, 12, 31, tzinfo=UTC), "p", "m", 1, 5, 5, 10)  # before its first price
+    t = domain.totals([priced], TABLE)
+    assert (t.priced, t.estimated_cost, t.unpriced_tokens) == (True, "0.500000", 0)
+    t = domain.totals([priced, unpriced, early], TABLE)
+    assert (t.priced, t.estimated_cost, t.unpriced_tokens, t.unpriced_calls) == (False, None, 40, 4)
+    assert t.cost == Decimal("0.5") and t.total_tokens == 1_000_040
+    assert domain.Totals().priced and domain.Totals().estimated_cost == "0.000000"  # nothing used: costs 0
+
+
+def test_the_previous_period_covers_the_same_elapsed_span():
+    now = datetime(2026, 3, 10, 5, 30, tzinfo=UTC)
+    month = domain.resolve_range("month", UTC_ZONE, now)
+    prev = domain.comparable_previous(month, now)
+    # 9 days and 6 hours (the running hour counts, as it does in the current sums)
+    assert (prev.start, prev.end) == (datetime(2026, 2, 1, tzinfo=UTC), datetime(2026, 2, 10, 6, tzinfo=UTC))
+    late = datetime(2026, 3, 31, 12, tzinfo=UTC)  # more elapsed than February has: its whole month
+    prev = domain.comparable_previous(domain.resolve_range("month", UTC_ZONE, late), late)
+    assert (prev.start, prev.end) == (datetime(2026, 2, 1, tzinfo=UTC), datetime(2026, 3, 1, tzinfo=UTC))
+    past = domain.resolve_range("custom", UTC_ZONE, now, datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 3, tzinfo=UTC))
+    prev = domain.comparable_previous(past, now)  # a range already over: the whole previous span
+    assert (prev.start, prev.end) == (datetime(2025, 12, 30, tzinfo=UTC), datetime(2026, 1, 1, tzinfo=UTC))
+    future = domain.resolve_range("custom", UTC_ZONE, now, datetime(2026, 4, 1, tzinfo=UTC), datetime(2026, 4, 2, tzinfo=UTC))
+    prev = domain.comparable_previous(future, now)
+    assert prev.start == prev.end  # nothing elapsed: nothing to compare
+
+
+def test_the_trend_builder_emits_each_series_once_its_rows_are_read_and_tracks_as_of():
+    r = domain.resolve_range(
+        "custom", UTC_ZONE, datetime.now(UTC), datetime(2026, 3, 2, tzinfo=UTC), datetime(2026, 3, 2, 3, tzinfo=UTC)
+    )
+    t1, t2 = datetime(2026, 3, 2, 0, 10, tzinfo=UTC), datetime(2026, 3, 2, 2, 59, tzinfo=UTC)
+    rows = [
+        UsageRow(datetime(2026, 3, 2, 0, tzinfo=UTC), "p", "m", 1, 1, 1, 2, last_time=t1),
+        UsageRow(datetime(2026, 3, 2, 2, tzinfo=UTC), "x", "y", 1, 1, 1, 2, last_time=t2),
+    ]
+    builder = domain.TrendBuilder(TABLE, r, "hour", "model", None)
+    assert builder.feed(rows[:1]) == []  # p/m may continue in the next block
+    done = builder.feed(rows[1:])
+    assert [k for k, _ in done] == ["p/m"] and [c.calls for _, c in done[0][1]] == [1, 0, 0]
+    last = builder.finish()
+    assert [k for k, _ in last] == ["x/y"]
+    assert [(c.priced, c.estimated_cost) for _, c in last[0][1]] == [(True, "0.000000"), (True, "0.000000"), (False, None)]
+    assert builder.as_of == t2
+    keyed = domain.TrendBuilder(TABLE, r, "hour", "model", ["a/b", "x/y", "c/d"])
+    out = keyed.feed(rows) + keyed.finish()  # p/m is not asked for; a/b and c/d are empty
+    assert [k for k, _ in out] == ["a/b", "x/y", "c/d"] and keyed.as_of == t2
+    empty = domain.TrendBuilder(TABLE, r, "day", None, None)
+    assert [k for k, _ in empty.finish()] == ["total"] and empty.as_of is None
+
+
+def test_the_item_builder_sums_each_provider_model_and_key_across_days():
+    key = uuid.uuid4()
+    day1, day2 = datetime(2026, 2, 28, tzinfo=UTC), datetime(2026, 3, 1, tzinfo=UTC)
+    rows = [
+        UsageRow(day1, "p", "m", 1, 1_000_000, 0, 1_000_000, api_key_id=key),
+        UsageRow(day2, "p", "m", 1, 1_000_000, 0, 1_000_000, api_key_id=key),  # the cheaper price from Mar 1
+        UsageRow(day1, "p", "m", 1, 10, 0, 10, api_key_id=domain.NO_KEY),
+    ]
+    builder = domain.ItemBuilder(TABLE)
+    done = builder.feed(rows[:2])
+    assert done == []
+    done = builder.feed(rows[2:]) + builder.finish()
+    assert [(k, t.calls, t.estimated_cost) for k, t in done] == [
+        (("p", "m", key), 2, "1.500000"),
+        (("p", "m", domain.NO_KEY), 1, "0.000010"),
+    ]

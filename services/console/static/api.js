@@ -88,3 +88,26 @@ export const get = (path, params) => api("GET", path, { params });
 export const post = (path, body, options = {}) => api("POST", path, { body, ...options });
 export const put = (path, body) => api("PUT", path, { body });
 export const del = (path) => api("DELETE", path);
+
+/** GET `path` as CSV (Accept: text/csv, the session header) and save it as `filename`. */
+export async function download(path, params, filename) {
+  const headers = { Accept: "text/csv" };
+  const token = session.token;
+  if (token) headers.Authorization = `Bearer ${token}`;
+  let response;
+  try {
+    response = await fetch(path + query(params), { headers, credentials: "omit", cache: "no-store" });
+  } catch {
+    throw new ApiError(0, "network_error", "Tollgate could not be reached. Check your connection and try again.");
+  }
+  if (!response.ok) {
+    const err = ((await response.json().catch(() => null)) || {}).error || {};
+    throw new ApiError(response.status, err.code || `http_${response.status}`, err.message || `The server answered ${response.status}.`, err.details, err.request_id);
+  }
+  const url = URL.createObjectURL(await response.blob());
+  const link = Object.assign(document.createElement("a"), { href: url, download: filename });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10_000);
+}

@@ -1,6 +1,7 @@
 // Usage: range (today/week/month/custom), totals, daily average, change, cost, share by model,
-// trend by hour/day/week compared by model or provider, per-provider table, activity log.
-import { get } from "./api.js";
+// trend by hour/day/week compared by model, provider or key, per-provider table, activity log;
+// all of it for one API key or all, exportable as CSV, with unpriced usage said as such.
+import { download, get } from "./api.js";
 import { busy, errorBox, field, h, select } from "./dom.js";
 import { colour, donut, legend, lineChart } from "./charts.js";
 import { browserZone, change, dateTime, dec, money, num, pct } from "./format.js";
@@ -34,8 +35,28 @@ function rangeParams(range) {
     params.start = dayStart(range.start);
     params.end = dayAfter(range.end);
   }
+  if (range.apiKey) params.api_key_id = range.apiKey;
   return params;
 }
+
+/** An "Export CSV" button: the same rows as shown, streamed by the API as CSV and saved. */
+function exportButton(label, path, params, filename, errors) {
+  const button = h("button", { type: "button", class: "secondary", "aria-label": label }, "Export CSV");
+  button.addEventListener("click", () =>
+    busy(button, async () => {
+      errors.replaceChildren();
+      try {
+        await download(path, params(), filename);
+      } catch (err) {
+        errors.append(errorBox(err));
+      }
+    }),
+  );
+  return button;
+}
+
+const unpriced = () => h("span", { class: "muted unpriced", title: "No price is known for this model: its cost is not estimated" }, "unpriced");
+const cost = (value, currency) => (value === null ? unpriced() : money(value, currency));
 
 function statCard(label, value, sub, changeValue) {
   const trend = changeValue === undefined ? null : h("p", { class: `change ${Number(changeValue) > 0 ? "up" : Number(changeValue) < 0 ? "down" : ""}` }, change(changeValue));
@@ -52,30 +73,63 @@ function rangeControls(state, onApply) {
     h("label", { class: "segment" }, h("input", { type: "radio", name: "range", value, checked: value === state.range }), h("span", {}, label)),
   );
   const apply = h("button", { type: "submit", class: "primary" }, "Show");
-  const form = h("form", { class: "card range-form", "aria-label": "Time range" }, h("fieldset", { class: "segments" }, h("legend", {}, "Time range"), radios), custom, h("div", { class: "actions" }, apply));
+  // Which script burned the tokens? The usage of one key, or of all.
+  const keyFilter = select("usage_key", [["", "All keys"]], state.apiKey || "");
+  state.keyNames = new Map();
+  get("/api/api-keys")
+    .then((data) => {
+      for (const k of data.items) state.keyNames.set(k.id, `${k.name} (${k.masked_key})`);
+      keyFilter.replaceChildren(h("option", { value: "" }, "All keys"), ...data.items.map((k) => h("option", { value: k.id, selected: k.id === state.apiKey }, state.keyNames.get(k.id))));
+    })
+    .catch(() => {}); // without the list, usage of all keys is still shown
+  const form = h("form", { class: "card range-form", "aria-label": "Time range" }, h("fieldset", { class: "segments" }, h("legend", {}, "Time range"), radios), custom, h("div", { class: "row" }, field("Show usage of", keyFilter)), h("div", { class: "actions" }, apply));
   form.addEventListener("change", (event) => {
+    if (event.target === keyFilter) {
+      state.apiKey = keyFilter.value;
+      form.requestSubmit();
+      return;
+    }
     if (event.target.name !== "range") return;
     custom.hidden = event.target.value !== "custom";
     if (event.target.value !== "custom") form.requestSubmit();
   });
+  // A change while a load runs (a range or key picked before the trend arrived) loads once more
+  // after it, instead of stacking a second busy() that would leave "Show" disabled for good.
+  let running = false;
+  let again = false;
+  async function load() {
+    if (running) {
+      again = true;
+      return;
+    }
+    running = true;
+    try {
+      do {
+        again = false;
+        await busy(apply, onApply);
+      } while (again);
+    } finally {
+      running = false;
+    }
+  }
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     const chosen = form.querySelector("input[name=range]:checked").value;
     Object.assign(state, { range: chosen, start: start.value, end: end.value });
-    busy(apply, onApply);
+    load();
   });
   return form;
 }
 
 function overviewSection(data) {
   const cur = data.currency;
-  const share = (data.models || []).map((m) => ({ label: `${m.provider} / ${m.model}`, value: m.total_tokens, share: m.share_pct }));
+  const share = (data.models || []).map((m) => ({ label: `${m.provider} / ${m.model}`, value: m.total_tokens, share: m.share_pct, priced: m.priced !== false }));
   const shareBlock = share.length
     ? h(
         "div",
         { class: "share" },
         donut(share, { label: `Share of tokens by model: ${share.map((x) => `${x.label} ${pct(x.share)}`).join(", ")}` }),
-        legend(share.map((x) => h("span", {}, `${x.label}: `, h("strong", {}, pct(x.share)), ` (${num(x.value)} tokens)`))),
+        legend(share.map((x) => h("span", {}, `${x.label}: `, h("strong", {}, pct(x.share)), ` (${num(x.value)} tokens)`, x.priced ? null : [" · ", unpriced()]))),
       )
     : h("p", { class: "muted" }, "No model usage in this range.");
   return h(
@@ -85,8 +139,15 @@ function overviewSection(data) {
       "div",
       { class: "stats" },
       statCard("Total tokens", num(data.total_tokens), `${num(data.input_tokens)} in · ${num(data.output_tokens)} out`, data.change_pct?.total_tokens),
-      statCard("Calls", num(data.calls), `previous period: ${num(data.previous?.calls)}`, data.change_pct?.calls),
-      statCard("Estimated cost", money(data.estimated_cost, cur), `previous period: ${money(data.previous?.estimated_cost, cur)}`, data.change_pct?.estimated_cost),
+      statCard("Calls", num(data.calls), `previous period: ${num(data.previous?.calls)}${data.previous?.range ? " (same elapsed time)" : ""}`, data.change_pct?.calls),
+      statCard(
+        "Estimated cost",
+        money(data.estimated_cost, cur),
+        data.unpriced_tokens
+          ? `${num(data.unpriced_tokens)} tokens unpriced (not included) · previous period: ${money(data.previous?.estimated_cost, cur)}`
+          : `previous period: ${money(data.previous?.estimated_cost, cur)}`,
+        data.change_pct?.estimated_cost,
+      ),
       statCard("Daily average", `${num(data.daily_average_tokens)} tokens`, `${dateTime(data.range.start)} – ${dateTime(data.range.end)}`),
     ),
     h("section", { class: "card", "aria-labelledby": "share-title" }, h("h2", { id: "share-title" }, "Share by model"), shareBlock),
@@ -95,18 +156,22 @@ function overviewSection(data) {
 
 function trendSection(state) {
   const granularity = select("granularity", [["hour", "Hour"], ["day", "Day"], ["week", "Week"]], state.granularity);
-  const groupBy = select("group_by", [["model", "Model"], ["provider", "Provider"]], state.groupBy);
+  const groupBy = select("group_by", [["model", "Model"], ["provider", "Provider"], ["api_key", "API key"]], state.groupBy);
   const metric = select("metric", TREND_METRICS, state.metric);
   const chartSlot = h("div", { class: "chart" });
   const errors = h("div");
+  const freshness = h("p", { class: "muted", id: "trend-as-of" });
+  const params = () => ({ ...rangeParams(state), granularity: state.granularity, group_by: state.groupBy });
   const section = h(
     "section",
     { class: "card", "aria-labelledby": "trend-title" },
     h("h2", { id: "trend-title" }, "Trend"),
-    h("div", { class: "row controls" }, field("Granularity", granularity), field("Compare by", groupBy), field("Measure", metric)),
+    h("div", { class: "row controls" }, field("Granularity", granularity), field("Compare by", groupBy), field("Measure", metric), h("div", { class: "actions" }, exportButton("Export trend as CSV", "/api/ai/usage/trend", params, "usage-trend.csv", errors))),
     errors,
     chartSlot,
+    freshness,
   );
+  const seriesName = (key) => (state.groupBy === "api_key" ? (key === "none" ? "no key" : state.keyNames?.get(key) || key) : key);
   const hidden = new Set();
   let last = null;
 
@@ -127,7 +192,7 @@ function trendSection(state) {
         else hidden.add(x.key);
         draw();
       });
-      return h("label", { class: "toggle" }, box, h("span", { class: "swatch", style: { background: colour(i) }, "aria-hidden": "true" }), x.key || "(none)");
+      return h("label", { class: "toggle" }, box, h("span", { class: "swatch", style: { background: colour(i) }, "aria-hidden": "true" }), seriesName(x.key) || "(none)");
     });
     // Keep colours stable when series are hidden: draw with the index among all series.
     const indexed = all.map((x) => shown.find((y) => y.key === x.key) || { key: x.key, points: [] });
@@ -147,7 +212,12 @@ function trendSection(state) {
   async function load() {
     errors.replaceChildren();
     try {
-      last = await get("/api/ai/usage/trend", { ...rangeParams(state), granularity: state.granularity, group_by: state.groupBy });
+      last = await get("/api/ai/usage/trend", params());
+      const someUnpriced = last.series.some((x) => x.points.some((p) => p.priced === false));
+      freshness.replaceChildren(
+        last.as_of ? `Data as of ${dateTime(last.as_of)}` : "No usage recorded in this range yet.",
+        ...(someUnpriced ? [" · ", unpriced(), ": some usage has no price, its cost is not in the estimated cost"] : []),
+      );
       draw();
     } catch (err) {
       chartSlot.replaceChildren();
@@ -160,15 +230,16 @@ function trendSection(state) {
   return { section, load, draw };
 }
 
-function providerTable(items, currency) {
+function providerTable(items, currency, keyNames, perKey) {
   if (!items.length) return h("p", { class: "muted" }, "No provider usage in this range.");
+  const keyName = (r) => (r.api_key_id ? keyNames?.get(r.api_key_id) || r.masked_key || r.api_key_id : "no key");
   return h(
     "div",
     { class: "table-wrap" },
     h(
       "table",
       { class: "responsive", id: "provider-table" },
-      h("thead", {}, h("tr", {}, ["Provider", "Model", "Calls", "Total tokens", "Estimated cost"].map((t) => h("th", { scope: "col" }, t)))),
+      h("thead", {}, h("tr", {}, ["Provider", "Model", ...(perKey ? ["Key"] : []), "Calls", "Total tokens", "Estimated cost"].map((t) => h("th", { scope: "col" }, t)))),
       h(
         "tbody",
         {},
@@ -178,9 +249,10 @@ function providerTable(items, currency) {
             {},
             h("td", { "data-label": "Provider" }, r.provider),
             h("td", { "data-label": "Model" }, r.model),
+            perKey ? h("td", { "data-label": "Key" }, keyName(r)) : null,
             h("td", { "data-label": "Calls", class: "num" }, num(r.calls)),
             h("td", { "data-label": "Total tokens", class: "num" }, num(r.total_tokens)),
-            h("td", { "data-label": "Estimated cost", class: "num" }, money(r.estimated_cost, r.currency || currency)),
+            h("td", { "data-label": "Estimated cost", class: "num" }, cost(r.estimated_cost, r.currency || currency)),
           ),
         ),
       ),
@@ -283,23 +355,30 @@ function activitySection() {
 }
 
 export async function render(container, ctx) {
-  const state = { range: ctx.params.get("range") || "today", start: "", end: "", granularity: "hour", groupBy: "model", metric: "total_tokens" };
+  const state = { range: ctx.params.get("range") || "today", start: "", end: "", granularity: "hour", groupBy: "model", metric: "total_tokens", apiKey: "", providerRows: "model" };
   const overviewSlot = h("div");
   const providerSlot = h("div");
   const errors = h("div");
   const trend = trendSection(state);
   const activity = activitySection();
+  const providerParams = () => ({ ...rangeParams(state), group_by: state.providerRows === "api_key" ? "api_key" : "" });
+  const providerErrors = h("div");
+  const providerRows = select("provider_rows", [["model", "Per model"], ["api_key", "Per model and key"]], state.providerRows);
+  providerRows.addEventListener("change", () => {
+    state.providerRows = providerRows.value;
+    loadAnalytics();
+  });
 
   async function loadAnalytics() {
     errors.replaceChildren();
     if (state.range !== "today" && state.granularity === "hour") state.granularity = "day";
     trend.section.querySelector("select[name=granularity]").value = state.granularity;
     const params = rangeParams(state);
-    const [overview, providers] = await Promise.allSettled([get("/api/ai/usage/overview", params), get("/api/ai/usage/by-provider", params)]);
+    const [overview, providers] = await Promise.allSettled([get("/api/ai/usage/overview", params), get("/api/ai/usage/by-provider", providerParams())]);
     if (overview.status === "fulfilled") overviewSlot.replaceChildren(overviewSection(overview.value));
     else overviewSlot.replaceChildren(errorBox(overview.reason));
     const currency = overview.status === "fulfilled" ? overview.value.currency : "";
-    if (providers.status === "fulfilled") providerSlot.replaceChildren(providerTable(providers.value.items, currency));
+    if (providers.status === "fulfilled") providerSlot.replaceChildren(providerTable(providers.value.items, currency, state.keyNames, state.providerRows === "api_key"));
     else providerSlot.replaceChildren(errorBox(providers.reason));
     await trend.load();
   }
@@ -310,7 +389,14 @@ export async function render(container, ctx) {
     errors,
     overviewSlot,
     trend.section,
-    h("section", { class: "card", "aria-labelledby": "providers-title" }, h("h2", { id: "providers-title" }, "By provider"), providerSlot),
+    h(
+      "section",
+      { class: "card", "aria-labelledby": "providers-title" },
+      h("h2", { id: "providers-title" }, "By provider"),
+      h("div", { class: "row controls" }, field("Rows", providerRows), h("div", { class: "actions" }, exportButton("Export by provider as CSV", "/api/ai/usage/by-provider", providerParams, "usage-by-provider.csv", providerErrors))),
+      providerErrors,
+      providerSlot,
+    ),
     activity.section,
   );
   await Promise.all([loadAnalytics(), activity.load()]);
