@@ -14,7 +14,7 @@ import typer
 from services.runtime import stack
 
 app = typer.Typer(help="Tollgate: API keys, usage metering, quotas and usage alerts.", no_args_is_help=True)
-stack_app = typer.Typer(help="The local stack (Kafka, Postgres, chdb) without Docker.", no_args_is_help=True)
+stack_app = typer.Typer(help="The local stack (Kafka, Postgres, ClickHouse, redis) without Docker.", no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
 
 STATE_DIR = Path(os.environ.get("TOLLGATE_STATE_DIR", ".tollgate"))
@@ -30,6 +30,11 @@ def _config() -> stack.StackConfig:
         kafka_port=int(env("TOLLGATE_KAFKA_PORT", "19092")),
         controller_port=int(env("TOLLGATE_KAFKA_CONTROLLER_PORT", "19093")),
         postgres_port=int(env("TOLLGATE_POSTGRES_PORT", "15432")),
+        clickhouse_http_port=int(env("TOLLGATE_CLICKHOUSE_HTTP_PORT", "18123")),
+        clickhouse_tcp_port=int(env("TOLLGATE_CLICKHOUSE_TCP_PORT", "19000")),
+        redis_port=int(env("TOLLGATE_REDIS_PORT", "16379")),
+        clickhouse_password=env("TOLLGATE_CLICKHOUSE_PASSWORD") or None,
+        clickhouse_analyst_password=env("TOLLGATE_CLICKHOUSE_ANALYST_PASSWORD") or None,
     )
 
 
@@ -65,7 +70,7 @@ def serve(
 
 @stack_app.command("up")
 def stack_up() -> None:
-    """Start Kafka, Postgres and the chdb directory (idempotent)."""
+    """Start Kafka, Postgres, the ClickHouse server and redis (idempotent)."""
     stack.up(_config())
 
 
@@ -76,8 +81,11 @@ def stack_down() -> None:
 
 @stack_app.command("status")
 def stack_status() -> None:
-    for part, state in stack.status(_config()).items():
+    cfg = _config()
+    for part, state in stack.status(cfg).items():
         typer.echo(f"{part:11} {state}")
+    for interface, dsn in cfg.analyst_dsns().items():
+        typer.echo(f"analyst DSN ({interface}): {dsn}")
 
 
 def _wait_ready(base_url: str, timeout: float = 120) -> None:
@@ -132,6 +140,8 @@ def up(port: int = 8080) -> None:
                 "docs": f"{base_url}/docs",
                 "demo_login": {"email": DEMO_EMAIL, "password": DEMO_PASSWORD},
                 "logs": str(STATE_DIR / "logs"),
+                "clickhouse_analyst": cfg.analyst_dsns(),
+                "clickhouse_play": f"http://127.0.0.1:{cfg.clickhouse_http_port}/play",
             },
             indent=2,
         )
