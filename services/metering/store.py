@@ -24,6 +24,7 @@ from clickhouse_connect.driver.exceptions import DatabaseError
 
 from services.metering import sink_tables
 from services.metering.domain import Cursor, UsageRow
+from services.metering.prices import PriceTable
 from services.metering.sink_tables import SinkTable
 from services.runtime import clickhouse
 
@@ -149,6 +150,14 @@ class MeteringStore:
         if self._reader is None:
             raise RuntimeError("the metering store is not open")
         return self._reader
+
+    async def publish_prices(self, table: PriceTable) -> None:
+        """Write the price table for analysts (`prices`, read through `usage_daily`): the same
+        prices the API charges with. Rows are replaced by key; a row removed from the file stays."""
+        rows = [[p.provider, p.model, p.effective_from, p.input_per_1m, p.output_per_1m, table.currency] for p in table.all()]
+        columns = ["provider", "model", "effective_from", "input_per_1m", "output_per_1m", "currency"]
+        if rows:
+            await self.writer.run(lambda c: c.insert(f"{self.db}.prices", rows, column_names=columns))
 
     async def ping(self) -> bool:
         rows = await self.reader.run(lambda c: c.query("SELECT 1").result_rows)

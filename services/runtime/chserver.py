@@ -157,7 +157,10 @@ def users_xml(spec: ServerSpec) -> str:
             <networks><ip>127.0.0.1</ip><ip>::1</ip></networks>
             <profile>analyst</profile>
             <quota>default</quota>
-            <allow_databases><database>{escape(spec.database)}</database></allow_databases>
+            <!-- Listed grants, not <allow_databases>: that grants nearly everything on the
+                 database (SYSTEM MERGES among it, which readonly=1 does not stop) plus host-reaching
+                 sources, leaving readonly as the only guard. -->
+            <grants><query>GRANT SHOW TABLES, SHOW COLUMNS, SELECT ON {escape(spec.database)}.*</query></grants>
         </analyst>
     </users>
     <quotas><default></default></quotas>

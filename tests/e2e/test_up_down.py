@@ -72,7 +72,7 @@ def test_up_serves_every_dependency_ready_with_a_demo_login_and_down_leaves_no_p
         read = httpx.post(analyst["http"], content="SELECT count() FROM tollgate.usage_events", timeout=10)
         assert read.status_code == 200 and read.text.strip().isdigit(), read.text
         write = httpx.post(analyst["http"], content="DROP TABLE tollgate.usage_events", timeout=10)
-        assert write.status_code != 200 and "READONLY" in write.text, write.text
+        assert write.status_code != 200 and "ACCESS_DENIED" in write.text, write.text
         status = subprocess.run([*cli, "stack", "status"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
         assert analyst["http"] in status.stdout and analyst["native"] in status.stdout, status.stdout
         assert "redis       running" in status.stdout and "clickhouse  running" in status.stdout, status.stdout
