@@ -161,3 +161,21 @@ async def test_server_stopped_under_load_readyz_says_so_offsets_wait_and_the_sin
     finally:
         ch.close()
     assert (rows, ids) == (len(events), len(events))  # nothing lost, nothing twice
+
+
+def test_native_protocol_serves_the_app_and_the_read_only_analyst(own_server):
+    driver = pytest.importorskip("clickhouse_driver")  # a dev dependency (pyproject.toml)
+    cfg = own_server
+    tcp = f"127.0.0.1:{cfg.clickhouse_tcp_port}"
+    app = driver.Client.from_url(f"clickhouse://tollgate:{cfg.passwords()['tollgate']}@{tcp}/default")
+    app.execute("CREATE DATABASE IF NOT EXISTS tollgate")
+    app.execute("CREATE TABLE tollgate.native (n UInt32, s String) ENGINE = MergeTree ORDER BY n")
+    app.execute("INSERT INTO tollgate.native (n, s) VALUES", [(i, f"row {i}") for i in range(100)])
+    analyst = driver.Client.from_url(cfg.analyst_dsns()["native"])
+    assert analyst.execute("SELECT count(), sum(n) FROM native") == [(100, 4950)]
+    with pytest.raises(driver.errors.ServerException) as refused:
+        analyst.execute("INSERT INTO tollgate.native (n, s) VALUES", [(1000, "x")])
+    assert refused.value.code == 497  # ACCESS_DENIED
+    with pytest.raises(driver.errors.ServerException):
+        driver.Client.from_url(f"clickhouse://analyst:wrong@{tcp}/tollgate").execute("SELECT 1")
+    assert analyst.execute("SELECT count() FROM native") == [(100,)]
