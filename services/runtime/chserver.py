@@ -72,6 +72,8 @@ class ServerSpec:
     database: str = "tollgate"
     # Name patterns (`t_*`) the application may also create and use: per-test databases.
     extra_database_patterns: tuple[str, ...] = ()
+    # More table engines for `tollgate` (bench/metering.py compares with the Kafka engine).
+    extra_table_engines: tuple[str, ...] = ()
     analyst_max_execution_time_s: int = 30
     analyst_max_memory_bytes: int = 2_000_000_000
 
@@ -82,6 +84,7 @@ class ServerSpec:
     def from_env(cls) -> "ServerSpec":
         raw = json.loads(os.environ[SPEC_ENV])
         raw["extra_database_patterns"] = tuple(raw.get("extra_database_patterns", ()))
+        raw["extra_table_engines"] = tuple(raw.get("extra_table_engines", ()))
         return cls(**raw)
 
 
@@ -110,12 +113,17 @@ def users_xml(spec: ServerSpec) -> str:
     app_grants += "".join(
         f"<query>GRANT {APP_PRIVILEGES}, SYSTEM MERGES ON {escape(p)}.*</query>" for p in spec.extra_database_patterns
     )
-    app_grants += "".join(f"<query>GRANT TABLE ENGINE ON {engine}</query>" for engine in APP_TABLE_ENGINES)
+    engines = (*APP_TABLE_ENGINES, *spec.extra_table_engines)
+    app_grants += "".join(f"<query>GRANT TABLE ENGINE ON {escape(engine)}</query>" for engine in engines)
     analyst_limits = (
         "<readonly>1</readonly>"
         f"<max_execution_time>{spec.analyst_max_execution_time_s}</max_execution_time>"
         f"<max_memory_usage>{spec.analyst_max_memory_bytes}</max_memory_usage>"
         "<max_threads>1</max_threads>"
+        # Tollgate's own queries come first: the analyst's threads run at the lowest CPU priority
+        # (nice 19), and the engine pauses them while higher-priority (lower value) queries run.
+        "<os_thread_priority>19</os_thread_priority>"
+        "<priority>10</priority>"
     )
     return f"""<clickhouse>
     <profiles>

@@ -46,6 +46,7 @@ class StackConfig:
     clickhouse_analyst_password: str | None = None
     # Database name patterns (`t_*`) the `tollgate` user may also create: per-test databases.
     clickhouse_extra_databases: tuple[str, ...] = ()
+    clickhouse_extra_table_engines: tuple[str, ...] = ()  # for benchmarks only (Kafka)
 
     @property
     def kafka_bootstrap(self) -> str:
@@ -320,6 +321,7 @@ def clickhouse_up(cfg: StackConfig, timeout: float = 60) -> None:
         analyst_sha256=sha256_hex(passwords["analyst"]),
         database=cfg.database,
         extra_database_patterns=cfg.clickhouse_extra_databases,
+        extra_table_engines=cfg.clickhouse_extra_table_engines,
     )
     log_path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(ctl_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
