@@ -1,11 +1,10 @@
 """Metering's ClickHouse adapter: migrations, de-duplicated batch inserts, rollup and log reads.
 
-clickhouse-connect is synchronous (and chdb runs the engine in this process, releasing the
-GIL while it works), so every call runs in a worker thread. Clients are opened once at start:
+clickhouse-connect is synchronous (its HTTP calls release the GIL while they wait), so every
+call runs in a worker thread. Clients are opened once at start:
 one writer (the sink's inserts never queue behind an analytics query) and a small pool of
 readers, each client used by one thread at a time, so concurrent API requests do not queue
-behind one lock. Every query is parameterised (`{name:Type}` server-side binding); the same
-SQL runs on chdb and on a ClickHouse server.
+behind one lock. Every query is parameterised (`{name:Type}` server-side binding).
 """
 
 import asyncio
@@ -110,7 +109,7 @@ class _Pool:
 
 
 def _utc(value: datetime) -> datetime:
-    """chdb may hand back naive datetimes for UTC columns; they are UTC."""
+    """A client may hand back naive datetimes for UTC columns; they are UTC."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 

@@ -13,7 +13,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -41,9 +40,8 @@ WAIT_MS = 20_000
 
 
 @pytest.fixture
-def server(settings, tmp_path: Path) -> Iterator[ServeProcess]:
-    # The subprocess owns its own chdb path (one process per path).
-    proc = ServeProcess(settings.model_copy(update={"clickhouse_dsn": f"chdb://{tmp_path}/ch"}))
+def server(settings) -> Iterator[ServeProcess]:
+    proc = ServeProcess(settings)  # on the test's own ClickHouse database of the test server
     try:
         proc.wait_ready(90)
         yield proc
