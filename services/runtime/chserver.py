@@ -1,8 +1,7 @@
 """A real ClickHouse server from the engine in the `chdb-core` wheel (no server package, no Docker).
 
 Run as `python -m services.runtime.chserver INSTANCE_DIR` with its settings in the environment
-(see `ServerSpec.to_env`); `services.runtime.stack` does that. The recipe this follows, and why
-each step is there, is in docs/clickhouse-server.md. In short: this process owns the instance
+(see `ServerSpec.to_env`); `services.runtime.stack` does that. This process owns the instance
 folder (an exclusive flock taken before anything is written), writes config.xml and users.xml
 into it, drops to an unprivileged user, loads the engine module without importing the `chdb`
 package, and runs one blocking query whose lifetime keeps the HTTP and native listeners open.
