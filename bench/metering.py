@@ -1,10 +1,15 @@
-"""Metering benchmark against the local test stack (Kafka :29092, Postgres :25432) or env.
+"""Metering benchmark against the local test stack (Kafka :29092, Postgres :25432) or env, and a
+ClickHouse server of its own (the local stack's kind: services/runtime/chserver.py, free ports).
 
-1. Sustained events/s Kafka -> ClickHouse by the real sink, vs raw aiokafka consumption of the
-   same backlog in the same run (ratio).
+1. Sustained events/s Kafka -> ClickHouse by the real sink over HTTP into the server, vs the same
+   sink into the embedded engine (chdb://, the former product path, kept here as a baseline), vs
+   raw aiokafka consumption of the same backlog, vs ClickHouse's own Kafka table engine consuming
+   the same topic into the same server (ratios, one run).
 2. p50/p99 of overview, 30-day hourly trend and by-provider through the HTTP API (rollups) with
    BENCH_EVENTS (default 10M) loaded, vs the same aggregations on the raw table.
 3. Produce-to-visible freshness p99.
+4. The API's p99 alone, then while an analyst (the `analyst` user, its profile's limits) runs a
+   heavy query over every row in a loop (ratio; goal: moves <= 20%).
 
 Run: .venv/bin/python bench/metering.py   (BENCH_SINK_EVENTS, BENCH_EVENTS to resize)
 
@@ -36,9 +41,11 @@ from contracts.common import Resource
 from contracts.events import UsageEvent
 from contracts.topics import USAGE
 from services.metering.consumers import MAX_RECORDS
+from services.runtime import clickhouse, stack
 from services.runtime.host import create_app
 from services.runtime.kafka import ensure_topics
 from services.runtime.settings import Settings
+from tests.support.apps import REPO, free_port
 from tests.support.infra import endpoints
 from tests.support.metering import session_token, wait_until
 
@@ -50,11 +57,11 @@ LOADED_EVENTS = int(os.environ.get("BENCH_EVENTS", "10000000"))
 MODELS = [("openai", "gpt-4o"), ("openai", "gpt-4o-mini"), ("anthropic", "claude-sonnet-4"), ("google", "gemini-2.5-flash")]
 
 
-def make_settings(tag: str, db_url: str, chdb: str) -> Settings:
+def make_settings(tag: str, db_url: str, dsn: str) -> Settings:
     return Settings(
         kafka_bootstrap_servers=KAFKA,
         database_url=db_url,
-        clickhouse_dsn=f"chdb://{chdb}",
+        clickhouse_dsn=dsn,
         clickhouse_database=f"bench_{tag}",
         topic_prefix=f"bench{tag}.",
         session_secret=f"bench-{tag}",
@@ -129,6 +136,88 @@ def ch_count(app, sql: str) -> int:
     return int(client.query(sql).result_rows[0][0])
 
 
+def embedded_connect():
+    """The product connects over HTTP only; the embedded engine (chdb://) stays here as a baseline."""
+    import clickhouse_connect
+
+    product = clickhouse.connect
+
+    def connect(dsn: str, *, session: bool = False):
+        if dsn.startswith("chdb:"):
+            return clickhouse_connect.get_client(dsn=dsn)  # one engine per process: a session already
+        return product(dsn, session=session)
+
+    return connect
+
+
+async def sink_rate(settings: Settings, ch, label: str):
+    """The metering sink in this process drains the backlog; returns (events/s, CPU us/event, app)."""
+    app = create_app(["metering"], settings)
+    lifespan = app.router.lifespan_context(app)
+    await lifespan.__aenter__()
+    table = f"{settings.clickhouse_database}.usage_hourly"
+
+    async def written() -> int:
+        rows = await asyncio.to_thread(lambda: ch.query(f"SELECT sum(events) FROM {table}").result_rows)
+        return int(rows[0][0] or 0)
+
+    # Sustained rate: from the first rows written (consumer group joined) to the last.
+    first = await wait_until(written, timeout=120, interval=0.02)
+    started, cpu = time.perf_counter(), cpu_seconds()
+
+    async def drained() -> bool:
+        return await written() >= SINK_EVENTS
+
+    await wait_until(drained, timeout=600, interval=0.05)
+    if first >= SINK_EVENTS:
+        raise SystemExit("the backlog was written in one batch: raise BENCH_SINK_EVENTS")
+    rate = (SINK_EVENTS - first) / (time.perf_counter() - started)
+    cpu_us = (cpu_seconds() - cpu) / (SINK_EVENTS - first) * 1e6
+    print(f"{label}: {rate:,.0f} events/s, CPU in this process {cpu_us:.1f} us/event")
+    return rate, cpu_us, app, lifespan
+
+
+async def kafka_engine_rate(settings: Settings, ch, db: str) -> float | None:
+    """ClickHouse's own Kafka table engine consuming the same topic into the same server: a Kafka
+    table, a materialized view deriving the same columns as the sink, into a copy of usage_events."""
+    from services.metering import sink_tables
+
+    usage = sink_tables.USAGE
+    queue, target = f"{db}.kafka_usage_queue", f"{db}.kafka_usage_events"
+    try:
+        ch.command(f"CREATE TABLE {target} AS {db}.usage_events")
+        ch.command(
+            f"CREATE TABLE {queue} ({usage.staging}) ENGINE = Kafka SETTINGS kafka_broker_list = '{KAFKA}', "
+            f"kafka_topic_list = '{settings.topic(USAGE.name)}', kafka_group_name = '{settings.group('bench.kafka-engine')}', "
+            "kafka_format = 'JSONEachRow', kafka_num_consumers = 1, kafka_max_block_size = 50000, "
+            "input_format_skip_unknown_fields = 1, date_time_input_format = 'best_effort'"
+        )
+        mv = f"CREATE MATERIALIZED VIEW {db}.kafka_usage_mv TO {target} ({usage.columns})"
+        ch.command(f"{mv} AS SELECT {usage.select} FROM {queue}")
+    except Exception as exc:
+        print(f"Kafka table engine: not available on this server ({str(exc)[:200]})")
+        return None
+
+    async def written() -> int:
+        return int((await asyncio.to_thread(lambda: ch.query(f"SELECT count() FROM {target}").result_rows))[0][0])
+
+    try:
+        first = await wait_until(written, timeout=120, interval=0.02)
+        started = time.perf_counter()
+
+        async def drained() -> bool:
+            return await written() >= SINK_EVENTS
+
+        await wait_until(drained, timeout=600, interval=0.05)
+        return (SINK_EVENTS - first) / (time.perf_counter() - started)
+    except TimeoutError as exc:
+        print(f"Kafka table engine: did not drain the backlog ({exc})")
+        return None
+    finally:
+        ch.command(f"DROP TABLE IF EXISTS {db}.kafka_usage_mv")
+        ch.command(f"DROP TABLE IF EXISTS {queue}")
+
+
 async def main() -> None:
     tag = uuid.uuid4().hex[:8]
     db = f"bench_{tag}"
@@ -136,53 +225,61 @@ async def main() -> None:
         conn.execute(f"CREATE DATABASE {db}")
     db_url = PG.rsplit("/", 1)[0] + f"/{db}"
     tmp = tempfile.mkdtemp(prefix="tollgate-bench-")
-    settings = make_settings(tag, db_url, f"{tmp}/ch")
-    print(f"# metering bench {datetime.now(UTC):%Y-%m-%d %H:%M}Z, {os.cpu_count()} cores, chdb at {tmp}")
+    # A server of this run's own: its `tollgate` database is the bench's (the analyst may read only it).
+    server = stack.StackConfig(
+        state_dir=REPO / ".tollgate" / f"bench-ch-{tag}",
+        clickhouse_http_port=free_port(),
+        clickhouse_tcp_port=free_port(),
+        clickhouse_extra_table_engines=("Kafka",),
+    )
+    stack.clickhouse_up(server)
+    settings = make_settings(tag, db_url, server.clickhouse_dsn).model_copy(update={"clickhouse_database": "tollgate"})
+    embedded = make_settings(f"{tag}e", db_url, f"chdb://{tmp}/ch")
+    where = server.clickhouse_dsn.split("@")[1]
+    print(f"# metering bench {datetime.now(UTC):%Y-%m-%d %H:%M}Z, {os.cpu_count()} cores, ClickHouse server at {where}")
     print(f"load average at start: {load_average()}")
     try:
-        await ensure_topics(settings)
+        for s in (settings, embedded):
+            await ensure_topics(s)
         t = time.perf_counter()
-        await produce_backlog(settings, SINK_EVENTS)
-        print(f"produced {SINK_EVENTS:,} events in {time.perf_counter() - t:.1f}s")
+        await asyncio.gather(produce_backlog(settings, SINK_EVENTS), produce_backlog(embedded, SINK_EVENTS))
+        print(f"produced {SINK_EVENTS:,} events (twice: one backlog per sink) in {time.perf_counter() - t:.1f}s")
         cpu = cpu_seconds()
         raw_rates = [await raw_consume(settings, SINK_EVENTS, "bench.raw.0")]
         raw_cpu_us = (cpu_seconds() - cpu) / SINK_EVENTS * 1e6
 
-        from services.runtime import clickhouse
+        # The embedded engine first (its engine stays loaded in this process afterwards).
+        clickhouse.connect = embedded_connect()
+        ch_embedded = clickhouse.connect(embedded.clickhouse_dsn)
+        emb_rate, emb_cpu, _, emb_life = await sink_rate(embedded, ch_embedded, "sink into the embedded engine (chdb://)")
+        await emb_life.__aexit__(None, None, None)
 
-        app = create_app(["metering"], settings)
-        async with app.router.lifespan_context(app):
-            ch = clickhouse.connect(settings.clickhouse_dsn)
-            table = f"{settings.clickhouse_database}.usage_hourly"
-
-            async def written() -> int:
-                rows = await asyncio.to_thread(lambda: ch.query(f"SELECT sum(events) FROM {table}").result_rows)
-                return int(rows[0][0] or 0)
-
-            # Sustained rate: from the first rows written (consumer group joined) to the last.
-            first = await wait_until(written, timeout=120, interval=0.02)
-            started, cpu = time.perf_counter(), cpu_seconds()
-
-            async def drained() -> bool:
-                return await written() >= SINK_EVENTS
-
-            await wait_until(drained, timeout=600, interval=0.05)
-            sink_rate = (SINK_EVENTS - first) / (time.perf_counter() - started)
-            sink_cpu_us = (cpu_seconds() - cpu) / (SINK_EVENTS - first) * 1e6
-            # The raw pass takes ~2 s and swings with the neighbours: one pass before the sink and
-            # two after it, and the median of the three is the baseline.
+        ch = clickhouse.connect(settings.clickhouse_dsn)
+        http_rate, http_cpu, app, life = await sink_rate(settings, ch, "sink over HTTP into the server")
+        try:
+            engine_rate = await kafka_engine_rate(settings, ch, "tollgate")
+            # The raw pass takes ~2 s and swings with the neighbours: one pass before the sinks and
+            # two after them, and the median of the three is the baseline.
             raw_rates += [await raw_consume(settings, SINK_EVENTS, f"bench.raw.{i}") for i in (1, 2)]
             baseline = statistics.median(raw_rates)
             print(f"raw aiokafka passes: {', '.join(f'{r:,.0f}' for r in raw_rates)} events/s (median is the baseline)")
-            print(ratio_line("sink Kafka->ClickHouse (sustained)", sink_rate, baseline, "events/s"))
-            print(f"CPU per event (this process, all threads incl. chdb): sink {sink_cpu_us:.1f} us, raw {raw_cpu_us:.1f} us")
+            print(ratio_line("sink over HTTP vs raw aiokafka", http_rate, baseline, "events/s"))
+            print(ratio_line("sink over HTTP vs the same sink into embedded chdb", http_rate, emb_rate, "events/s"))
+            if engine_rate is not None:
+                print(ratio_line("sink over HTTP vs ClickHouse's Kafka engine", http_rate, engine_rate, "events/s"))
+            cpus = f"sink/HTTP {http_cpu:.1f} us, sink/chdb {emb_cpu:.1f} us, raw {raw_cpu_us:.1f} us"
+            print(f"CPU per event in this process (the server's CPU is not counted for HTTP): {cpus}")
 
             await freshness(app, settings, ch)
-            await queries(app, settings, ch)
+            await queries(app, settings, ch, server.analyst_dsns()["http"])
+        finally:
+            await life.__aexit__(None, None, None)
         print(f"load average at end: {load_average()}")
     finally:
         with psycopg.connect(PG, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+        stack.clickhouse_down(server)
+        shutil.rmtree(server.state_dir, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)  # ~0.5 GB of chdb data per run
 
 
@@ -209,7 +306,7 @@ async def freshness(app, settings: Settings, ch) -> None:
     print(f"produce-to-visible freshness: {summary_ms(samples)}")
 
 
-async def queries(app, settings: Settings, ch) -> None:
+async def queries(app, settings: Settings, ch, analyst_dsn: str) -> None:
     db = settings.clickhouse_database
     account = uuid.uuid4()
     accounts = 10
@@ -234,12 +331,17 @@ async def queries(app, settings: Settings, ch) -> None:
 
     # Historical data is not being bulk-loaded while it is queried: let the merges of the load finish
     # (bounded), so the timings below are of queries, not of queries racing a 10M-row merge.
+    # (The application user cannot read system.merges or system.parts: the count of the table's
+    # active parts, through its `_part` column, settling stands in.)
+    counts: list[int] = []
+
     async def merged() -> bool:
-        rows = await asyncio.to_thread(lambda: ch.query(f"SELECT count() FROM system.merges WHERE database = '{db}'").result_rows)
-        return rows[0][0] == 0
+        sql = f"SELECT uniqExact(_part) FROM {db}.usage_events"
+        counts.append(int((await asyncio.to_thread(lambda: ch.query(sql).result_rows))[0][0]))
+        return len(counts) >= 4 and len(set(counts[-4:])) == 1
 
     try:
-        await wait_until(merged, timeout=90, interval=0.5)
+        await wait_until(merged, timeout=90, interval=1.0)
     except TimeoutError:
         print("merges still running after 90 s; measuring anyway")
     per_account = LOADED_EVENTS // accounts
@@ -298,10 +400,59 @@ async def queries(app, settings: Settings, ch) -> None:
                 await asyncio.to_thread(lambda s=raw_sql[name]: ch.query(s).result_rows)
                 raw_samples.append(time.perf_counter() - t)
             print(f"{name}: API on rollups {summary_ms(api_samples)} | same aggregation on raw table {summary_ms(raw_samples)}")
+        await analyst_under_load(client, api["overview"], headers, analyst_dsn, db)
     gc.callbacks.remove(on_gc)
     if pauses:
         worst = max(d for _, d in pauses) * 1000
         print(f"full (gen2) GC collections during the query phase: {len(pauses)}, longest {worst:.0f} ms")
+
+
+HEAVY = (
+    "SELECT model, count() AS events, uniqExact(event_id) AS ids, quantileExact(0.99)(total_tokens) AS p99_tokens, "
+    "sum(total_tokens) AS tokens FROM usage GROUP BY model ORDER BY tokens DESC"
+)
+
+
+async def analyst_under_load(client: httpx.AsyncClient, call: tuple[str, dict], headers: dict, analyst_dsn: str, db: str) -> None:
+    """The API's p99 alone, then while an analyst runs a heavy query over every row, in a loop."""
+    import threading
+
+    import clickhouse_connect
+
+    path, params = call
+
+    async def api_p99(n: int = 300) -> list[float]:
+        samples = []
+        for _ in range(n):
+            t = time.perf_counter()
+            r = await client.get(path, params=params, headers=headers)
+            assert r.status_code == 200, r.text
+            samples.append(time.perf_counter() - t)
+        return samples
+
+    alone = await api_p99()
+    analyst = clickhouse_connect.get_client(dsn=analyst_dsn, database=db)
+    stop, runs = threading.Event(), []
+
+    def heavy() -> None:
+        while not stop.is_set():
+            t = time.perf_counter()
+            analyst.query(HEAVY)
+            runs.append(time.perf_counter() - t)
+
+    worker = threading.Thread(target=heavy)
+    worker.start()
+    try:
+        await asyncio.sleep(0.5)  # the analyst's query is running
+        loaded = await api_p99()
+    finally:
+        stop.set()
+        await asyncio.to_thread(worker.join)
+    from bench.stats import percentile
+
+    print(f"analyst's heavy query ({HEAVY[:60]}...): {len(runs)} runs, {summary_ms(runs) if len(runs) > 1 else runs}")
+    print(f"overview API alone {summary_ms(alone)} | with the analyst's query running {summary_ms(loaded)}")
+    print(ratio_line("overview p99 with the analyst / alone (goal <= 1.2)", percentile(loaded, 99), percentile(alone, 99), "s"))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from services.runtime.postgres import open_pool
 from services.runtime.settings import Settings
 from tests.support import databases
 from tests.support.apps import running_app
-from tests.support.infra import Endpoints, delete_topics_with_prefix, endpoints
+from tests.support.infra import Endpoints, delete_topics_with_prefix, drop_clickhouse_database, endpoints
 from tests.support.redis_server import running_redis
 
 
@@ -44,13 +44,15 @@ async def settings(infra: Endpoints, database_url: str) -> AsyncIterator[Setting
     yield Settings(
         kafka_bootstrap_servers=infra.kafka_bootstrap,
         database_url=database_url,
-        clickhouse_dsn=f"chdb://{infra.chdb_root}",
+        clickhouse_dsn=infra.clickhouse_dsn,
         clickhouse_database=f"t_{tag}",
+        redis_url=infra.redis_url,
         topic_prefix=f"t{tag}.",
         session_secret=f"test-secret-{tag}",
         admin_token=f"admin-{tag}",
     )
     await delete_topics_with_prefix(infra.kafka_bootstrap, f"t{tag}.")
+    drop_clickhouse_database(infra.clickhouse_dsn, f"t_{tag}")
 
 
 @pytest.fixture

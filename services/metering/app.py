@@ -25,6 +25,7 @@ def build(runtime: Runtime) -> Component:
 
     async def start() -> None:
         await asyncio.to_thread(store.open)  # connect and apply the ClickHouse DDL
+        await store.publish_prices(price_table)  # for analysts (docs/analysts.md)
         await follower.start()
         await sink.start()
 

@@ -2,7 +2,7 @@
 is fetched.
 
 The event loop's thread unpacks and validates records while the engine writes on another core
-(chdb releases the GIL), so the sink is as fast as the slower of the two instead of their sum.
+(the ClickHouse server), so the sink is as fast as the slower of the two instead of their sum.
 What keeps it exactly once:
 - Each batch commits its own offsets, explicitly, after its write: never the consumer's
   position, which is already past the batches behind it.

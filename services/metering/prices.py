@@ -36,6 +36,10 @@ class PriceTable:
         # (provider, model, day) 24 times: remember recent answers.
         self.at = functools.lru_cache(maxsize=16_384)(self._at)  # type: ignore[method-assign]
 
+    def all(self) -> list[Price]:
+        """Every row, by provider, model and start."""
+        return [p for key in sorted(self._by_model) for p in self._by_model[key]]
+
     def at(self, provider: str, model: str, day: date) -> Price | None:
         """The price in force on `day` (UTC), or None when none applies yet or the model is unknown."""
         return self._at(provider, model, day)

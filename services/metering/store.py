@@ -1,11 +1,10 @@
 """Metering's ClickHouse adapter: migrations, de-duplicated batch inserts, rollup and log reads.
 
-clickhouse-connect is synchronous (and chdb runs the engine in this process, releasing the
-GIL while it works), so every call runs in a worker thread. Clients are opened once at start:
+clickhouse-connect is synchronous (its HTTP calls release the GIL while they wait), so every
+call runs in a worker thread. Clients are opened once at start:
 one writer (the sink's inserts never queue behind an analytics query) and a small pool of
 readers, each client used by one thread at a time, so concurrent API requests do not queue
-behind one lock. Every query is parameterised (`{name:Type}` server-side binding); the same
-SQL runs on chdb and on a ClickHouse server.
+behind one lock. Every query is parameterised (`{name:Type}` server-side binding).
 """
 
 import asyncio
@@ -24,6 +23,7 @@ from clickhouse_connect.driver.exceptions import DatabaseError
 
 from services.metering import sink_tables
 from services.metering.domain import NO_KEY, NO_KEY_SERIES, TOTAL_KEY, Cursor, GroupBy, UsageRow
+from services.metering.prices import PriceTable
 from services.metering.sink_tables import SinkTable
 from services.runtime import clickhouse
 
@@ -145,7 +145,7 @@ class _Pool:
 
 
 def _utc(value: datetime) -> datetime:
-    """chdb may hand back naive datetimes for UTC columns; they are UTC."""
+    """A client may hand back naive datetimes for UTC columns; they are UTC."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
@@ -185,6 +185,14 @@ class MeteringStore:
         if self._reader is None:
             raise RuntimeError("the metering store is not open")
         return self._reader
+
+    async def publish_prices(self, table: PriceTable) -> None:
+        """Write the price table for analysts (`prices`, read through `usage_daily`): the same
+        prices the API charges with. Rows are replaced by key; a row removed from the file stays."""
+        rows = [[p.provider, p.model, p.effective_from, p.input_per_1m, p.output_per_1m, table.currency] for p in table.all()]
+        columns = ["provider", "model", "effective_from", "input_per_1m", "output_per_1m", "currency"]
+        if rows:
+            await self.writer.run(lambda c: c.insert(f"{self.db}.prices", rows, column_names=columns))
 
     async def ping(self) -> bool:
         rows = await self.reader.run(lambda c: c.query("SELECT 1").result_rows)

@@ -16,7 +16,7 @@ import typer
 from services.runtime import stack
 
 app = typer.Typer(help="Tollgate: API keys, usage metering, quotas and usage alerts.", no_args_is_help=True)
-stack_app = typer.Typer(help="The local stack (Kafka, Postgres, chdb) without Docker.", no_args_is_help=True)
+stack_app = typer.Typer(help="The local stack (Kafka, Postgres, ClickHouse, redis) without Docker.", no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
 service_token_app = typer.Typer(
     help="Tokens of the platform's own services (st-...): the only credential that writes usage.", no_args_is_help=True
@@ -37,6 +37,11 @@ def _config() -> stack.StackConfig:
         kafka_port=int(env("TOLLGATE_KAFKA_PORT", "19092")),
         controller_port=int(env("TOLLGATE_KAFKA_CONTROLLER_PORT", "19093")),
         postgres_port=int(env("TOLLGATE_POSTGRES_PORT", "15432")),
+        clickhouse_http_port=int(env("TOLLGATE_CLICKHOUSE_HTTP_PORT", "18123")),
+        clickhouse_tcp_port=int(env("TOLLGATE_CLICKHOUSE_TCP_PORT", "19000")),
+        redis_port=int(env("TOLLGATE_REDIS_PORT", "16379")),
+        clickhouse_password=env("TOLLGATE_CLICKHOUSE_PASSWORD") or None,
+        clickhouse_analyst_password=env("TOLLGATE_CLICKHOUSE_ANALYST_PASSWORD") or None,
     )
 
 
@@ -72,7 +77,7 @@ def serve(
 
 @stack_app.command("up")
 def stack_up() -> None:
-    """Start Kafka, Postgres and the chdb directory (idempotent)."""
+    """Start Kafka, Postgres, the ClickHouse server and redis (idempotent)."""
     stack.up(_config())
 
 
@@ -83,8 +88,11 @@ def stack_down() -> None:
 
 @stack_app.command("status")
 def stack_status() -> None:
-    for part, state in stack.status(_config()).items():
+    cfg = _config()
+    for part, state in stack.status(cfg).items():
         typer.echo(f"{part:11} {state}")
+    for interface, dsn in cfg.analyst_dsns().items():
+        typer.echo(f"analyst DSN ({interface}): {dsn}")
 
 
 def _wait_ready(base_url: str, timeout: float = 120) -> None:
@@ -204,6 +212,8 @@ def up(port: int = 8080) -> None:
                 # for POST /api/usage/events, as a platform service would (README: "Reporting usage")
                 "demo_service_token": service_token,
                 "logs": str(STATE_DIR / "logs"),
+                "clickhouse_analyst": cfg.analyst_dsns(),
+                "clickhouse_play": f"http://127.0.0.1:{cfg.clickhouse_http_port}/play",
             },
             indent=2,
         )

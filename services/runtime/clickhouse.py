@@ -1,4 +1,4 @@
-"""ClickHouse through clickhouse-connect: `http(s)://` for a server, `chdb:///path` embedded."""
+"""ClickHouse through clickhouse-connect, over HTTP(S) to a server (the local stack's or any other)."""
 
 import re
 import uuid
@@ -11,12 +11,14 @@ _MIGRATION_NAME = re.compile(r"^(\d{4})_[\w-]+\.sql$")
 
 
 def connect(dsn: str, *, session: bool = False) -> Client:
-    """A client for `dsn`. With chdb only one process may own a path: open it in one process.
+    """A client for `dsn` (`http(s)://user:password@host:port`).
 
-    `session`: temporary tables outlive a statement. A chdb client is one session already; a
-    server's HTTP client then sends its own session id (and must not run two queries at once).
+    `session`: temporary tables outlive a statement. Over HTTP that takes a session id of the
+    client's own (and such a client must not run two queries at once).
     """
-    if session and not dsn.startswith("chdb:"):
+    if not dsn.startswith(("http://", "https://")):
+        raise ValueError(f"CLICKHOUSE_DSN must be an http(s):// URL of a ClickHouse server, not {dsn.split(':', 1)[0]}:")
+    if session:
         return clickhouse_connect.get_client(dsn=dsn, session_id=f"tollgate-{uuid.uuid4()}")
     return clickhouse_connect.get_client(dsn=dsn)
 
@@ -24,7 +26,7 @@ def connect(dsn: str, *, session: bool = False) -> Client:
 def apply_migrations(client: Client, database: str, migrations_dir: Path) -> list[str]:
     """Apply numbered `NNNN_name.sql` files (statements split on `;`) not yet recorded.
 
-    No well-kept migration tool speaks to chdb, so the bookkeeping is one small table.
+    The bookkeeping is one small table (no well-kept migration tool speaks ClickHouse).
     `{db}` in a file is replaced by the target database. Returns the names applied.
     """
     client.command(f"CREATE DATABASE IF NOT EXISTS {database}")

@@ -13,7 +13,8 @@ class Settings(BaseSettings):
     kafka_bootstrap_servers: str = "127.0.0.1:19092"
     kafka_replication_factor: int = Field(default=1, ge=1)
     database_url: str = "postgresql://tollgate@127.0.0.1:15432/tollgate"
-    clickhouse_dsn: str = "chdb:///tmp/tollgate-chdb"
+    # A ClickHouse server over HTTP; `tollgate up` sets it to the local stack's (with its password).
+    clickhouse_dsn: str = "http://tollgate@127.0.0.1:18123"
     clickhouse_database: str = "tollgate"
     # Prepended to every topic and consumer group; tests isolate themselves with it.
     topic_prefix: str = ""

@@ -1,4 +1,5 @@
-"""The local stack without Docker: Kafka (KRaft, Maven Central jars), Postgres (initdb), chdb.
+"""The local stack without Docker: Kafka (KRaft, Maven Central jars), Postgres (initdb), a
+ClickHouse server (the engine of the chdb-core wheel, services/runtime/chserver.py) and redis.
 
 Each part listens on 127.0.0.1, keeps its data under the state directory, is waited for
 until it really answers, and is stopped by its PID. `up` is idempotent.
@@ -7,16 +8,24 @@ until it really answers, and is stopped by its PID. `up` is idempotent.
 import asyncio
 import glob
 import hashlib
+import json
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+import urllib.parse
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+
+import httpx
+
+from services.runtime.chserver import ServerSpec, sha256_hex
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = REPO_ROOT / "deploy" / "local"
@@ -29,6 +38,15 @@ class StackConfig:
     controller_port: int = 19093
     postgres_port: int = 15432
     database: str = "tollgate"
+    clickhouse_http_port: int = 18123
+    clickhouse_tcp_port: int = 19000
+    redis_port: int = 16379
+    # The ClickHouse users' passwords; unset, each is generated once into the state directory.
+    clickhouse_password: str | None = None
+    clickhouse_analyst_password: str | None = None
+    # Database name patterns (`t_*`) the `tollgate` user may also create: per-test databases.
+    clickhouse_extra_databases: tuple[str, ...] = ()
+    clickhouse_extra_table_engines: tuple[str, ...] = ()  # for benchmarks only (Kafka)
 
     @property
     def kafka_bootstrap(self) -> str:
@@ -40,7 +58,37 @@ class StackConfig:
 
     @property
     def clickhouse_dsn(self) -> str:
-        return f"chdb://{self.state_dir.resolve() / 'clickhouse'}"
+        """The application's DSN (user `tollgate`, over HTTP like in production)."""
+        return f"http://tollgate:{_quote(self.passwords()['tollgate'])}@127.0.0.1:{self.clickhouse_http_port}"
+
+    def analyst_dsns(self) -> dict[str, str]:
+        """The read-only analyst's DSNs, for HTTP and for the native protocol."""
+        password = _quote(self.passwords()["analyst"])
+        return {
+            "http": f"http://analyst:{password}@127.0.0.1:{self.clickhouse_http_port}",
+            "native": f"clickhouse://analyst:{password}@127.0.0.1:{self.clickhouse_tcp_port}/{self.database}",
+        }
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    def passwords(self) -> dict[str, str]:
+        """The `tollgate` and `analyst` passwords: the configured ones, else generated once and
+        kept in the state directory (readable by its owner only)."""
+        path = self.state_dir / "clickhouse-passwords.json"
+        try:
+            stored: dict[str, str] = json.loads(path.read_text())
+        except FileNotFoundError:
+            stored = {"tollgate": secrets.token_urlsafe(18), "analyst": secrets.token_urlsafe(18)}
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                json.dump(stored, out)
+        return {
+            "tollgate": self.clickhouse_password or stored["tollgate"],
+            "analyst": self.clickhouse_analyst_password or stored["analyst"],
+        }
 
     def env(self) -> dict[str, str]:
         """The settings (environment variables) that point Tollgate at this stack."""
@@ -48,7 +96,13 @@ class StackConfig:
             "KAFKA_BOOTSTRAP_SERVERS": self.kafka_bootstrap,
             "DATABASE_URL": self.database_url,
             "CLICKHOUSE_DSN": self.clickhouse_dsn,
+            "CLICKHOUSE_DATABASE": self.database,
+            "REDIS_URL": self.redis_url,
         }
+
+
+def _quote(password: str) -> str:
+    return urllib.parse.quote(password, safe="")
 
 
 def _log(message: str) -> None:
@@ -244,6 +298,123 @@ def postgres_down(cfg: StackConfig) -> None:
         _log("postgres stopped")
 
 
+# ---- ClickHouse -----------------------------------------------------------------------------
+def _clickhouse_files(cfg: StackConfig) -> tuple[Path, Path, Path, Path]:
+    """The instance folder (owned by the server process), its pidfile, its control file (marker
+    and `ctl` password of the running server) and its log."""
+    state = cfg.state_dir.resolve()
+    return state / "clickhouse", state / "clickhouse.pid", state / "clickhouse.ctl.json", state / "logs" / "clickhouse.log"
+
+
+def clickhouse_up(cfg: StackConfig, timeout: float = 60) -> None:
+    instance, pid_file, ctl_file, log_path = _clickhouse_files(cfg)
+    if _read_pid(pid_file):
+        _log(f"clickhouse already running on http://127.0.0.1:{cfg.clickhouse_http_port}")
+        return
+    passwords = cfg.passwords()
+    spec = ServerSpec(
+        http_port=cfg.clickhouse_http_port,
+        tcp_port=cfg.clickhouse_tcp_port,
+        marker=f"tollgate-clickhouse-{uuid.uuid4().hex}",
+        ctl_password=secrets.token_urlsafe(18),
+        tollgate_sha256=sha256_hex(passwords["tollgate"]),
+        analyst_sha256=sha256_hex(passwords["analyst"]),
+        database=cfg.database,
+        extra_database_patterns=cfg.clickhouse_extra_databases,
+        extra_table_engines=cfg.clickhouse_extra_table_engines,
+    )
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(ctl_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump({"marker": spec.marker, "ctl_password": spec.ctl_password, "http_port": spec.http_port}, out)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.runtime.chserver", str(instance)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **spec.to_env()},
+            cwd=REPO_ROOT,
+            start_new_session=True,
+        )
+    pid_file.write_text(str(proc.pid))
+    deadline = time.monotonic() + timeout
+    while not _clickhouse_answers(ctl_file):
+        if proc.poll() is not None:
+            pid_file.unlink(missing_ok=True)
+            raise SystemExit(f"clickhouse exited with {proc.returncode}; see {log_path}")
+        if time.monotonic() > deadline:
+            stop_pid_file(pid_file, "clickhouse")
+            raise SystemExit(f"clickhouse did not answer within {timeout:.0f}s; see {log_path}")
+        time.sleep(0.1)
+    _log(f"clickhouse ready on http://127.0.0.1:{cfg.clickhouse_http_port} and native port {cfg.clickhouse_tcp_port}")
+
+
+def _clickhouse_answers(ctl_file: Path) -> bool:
+    """Our own server answers: its listeners' query is running. `/ping` alone is not enough,
+    since any other server on the port answers it too."""
+    try:
+        ctl = json.loads(ctl_file.read_text())
+        response = httpx.post(
+            f"http://127.0.0.1:{ctl['http_port']}/",
+            content=f"SELECT count() FROM system.processes WHERE query LIKE '/* {ctl['marker']} */%'",
+            headers={"X-ClickHouse-User": "ctl", "X-ClickHouse-Key": ctl["ctl_password"]},
+            timeout=2,
+        )
+    except (OSError, ValueError, KeyError, httpx.HTTPError):
+        return False
+    return response.status_code == 200 and response.text.strip() == "1"
+
+
+def clickhouse_down(cfg: StackConfig) -> None:
+    # The server stops its listeners' query on SIGTERM and exits within a few seconds.
+    stop_pid_file(_clickhouse_files(cfg)[1], "clickhouse")
+
+
+# ---- redis ---------------------------------------------------------------------------------
+def _as_nobody(cmd: list[str]) -> list[str]:
+    if os.geteuid() != 0:
+        return cmd
+    return ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", *cmd]
+
+
+def redis_up(cfg: StackConfig, timeout: float = 30) -> None:
+    state = cfg.state_dir.resolve()
+    pid_file, data, log_path = state / "redis.pid", state / "redis", state / "logs" / "redis.log"
+    if _read_pid(pid_file):
+        _log(f"redis already running at {cfg.redis_url}")
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server not found: install redis-server (deploy/local/prereqs.sh)")
+    data.mkdir(parents=True, exist_ok=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        shutil.chown(data, "nobody", "nogroup")
+    cmd = [binary, "--port", str(cfg.redis_port), "--bind", "127.0.0.1", "--dir", str(data), "--appendonly", "no"]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(_as_nobody(cmd), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    pid_file.write_text(str(proc.pid))
+    import redis
+
+    client = redis.Redis(port=cfg.redis_port, socket_timeout=1)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if client.ping():
+                break
+        except redis.RedisError:
+            pass
+        if proc.poll() is not None:
+            pid_file.unlink(missing_ok=True)
+            raise SystemExit(f"redis exited with {proc.returncode}; see {log_path}")
+        if time.monotonic() > deadline:
+            stop_pid_file(pid_file, "redis")
+            raise SystemExit(f"redis did not answer within {timeout:.0f}s; see {log_path}")
+        time.sleep(0.05)
+    client.close()
+    _log(f"redis ready at {cfg.redis_url}")
+
+
 # ---- the whole stack -----------------------------------------------------------------------
 def stop_pid_file(pid_file: Path, name: str, timeout: float = 30) -> None:
     """SIGTERM the process group, SIGKILL it if it lingers; return only once it is gone."""
@@ -275,11 +446,13 @@ def up(cfg: StackConfig) -> None:
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     postgres_up(cfg)
     kafka_up(cfg)
-    (cfg.state_dir / "clickhouse").mkdir(exist_ok=True)
-    _log(f"clickhouse (embedded chdb) at {cfg.clickhouse_dsn}")
+    clickhouse_up(cfg)
+    redis_up(cfg)
 
 
 def down(cfg: StackConfig) -> None:
+    stop_pid_file(cfg.state_dir.resolve() / "redis.pid", "redis")
+    clickhouse_down(cfg)
     stop_pid_file(cfg.state_dir / "kafka" / "kafka.pid", "kafka")
     postgres_down(cfg)
 
@@ -287,8 +460,16 @@ def down(cfg: StackConfig) -> None:
 def status(cfg: StackConfig) -> dict[str, str]:
     kafka = _read_pid(cfg.state_dir / "kafka" / "kafka.pid")
     pg = _read_pid((cfg.state_dir / "postgres" / "data" / "postmaster.pid").resolve())
+    _, ch_pid_file, ctl_file, _ = _clickhouse_files(cfg)
+    ch = _read_pid(ch_pid_file)
+    ch_state = "stopped"
+    if ch:
+        answers = "" if _clickhouse_answers(ctl_file) else ", NOT answering"
+        ch_state = f"running (pid {ch}{answers}) on http://127.0.0.1:{cfg.clickhouse_http_port}, native {cfg.clickhouse_tcp_port}"
+    rd = _read_pid(cfg.state_dir.resolve() / "redis.pid")
     return {
         "kafka": f"running (pid {kafka}) on {cfg.kafka_bootstrap}" if kafka else "stopped",
         "postgres": f"running (pid {pg}) at {cfg.database_url}" if pg else "stopped",
-        "clickhouse": f"embedded chdb at {cfg.clickhouse_dsn}",
+        "clickhouse": ch_state,
+        "redis": f"running (pid {rd}) at {cfg.redis_url}" if rd else "stopped",
     }

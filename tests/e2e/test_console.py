@@ -47,12 +47,10 @@ WAIT_MS = 20_000
 
 
 @pytest.fixture
-def server(settings, tmp_path: Path) -> Iterator[ServeProcess]:
-    # The subprocess owns its own chdb path (one process per path).
-    # The story's webhook receiver runs on 127.0.0.1: the operator setting lets the server reach it.
-    proc = ServeProcess(
-        settings.model_copy(update={"clickhouse_dsn": f"chdb://{tmp_path}/ch", "webhook_allow_private_targets": True})
-    )
+def server(settings) -> Iterator[ServeProcess]:
+    # On the test's own ClickHouse database of the test server. The story's webhook receiver runs
+    # on 127.0.0.1: the operator setting lets the server reach it.
+    proc = ServeProcess(settings.model_copy(update={"webhook_allow_private_targets": True}))
     try:
         proc.wait_ready(90)
         yield proc

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.integration
 
 def _pids(state: Path) -> list[int]:
     files = [state / "tollgate.pid", state / "kafka" / "kafka.pid", state / "postgres" / "data" / "postmaster.pid"]
+    files += [state / "clickhouse.pid", state / "redis.pid"]
     return [int(f.read_text().split()[0]) for f in files if f.exists()]
 
 
@@ -34,11 +35,18 @@ def test_up_serves_every_dependency_ready_with_a_demo_login_and_down_leaves_no_p
     state = REPO / ".tollgate" / f"e2e-{uuid.uuid4().hex[:8]}"
     port = free_port()
     env = {
-        **{k: v for k, v in os.environ.items() if k not in {"KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL", "CLICKHOUSE_DSN"}},
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if k not in {"KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL", "CLICKHOUSE_DSN", "CLICKHOUSE_DATABASE", "REDIS_URL"}
+        },
         "TOLLGATE_STATE_DIR": str(state),
         "TOLLGATE_KAFKA_PORT": str(free_port()),
         "TOLLGATE_KAFKA_CONTROLLER_PORT": str(free_port()),
         "TOLLGATE_POSTGRES_PORT": str(free_port()),
+        "TOLLGATE_CLICKHOUSE_HTTP_PORT": str(free_port()),
+        "TOLLGATE_CLICKHOUSE_TCP_PORT": str(free_port()),
+        "TOLLGATE_REDIS_PORT": str(free_port()),
     }
     cli = [sys.executable, "-m", "services.runtime.cli"]
     pids: list[int] = []
@@ -60,12 +68,24 @@ def test_up_serves_every_dependency_ready_with_a_demo_login_and_down_leaves_no_p
         service = {"Authorization": f"Bearer {printed['demo_service_token']}"}
         assert printed["demo_service_token"].startswith("st-")
         assert httpx.post(f"{base}/api/usage/events", json={"events": []}, headers=service, timeout=10).status_code == 422
+        # the analyst's DSNs are printed, and the analyst reads Tollgate's database but cannot write
+        analyst = printed["clickhouse_analyst"]
+        assert analyst["http"].startswith("http://analyst:")
+        assert analyst["http"].endswith(f"@127.0.0.1:{env['TOLLGATE_CLICKHOUSE_HTTP_PORT']}")
+        assert analyst["native"].endswith(f"@127.0.0.1:{env['TOLLGATE_CLICKHOUSE_TCP_PORT']}/tollgate")
+        read = httpx.post(analyst["http"], content="SELECT count() FROM tollgate.usage_events", timeout=10)
+        assert read.status_code == 200 and read.text.strip().isdigit(), read.text
+        write = httpx.post(analyst["http"], content="DROP TABLE tollgate.usage_events", timeout=10)
+        assert write.status_code != 200 and "ACCESS_DENIED" in write.text, write.text
+        status = subprocess.run([*cli, "stack", "status"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert analyst["http"] in status.stdout and analyst["native"] in status.stdout, status.stdout
+        assert "redis       running" in status.stdout and "clickhouse  running" in status.stdout, status.stdout
         # idempotent: a second `up` finds everything running and the demo account there
         again = subprocess.run([*cli, "up", "--port", str(port)], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
         assert again.returncode == 0, again.stdout + again.stderr
         assert json.loads(again.stdout[again.stdout.index("{") :])["demo_service_token"] == printed["demo_service_token"]
         pids = _pids(state)
-        assert len(pids) == 3
+        assert len(pids) == 5
     finally:
         subprocess.run([*cli, "down"], env=env, cwd=REPO, capture_output=True, timeout=120)
         shutil.rmtree(state, ignore_errors=True)

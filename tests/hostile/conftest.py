@@ -1,5 +1,5 @@
 """One real `tollgate serve --target all` per test module (uvicorn, real sockets), on settings of
-its own: topics, consumer groups, Postgres database and ClickHouse directory."""
+its own: topics, consumer groups, Postgres database and ClickHouse database."""
 
 import asyncio
 import uuid
@@ -11,7 +11,7 @@ import pytest
 from services.runtime.settings import Settings
 from tests.support import databases
 from tests.support.apps import ServeProcess
-from tests.support.infra import Endpoints, delete_topics_with_prefix
+from tests.support.infra import Endpoints, delete_topics_with_prefix, drop_clickhouse_database
 
 
 @dataclass
@@ -31,8 +31,9 @@ def served(infra: Endpoints, template_db: str, tmp_path_factory: pytest.TempPath
     settings = Settings(
         kafka_bootstrap_servers=infra.kafka_bootstrap,
         database_url=database_url,
-        clickhouse_dsn=f"chdb://{tmp_path_factory.mktemp('chdb')}",  # the child owns its own chdb path
+        clickhouse_dsn=infra.clickhouse_dsn,
         clickhouse_database=f"t_{tag}",
+        redis_url=infra.redis_url,
         topic_prefix=f"t{tag}.",
         session_secret=f"test-secret-{tag}",
         admin_token=f"admin-{tag}",
@@ -45,3 +46,4 @@ def served(infra: Endpoints, template_db: str, tmp_path_factory: pytest.TempPath
         proc.stop()
         databases.drop(infra.database_url, database_url)
         asyncio.run(delete_topics_with_prefix(infra.kafka_bootstrap, f"t{tag}."))
+        drop_clickhouse_database(infra.clickhouse_dsn, f"t_{tag}")

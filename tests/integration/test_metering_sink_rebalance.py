@@ -1,7 +1,7 @@
-"""The sink's write pipeline against real Kafka and the real engine (chdb), with no fakes:
+"""The sink's write pipeline against real Kafka and the real ClickHouse server, with no fakes:
 
 - two sink instances of one consumer group in this process (two apps with the same settings:
-  same groups, same chdb path) split usage.v1 while a stream is being written, then one of them
+  same groups, same ClickHouse database) split usage.v1 while a stream is being written, then one of them
   stops gracefully and the other takes every partition: the raw table and its hourly rollup (a
   projection that counts every copy inserted until a merge; merges are stopped here) hold each
   event exactly once;

@@ -1,4 +1,9 @@
-"""Real endpoints for integration tests: env vars, else testcontainers (Docker), else the local stack."""
+"""Real endpoints for integration tests: env vars, else testcontainers (Docker), else the local stack.
+
+Kafka and Postgres: TEST_KAFKA_BOOTSTRAP_SERVERS and TEST_DATABASE_URL. ClickHouse and redis:
+TEST_CLICKHOUSE_URL (http://tollgate:PASSWORD@host:port), TEST_CLICKHOUSE_ANALYST_URL and
+TEST_REDIS_URL, else the test stack's own ClickHouse server and redis.
+"""
 
 import os
 import shutil
@@ -12,7 +17,15 @@ from services.runtime import stack
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_STACK = stack.StackConfig(
-    state_dir=REPO / ".tollgate" / "test-stack", kafka_port=29092, controller_port=29093, postgres_port=25432
+    state_dir=REPO / ".tollgate" / "test-stack",
+    kafka_port=29092,
+    controller_port=29093,
+    postgres_port=25432,
+    clickhouse_http_port=28123,
+    clickhouse_tcp_port=28900,
+    redis_port=26379,
+    # Each test makes its own `t_<tag>` database (benchmarks `b_<tag>`); the analyst examples use `tollgate`.
+    clickhouse_extra_databases=("t_*", "b_*"),
 )
 
 
@@ -20,7 +33,9 @@ TEST_STACK = stack.StackConfig(
 class Endpoints:
     kafka_bootstrap: str
     database_url: str  # the server's maintenance database; tests clone their own from a template
-    chdb_root: Path  # in-process ClickHouse (one owner per path: subprocesses get their own)
+    clickhouse_dsn: str  # the ClickHouse server as `tollgate` (http://); tests use databases `t_<tag>`
+    clickhouse_analyst_dsn: str  # the same server as the read-only `analyst` (database `tollgate` only)
+    redis_url: str
 
 
 async def delete_topics_with_prefix(bootstrap: str, prefix: str) -> None:
@@ -36,34 +51,76 @@ async def delete_topics_with_prefix(bootstrap: str, prefix: str) -> None:
         await admin.close()
 
 
+def drop_clickhouse_database(dsn: str, database: str) -> None:
+    from services.runtime import clickhouse
+
+    client = clickhouse.connect(dsn)
+    try:
+        client.command(f"DROP DATABASE IF EXISTS {database}")
+    finally:
+        client.close()
+
+
 def _docker_answers() -> bool:
     if shutil.which("docker") is None:
         return False
     return subprocess.run(["docker", "info"], capture_output=True, timeout=10).returncode == 0
 
 
+def _stack_running(cfg: stack.StackConfig, parts: tuple[str, ...]) -> bool:
+    states = stack.status(cfg)
+    return all(states[part].startswith("running") for part in parts)
+
+
+@contextmanager
+def _clickhouse_and_redis() -> Iterator[tuple[str, str, str]]:
+    """TEST_CLICKHOUSE_URL (as `tollgate`), TEST_CLICKHOUSE_ANALYST_URL and TEST_REDIS_URL, else
+    the test stack's own ClickHouse server and redis (started here if they are not running)."""
+    if os.environ.get("TEST_CLICKHOUSE_URL") and os.environ.get("TEST_REDIS_URL"):
+        yield (
+            os.environ["TEST_CLICKHOUSE_URL"],
+            os.environ.get("TEST_CLICKHOUSE_ANALYST_URL", ""),
+            os.environ["TEST_REDIS_URL"],
+        )
+        return
+    already_running = _stack_running(TEST_STACK, ("clickhouse", "redis"))
+    stack.clickhouse_up(TEST_STACK)
+    stack.redis_up(TEST_STACK)
+    try:
+        yield TEST_STACK.clickhouse_dsn, TEST_STACK.analyst_dsns()["http"], TEST_STACK.redis_url
+    finally:
+        if not already_running and os.environ.get("TOLLGATE_KEEP_TEST_STACK") != "1":
+            stack.stop_pid_file(TEST_STACK.state_dir.resolve() / "redis.pid", "redis")
+            stack.clickhouse_down(TEST_STACK)
+
+
 @contextmanager
 def endpoints() -> Iterator[Endpoints]:
-    chdb_root = REPO / ".tollgate" / "test-chdb" / str(os.getpid())
-    shutil.rmtree(chdb_root, ignore_errors=True)
-    chdb_root.mkdir(parents=True)
-    try:
-        if os.environ.get("TEST_KAFKA_BOOTSTRAP_SERVERS") and os.environ.get("TEST_DATABASE_URL"):
-            yield Endpoints(os.environ["TEST_KAFKA_BOOTSTRAP_SERVERS"], os.environ["TEST_DATABASE_URL"], chdb_root)
-        elif _docker_answers():
-            from testcontainers.kafka import KafkaContainer
-            from testcontainers.postgres import PostgresContainer
+    if os.environ.get("TEST_KAFKA_BOOTSTRAP_SERVERS") and os.environ.get("TEST_DATABASE_URL"):
+        with _clickhouse_and_redis() as (ch, analyst, redis_url):
+            yield Endpoints(os.environ["TEST_KAFKA_BOOTSTRAP_SERVERS"], os.environ["TEST_DATABASE_URL"], ch, analyst, redis_url)
+    elif _docker_answers():
+        from testcontainers.kafka import KafkaContainer
+        from testcontainers.postgres import PostgresContainer
 
-            with KafkaContainer("apache/kafka:4.1.0").with_kraft() as kafka, PostgresContainer("postgres:16", driver=None) as pg:
-                yield Endpoints(kafka.get_bootstrap_server(), pg.get_connection_url(), chdb_root)
-        else:
-            # Stop it afterwards only if this run started it: another run may be using it.
-            already_running = all(state.startswith("running") for state in list(stack.status(TEST_STACK).values())[:2])
-            stack.up(TEST_STACK)
-            try:
-                yield Endpoints(TEST_STACK.kafka_bootstrap, TEST_STACK.database_url, chdb_root)
-            finally:
-                if not already_running and os.environ.get("TOLLGATE_KEEP_TEST_STACK") != "1":
-                    stack.down(TEST_STACK)
-    finally:
-        shutil.rmtree(chdb_root, ignore_errors=True)
+        with (
+            KafkaContainer("apache/kafka:4.1.0").with_kraft() as kafka,
+            PostgresContainer("postgres:16", driver=None) as pg,
+            _clickhouse_and_redis() as (ch, analyst, redis_url),
+        ):
+            yield Endpoints(kafka.get_bootstrap_server(), pg.get_connection_url(), ch, analyst, redis_url)
+    else:
+        # Stop it afterwards only if this run started it: another run may be using it.
+        already_running = _stack_running(TEST_STACK, ("kafka", "postgres", "clickhouse", "redis"))
+        stack.up(TEST_STACK)
+        try:
+            yield Endpoints(
+                TEST_STACK.kafka_bootstrap,
+                TEST_STACK.database_url,
+                TEST_STACK.clickhouse_dsn,
+                TEST_STACK.analyst_dsns()["http"],
+                TEST_STACK.redis_url,
+            )
+        finally:
+            if not already_running and os.environ.get("TOLLGATE_KEEP_TEST_STACK") != "1":
+                stack.down(TEST_STACK)

@@ -1,0 +1,181 @@
+"""The local stack's ClickHouse server (services/runtime/chserver.py) as a real process: it runs as
+`nobody`, keeps its data across SIGTERM and SIGKILL, refuses a second launcher and a taken port
+(and never reports ready on another server's port), and Tollgate rides out its outage: /readyz
+says so, the metering sink commits no offsets while it is down and catches up exactly after."""
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+
+from contracts.topics import USAGE
+from services.runtime import clickhouse, stack
+from services.runtime.chserver import ServerSpec
+from services.runtime.kafka import ensure_topics
+from tests.integration.test_metering_sink import produce, usage
+from tests.support.apps import REPO, free_port, running_app
+from tests.support.metering import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def own_server() -> Iterator[stack.StackConfig]:
+    """A ClickHouse server of this test's own (it gets stopped), on free ports. Under the repo,
+    not /tmp/pytest-of-root (0700): the server's user must reach its folder."""
+    cfg = stack.StackConfig(
+        state_dir=REPO / ".tollgate" / f"ch-{uuid.uuid4().hex[:8]}",
+        clickhouse_http_port=free_port(),
+        clickhouse_tcp_port=free_port(),
+        clickhouse_extra_databases=("t_*",),
+    )
+    stack.clickhouse_up(cfg)
+    try:
+        yield cfg
+    finally:
+        stack.clickhouse_down(cfg)
+        shutil.rmtree(cfg.state_dir, ignore_errors=True)
+
+
+def _pid(cfg: stack.StackConfig) -> int:
+    return int((cfg.state_dir / "clickhouse.pid").read_text())
+
+
+def _count(cfg: stack.StackConfig, table: str) -> int:
+    client = clickhouse.connect(cfg.clickhouse_dsn)
+    try:
+        return int(client.query(f"SELECT count() FROM {table}").result_rows[0][0])
+    finally:
+        client.close()
+
+
+def test_runs_unprivileged_keeps_data_and_refuses_a_second_owner_or_a_taken_port(own_server):
+    cfg = own_server
+    proc_status = open(f"/proc/{_pid(cfg)}/status").read().splitlines()
+    uids = next(line for line in proc_status if line.startswith("Uid:")).split()[1:]
+    assert set(uids) == {str(65534)}  # nobody, real and effective
+    assert os.stat(cfg.state_dir / "clickhouse" / "data").st_uid == 65534
+
+    client = clickhouse.connect(cfg.clickhouse_dsn)
+    client.command("CREATE DATABASE tollgate")
+    client.command("CREATE TABLE tollgate.kept (n UInt32) ENGINE = MergeTree ORDER BY n")
+    client.command("INSERT INTO tollgate.kept SELECT number FROM numbers(1000)")
+    client.close()
+
+    stack.clickhouse_down(cfg)  # SIGTERM: a clean stop
+    assert not stack.status(cfg)["clickhouse"].startswith("running")
+    stack.clickhouse_up(cfg)
+    assert _count(cfg, "tollgate.kept") == 1000
+
+    os.killpg(_pid(cfg), signal.SIGKILL)  # no clean stop at all
+    assert stack._wait_gone(_pid(cfg), 10)
+    stack.clickhouse_up(cfg)
+    assert _count(cfg, "tollgate.kept") == 1000
+
+    # A second launcher on the live instance exits non-zero and leaves its files alone.
+    users = cfg.state_dir / "clickhouse" / "users.xml"
+    before = users.read_bytes()
+    spec = ServerSpec(free_port(), free_port(), "other", "pw", "00", "00")
+    second = subprocess.run(
+        [sys.executable, "-m", "services.runtime.chserver", str(cfg.state_dir / "clickhouse")],
+        env={**os.environ, **spec.to_env()},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode != 0 and "in use" in second.stderr, second.stderr
+    assert users.read_bytes() == before
+
+    # Another instance on the same (taken) port: the engine cannot listen, the launcher exits
+    # non-zero, and `up` does not take the first server's answers for its own.
+    clash = replace(cfg, state_dir=REPO / ".tollgate" / f"ch-{uuid.uuid4().hex[:8]}")
+    try:
+        with pytest.raises(SystemExit, match="clickhouse exited"):
+            stack.clickhouse_up(clash, timeout=60)
+        assert "Address already in use" in (clash.state_dir / "logs" / "clickhouse.log").read_text()
+        assert stack._read_pid(clash.state_dir / "clickhouse.pid") is None
+    finally:
+        stack.clickhouse_down(clash)
+        shutil.rmtree(clash.state_dir, ignore_errors=True)
+    assert _count(cfg, "tollgate.kept") == 1000  # the first server is untouched
+
+
+async def _committed(settings, group: str) -> int:
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(settings.group(group))
+    finally:
+        await admin.close()
+    return sum(max(meta.offset, 0) for tp, meta in offsets.items() if tp.topic == settings.topic(USAGE.name))
+
+
+async def test_server_stopped_under_load_readyz_says_so_offsets_wait_and_the_sink_catches_up(settings, own_server):
+    cfg = own_server
+    settings = settings.model_copy(update={"clickhouse_dsn": cfg.clickhouse_dsn})
+    await ensure_topics(settings)
+    account = uuid.uuid4()
+    events = [usage(account, n) for n in range(40_000)]
+    topic, key = settings.topic(USAGE.name), str(account).encode()
+    records = [(topic, key, e.model_dump_json().encode()) for e in events]
+    table = f"{settings.clickhouse_database}.usage_events"
+
+    async with running_app(settings, targets=("metering",)) as (_, client):
+        assert (await client.get("/readyz")).status_code == 200
+        producing = asyncio.create_task(produce(settings, records[:20_000]))
+
+        async def some_written() -> bool:
+            return await asyncio.to_thread(_count, cfg, table) > 0
+
+        await wait_until(some_written, timeout=60, interval=0.05)
+        await asyncio.to_thread(stack.clickhouse_down, cfg)  # a real process stop, mid-stream
+        await producing
+        await produce(settings, records[20_000:])  # and more arrives while it is down
+
+        down = await client.get("/readyz")
+        assert down.status_code == 503
+        assert down.json()["checks"]["clickhouse"] == "unavailable"
+        committed = await _committed(settings, "metering.usage")
+        await asyncio.sleep(3)  # the sink keeps retrying meanwhile
+        assert await _committed(settings, "metering.usage") == committed < len(records)
+
+        await asyncio.to_thread(stack.clickhouse_up, cfg)
+
+        async def caught_up() -> bool:
+            return await _committed(settings, "metering.usage") == len(records)
+
+        await wait_until(caught_up, timeout=120, interval=0.2)
+        assert (await client.get("/readyz")).status_code == 200
+    ch = clickhouse.connect(cfg.clickhouse_dsn)
+    try:
+        rows, ids = ch.query(f"SELECT count(), uniqExact(id) FROM {table}").result_rows[0]
+    finally:
+        ch.close()
+    assert (rows, ids) == (len(events), len(events))  # nothing lost, nothing twice
+
+
+def test_native_protocol_serves_the_app_and_the_read_only_analyst(own_server):
+    driver = pytest.importorskip("clickhouse_driver")  # a dev dependency (pyproject.toml)
+    cfg = own_server
+    tcp = f"127.0.0.1:{cfg.clickhouse_tcp_port}"
+    app = driver.Client.from_url(f"clickhouse://tollgate:{cfg.passwords()['tollgate']}@{tcp}/default")
+    app.execute("CREATE DATABASE IF NOT EXISTS tollgate")
+    app.execute("CREATE TABLE tollgate.native (n UInt32, s String) ENGINE = MergeTree ORDER BY n")
+    app.execute("INSERT INTO tollgate.native (n, s) VALUES", [(i, f"row {i}") for i in range(100)])
+    analyst = driver.Client.from_url(cfg.analyst_dsns()["native"])
+    assert analyst.execute("SELECT count(), sum(n) FROM native") == [(100, 4950)]
+    with pytest.raises(driver.errors.ServerException) as refused:
+        analyst.execute("INSERT INTO tollgate.native (n, s) VALUES", [(1000, "x")])
+    assert refused.value.code == 497  # ACCESS_DENIED
+    with pytest.raises(driver.errors.ServerException):
+        driver.Client.from_url(f"clickhouse://analyst:wrong@{tcp}/tollgate").execute("SELECT 1")
+    assert analyst.execute("SELECT count() FROM native") == [(100,)]
