@@ -105,7 +105,7 @@ async def main(callers: int) -> None:
             url = databases.clone(infra.database_url, template)
             settings = Settings(
                 kafka_bootstrap_servers=infra.kafka_bootstrap, database_url=url, topic_prefix=f"bench{tag}.",
-                clickhouse_dsn=f"chdb://{infra.chdb_root}", clickhouse_database=f"b_{tag}",
+                clickhouse_dsn=infra.clickhouse_dsn, clickhouse_database=f"b_{tag}",
                 session_secret=f"bench-{tag}", redis_url=redis,
             )  # fmt: skip
             try:

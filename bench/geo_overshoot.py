@@ -129,7 +129,7 @@ async def main(processes: int, creators: int, rounds: int) -> None:
         url = databases.clone(infra.database_url, template)
         settings = Settings(
             kafka_bootstrap_servers=infra.kafka_bootstrap, database_url=url, topic_prefix=f"bench{tag}.",
-            clickhouse_dsn=f"chdb://{infra.chdb_root}", clickhouse_database=f"b_{tag}",
+            clickhouse_dsn=infra.clickhouse_dsn, clickhouse_database=f"b_{tag}",
         )  # fmt: skip
         procs = [ServeProcess(settings, "keys,geo") for _ in range(processes)]
         try:
