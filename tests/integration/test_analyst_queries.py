@@ -66,10 +66,14 @@ def _usage(account, at, provider, model, inp, out) -> UsageEvent:
     )  # fmt: skip
 
 
+REFUSED = {401: "api_key_disabled", 403: "insufficient_quota", 429: "rate_limited"}  # the edge's codes
+
+
 def _call(account, key, at, method, path, status, ip, latency) -> CallEvent:
     return CallEvent(
-        time=at, account_id=account, api_key_id=key, method=method, path=path, status=status, ip=ip, latency_ms=latency
-    )
+        time=at, account_id=account, api_key_id=key, method=method, path=path, status=status, ip=ip, latency_ms=latency,
+        error_code=REFUSED.get(status),
+    )  # fmt: skip
 
 
 def make_seed() -> Seed:
@@ -92,7 +96,7 @@ def make_seed() -> Seed:
         _call(a, k2, now - timedelta(minutes=i), "GET", search, 429 if i % 5 == 0 else 200, "10.9.9.9", 2.0 * i)
         for i in range(1, 51)
     ]
-    k3_status = [500] * 4 + [402] * 2 + [201] * 14
+    k3_status = [500] * 4 + [403] * 2 + [201] * 14
     calls += [_call(b, k3, now - 2 * d + timedelta(minutes=i), "POST", geo, k3_status[i], "10.1.1.1", 100 + i) for i in range(20)]
     return Seed(now, {"a": a, "b": b, "c": c}, {"k1": k1, "k2": k2, "k3": k3}, usage, calls)
 
@@ -187,7 +191,10 @@ def expect_p95(seed: Seed, rows) -> None:
 
 
 def expect_refused(seed: Seed, rows) -> None:
-    counted = Counter((c.api_key_id, c.status) for c in seed.calls if 400 <= c.status <= 499)
+    counted = Counter()
+    for c in seed.calls:
+        if c.error_code is not None:
+            counted[(c.api_key_id, c.error_code)] += c.count
     assert sorted(rows, key=str) == sorted(((k, s, n) for (k, s), n in counted.items()), key=str)
     assert rows == sorted(rows, key=lambda r: (_uuid_order(r[0]), r[1]))
     assert sum(r[2] for r in rows) == 12

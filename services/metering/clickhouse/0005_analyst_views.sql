@@ -1,6 +1,6 @@
 -- The names analysts query (docs/analysts.md): stable views over the internal tables, and the
 -- price table. The internal tables may change shape, these views keep their columns.
--- 0004, not 0003: another change adds call columns in 0003 (applied first, when present).
+-- After 0003 (the calls' outcome) and 0004 (usage per key): the views show those columns.
 
 -- Prices as metering loads them (services/metering/data/prices.toml or METERING_PRICES_FILE),
 -- written by the metering service at start. A row applies from `effective_from` (a UTC date)
@@ -32,7 +32,8 @@ SELECT
     input_tokens,
     output_tokens,
     total_tokens,
-    source
+    source,
+    nullIf(api_key_id, toUUID('00000000-0000-0000-0000-000000000000')) AS api_key_id
 FROM {db}.usage_events;
 
 -- One row per API-key call (calls.v1): who called which route, how it ended, how long it took.
@@ -48,7 +49,9 @@ SELECT
     status,
     ip,
     user_agent,
-    latency_ms
+    latency_ms,
+    nullIf(error_code, '') AS error_code,
+    count
 FROM {db}.call_events;
 
 -- Account x UTC day x resource x provider x model, priced with the price in force that day
