@@ -358,7 +358,13 @@ async def test_the_activity_log_exports_every_matching_call_as_csv(settings, mon
 
         await wait_until(all_there, timeout=60)
         columns = ["time", "api_key_id", "masked_key", "method", "path", "status", "ip", "user_agent", "latency_ms"]
-        for params in ({}, {"api_key_id": str(k2)}, {"start": (t0 + timedelta(seconds=10)).isoformat(), "limit": 3}):
+        columns += ["error_code", "count"]
+        for params in (
+            {},
+            {"api_key_id": str(k2)},
+            {"start": (t0 + timedelta(seconds=10)).isoformat(), "limit": 3},
+            {"outcome": "admitted", "status": 200},  # the JSON page's filters hold in the CSV too
+        ):
             r = await client.get("/api/activity-log", params=params, headers=dict(headers, Accept="text/csv"))
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv"), r.text
             assert r.text.splitlines()[0] == ",".join(columns)
