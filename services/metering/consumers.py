@@ -4,10 +4,10 @@ Each topic has its own aiokafka consumer (one consumer group per topic): a batch
 has arrived, up to `MAX_RECORDS` (count) or after `BATCH_TIMEOUT_MS` of waiting (time). Every
 raw message is validated against its contract model (`validation.judge`: malformed ones, events
 without an id, and usage events that break contracts/usage_rules.py, go to the dead-letter topic
-with the error, acknowledged before the batch is written). The valid messages' JSON then goes to the engine as it came from Kafka
-(`MeteringStore.insert_*`: dedup by id, one INSERT), and only then are the batch's offsets
-committed (`pipeline.WritePipeline`: a batch's write overlaps the next one's validation and the
-fetch of the one after). A crash before the commit redelivers the batch, and the dedup turns the
+with the error, acknowledged before the batch is written). The valid messages' JSON then goes to
+the engine as it came from Kafka (`MeteringStore.insert_*`: dedup by id, one INSERT), and only
+then are the batch's offsets committed (`pipeline.WritePipeline`: a batch's write overlaps the
+next one's validation and the fetch of the one after). A crash before the commit redelivers the batch, and the dedup turns the
 replay into duplicates that are not inserted again.
 
 A plain aiokafka loop rather than a FastStream subscriber: the sink commits, rewinds and drains

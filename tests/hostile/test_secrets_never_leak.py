@@ -1,7 +1,7 @@
-"""API keys (and passwords) never appear in logs, events or tables: a real `tollgate serve` is put
+"""API keys, service tokens (and passwords) never appear in logs, events or tables: a real `tollgate serve` is put
 through every key operation, then its log file, every message of the test's topics, every row of
 the test's Postgres database and of its ClickHouse database are searched for the secrets, for any
-`sk-` + 40 URL-safe characters, and (as a control that the search reads the data) for the hashes."""
+`sk-` or `st-` + 40 URL-safe characters, and (as a control that the search reads the data) for the hashes."""
 
 import asyncio
 import hashlib
@@ -10,6 +10,8 @@ import re
 import subprocess
 import sys
 import time
+import uuid
+from datetime import UTC, datetime
 
 import httpx
 import psycopg
@@ -23,7 +25,7 @@ from tests.support.apps import REPO
 
 pytestmark = pytest.mark.integration
 
-ANY_KEY = re.compile(rb"sk-[A-Za-z0-9_-]{40,}")
+ANY_KEY = re.compile(rb"s[kt]-[A-Za-z0-9_-]{40,}")
 PASSWORD = "leak-hunting-password-7"
 
 
@@ -31,8 +33,8 @@ def _bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def _exercise(base: str) -> tuple[list[str], list[str]]:
-    """Every key operation, successes and failures; returns (secrets, their hashes)."""
+def _exercise(base: str, admin_token: str) -> tuple[list[str], list[str]]:
+    """Every key and service-token operation, successes and failures; returns (secrets, their hashes)."""
     with httpx.Client(base_url=base, timeout=30) as http:
         body = {"email": "leaks@example.com", "password": PASSWORD, "name": "Leak", "user_type": "individual"}
         assert http.post("/api/auth/register", json=body).status_code == 201
@@ -60,8 +62,21 @@ def _exercise(base: str) -> tuple[list[str], list[str]]:
         while len(http.get("/api/activity-log", headers=session).json()["items"]) < 6:  # authenticated key calls
             assert time.monotonic() < deadline, "calls not in the activity log"
             time.sleep(0.2)
-    secrets = [one, two, three, near_miss]
-    return secrets, [hashlib.sha256(s.encode()).hexdigest() for s in (one, two, three)]
+        # a platform service's token: created, used, refused on a customer route, revoked
+        admin = _bearer(admin_token)
+        made = http.post("/api/admin/service-tokens", json={"name": "gateway", "scopes": ["usage:write"]}, headers=admin)
+        service = made.json()["token"]
+        now = datetime.now(UTC).isoformat()
+        usage = {"time": now, "account_id": str(uuid.uuid4()), "resource": "api_calls", "quantity": 1, "source": "x"}
+        assert http.post("/api/usage/events", json={"events": [usage]}, headers=_bearer(service)).status_code == 202
+        assert http.get("/api/geo/projects", headers=_bearer(service)).status_code == 403
+        st_miss = service[:-1] + ("A" if service[-1] != "A" else "B")
+        assert http.post("/api/usage/events", json={"events": [usage]}, headers=_bearer(st_miss)).status_code == 401
+        assert http.get("/api/admin/service-tokens", headers=admin).status_code == 200
+        assert http.delete(f"/api/admin/service-tokens/{made.json()['id']}", headers=admin).status_code == 204
+        assert http.post("/api/usage/events", json={"events": [usage]}, headers=_bearer(service)).status_code == 401
+    secrets = [one, two, three, near_miss, service, st_miss]
+    return secrets, [hashlib.sha256(s.encode()).hexdigest() for s in (one, two, three, service)]
 
 
 async def _all_messages(settings: Settings) -> bytes:
@@ -127,7 +142,8 @@ for (t,) in tables.result_rows:
 
 
 async def test_api_keys_never_appear_in_logs_events_or_tables(served: Served):
-    secrets, hashes = await asyncio.to_thread(_exercise, served.base_url)
+    assert served.settings.admin_token is not None
+    secrets, hashes = await asyncio.to_thread(_exercise, served.base_url, served.settings.admin_token.get_secret_value())
     events = await _all_messages(served.settings)
     rows = await asyncio.to_thread(_all_rows, served.settings.database_url)
     served.proc.stop()  # flushes the log
@@ -138,7 +154,7 @@ async def test_api_keys_never_appear_in_logs_events_or_tables(served: Served):
     places = {"log": log, "events": events, "postgres": rows, "clickhouse": clickhouse}
     for where, text in places.items():
         for secret in secrets:
-            body = secret.removeprefix("sk-").encode()
+            body = secret[3:].encode()  # without the sk- or st- prefix
             assert body not in text, f"an API key in the {where}"
             assert body[:24] not in text and body[-24:] not in text, f"half an API key in the {where}"
         assert not ANY_KEY.search(text), f"something like an API key in the {where}: {ANY_KEY.search(text)}"

@@ -2,14 +2,14 @@
 example at each boundary and as properties over generated events."""
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts.common import STOCK_RESOURCES, Resource
 from contracts.events import UsageEvent
-from contracts.usage_rules import MAX_ABS_QUANTITY, MAX_AHEAD, MAX_BEHIND, record_time, violations
+from contracts.usage_rules import MAX_ABS_QUANTITY, MAX_AHEAD, MAX_BEHIND, record_time, violations, violations_at
 
 REF = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
 FLOWS = [r for r in Resource if r not in STOCK_RESOURCES]
@@ -102,3 +102,25 @@ def test_the_verdict_depends_on_the_reference_only_through_the_time_rule(resourc
     same_rules = [r for r in violations(e, REF) if not r.startswith("time:")]
     assert same_rules == [r for r in violations(e, other) if not r.startswith("time:")]
     assert violations(e, REF) == violations(e, REF)  # pure
+
+
+@given(
+    st.sampled_from(list(Resource)),
+    quantities,
+    st.none() | tokens,
+    st.none() | tokens,
+    offsets,
+    st.sampled_from([0, 330, -480, 845]),  # minutes east of UTC: the instant, not the wall clock, counts
+)
+def test_the_quick_verdict_agrees_with_the_rules_one_by_one(resource, quantity, i, o, offset_ms, east_min):
+    zone = timezone(timedelta(minutes=east_min))
+    time = (REF + timedelta(milliseconds=offset_ms)).astimezone(zone)
+    e = event(resource, quantity, time, input_tokens=i, output_tokens=o)
+    expected = (
+        (quantity >= 0 or resource in STOCK_RESOURCES)
+        and abs(quantity) <= MAX_ABS_QUANTITY
+        and not (resource is Resource.AI_TOKENS and i is not None and o is not None and quantity != i + o)
+        and REF - MAX_BEHIND <= time <= REF + MAX_AHEAD
+    )
+    assert (violations(e, REF) == []) == expected
+    assert violations_at(e, int(REF.timestamp()) * 1_000_000) == violations(e, REF)
