@@ -159,32 +159,33 @@ class Edge:
         self._principals: dict[UUID, tuple[KeyState, AccountState | None, Principal]] = {}
         self._trusted = parse_networks(settings.trusted_proxies)
         self._secret = settings.session_secret.get_secret_value().encode()
-        self._followers = [
-            TopicFollower(settings.kafka_bootstrap_servers, settings.topic(ACCOUNTS.name), self._apply_account),
-            TopicFollower(settings.kafka_bootstrap_servers, settings.topic(KEYS.name), self._apply_key),
-            TopicFollower(settings.kafka_bootstrap_servers, settings.topic(QUOTA.name), self._apply_quota),
-            TopicFollower(settings.kafka_bootstrap_servers, settings.topic(BILLING.name), self._apply_billing),
-            TopicFollower(settings.kafka_bootstrap_servers, settings.topic(SERVICE_TOKENS.name), self._apply_service_token),
-            TopicFollower(settings.kafka_bootstrap_servers, settings.topic(USERS.name), self._apply_user),
-            TopicFollower(settings.kafka_bootstrap_servers, settings.topic(SESSIONS.name), self._apply_session),
-        ]
+        self._follower = TopicFollower(
+            settings.kafka_bootstrap_servers,
+            {
+                settings.topic(ACCOUNTS.name): self._apply_account,
+                settings.topic(KEYS.name): self._apply_key,
+                settings.topic(QUOTA.name): self._apply_quota,
+                settings.topic(BILLING.name): self._apply_billing,
+                settings.topic(SERVICE_TOKENS.name): self._apply_service_token,
+                settings.topic(USERS.name): self._apply_user,
+                settings.topic(SESSIONS.name): self._apply_session,
+            },
+        )
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
-        for follower in self._followers:
-            await follower.start()
+        await self._follower.start()
         await self.calls.start()
 
     async def stop(self) -> None:
         await self.calls.stop()
-        for follower in self._followers:
-            await follower.stop()
+        await self._follower.stop()
         await self.limiter.close()
         if self.admissions is not None:
             await self.admissions.close()
 
     def is_ready(self) -> bool:
-        return all(f.caught_up.is_set() for f in self._followers)
+        return self._follower.caught_up.is_set()
 
     def _apply_account(self, _key: bytes | None, value: bytes | None) -> None:
         if value is not None:

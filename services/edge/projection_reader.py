@@ -1,12 +1,14 @@
-"""Reads a whole topic into memory and follows it: every process gets every partition.
+"""Reads whole topics into memory and follows them: every process gets every partition.
 
 No consumer group (each process needs all of it), from the beginning; `caught_up` is set once
 the positions reach the end offsets seen at start, which is when the edge may call itself ready.
+One consumer follows all of a process's projection topics: each more consumer is another fetch
+loop and another connection to wake up for, idle or not.
 """
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -19,16 +21,16 @@ Apply = Callable[[bytes | None, bytes | None], None]
 # How long the broker holds an idle fetch. Not a latency floor: the broker answers a waiting
 # fetch as soon as a record is appended (min bytes 1), so a toggle reaches every edge at once
 # whatever this is (measured: lag p50 ~3.6 ms at 20 ms and at 500 ms). It only sets how often
-# an idle follower asks again: four followers at 20 ms cost an idle `serve` ~7.6% of a core,
-# at 500 ms ~2%, CPU the request path then does not have to compete with.
+# an idle follower asks again.
 FETCH_MAX_WAIT_MS = 500
 
 
 class TopicFollower:
-    def __init__(self, bootstrap_servers: str, topic: str, apply: Apply) -> None:
+    """Follows `topics` (name -> what to do with each record, key and value) with one consumer."""
+
+    def __init__(self, bootstrap_servers: str, topics: Mapping[str, Apply]) -> None:
         self._bootstrap = bootstrap_servers
-        self._topic = topic
-        self._apply = apply
+        self._topics = dict(topics)
         self.caught_up = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -41,25 +43,25 @@ class TopicFollower:
             fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
         )
         await consumer.start()
-        partitions = [TopicPartition(self._topic, p) for p in sorted(await self._partitions())]
+        partitions = await self._partitions()
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         self._consumer = consumer
         targets = await consumer.end_offsets(partitions)
-        self._task = asyncio.create_task(self._run(consumer, targets), name=f"follow:{self._topic}")
+        self._task = asyncio.create_task(self._run(consumer, targets), name=f"follow:{','.join(self._topics)}")
 
-    async def _partitions(self) -> set[int]:
+    async def _partitions(self) -> list[TopicPartition]:
         admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap)
         await admin.start()
         try:
             for _ in range(100):
-                (described,) = await admin.describe_topics([self._topic])
-                if described["error_code"] == 0 and described["partitions"]:
-                    return {p["partition"] for p in described["partitions"]}
+                described = await admin.describe_topics(list(self._topics))
+                if all(d["error_code"] == 0 and d["partitions"] for d in described):
+                    return sorted(TopicPartition(d["topic"], p["partition"]) for d in described for p in d["partitions"])
                 await asyncio.sleep(0.1)  # just created: the metadata is on its way
         finally:
             await admin.close()
-        raise RuntimeError(f"topic {self._topic} does not exist")
+        raise RuntimeError(f"topics {sorted(self._topics)} do not all exist")
 
     async def _run(self, consumer: AIOKafkaConsumer, targets: dict[TopicPartition, int]) -> None:
         pending = {tp: end for tp, end in targets.items() if end > 0}
@@ -71,15 +73,16 @@ class TopicFollower:
             except asyncio.CancelledError:
                 raise
             except Exception:  # the broker is away: keep serving what we have, retry
-                log.warning("follower of %s lost the broker; retrying", self._topic, exc_info=True)
+                log.warning("follower of %s lost the broker; retrying", sorted(self._topics), exc_info=True)
                 await asyncio.sleep(1)
                 continue
             for tp, records in batches.items():
+                apply = self._topics[tp.topic]
                 for record in records:
                     try:
-                        self._apply(record.key, record.value)
+                        apply(record.key, record.value)
                     except Exception:
-                        log.exception("bad record in %s at offset %s skipped", self._topic, record.offset)
+                        log.exception("bad record in %s at offset %s skipped", tp.topic, record.offset)
                 if tp in pending and records and records[-1].offset + 1 >= pending[tp]:
                     del pending[tp]
             if pending:

@@ -18,7 +18,7 @@ def build(runtime: Runtime) -> Component:
     settings = runtime.settings
     store = MeteringStore(settings.clickhouse_dsn, settings.clickhouse_database)
     masks = KeyMasks()
-    follower = TopicFollower(settings.kafka_bootstrap_servers, settings.topic(KEYS.name), masks.apply)
+    follower = TopicFollower(settings.kafka_bootstrap_servers, {settings.topic(KEYS.name): masks.apply})
     price_table = prices.load(settings.metering_prices_file)
     sink = Sink(runtime, store)
     pruner = ingested_events_pruner(runtime)
