@@ -89,6 +89,6 @@ async def is_live(settings: Settings, token_id: UUID) -> bool:
     """Whether the token exists and is not revoked (`tollgate up` reuses its demo token then)."""
 
     async def work(conn: store.Conn, _relay: OutboxRelay) -> bool:
-        return any(r["id"] == token_id and r["revoked_at"] is None for r in await service_tokens.list_all(conn))
+        return await store.service_token_is_live(conn, token_id)
 
     return await _run(settings, work)

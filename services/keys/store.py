@@ -181,6 +181,12 @@ async def list_service_tokens(conn: Conn) -> list[Row]:
     return await _all(conn, f"SELECT {_ST_COLUMNS} FROM keys.service_tokens ORDER BY created_at, id", ())
 
 
+async def service_token_is_live(conn: Conn, token_id: UUID) -> bool:
+    """Whether the token exists and is not revoked."""
+    live = await _one(conn, "SELECT 1 AS live FROM keys.service_tokens WHERE id = %s AND revoked_at IS NULL", (token_id,))
+    return live is not None
+
+
 async def revoke_service_token(conn: Conn, token_id: UUID, now: datetime) -> Row | None:
     """The token, revoked now (or when it first was: revoking twice changes nothing); None if unknown."""
     return await _one(

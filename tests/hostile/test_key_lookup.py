@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from starlette.requests import Request
 
 from contracts.common import KeyStatus, Role
 from contracts.events import KeyState
@@ -88,12 +89,13 @@ def test_the_projection_is_a_dict_keyed_by_digest_and_a_near_miss_finds_nothing(
 
     monkeypatch.setattr(KeyProjection, "get", spy)
     now = datetime.now(UTC)
-    assert edge._authenticate_key(real, now).api_key_id == state.key_id
+    request = Request({"type": "http", "method": "GET", "path": "/api/geo/projects", "headers": []})
+    assert edge._authenticate_key(real, now, request).api_key_id == state.key_id
     near_miss = real[:-1] + ("A" if real[-1] != "A" else "B")
     guesses = [near_miss, "sk-" + "A" * (len(real) - 3), real[:10]]
     for guess in guesses:
         with pytest.raises(ApiError) as refused:
-            edge._authenticate_key(guess, now)
+            edge._authenticate_key(guess, now, request)
         assert refused.value.code == "invalid_api_key"
     assert looked_up == [hash_secret(s) for s in (real, *guesses)]
     assert all(re.fullmatch(r"[0-9a-f]{64}", d) for d in looked_up)  # never the secret itself
