@@ -20,7 +20,7 @@ from contracts.topics import USAGE
 from services.runtime import clickhouse, stack
 from services.runtime.chserver import ServerSpec
 from services.runtime.kafka import ensure_topics
-from tests.integration.test_metering_sink import produce, usage
+from tests.integration.test_metering_sink import produce, stamp, usage
 from tests.support.apps import REPO, free_port, running_app
 from tests.support.metering import wait_until
 
@@ -126,7 +126,7 @@ async def test_server_stopped_under_load_readyz_says_so_offsets_wait_and_the_sin
     account = uuid.uuid4()
     events = [usage(account, n) for n in range(40_000)]
     topic, key = settings.topic(USAGE.name), str(account).encode()
-    records = [(topic, key, e.model_dump_json().encode()) for e in events]
+    records = [(topic, key, e.model_dump_json().encode(), stamp(e)) for e in events]
     table = f"{settings.clickhouse_database}.usage_events"
 
     async with running_app(settings, targets=("metering",)) as (_, client):
