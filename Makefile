@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test stop lint bench docs clean browser
+.PHONY: run test test-faults stop lint bench docs clean browser
 
 $(STAMP): pyproject.toml
 	./deploy/local/prereqs.sh
@@ -26,8 +26,11 @@ lint: $(STAMP)
 browser:  ## Debian chromium for the console's browser tests (Playwright's driver comes with the pip package)
 	./deploy/local/prereqs.sh --browser
 
-test: $(STAMP) browser lint  ## lint, type-check, and the whole suite on real Kafka, Postgres and ClickHouse
-	$(BIN)/python -m pytest tests
+test: $(STAMP) browser lint  ## lint, type-check, and the suite on real Kafka, Postgres, ClickHouse and redis
+	$(BIN)/python -m pytest tests --ignore=tests/faults
+
+test-faults: $(STAMP)  ## the slow fault suite (brokers stopped, processes killed) on a stack of its own
+	$(BIN)/python -m pytest tests/faults
 
 bench: $(STAMP)  ## every benchmark in bench/, each against its own baseline
 	./deploy/local/prereqs.sh --bench
