@@ -18,7 +18,7 @@ def _compose() -> dict:
 
 def test_every_service_runs_as_its_own_target_with_the_stack_settings():
     compose = _compose()["services"]
-    assert {"kafka", "postgres", "clickhouse", "ingress"} <= compose.keys()
+    assert {"kafka", "postgres", "clickhouse", "redis", "ingress"} <= compose.keys()
     settings_names = {name.upper() for name in Settings.model_fields}
     for name in SERVICES:
         service = compose[name]
@@ -27,7 +27,8 @@ def test_every_service_runs_as_its_own_target_with_the_stack_settings():
         assert set(env) <= settings_names, f"{name} sets unknown settings {set(env) - settings_names}"
         assert env["KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092"
         assert env["CLICKHOUSE_DSN"].startswith("http://")
-        assert set(service["depends_on"]) == {"kafka", "postgres", "clickhouse"}
+        assert env["REDIS_URL"] == "redis://redis:6379/0"  # rate limits and api_calls admissions shared by the replicas
+        assert set(service["depends_on"]) == {"kafka", "postgres", "clickhouse", "redis"}
         trusted = Settings(trusted_proxies=json.loads(env["TRUSTED_PROXIES"])).trusted_proxies
         assert "172.16.0.0/12" in trusted  # the ingress's address is believed, so the client IP is real
 
