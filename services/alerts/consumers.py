@@ -30,7 +30,7 @@ def build_router(runtime: Runtime, dispatcher: Dispatcher) -> KafkaRouter:
         group_id=settings.group("alerts.thresholds"),
         auto_offset_reset="earliest",
         ack_policy=AckPolicy.NACK_ON_ERROR,
-        fetch_max_wait_ms=50,
+        fetch_max_wait_ms=500,
         title="alerts.on_threshold",
     )
     async def on_threshold(msg: KafkaMessage) -> None:

@@ -36,8 +36,11 @@ def build_router(service: QuotaService) -> KafkaRouter:
         auto_offset_reset="earliest",
         batch=True,
         max_records=1000,
-        batch_timeout_ms=10,
-        fetch_max_wait_ms=10,
+        # Neither is a latency floor (the broker answers a waiting fetch as soon as a record lands,
+        # and getmany returns as soon as one is buffered); they only set how often an idle
+        # consumer asks again: 10 ms cost an idle `serve` ~11% of a core (BENCHMARKS.md, "idle").
+        batch_timeout_ms=500,
+        fetch_max_wait_ms=500,
         ack_policy=AckPolicy.NACK_ON_ERROR,
     )
     async def on_usage_and_calls(msg: KafkaMessage) -> None:
@@ -58,7 +61,7 @@ def build_router(service: QuotaService) -> KafkaRouter:
         group_id=settings.group("quota.billing"),
         title="quota.billing",
         auto_offset_reset="earliest",
-        fetch_max_wait_ms=10,
+        fetch_max_wait_ms=500,
         ack_policy=AckPolicy.NACK_ON_ERROR,
     )
     async def on_billing(msg: KafkaMessage) -> None:
