@@ -152,3 +152,36 @@ export async function busy(button, action) {
     }
   }
 }
+
+/**
+ * A secret on screen the one time it is shown (a new API key, a webhook's signing secret): the
+ * value lives in this element alone, with a copy button; "I have stored it" clears and removes it.
+ */
+export function shownOncePanel({ secret, inputLabel, inputId, copyLabel, titleId, title, warning }, onDone) {
+  const input = h("input", { type: "text", readOnly: true, value: secret, class: "secret-value", id: inputId, "aria-label": inputLabel });
+  const copy = h("button", { type: "button", class: "primary" }, copyLabel);
+  copy.addEventListener("click", async () => {
+    input.select();
+    try {
+      await navigator.clipboard.writeText(secret);
+    } catch {
+      document.execCommand("copy"); // older browsers and non-secure origins
+    }
+    copy.textContent = "Copied";
+  });
+  const done = h("button", { type: "button", class: "secondary" }, "I have stored it");
+  const panel = h(
+    "section",
+    { class: "card secret-panel", "aria-labelledby": titleId, tabindex: "-1" },
+    h("h2", { id: titleId }, title),
+    h("p", { class: "warning", role: "alert" }, warning),
+    h("div", { class: "secret-row" }, input, copy),
+    h("div", { class: "actions" }, done),
+  );
+  done.addEventListener("click", () => {
+    input.value = "";
+    panel.remove();
+    onDone();
+  });
+  return panel;
+}

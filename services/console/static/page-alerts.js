@@ -2,7 +2,7 @@
 // in-site notifications with their quick links to upgrade or buy a package. A webhook rule's
 // signing secret is shown once, right after its creation.
 import { del, get, post } from "./api.js";
-import { busy, confirmDialog, consoleLink, errorBox, field, h, select } from "./dom.js";
+import { busy, confirmDialog, consoleLink, errorBox, field, h, select, shownOncePanel } from "./dom.js";
 import { METRICS, dateTime } from "./format.js";
 
 const CHANNELS = [
@@ -41,32 +41,18 @@ function notificationItem(n, markRead) {
 
 /** The webhook's signing secret, on screen this once (the server never returns it again). */
 function webhookSecretPanel(secret, onDone) {
-  const input = h("input", { type: "text", readOnly: true, value: secret, class: "secret-value", id: "webhook-secret", "aria-label": "Webhook signing secret" });
-  const copy = h("button", { type: "button", class: "primary" }, "Copy secret");
-  copy.addEventListener("click", async () => {
-    input.select();
-    try {
-      await navigator.clipboard.writeText(secret);
-    } catch {
-      document.execCommand("copy"); // older browsers and non-secure origins
-    }
-    copy.textContent = "Copied";
-  });
-  const done = h("button", { type: "button", class: "secondary" }, "I have stored it");
-  const panel = h(
-    "section",
-    { class: "card secret-panel", "aria-labelledby": "webhook-secret-title", tabindex: "-1" },
-    h("h2", { id: "webhook-secret-title" }, "Your webhook signing secret"),
-    h("p", { class: "warning", role: "alert" }, "Copy this secret now and store it with your receiver: it is shown only this once. Every delivery carries a Tollgate-Signature header (t=<unix>,v1=<HMAC-SHA256 of \"t.body\">) your receiver checks with it."),
-    h("div", { class: "secret-row" }, input, copy),
-    h("div", { class: "actions" }, done),
+  return shownOncePanel(
+    {
+      secret,
+      inputLabel: "Webhook signing secret",
+      inputId: "webhook-secret",
+      copyLabel: "Copy secret",
+      titleId: "webhook-secret-title",
+      title: "Your webhook signing secret",
+      warning: "Copy this secret now and store it with your receiver: it is shown only this once. Every delivery carries a Tollgate-Signature header (t=<unix>,v1=<HMAC-SHA256 of \"t.body\">) your receiver checks with it.",
+    },
+    onDone,
   );
-  done.addEventListener("click", () => {
-    input.value = "";
-    panel.remove();
-    onDone();
-  });
-  return panel;
 }
 
 function deliveriesTable(items) {

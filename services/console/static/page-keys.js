@@ -1,6 +1,6 @@
 // API keys (personal centre): list masked, create (full key shown once), toggle, rotate, delete.
 import { del, get, post } from "./api.js";
-import { busy, confirmDialog, errorBox, field, h, nextId, select } from "./dom.js";
+import { busy, confirmDialog, errorBox, field, h, nextId, select, shownOncePanel } from "./dom.js";
 import { dateTime, titleCase } from "./format.js";
 
 const GRACE = [
@@ -12,32 +12,17 @@ const GRACE = [
 
 /** The one and only time a full secret is on screen. It lives in this element alone. */
 function secretPanel(created, onDone) {
-  const input = h("input", { type: "text", readOnly: true, value: created.key, class: "secret-value", "aria-label": `Full API key for ${created.name}` });
-  const copy = h("button", { type: "button", class: "primary" }, "Copy key");
-  copy.addEventListener("click", async () => {
-    input.select();
-    try {
-      await navigator.clipboard.writeText(created.key);
-    } catch {
-      document.execCommand("copy"); // older browsers and non-secure origins
-    }
-    copy.textContent = "Copied";
-  });
-  const done = h("button", { type: "button", class: "secondary" }, "I have stored it");
-  const panel = h(
-    "section",
-    { class: "card secret-panel", "aria-labelledby": "secret-title", tabindex: "-1" },
-    h("h2", { id: "secret-title" }, `Your new key “${created.name}”`),
-    h("p", { class: "warning", role: "alert" }, "Copy this key now and store it somewhere safe. For your security it is shown only this once: Tollgate keeps only a hash and cannot show it again."),
-    h("div", { class: "secret-row" }, input, copy),
-    h("div", { class: "actions" }, done),
+  return shownOncePanel(
+    {
+      secret: created.key,
+      inputLabel: `Full API key for ${created.name}`,
+      copyLabel: "Copy key",
+      titleId: "secret-title",
+      title: `Your new key “${created.name}”`,
+      warning: "Copy this key now and store it somewhere safe. For your security it is shown only this once: Tollgate keeps only a hash and cannot show it again.",
+    },
+    onDone,
   );
-  done.addEventListener("click", () => {
-    input.value = "";
-    panel.remove();
-    onDone();
-  });
-  return panel;
 }
 
 export async function render(container, ctx) {
