@@ -22,6 +22,7 @@ stop:  ## stop Tollgate and the local stack
 lint: $(STAMP)
 	$(BIN)/ruff check contracts services tests bench
 	$(BIN)/mypy contracts services
+	$(BIN)/lint-imports
 
 browser:  ## Debian chromium for the console's browser tests (Playwright's driver comes with the pip package)
 	./deploy/local/prereqs.sh --browser

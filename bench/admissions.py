@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 from tests.integration.test_edge_admissions import UNLIMITED, publish_plan
 from tests.integration.test_keys_api import bearer, signup
 from tests.support import databases

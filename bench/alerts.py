@@ -29,10 +29,10 @@ from bench.stats import percentile, ratio_line, summary_ms
 from contracts.alerts_api import Channel
 from contracts.common import AlertMetric, Resource
 from contracts.events import QuotaState, QuotaThresholdCrossed
+from contracts.period import period_of
 from contracts.topics import QUOTA, QUOTA_THRESHOLDS
 from services.alerts import store
-from services.edge.quota_gate import period_of
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 from tests.support import databases
 from tests.support.apps import running_app
 from tests.support.infra import delete_topics_with_prefix, endpoints

@@ -56,7 +56,7 @@ def tollgate_up(state: Path, port: int) -> tuple[dict[str, str], dict[str, str]]
         "TOLLGATE_POSTGRES_PORT": str(free_port()),
         "LOG_LEVEL": "WARNING",
     }
-    cli = [sys.executable, "-m", "services.runtime.cli"]
+    cli = [sys.executable, "-m", "services.runtime.host.cli"]
     up = subprocess.run([*cli, "up", "--port", str(port)], env=env, cwd=REPO, capture_output=True, text=True, check=False)
     if up.returncode != 0:
         raise SystemExit(f"tollgate up failed:\n{up.stdout}\n{up.stderr}")
@@ -159,7 +159,7 @@ async def main(accounts: int, seconds: float, tokens_per_event: int) -> int:
     finally:
         await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "services.runtime.cli", "down"],
+            [sys.executable, "-m", "services.runtime.host.cli", "down"],
             env=env,
             cwd=REPO,
             capture_output=True,

@@ -34,11 +34,11 @@ from faststream.kafka import KafkaBroker
 from bench.stats import percentile, ratio_line, summary_ms
 from contracts.common import Resource, Role, Tier
 from contracts.events import PlanChanged, QuotaState, RateLimit
+from contracts.period import period_of
 from contracts.plans import catalogue
 from contracts.topics import BILLING, QUOTA
 from services.edge.principal import Principal
-from services.edge.quota_gate import period_of
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 from tests.support import databases
 from tests.support.apps import ServeProcess, running_app
 from tests.support.infra import delete_topics_with_prefix, endpoints

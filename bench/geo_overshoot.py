@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx
 
 from bench.stats import percentile, ratio_line
-from services.runtime.postgres import open_pool
-from services.runtime.settings import Settings
+from services.runtime.platform.postgres import open_pool
+from services.runtime.platform.settings import Settings
 from tests.support import databases
 from tests.support.apps import ServeProcess
 from tests.support.infra import delete_topics_with_prefix, endpoints

@@ -229,7 +229,7 @@ async def main(seconds: float, connections: int, threads: int, accounts: int) ->
             )
             return 0 if exact else 1
     finally:
-        down = [sys.executable, "-m", "services.runtime.cli", "down"]
+        down = [sys.executable, "-m", "services.runtime.host.cli", "down"]
         await asyncio.to_thread(subprocess.run, down, env=env, cwd=REPO, capture_output=True, check=False)
         shutil.rmtree(state, ignore_errors=True)
         shutil.rmtree(script.parent, ignore_errors=True)

@@ -21,11 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.stats import ratio_line
 from contracts.common import KeyStatus, Role
+from contracts.credentials import hash_secret
 from contracts.events import KeyState
-from services.edge.edge import Edge, hash_secret
+from services.edge.edge import Edge
 from services.edge.errors import ApiError
 from services.keys.domain import new_secret
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 
 BATCH = 50
 

@@ -1,5 +1,5 @@
 """Metering benchmark against the local test stack (Kafka :29092, Postgres :25432) or env, and a
-ClickHouse server of its own (the local stack's kind: services/runtime/chserver.py, free ports).
+ClickHouse server of its own (the local stack's kind: services/runtime/host/chserver.py, free ports).
 
 1. Sustained events/s Kafka -> ClickHouse by the real sink over HTTP into the server, vs the same
    sink into the embedded engine (chdb://, the former product path, kept here as a baseline), vs
@@ -41,10 +41,11 @@ from contracts.common import Resource
 from contracts.events import UsageEvent
 from contracts.topics import USAGE
 from services.metering.consumers import MAX_RECORDS
-from services.runtime import clickhouse, stack
-from services.runtime.host import create_app
-from services.runtime.kafka import ensure_topics
-from services.runtime.settings import Settings
+from services.runtime.host import stack
+from services.runtime.host.app import create_app
+from services.runtime.platform import clickhouse
+from services.runtime.platform.kafka import ensure_topics
+from services.runtime.platform.settings import Settings
 from tests.support.apps import REPO, free_port
 from tests.support.infra import endpoints
 from tests.support.metering import session_token, wait_until

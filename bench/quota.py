@@ -28,9 +28,10 @@ from aiokafka import AIOKafkaProducer
 from bench.stats import percentile, ratio_line, summary_ms
 from contracts.common import Resource
 from contracts.events import CallEvent, QuotaState, UsageEvent
+from contracts.period import period_of
 from contracts.topics import CALLS, QUOTA, USAGE
-from services.edge.quota_gate import QuotaProjection, period_of
-from services.runtime.settings import Settings
+from services.edge.quota_gate import QuotaProjection
+from services.runtime.platform.settings import Settings
 from tests.support import databases
 from tests.support.apps import running_app
 from tests.support.infra import delete_topics_with_prefix, endpoints

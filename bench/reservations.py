@@ -35,7 +35,7 @@ from services.edge.quota_gate import QuotaProjection
 from services.quota.app import service_of
 from services.quota.domain import InsufficientQuota
 from services.quota.service import QuotaService
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 from tests.support import databases
 from tests.support.apps import running_app
 from tests.support.infra import delete_topics_with_prefix, endpoints

@@ -25,7 +25,7 @@ import httpx
 
 from bench.edge import PASSWORD, PATH, signup
 from bench.stats import percentile, ratio_line
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 from tests.support import databases
 from tests.support.apps import ServeProcess
 from tests.support.infra import delete_topics_with_prefix, endpoints

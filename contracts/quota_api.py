@@ -38,9 +38,7 @@ class QuotaReport(BaseModel):
 # ---- (v2) the quota reads and insufficient_quota -----------------------------------------------
 # The two quota reads: a blocked customer can always see why. The edge does not gate them on
 # api_calls and the quota service does not count their calls.v1 events (method, route template).
-UNCOUNTED_CALLS: frozenset[tuple[str, str]] = frozenset(
-    {("GET", "/api/billing/check-quota"), ("GET", "/api/ai/usage/quota")}
-)
+UNCOUNTED_CALLS: frozenset[tuple[str, str]] = frozenset({("GET", "/api/billing/check-quota"), ("GET", "/api/ai/usage/quota")})
 
 
 def counts_as_api_call(method: str, path: str) -> bool:

@@ -8,8 +8,8 @@ import pytest
 from fastapi import FastAPI
 from psycopg_pool import AsyncConnectionPool
 
-from services.runtime.postgres import open_pool
-from services.runtime.settings import Settings
+from services.runtime.platform.postgres import open_pool
+from services.runtime.platform.settings import Settings
 from tests.support import databases
 from tests.support.apps import running_app
 from tests.support.infra import Endpoints, delete_topics_with_prefix, drop_clickhouse_database, endpoints

@@ -21,12 +21,12 @@ from contracts.alerts_api import (
 )
 from contracts.common import Permission
 from contracts.errors import ErrorCode
+from contracts.period import period_of
 from services.alerts import domain, firing, store, webhook
 from services.alerts.dispatcher import Dispatcher
+from services.edge.component import Runtime
 from services.edge.errors import ApiError, not_found
 from services.edge.principal import Principal
-from services.edge.quota_gate import period_of
-from services.runtime.component import Runtime
 
 RULE_DESCRIPTION = """Create an alert rule. A rule fires once per (rule, threshold, period), immediately when
 usage crosses its threshold, on every channel it names; a rule whose threshold is already passed this period

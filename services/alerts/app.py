@@ -6,7 +6,7 @@ from services.alerts import api, consumers
 from services.alerts.channels import EmailChannel, InSiteChannel, SmsChannel
 from services.alerts.dispatcher import Dispatcher
 from services.alerts.webhook import Backoff, WebhookSender
-from services.runtime.component import Component, Runtime
+from services.edge.component import Component, Runtime
 
 
 def build(runtime: Runtime) -> Component:

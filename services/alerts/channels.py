@@ -18,7 +18,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoes
 
 from contracts.alerts_api import Channel
 from services.alerts import domain, store
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 
 TEMPLATES = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),

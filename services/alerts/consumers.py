@@ -12,8 +12,8 @@ from contracts.events import QuotaState, QuotaThresholdCrossed
 from contracts.topics import QUOTA, QUOTA_THRESHOLDS
 from services.alerts import firing, store
 from services.alerts.dispatcher import Dispatcher
-from services.runtime.component import Runtime
-from services.runtime.deadletter import parse_or_dead_letter
+from services.edge.component import Runtime
+from services.runtime.platform.deadletter import parse_or_dead_letter
 
 
 def _key(msg: KafkaMessage) -> bytes | None:

@@ -6,8 +6,8 @@ from zoneinfo import ZoneInfo
 
 from contracts.common import Resource
 from contracts.events import QuotaThresholdCrossed
+from contracts.period import period_of
 from services.alerts import domain, store
-from services.edge.quota_gate import period_of
 
 
 async def fire_crossing(conn: store.Conn, event: QuotaThresholdCrossed) -> list[UUID]:

@@ -12,9 +12,9 @@ from contracts.plans import TIER_ORDER, catalogue
 from services.billing.domain import BillingRuleError
 from services.billing.idempotency import HEADER_DESCRIPTION, MAX_KEY_LENGTH, Idempotency, KeyReused
 from services.billing.service import BillingService, NotFound, PaymentRequired
+from services.edge.component import Runtime
 from services.edge.errors import ApiError, not_found
 from services.edge.principal import Principal
-from services.runtime.component import Runtime
 
 PRORATION = (
     "Upgrade amount = (new monthly price - current monthly price) x (period end - now) / (period end - period start), "

@@ -6,9 +6,9 @@ from weakref import WeakKeyDictionary
 from services.billing import api, consumers, idempotency
 from services.billing.payments import TestProvider
 from services.billing.service import BillingService
-from services.runtime.component import Component, Runtime
-from services.runtime.outbox_relay import OutboxRelay
-from services.runtime.pruner import Pruner
+from services.edge.component import Component, Runtime
+from services.runtime.platform.outbox_relay import OutboxRelay
+from services.runtime.platform.pruner import Pruner
 
 _SERVICES: "WeakKeyDictionary[Runtime, BillingService]" = WeakKeyDictionary()
 

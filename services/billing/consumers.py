@@ -8,7 +8,7 @@ from faststream.kafka.annotations import KafkaMessage
 from contracts.events import BILLING_EVENTS, AccountState, UserTypeChanged
 from contracts.topics import ACCOUNTS, BILLING
 from services.billing.service import BillingService
-from services.runtime.deadletter import parse_or_dead_letter
+from services.runtime.platform.deadletter import parse_or_dead_letter
 
 
 def build_router(service: BillingService, broker: KafkaBroker) -> KafkaRouter:

@@ -14,6 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 from contracts.billing_api import Order, Package, PackageOrderIn, PlanUpgradeOrderIn, Subscription
 from contracts.common import Tier, UserType
 from contracts.events import AccountState, PackagePurchased, PlanChanged, UserTypeChanged
+from contracts.period import period_of
 from contracts.plans import catalogue
 from contracts.quota_api import PeriodRange
 from contracts.topics import BILLING
@@ -22,10 +23,9 @@ from services.billing.domain import BillingRuleError, SwitchKind
 from services.billing.idempotency import Idempotency
 from services.billing.payments import PaymentProvider
 from services.edge.projections import AccountProjection
-from services.edge.quota_gate import period_of
-from services.runtime.kafka import within_publish_timeout
-from services.runtime.outbox_relay import OutboxRelay
-from services.runtime.settings import Settings
+from services.runtime.platform.kafka import within_publish_timeout
+from services.runtime.platform.outbox_relay import OutboxRelay
+from services.runtime.platform.settings import Settings
 
 log = logging.getLogger(__name__)
 

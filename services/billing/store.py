@@ -10,7 +10,7 @@ from psycopg import AsyncConnection
 
 from contracts.common import Resource, Tier, UserType
 
-Conn = AsyncConnection[Any]  # dict rows (see services/runtime/postgres.py)
+Conn = AsyncConnection[Any]  # dict rows (see services/runtime/platform/postgres.py)
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,26 @@
-"""The ingress library every service mounts: errors, request ids, auth, limits, quota gate."""
+"""The ingress library every service mounts: errors, request ids, auth, limits, quota gate.
+
+Services use only what is exported here; everything else in this package is the edge's own.
+"""
+
+from services.edge.calls import client_ip
+from services.edge.component import Component, Overrides, Runtime
+from services.edge.edge import Edge
+from services.edge.errors import ApiError
+from services.edge.openapi_security import accepts
+from services.edge.principal import Principal
+from services.edge.projections import AccountProjection
+from services.edge.service_tokens import ServicePrincipal
+
+__all__ = [
+    "AccountProjection",
+    "ApiError",
+    "Component",
+    "Edge",
+    "Overrides",
+    "Principal",
+    "Runtime",
+    "ServicePrincipal",
+    "accepts",
+    "client_ip",
+]

@@ -27,8 +27,8 @@ from prometheus_client import Counter
 
 from contracts.events import CallEvent
 from contracts.topics import CALLS
-from services.runtime.kafka import PRODUCER_CONFIG
-from services.runtime.settings import Settings
+from services.runtime.platform.kafka import PRODUCER_CONFIG
+from services.runtime.platform.settings import Settings
 
 log = logging.getLogger(__name__)
 

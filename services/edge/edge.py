@@ -4,7 +4,6 @@ Routes declare what they need with `Depends(edge.requires(permission, ...))` and
 calling `Principal`. The edge answers 401/403 itself with the contract's codes.
 """
 
-import hashlib
 import hmac
 import json
 import logging
@@ -18,6 +17,7 @@ from fastapi import Request
 from prometheus_client import Counter
 
 from contracts.common import Permission, Resource, Role, ServiceScope
+from contracts.credentials import API_KEY_PREFIX, SERVICE_TOKEN_PREFIX, hash_secret
 from contracts.errors import ErrorCode
 from contracts.events import (
     AccountState,
@@ -35,19 +35,17 @@ from services.edge import sessions
 from services.edge.admissions import SharedAdmissions
 from services.edge.calls import OVERLOADED, Call, CallRecorder, client_ip, parse_networks
 from services.edge.errors import RESPONSE_DONE, RESPONSE_HEADERS, ApiError
-from services.edge.openapi_security import API_KEY, CONSOLE_SESSION, SERVICE_TOKEN, accepts
+from services.edge.openapi_security import ADMIN_TOKEN, API_KEY, CONSOLE_SESSION, SERVICE_TOKEN, accepts
 from services.edge.principal import Principal
-from services.edge.projection_reader import TopicFollower
 from services.edge.projections import AccountProjection, KeyProjection, PlanLimits
 from services.edge.quota_gate import QuotaProjection
 from services.edge.rate_limit import Limits
 from services.edge.rate_store import make_store
 from services.edge.service_tokens import ServicePrincipal, ServiceTokenProjection
 from services.edge.session_revocations import RevokedSessions, UserSessions
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
+from services.runtime.platform.topic_follower import TopicFollower
 
-API_KEY_PREFIX = "sk-"
-SERVICE_TOKEN_PREFIX = "st-"  # noqa: S105 - (v2) a platform service's token prefix, not a secret
 MAX_CACHED_SUBJECTS = 100_000
 OVERLOADED_RETRY_AFTER_S = 1
 
@@ -56,11 +54,6 @@ ADMISSION_STORE_ERRORS = Counter(
     "tollgate_edge_admission_store_errors_total",
     "Shared api_calls admissions that failed in Redis (the call was judged by this process's own count)",
 )
-
-
-def hash_secret(secret: str) -> str:
-    """The only form in which an API key or a service token is stored, logged or published."""
-    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 @dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs a setattr call per field
@@ -277,8 +270,7 @@ class Edge:
             now = datetime.now(UTC)
             token = _bearer(request)
             if not token.startswith(SERVICE_TOKEN_PREFIX):
-                admin = self.settings.admin_token
-                if admin is None or not hmac.compare_digest(token.encode(), admin.get_secret_value().encode()):
+                if not self._is_operator(token):
                     self.authenticate(request, now)  # a bad customer credential is still its own 401
                 raise ApiError(403, ErrorCode.PERMISSION_DENIED, "Only a platform service token may call this endpoint.")
             service = self._authenticate_service(token)
@@ -288,6 +280,25 @@ class Edge:
             return service
 
         return accepts(dependency, SERVICE_TOKEN)
+
+    def requires_operator(self) -> Callable[[Request], None]:
+        """A FastAPI dependency of an **operator** endpoint: Bearer ADMIN_TOKEN, compared in
+        constant time. While the setting is unset the routes do not exist (404)."""
+
+        def dependency(request: Request) -> None:
+            if self.settings.admin_token is None:
+                raise ApiError(404, ErrorCode.NOT_FOUND, "The route does not exist.")
+            scheme, _, given = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not given.strip():
+                raise ApiError(401, ErrorCode.MISSING_CREDENTIALS, "Send Authorization: Bearer <admin token>.")
+            if not self._is_operator(given.strip()):
+                raise ApiError(403, ErrorCode.PERMISSION_DENIED, "The admin token is not valid.")
+
+        return accepts(dependency, ADMIN_TOKEN)
+
+    def _is_operator(self, token: str) -> bool:
+        admin = self.settings.admin_token
+        return admin is not None and hmac.compare_digest(token.encode(), admin.get_secret_value().encode())
 
     def _authenticate_service(self, token: str) -> ServicePrincipal:
         service = self.service_tokens.get(hash_secret(token))

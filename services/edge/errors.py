@@ -12,6 +12,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from contracts.domain_errors import (
+    Conflict,
+    DomainError,
+    Forbidden,
+    Invalid,
+    NotFound,
+    PaymentRequired,
+    Unauthenticated,
+)
 from contracts.errors import ErrorBody, ErrorCode, ErrorDetail
 
 log = logging.getLogger(__name__)
@@ -33,6 +42,21 @@ _STATUS_CODES = {
     429: ErrorCode.RATE_LIMITED,
     503: ErrorCode.SERVICE_UNAVAILABLE,
 }
+
+
+# The one place a domain error becomes an HTTP status (most specific base first).
+DOMAIN_STATUSES: tuple[tuple[type[DomainError], int], ...] = (
+    (Unauthenticated, 401),
+    (PaymentRequired, 402),
+    (Forbidden, 403),
+    (NotFound, 404),
+    (Conflict, 409),
+    (Invalid, 422),
+)
+
+
+def status_of(error: DomainError) -> int:
+    return next((status for base, status in DOMAIN_STATUSES if isinstance(error, base)), 422)
 
 
 class ApiError(Exception):
@@ -87,6 +111,13 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status in REFUSED_STATUSES:  # a refused call: its calls.v1 event carries the code
             request.scope.setdefault("state", {})[ERROR_CODE] = exc.code.value
         return error_response(request, exc.status, exc.code, exc.message, exc.details, exc.headers)
+
+    @app.exception_handler(DomainError)
+    async def _domain_error(request: Request, exc: DomainError) -> JSONResponse:
+        status = status_of(exc)
+        if status in REFUSED_STATUSES:
+            request.scope.setdefault("state", {})[ERROR_CODE] = exc.code.value
+        return error_response(request, status, exc.code, exc.message, exc.details)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

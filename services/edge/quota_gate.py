@@ -22,13 +22,8 @@ from zoneinfo import ZoneInfo
 
 from contracts.common import STOCK_RESOURCES, Resource, Tier
 from contracts.events import QuotaState
+from contracts.period import bounds_of
 from contracts.plans import catalogue
-
-
-def period_of(moment: datetime, tz: ZoneInfo) -> str:
-    """The quota period (`YYYY-MM`, calendar month in the platform zone) that `moment` falls in."""
-    local = moment.astimezone(tz)
-    return f"{local.year:04d}-{local.month:02d}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +59,8 @@ class QuotaProjection:
     def _period(self, now: datetime) -> str:
         span = self._span
         if span is None or not span[0] <= now < span[1]:
-            local = now.astimezone(self._tz)
-            start = datetime(local.year, local.month, 1, tzinfo=self._tz)
-            end = datetime(local.year + local.month // 12, local.month % 12 + 1, 1, tzinfo=self._tz)
-            span = self._span = (start.astimezone(UTC), end.astimezone(UTC), period_of(now, self._tz))
+            period, start, end = bounds_of(now, self._tz)
+            span = self._span = (start.astimezone(UTC), end.astimezone(UTC), period)
         return span[2]
 
     def apply(self, state: QuotaState) -> None:

@@ -14,7 +14,7 @@ from services.edge.edge import Edge
 from services.edge.errors import not_found
 from services.edge.principal import Principal
 from services.geo import domain, store
-from services.runtime.outbox_relay import OutboxRelay
+from services.runtime.platform.outbox_relay import OutboxRelay
 
 
 def router(pool: AsyncConnectionPool, edge: Edge, relay: OutboxRelay) -> APIRouter:

@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
+from services.edge.component import Component, Runtime
 from services.geo.api import router
-from services.runtime.component import Component, Runtime
-from services.runtime.outbox_relay import OutboxRelay
+from services.runtime.platform.outbox_relay import OutboxRelay
 
 
 def build(runtime: Runtime) -> Component:

@@ -1,6 +1,5 @@
 """HTTP routes of the keys service: accounts, console sessions, API keys, operator roles."""
 
-import hmac
 from datetime import UTC, datetime
 from typing import Annotated
 from uuid import UUID
@@ -8,7 +7,6 @@ from uuid import UUID
 from fastapi import APIRouter, Depends, Request, Response
 
 from contracts.common import Permission, Tier, UserType
-from contracts.errors import ErrorCode
 from contracts.keys_api import (
     Account,
     KeyCreated,
@@ -28,13 +26,11 @@ from contracts.keys_api import (
 from contracts.service_tokens_api import ServiceTokenCreated, ServiceTokenCreateRequest, ServiceTokenItem, ServiceTokenList
 from services.edge.calls import client_ip, parse_networks
 from services.edge.edge import Edge
-from services.edge.errors import ApiError, not_found
-from services.edge.openapi_security import ADMIN_TOKEN, accepts
 from services.edge.principal import Principal
 from services.keys import store
 from services.keys.login_throttle import LoginThrottle
 from services.keys.service import KeysService
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 
 CONSOLE = "Console only: an API key gets 403 `console_session_required`."
 
@@ -73,18 +69,7 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
     console_keys_write = edge.requires(Permission.KEYS_WRITE, console_only=True)
     throttle, trusted = LoginThrottle(), parse_networks(settings.trusted_proxies)
 
-    def operator(request: Request) -> None:
-        """Bearer ADMIN_TOKEN; the routes do not exist (404) while the setting is unset."""
-        token = settings.admin_token
-        if token is None:
-            raise not_found("route")
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not given.strip():
-            raise ApiError(401, ErrorCode.MISSING_CREDENTIALS, "Send Authorization: Bearer <admin token>.")
-        if not hmac.compare_digest(given.strip().encode(), token.get_secret_value().encode()):
-            raise ApiError(403, ErrorCode.PERMISSION_DENIED, "The admin token is not valid.")
-
-    accepts(operator, ADMIN_TOKEN)
+    operator = edge.requires_operator()
 
     # ---- accounts ----------------------------------------------------------------------------
     @api.post(

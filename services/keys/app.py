@@ -2,10 +2,10 @@
 
 from pathlib import Path
 
+from services.edge.component import Component, Runtime
 from services.keys.api import router
 from services.keys.consumers import subscribers
 from services.keys.service import KeysService
-from services.runtime.component import Component, Runtime
 
 
 def build(runtime: Runtime) -> Component:

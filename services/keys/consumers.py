@@ -13,8 +13,8 @@ from faststream.kafka.annotations import KafkaMessage
 from contracts.events import BILLING_EVENTS, CallEvent, PlanChanged
 from contracts.topics import BILLING, CALLS
 from services.keys.service import KeysService
-from services.runtime.deadletter import parse_or_dead_letter
-from services.runtime.settings import Settings
+from services.runtime.platform.deadletter import parse_or_dead_letter
+from services.runtime.platform.settings import Settings
 
 LAST_USED_EVERY_S = 1.0
 

@@ -5,8 +5,8 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from contracts.common import KeyStatus, Role, ServiceScope, UserType
+from contracts.credentials import API_KEY_PREFIX, SERVICE_TOKEN_PREFIX, hash_secret
 from contracts.events import AccountState, KeyState, ServiceTokenState, UserState
-from services.edge.edge import API_KEY_PREFIX, SERVICE_TOKEN_PREFIX, hash_secret
 
 SECRET_BYTES = 36  # token_urlsafe(36): 48 URL-safe characters, 288 bits from the OS CSPRNG
 OWNER_ROLES: tuple[Role, ...] = (Role.OWNER,)

@@ -14,10 +14,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from contracts.common import ServiceScope
 from services.keys import service_tokens, store
-from services.runtime.kafka import ensure_topics
-from services.runtime.outbox_relay import OutboxRelay
-from services.runtime.postgres import apply_migrations, open_pool
-from services.runtime.settings import Settings
+from services.runtime.platform.kafka import ensure_topics
+from services.runtime.platform.outbox_relay import OutboxRelay
+from services.runtime.platform.postgres import apply_migrations, open_pool
+from services.runtime.platform.settings import Settings
 
 T = TypeVar("T")
 MIGRATIONS = Path(__file__).parent / "migrations"

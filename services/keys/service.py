@@ -26,8 +26,8 @@ from services.edge.edge import Edge
 from services.edge.errors import ApiError, not_found
 from services.edge.principal import Principal
 from services.keys import domain, service_tokens, store
-from services.runtime.outbox_relay import OutboxRelay
-from services.runtime.settings import Settings
+from services.runtime.platform.outbox_relay import OutboxRelay
+from services.runtime.platform.settings import Settings
 
 log = logging.getLogger(__name__)
 DELIVERY_TIMEOUT_S = 10.0

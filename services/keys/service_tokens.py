@@ -10,7 +10,7 @@ from contracts.common import ServiceScope
 from contracts.events import ServiceTokenState
 from contracts.topics import SERVICE_TOKENS
 from services.keys import domain, store
-from services.runtime.outbox_relay import OutboxRelay
+from services.runtime.platform.outbox_relay import OutboxRelay
 
 
 def _state(row: store.Row, now: datetime) -> ServiceTokenState:

@@ -30,6 +30,7 @@ from contracts.metering_api import (
 )
 from contracts.topics import USAGE
 from contracts.usage_rules import violations
+from services.edge.component import Runtime
 from services.edge.errors import ApiError
 from services.edge.principal import Principal
 from services.edge.service_tokens import ServicePrincipal
@@ -38,8 +39,7 @@ from services.metering.domain import Granularity, GroupBy, InvalidQuery, RangeNa
 from services.metering.keymasks import KeyMasks
 from services.metering.prices import PriceTable
 from services.metering.store import ActivityFilter, MeteringStore, UsageQuery
-from services.runtime.component import Runtime
-from services.runtime.kafka import within_publish_timeout
+from services.runtime.platform.kafka import within_publish_timeout
 
 Clock = Callable[[], datetime]
 

@@ -4,14 +4,14 @@ import asyncio
 from pathlib import Path
 
 from contracts.topics import KEYS
-from services.edge.projection_reader import TopicFollower
+from services.edge.component import Component, Runtime
 from services.metering import prices
 from services.metering.api import build_router
 from services.metering.consumers import Sink
 from services.metering.keymasks import KeyMasks
 from services.metering.retention import ingested_events_pruner
 from services.metering.store import MeteringStore
-from services.runtime.component import Component, Runtime
+from services.runtime.platform.topic_follower import TopicFollower
 
 
 def build(runtime: Runtime) -> Component:

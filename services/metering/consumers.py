@@ -26,11 +26,11 @@ from prometheus_client import Counter
 from contracts.events import CallEvent, Event, UsageEvent
 from contracts.topics import CALLS, USAGE, Topic
 from contracts.usage_rules import violations_at
+from services.edge.component import Runtime
 from services.metering.pipeline import RETRY_DELAY_S, DrainOnRevoke, Records, WritePipeline
 from services.metering.store import Canonical, InsertResult, MeteringStore
 from services.metering.validation import Rules, judge
-from services.runtime.component import Runtime
-from services.runtime.deadletter import send_to_dead_letter
+from services.runtime.platform.deadletter import send_to_dead_letter
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ accepted and published again, and the sink still drops it as the same event (sam
 and hour; docs/clickhouse.md), as quota does (`quota.processed_events`).
 """
 
-from services.runtime.component import Runtime
-from services.runtime.pruner import Pruner
+from services.edge.component import Runtime
+from services.runtime.platform.pruner import Pruner
 
 
 def ingested_events_pruner(runtime: Runtime) -> Pruner:

@@ -25,7 +25,7 @@ from services.metering import sink_tables
 from services.metering.domain import NO_KEY, NO_KEY_SERIES, TOTAL_KEY, Cursor, GroupBy, UsageRow
 from services.metering.prices import PriceTable
 from services.metering.sink_tables import SinkTable
-from services.runtime import clickhouse
+from services.runtime.platform import clickhouse
 
 MIGRATIONS = Path(__file__).with_name("clickhouse")
 READERS = 4

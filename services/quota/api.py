@@ -8,12 +8,12 @@ from fastapi import APIRouter, Depends, Response
 from contracts.common import Permission, ServiceScope
 from contracts.errors import ErrorCode
 from contracts.quota_api import InsufficientQuotaDetails, QuotaReport, ReservationCreate, ReservationCreated, quota_links
+from services.edge.component import Runtime
 from services.edge.errors import ApiError, not_found
 from services.edge.principal import Principal
 from services.edge.service_tokens import ServicePrincipal
 from services.quota import domain
 from services.quota.service import QuotaService
-from services.runtime.component import Runtime
 
 DESCRIPTION = (
     "Every resource of the caller's account in the current period (calendar month of the platform "

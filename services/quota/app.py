@@ -3,11 +3,11 @@
 from pathlib import Path
 from weakref import WeakKeyDictionary
 
+from services.edge.component import Component, Runtime
 from services.quota import api, consumers
 from services.quota.domain import system_clock
 from services.quota.service import QuotaService
 from services.quota.sweeper import ReservationSweeper
-from services.runtime.component import Component, Runtime
 
 _SERVICES: "WeakKeyDictionary[Runtime, QuotaService]" = WeakKeyDictionary()
 

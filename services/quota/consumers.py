@@ -17,7 +17,7 @@ from contracts.events import BILLING_EVENTS, CallEvent, PackagePurchased, PlanCh
 from contracts.topics import BILLING, CALLS, USAGE, Topic
 from contracts.usage_rules import violations_at
 from services.quota.service import QuotaService
-from services.runtime.deadletter import parse_or_dead_letter
+from services.runtime.platform.deadletter import parse_or_dead_letter
 
 
 def build_router(service: QuotaService) -> KafkaRouter:

@@ -22,7 +22,7 @@ from contracts.quota_api import PeriodRange, QuotaItem, QuotaReport
 from contracts.topics import QUOTA, QUOTA_THRESHOLDS
 from services.quota import domain, store
 from services.quota.domain import Clock
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +126,7 @@ class QuotaService:
     async def expire(self, limit: int = 500) -> int:
         """One sweep: drop reservations past their expiry and publish the freed states; returns
         how many (account, resource) states changed. One replica sweeps at a time (advisory
-        try-lock, as services/runtime/pruner.py); the others skip the pass."""
+        try-lock, as services/runtime/platform/pruner.py); the others skip the pass."""
         now = self.clock()
         period = self.current_period()
         async with self.pool.connection() as conn, conn.transaction():

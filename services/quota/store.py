@@ -14,7 +14,7 @@ from contracts.common import STOCK_RESOURCES, Resource, Tier
 from contracts.plans import catalogue
 from services.quota.domain import EPOCH, Delta
 
-Conn = AsyncConnection[Any]  # dict rows (see services/runtime/postgres.py)
+Conn = AsyncConnection[Any]  # dict rows (see services/runtime/platform/postgres.py)
 _STOCKS = [r.value for r in STOCK_RESOURCES]
 
 

@@ -1,5 +1,7 @@
-"""The process host and its plumbing (settings, Kafka, Postgres, ClickHouse, health, CLI).
+"""The two halves of the process around the services.
 
-Not a service: it mounts the services a `--target` names. Services may use its plumbing
-modules; only `host.py` and `cli.py` import services.
+- `platform/`, below the edge: settings, Kafka, Postgres, ClickHouse clients, the system clock.
+- `host/`, above every service: the CLI, the local stack, the process host that mounts the
+  services a `--target` names.
+No arrow points up: platform imports only `contracts`; only `host` imports services.
 """

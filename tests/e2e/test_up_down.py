@@ -48,7 +48,7 @@ def test_up_serves_every_dependency_ready_with_a_demo_login_and_down_leaves_no_p
         "TOLLGATE_CLICKHOUSE_TCP_PORT": str(free_port()),
         "TOLLGATE_REDIS_PORT": str(free_port()),
     }
-    cli = [sys.executable, "-m", "services.runtime.cli"]
+    cli = [sys.executable, "-m", "services.runtime.host.cli"]
     pids: list[int] = []
     try:
         up = subprocess.run([*cli, "up", "--port", str(port)], env=env, cwd=REPO, capture_output=True, text=True, timeout=240)

@@ -5,8 +5,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from services.runtime import stack
-from services.runtime.settings import Settings
+from services.runtime.host import stack
+from services.runtime.platform.settings import Settings
 from tests.support import databases
 from tests.support.infra import REPO, drop_clickhouse_database
 

@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from services.runtime import stack
-from services.runtime.settings import Settings
+from services.runtime.host import stack
+from services.runtime.platform.settings import Settings
 from tests.support.apps import ServeProcess
 from tests.support.platform import (
     Ingress,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 from tests.support import databases
 from tests.support.apps import ServeProcess
 from tests.support.infra import Endpoints, delete_topics_with_prefix, drop_clickhouse_database

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from services.edge.body_limit import MAX_BODY_BYTES
-from services.runtime.http_limits import MAX_HEAD_BYTES, MAX_URL_BYTES
+from services.runtime.host.http_limits import MAX_HEAD_BYTES, MAX_URL_BYTES
 from tests.hostile.conftest import Served
 
 pytestmark = pytest.mark.integration

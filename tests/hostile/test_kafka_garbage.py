@@ -19,7 +19,7 @@ from contracts.common import KeyStatus, Resource, Role, ServiceScope, UserType
 from contracts.events import AccountState, KeyState, QuotaState, ServiceTokenState, SessionRevoked, UserState
 from contracts.topics import ACCOUNTS, ALL_TOPICS, KEYS, QUOTA, SERVICE_TOKENS, SESSIONS, USERS, dead_letter
 from services.edge.edge import Edge
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 from tests.hostile.helpers import bearer, eventually, new_account, new_key
 from tests.support.metering import metering_sink
 from tests.support.service_tokens import service_headers

@@ -19,13 +19,13 @@ import pytest
 from starlette.requests import Request
 
 from contracts.common import KeyStatus, Role
+from contracts.credentials import hash_secret
 from contracts.events import KeyState
-from services.edge import edge as edge_module
-from services.edge.edge import Edge, hash_secret
+from services.edge.edge import Edge
 from services.edge.errors import ApiError
 from services.edge.projections import KeyProjection
 from services.keys.domain import new_secret
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 
 SERVICES = Path(__file__).resolve().parents[2] / "services"
 SENSITIVE = re.compile(r"secret|token|digest|password|hash|signature|\bsig\b|\bmac\b", re.IGNORECASE)
@@ -61,7 +61,7 @@ def test_the_presented_key_is_used_only_through_its_sha256():
     calls = [n for n in ast.walk(function) if isinstance(n, ast.Call) and _identifier(n.func) == "hash_secret"]
     assert len(uses) == 1 and len(calls) == 1 and calls[0].args[0] is uses[0], "the secret may only be hashed"
     assert hash_secret("sk-x") == hashlib.sha256(b"sk-x").hexdigest()
-    assert "hashlib.sha256" in inspect.getsource(edge_module.hash_secret)
+    assert "hashlib.sha256" in inspect.getsource(hash_secret)
 
 
 def test_the_projection_is_a_dict_keyed_by_digest_and_a_near_miss_finds_nothing(monkeypatch):

@@ -8,7 +8,7 @@ from argon2 import PasswordHasher
 
 from services.keys import login_throttle
 from services.keys.login_throttle import WINDOW_S, Limit, LoginThrottle
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 from tests.hostile.helpers import PASSWORD, assert_contract_error, new_account
 from tests.support.apps import running_app
 

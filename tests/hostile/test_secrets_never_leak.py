@@ -19,7 +19,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 from tests.hostile.conftest import Served
 from tests.support.apps import REPO
 
@@ -130,7 +130,7 @@ def _all_rows(database_url: str) -> bytes:
 def _all_clickhouse_rows(dsn: str, database: str) -> bytes:
     """Read from a fresh interpreter, as any other client of the server would."""
     script = f"""
-from services.runtime import clickhouse
+from services.runtime.platform import clickhouse
 c = clickhouse.connect({dsn!r})
 tables = c.query("SELECT name FROM system.tables WHERE database = {{db:String}}", parameters={{"db": {database!r}}})
 for (t,) in tables.result_rows:

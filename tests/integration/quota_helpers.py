@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from contracts.common import KeyStatus, Role, UserType
 from contracts.events import AccountState, KeyState
 from contracts.topics import ACCOUNTS, KEYS
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 
 T = TypeVar("T")
 

@@ -14,7 +14,7 @@ from contracts.alerts_api import Channel, EmailRecipient
 from contracts.common import AlertMetric, Role
 from contracts.events import QuotaThresholdCrossed
 from services.alerts import firing, store
-from services.runtime.kafka import ensure_topics
+from services.runtime.platform.kafka import ensure_topics
 from tests.integration.test_alerts_helpers import (  # noqa: F401  (fixtures)
     SmsGateway,
     SmtpServer,

@@ -25,10 +25,10 @@ from pydantic import SecretStr
 
 from contracts.common import Resource, Role, UserType
 from contracts.events import AccountState, QuotaState, QuotaThresholdCrossed
+from contracts.period import period_of
 from contracts.topics import ACCOUNTS, QUOTA, QUOTA_THRESHOLDS
 from services.edge.edge import Edge
-from services.edge.quota_gate import period_of
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 from tests.support.apps import free_port
 
 CONSOLE_URL = "https://console.example.test"

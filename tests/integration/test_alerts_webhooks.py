@@ -30,7 +30,7 @@ from contracts.common import AlertMetric
 from services.alerts import store
 from services.alerts.dispatcher import Dispatcher
 from services.alerts.webhook import Backoff, WebhookRequest, WebhookSender, verify
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 from tests.integration.quota_helpers import bearer, new_api_key
 from tests.integration.test_alerts_helpers import CONSOLE_URL, eventually, login, publish_crossing, query, this_period
 from tests.support.apps import running_app

@@ -1,4 +1,4 @@
-"""The local stack's ClickHouse server (services/runtime/chserver.py) as a real process: it runs as
+"""The local stack's ClickHouse server (services/runtime/host/chserver.py) as a real process: it runs as
 `nobody`, keeps its data across SIGTERM and SIGKILL, refuses a second launcher and a taken port
 (and never reports ready on another server's port), and Tollgate rides out its outage: /readyz
 says so, the metering sink commits no offsets while it is down and catches up exactly after."""
@@ -17,9 +17,10 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from contracts.topics import USAGE
-from services.runtime import clickhouse, stack
-from services.runtime.chserver import ServerSpec
-from services.runtime.kafka import ensure_topics
+from services.runtime.host import stack
+from services.runtime.host.chserver import ServerSpec
+from services.runtime.platform import clickhouse
+from services.runtime.platform.kafka import ensure_topics
 from tests.integration.test_metering_sink import produce, stamp, usage
 from tests.support.apps import REPO, free_port, running_app
 from tests.support.metering import wait_until
@@ -85,7 +86,7 @@ def test_runs_unprivileged_keeps_data_and_refuses_a_second_owner_or_a_taken_port
     before = users.read_bytes()
     spec = ServerSpec(free_port(), free_port(), "other", "pw", "00", "00")
     second = subprocess.run(
-        [sys.executable, "-m", "services.runtime.chserver", str(cfg.state_dir / "clickhouse")],
+        [sys.executable, "-m", "services.runtime.host.chserver", str(cfg.state_dir / "clickhouse")],
         env={**os.environ, **spec.to_env()},
         cwd=REPO,
         capture_output=True,

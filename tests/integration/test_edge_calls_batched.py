@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 from contracts.events import CallEvent
 from contracts.topics import CALLS
 from services.edge.calls import Call, CallRecorder
-from services.runtime.kafka import ensure_topics
+from services.runtime.platform.kafka import ensure_topics
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ from faststream.kafka import KafkaBroker
 from contracts.common import Resource
 from contracts.events import UsageEvent
 from contracts.topics import USAGE
-from services.runtime import clickhouse
-from services.runtime.kafka import ensure_topics
+from services.runtime.platform import clickhouse
+from services.runtime.platform.kafka import ensure_topics
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import pytest
 from contracts.common import KeyStatus, Resource, Role
 from contracts.events import CallEvent, KeyState, UsageEvent
 from contracts.topics import CALLS, KEYS, USAGE
-from services.runtime import clickhouse
+from services.runtime.platform import clickhouse
 from tests.support.apps import running_app
 from tests.support.metering import publish_all, sign_in, wait_until
 

@@ -17,7 +17,7 @@ from faststream.kafka import KafkaBroker
 from contracts.common import Resource, Role
 from contracts.events import CallEvent, UsageEvent
 from contracts.topics import CALLS, USAGE
-from services.runtime.kafka import ensure_topics
+from services.runtime.platform.kafka import ensure_topics
 from tests.support.apps import REPO, ServeProcess
 from tests.support.metering import publish_account, session_token, wait_until
 
@@ -77,7 +77,7 @@ def read_back(dsn: str, database: str) -> dict:
     """Read the server back from a fresh interpreter, as another client would."""
     script = f"""
 import json
-from services.runtime import clickhouse
+from services.runtime.platform import clickhouse
 c = clickhouse.connect({dsn!r})
 db = {database!r}
 q = lambda s: c.query(s).result_rows

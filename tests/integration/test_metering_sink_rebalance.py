@@ -33,9 +33,9 @@ from contracts.events import UsageEvent
 from contracts.topics import USAGE
 from services.metering import pipeline
 from services.metering.store import InsertResult, MeteringStore
-from services.runtime.host import create_app
-from services.runtime.kafka import ensure_topics
-from services.runtime.settings import Settings
+from services.runtime.host.app import create_app
+from services.runtime.platform.kafka import ensure_topics
+from services.runtime.platform.settings import Settings
 from tests.support.metering import metering_sink, wait_until
 
 pytestmark = pytest.mark.integration

@@ -5,7 +5,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from services.runtime.outbox_relay import OutboxRelay
+from services.runtime.platform.outbox_relay import OutboxRelay
 from tests.support.metering import wait_until
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""A table's retention (services/runtime/pruner.py) on real Postgres: every old row in one pass,
+"""A table's retention (services/runtime/platform/pruner.py) on real Postgres: every old row in one pass,
 chunk by chunk; newer rows and rows without a time stay; one replica at a time; a failed pass is
 logged and the next one succeeds."""
 
@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from services.runtime.pruner import Pruner
+from services.runtime.platform.pruner import Pruner
 from tests.support.metering import wait_until
 
 pytestmark = pytest.mark.integration
@@ -56,7 +56,7 @@ async def test_while_another_replica_prunes_the_table_a_pass_deletes_nothing(poo
 
 
 async def test_a_failed_pass_is_logged_and_the_next_one_prunes(pool, conn, caplog):
-    caplog.set_level(logging.WARNING, logger="services.runtime.pruner")
+    caplog.set_level(logging.WARNING, logger="services.runtime.platform.pruner")
     task = pruner(pool, interval_s=0.05)
     await task.start()
 

@@ -14,7 +14,7 @@ import httpx
 import psycopg
 import pytest
 
-from services.edge.edge import hash_secret
+from contracts.credentials import hash_secret
 from tests.integration.test_keys_api import bearer, code, new_key, signup
 from tests.integration.test_keys_two_processes import _all_kafka_messages, _all_postgres_rows
 from tests.support.apps import REPO, ServeProcess, running_app, settings_env
@@ -43,7 +43,7 @@ def _usage(account_id: str) -> dict:
 
 def _cli(settings, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "services.runtime.cli", "service-token", *args],
+        [sys.executable, "-m", "services.runtime.host.cli", "service-token", *args],
         env=settings_env(settings),
         cwd=REPO,
         capture_output=True,

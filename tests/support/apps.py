@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 from fastapi import FastAPI
 
-from services.runtime.host import create_app
-from services.runtime.settings import Settings
+from services.runtime.host.app import create_app
+from services.runtime.platform.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,7 +58,7 @@ class ServeProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "services.runtime.cli", "serve", "--target", targets, "--port", str(self.port)],
+                [sys.executable, "-m", "services.runtime.host.cli", "serve", "--target", targets, "--port", str(self.port)],
                 env=settings_env(settings),
                 stdout=log,
                 stderr=subprocess.STDOUT,

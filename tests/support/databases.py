@@ -6,7 +6,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from services.runtime.postgres import apply_migrations
+from services.runtime.platform.postgres import apply_migrations
 
 SERVICES_DIR = Path(__file__).resolve().parents[2] / "services"
 

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.runtime import stack
+from services.runtime.host import stack
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_STACK = stack.StackConfig(
@@ -52,7 +52,7 @@ async def delete_topics_with_prefix(bootstrap: str, prefix: str) -> None:
 
 
 def drop_clickhouse_database(dsn: str, database: str) -> None:
-    from services.runtime import clickhouse
+    from services.runtime.platform import clickhouse
 
     client = clickhouse.connect(dsn)
     try:

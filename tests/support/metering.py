@@ -16,7 +16,7 @@ from contracts.events import AccountState
 from contracts.topics import ACCOUNTS
 from services.edge import sessions
 from services.metering.consumers import Sink
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 
 T = TypeVar("T")
 

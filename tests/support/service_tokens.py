@@ -5,9 +5,9 @@ from typing import Any
 import httpx
 
 from contracts.common import ServiceScope
-from services.edge.edge import hash_secret
+from contracts.credentials import hash_secret
 from services.keys import operator_cli
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 from tests.support.metering import wait_until
 
 ADMIN_PATH = "/api/admin/service-tokens"

@@ -7,7 +7,7 @@ from contracts.alerts_api import Channel
 from contracts.common import AlertMetric
 from services.alerts import domain, store
 from services.alerts.channels import EmailChannel, message_id, render
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 
 DELIVERY = uuid.UUID("11111111-2222-3333-4444-555555555555")
 LINKS = domain.links_for("https://console.example", domain.METRIC_RESOURCE[AlertMetric.TOTAL_TOKENS])

@@ -4,7 +4,7 @@ the host safe, checked on the rendered file (the integration tests check the ser
 import re
 import xml.etree.ElementTree as ET
 
-from services.runtime.chserver import CONST_SETTINGS, ServerSpec, config_xml, sha256_hex, users_xml
+from services.runtime.host.chserver import CONST_SETTINGS, ServerSpec, config_xml, sha256_hex, users_xml
 
 SPEC = ServerSpec(18123, 19000, "m", "ctl-pw", sha256_hex("app-pw"), sha256_hex("an-pw"), extra_database_patterns=("t_*",))
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from services.runtime.host import SERVICES
-from services.runtime.settings import Settings
+from services.runtime.host.app import SERVICES
+from services.runtime.platform.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import pytest
 
 from contracts.common import Resource
 from contracts.events import BILLING_EVENTS, PackagePurchased, UsageEvent
-from services.runtime.deadletter import parse
+from services.runtime.platform.deadletter import parse
 
 
 def usage_json(**drop_or_set) -> bytes:

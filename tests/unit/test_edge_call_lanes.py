@@ -12,13 +12,14 @@ from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
 
 from contracts.common import Permission, Role
+from contracts.credentials import hash_secret
 from contracts.errors import ErrorCode
 from contracts.events import KeyState
 from services.edge.calls import Call, CallLanes, CallRecorder
-from services.edge.edge import Edge, hash_secret
+from services.edge.edge import Edge
 from services.edge.errors import ApiError, RequestIdMiddleware, install_error_handlers
 from services.edge.principal import Principal
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 
 T = datetime(2026, 11, 23, 9, 0, 0, tzinfo=UTC)
 

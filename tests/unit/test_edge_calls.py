@@ -11,12 +11,13 @@ from prometheus_client import REGISTRY
 from starlette.requests import Request
 
 from contracts.common import Permission, Role
+from contracts.credentials import hash_secret
 from contracts.errors import ErrorCode
 from contracts.events import AccountState, KeyState, RateLimit
 from services.edge.calls import Call, CallRecorder, PartitionMap
-from services.edge.edge import Edge, hash_secret
+from services.edge.edge import Edge
 from services.edge.errors import RESPONSE_DONE, RESPONSE_HEADERS, ApiError
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 
 SECRET = "sk-" + "x" * 40
 

@@ -7,7 +7,8 @@ from zoneinfo import ZoneInfo
 
 from contracts.common import Resource
 from contracts.events import QuotaState
-from services.edge.quota_gate import QuotaProjection, period_of
+from contracts.period import period_of
+from services.edge.quota_gate import QuotaProjection
 
 T0 = datetime(2026, 3, 10, tzinfo=UTC)
 

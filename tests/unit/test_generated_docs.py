@@ -4,7 +4,7 @@ import json
 
 from typer.testing import CliRunner
 
-from services.runtime.cli import app
+from services.runtime.host.cli import app
 
 
 def test_tollgate_docs_writes_openapi_and_asyncapi(tmp_path):

@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contracts.common import KeyStatus, Role, UserType
+from contracts.credentials import hash_secret
 from contracts.errors import ErrorCode
 from contracts.events import AccountState, KeyState
 from services.edge import sessions
 from services.edge.calls import client_ip, parse_networks
-from services.edge.edge import hash_secret
 from services.edge.errors import ApiError
 from services.edge.projections import AccountProjection, KeyProjection
 from services.keys import domain

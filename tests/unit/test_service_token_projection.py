@@ -5,8 +5,8 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from contracts.common import ServiceScope
+from contracts.credentials import SERVICE_TOKEN_PREFIX, hash_secret
 from contracts.events import ServiceTokenState
-from services.edge.edge import SERVICE_TOKEN_PREFIX, hash_secret
 from services.edge.service_tokens import ServiceTokenProjection
 from services.keys import domain
 

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 from psycopg_pool import PoolTimeout
 
 from services.edge.errors import RequestIdMiddleware, install_error_handlers
-from services.runtime.unavailable import install_unavailable_handlers
+from services.edge.unavailable import install_unavailable_handlers
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 -- transactional: false
 -- The outbox relay deletes sent rows past OUTBOX_RETENTION_SECONDS, oldest first, in chunks
--- (services/runtime/pruner.py): this index finds them without reading the whole table.
+-- (services/runtime/platform/pruner.py): this index finds them without reading the whole table.
 -- CONCURRENTLY (outside a transaction) so the table's writers go on while a grown table is indexed;
 -- a build interrupted before yoyo recorded this migration leaves an invalid index, dropped on the rerun.
 DROP INDEX CONCURRENTLY IF EXISTS keys.outbox_sent;

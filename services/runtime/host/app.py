@@ -15,17 +15,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from contracts.errors import ErrorBody
 from services.console import router as console_router
 from services.edge.body_limit import BodyLimitMiddleware
+from services.edge.component import Check, Component, Overrides, Runtime
+from services.edge.data_errors import install_data_error_handler
 from services.edge.edge import Edge
 from services.edge.errors import RequestIdMiddleware, install_error_handlers
 from services.edge.openapi_security import install as install_openapi_security
-from services.runtime import postgres
-from services.runtime.component import Check, Component, Runtime
-from services.runtime.data_errors import install_data_error_handler
-from services.runtime.health import health_router
-from services.runtime.kafka import ensure_topics, make_broker
-from services.runtime.logs import current_request_id
-from services.runtime.settings import Settings, get_settings
-from services.runtime.unavailable import install_unavailable_handlers
+from services.edge.unavailable import install_unavailable_handlers
+from services.runtime.host.health import health_router
+from services.runtime.platform import postgres
+from services.runtime.platform.kafka import ensure_topics, make_broker
+from services.runtime.platform.logs import current_request_id
+from services.runtime.platform.settings import Settings, get_settings
 
 SERVICES: tuple[str, ...] = ("keys", "billing", "quota", "metering", "alerts", "geo")
 
@@ -89,13 +89,15 @@ class _MetricsMiddleware:
             HTTP_LATENCY.labels(scope["method"], route, str(status)).observe(time.perf_counter() - started)
 
 
-def create_app(targets: Sequence[str] = ("all",), settings: Settings | None = None) -> FastAPI:
+def create_app(
+    targets: Sequence[str] = ("all",), settings: Settings | None = None, overrides: Overrides | None = None
+) -> FastAPI:
     settings = settings or get_settings()
     names = expand_targets(targets)
     broker = make_broker(settings)
     pool = postgres.open_pool(settings.database_url)
     edge = Edge(settings)
-    runtime = Runtime(settings=settings, broker=broker, pool=pool, edge=edge)
+    runtime = Runtime(settings=settings, broker=broker, pool=pool, edge=edge, overrides=overrides or Overrides())
     components: list[Component] = [importlib.import_module(f"services.{n}.app").build(runtime) for n in names]
     for component in components:
         if component.subscribers is not None:

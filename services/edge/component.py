@@ -3,16 +3,28 @@
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter
 from faststream.kafka import KafkaBroker, KafkaRouter
 from psycopg_pool import AsyncConnectionPool
 
+from contracts.clock import Clock
 from services.edge.edge import Edge
-from services.runtime.settings import Settings
+from services.runtime.platform.clock import system_clock
+from services.runtime.platform.settings import Settings
 
 Hook = Callable[[], Awaitable[None]]
 Check = Callable[[], Awaitable[bool]]
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What a test or a benchmark may replace when it builds an app (cosmicpython's bootstrap):
+    the clock every use case reads, and billing's payment provider (None: billing's own default)."""
+
+    clock: Clock = system_clock
+    payment_provider: Any = None
 
 
 @dataclass(eq=False)  # an identity object: hashable, compared by identity
@@ -23,6 +35,11 @@ class Runtime:
     broker: KafkaBroker
     pool: AsyncConnectionPool
     edge: Edge
+    overrides: Overrides = field(default_factory=Overrides)
+
+    @property
+    def clock(self) -> Clock:
+        return self.overrides.clock
 
 
 @dataclass

@@ -13,7 +13,7 @@ from uuid import UUID
 import httpx
 import typer
 
-from services.runtime import stack
+from services.runtime.host import stack
 
 app = typer.Typer(help="Tollgate: API keys, usage metering, quotas and usage alerts.", no_args_is_help=True)
 stack_app = typer.Typer(help="The local stack (Kafka, Postgres, ClickHouse, redis) without Docker.", no_args_is_help=True)
@@ -54,12 +54,12 @@ def serve(
     """Run the named services' routes and subscribers in this process."""
     import uvicorn
 
-    from services.runtime.host import create_app
-    from services.runtime.logs import configure
-    from services.runtime.settings import get_settings
+    from services.runtime.host.app import create_app
+    from services.runtime.platform.logs import configure
+    from services.runtime.platform.settings import get_settings
 
     configure(get_settings().log_level)
-    from services.runtime.http_limits import BoundedHttpToolsProtocol
+    from services.runtime.host.http_limits import BoundedHttpToolsProtocol
 
     # http=: uvicorn's httptools protocol, but with bounded request heads (414/431).
     uvicorn.run(
@@ -125,7 +125,7 @@ def service_token_create(
     """Create a token; prints {"id", "token"} (the token only now: only its hash is stored)."""
     from contracts.common import ServiceScope
     from services.keys import operator_cli
-    from services.runtime.settings import get_settings
+    from services.runtime.platform.settings import get_settings
 
     try:
         scopes = [ServiceScope(s) for s in scope or [ServiceScope.USAGE_WRITE.value]]
@@ -140,7 +140,7 @@ def service_token_create(
 def service_token_list() -> None:
     """Every service token (revoked ones too) as {"items": [...]}; never a token itself."""
     from services.keys import operator_cli
-    from services.runtime.settings import get_settings
+    from services.runtime.platform.settings import get_settings
 
     typer.echo(json.dumps({"items": asyncio.run(operator_cli.list_all(get_settings()))}, indent=2))
 
@@ -149,7 +149,7 @@ def service_token_list() -> None:
 def service_token_revoke(token_id: UUID) -> None:
     """Revoke for good; returns once the revocation is in Kafka (refused everywhere at once)."""
     from services.keys import operator_cli
-    from services.runtime.settings import get_settings
+    from services.runtime.platform.settings import get_settings
 
     try:
         asyncio.run(operator_cli.revoke(get_settings(), token_id))
@@ -162,7 +162,7 @@ def service_token_revoke(token_id: UUID) -> None:
 def _demo_service_token(cfg: stack.StackConfig) -> str:
     """A live service token for the local demo, kept in the state dir (mode 0600) across `up`s."""
     from services.keys import operator_cli
-    from services.runtime.settings import Settings
+    from services.runtime.platform.settings import Settings
 
     # the serve process's settings: this stack's, and the rest from the environment
     settings = Settings(kafka_bootstrap_servers=cfg.kafka_bootstrap, database_url=cfg.database_url)
@@ -192,7 +192,7 @@ def up(port: int = 8080) -> None:
         env = {**os.environ, **cfg.env()}
         with open(logs / "tollgate.log", "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "services.runtime.cli", "serve", "--target", "all", "--port", str(port)],
+                [sys.executable, "-m", "services.runtime.host.cli", "serve", "--target", "all", "--port", str(port)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -232,7 +232,7 @@ def docs(out: Path = Path("docs/generated")) -> None:
     """Write the OpenAPI (FastAPI) and AsyncAPI (FastStream) documents generated from the code."""
     from faststream.specification import AsyncAPI
 
-    from services.runtime.host import create_app
+    from services.runtime.host.app import create_app
 
     out.mkdir(parents=True, exist_ok=True)
     api = create_app(["all"])

@@ -10,7 +10,7 @@ from aiokafka.errors import KafkaTimeoutError, TopicAlreadyExistsError
 from faststream.kafka import KafkaBroker
 
 from contracts.topics import ALL_DEAD_LETTER_TOPICS, ALL_TOPICS, Topic
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """A real ClickHouse server from the engine in the `chdb-core` wheel (no server package, no Docker).
 
-Run as `python -m services.runtime.chserver INSTANCE_DIR` with its settings in the environment
-(see `ServerSpec.to_env`); `services.runtime.stack` does that. This process owns the instance
+Run as `python -m services.runtime.host.chserver INSTANCE_DIR` with its settings in the environment
+(see `ServerSpec.to_env`); `services.runtime.host.stack` does that. This process owns the instance
 folder (an exclusive flock taken before anything is written), writes config.xml and users.xml
 into it, drops to an unprivileged user, loads the engine module without importing the `chdb`
 package, and runs one blocking query whose lifetime keeps the HTTP and native listeners open.
@@ -271,7 +271,7 @@ def serve(instance: Path, spec: ServerSpec) -> int:
 
 def main() -> None:
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m services.runtime.chserver INSTANCE_DIR (settings in $TOLLGATE_CH_SERVER_SPEC)")
+        sys.exit("usage: python -m services.runtime.host.chserver INSTANCE_DIR (settings in $TOLLGATE_CH_SERVER_SPEC)")
     spec = ServerSpec.from_env()
     code = serve(Path(sys.argv[1]).resolve(), spec)
     sys.stdout.flush()

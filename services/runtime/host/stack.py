@@ -1,5 +1,5 @@
 """The local stack without Docker: Kafka (KRaft, Maven Central jars), Postgres (initdb), a
-ClickHouse server (the engine of the chdb-core wheel, services/runtime/chserver.py) and redis.
+ClickHouse server (the engine of the chdb-core wheel, services/runtime/host/chserver.py) and redis.
 
 Each part listens on 127.0.0.1, keeps its data under the state directory, is waited for
 until it really answers, and is stopped by its PID. `up` is idempotent.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from services.runtime.chserver import ServerSpec, sha256_hex
+from services.runtime.host.chserver import ServerSpec, sha256_hex
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = REPO_ROOT / "deploy" / "local"
@@ -329,7 +329,7 @@ def clickhouse_up(cfg: StackConfig, timeout: float = 60) -> None:
         json.dump({"marker": spec.marker, "ctl_password": spec.ctl_password, "http_port": spec.http_port}, out)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "services.runtime.chserver", str(instance)],
+            [sys.executable, "-m", "services.runtime.host.chserver", str(instance)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **spec.to_env()},

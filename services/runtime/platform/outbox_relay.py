@@ -8,7 +8,7 @@ wait until its own rows are in Kafka (it runs a pass after the caller's commit, 
 sees the rows: they are either sent by this pass or were sent by the holder before it).
 
 Sent rows are kept `OUTBOX_RETENTION_SECONDS` (what was published when, for debugging and audit),
-then deleted by the relay's pruner (services/runtime/pruner.py): a task of its own, so a long
+then deleted by the relay's pruner (services/runtime/platform/pruner.py): a task of its own, so a long
 delete never delays publishing, and apart from the publishing lock: it never touches an unsent row,
 the only rows the publisher reads or writes. Every replica runs one; a try-lock lets one at a time work.
 """
@@ -24,9 +24,9 @@ from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 
 from contracts.topics import Topic
-from services.runtime.kafka import PRODUCER_CONFIG
-from services.runtime.pruner import Pruner
-from services.runtime.settings import Settings
+from services.runtime.platform.kafka import PRODUCER_CONFIG
+from services.runtime.platform.pruner import Pruner
+from services.runtime.platform.settings import Settings
 
 log = logging.getLogger(__name__)
 

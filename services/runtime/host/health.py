@@ -8,7 +8,7 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from services.runtime.component import Check
+from services.edge.component import Check
 
 log = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 2.0

@@ -14,7 +14,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from contracts.events import MISSING_ID, Event, has_id
 from contracts.topics import Topic, dead_letter
-from services.runtime.settings import Settings
+from services.runtime.platform.settings import Settings
 
 log = logging.getLogger(__name__)
 M = TypeVar("M")

@@ -1,0 +1,1 @@
+"""Above every service: the CLI, the local stack, the process host (`--target` wiring)."""

@@ -1,0 +1,1 @@
+"""Below the edge: settings, Kafka, Postgres, ClickHouse, the system clock. Imports only contracts."""
