@@ -27,7 +27,7 @@ import httpx
 
 from services.runtime.host.chserver import ServerSpec, sha256_hex
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = REPO_ROOT / "deploy" / "local"
 
 

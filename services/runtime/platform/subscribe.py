@@ -1,0 +1,114 @@
+"""The one way a service subscribes to a topic: typed events in, offsets committed after the write.
+
+Every subscriber has the same skeleton, so it is written once here:
+- its own consumer group (subscribers sharing a group would rebalance each other every time
+  one of them starts or stops), read from the earliest offset on a first start;
+- `AckPolicy.NACK_ON_ERROR`: the offset is committed only after the handler returned; an error
+  rewinds to the message (or the batch's first record), and the handler's idempotency on the
+  event id makes the replay harmless;
+- each record parsed into its contract model, or dead-lettered with the reason (malformed, or
+  breaking a rule judged against the record's own timestamp) while the subscriber goes on;
+- compacted topics' tombstones (a record without a value) skipped;
+- idle fetches that wait 500 ms: the broker answers a waiting fetch as soon as a record lands, so
+  this is no latency floor; shorter waits only burn an idle process's CPU (BENCHMARKS.md, "idle").
+"""
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from aiokafka import ConsumerRecord
+from faststream import AckPolicy
+from faststream.kafka import KafkaBroker, KafkaRouter
+from faststream.kafka.annotations import KafkaMessage
+from pydantic import TypeAdapter
+
+from contracts.topics import Topic
+from services.runtime.platform.deadletter import parse_or_dead_letter
+from services.runtime.platform.settings import Settings
+
+M = TypeVar("M")
+IDLE_FETCH_WAIT_MS = 500
+
+
+@dataclass(frozen=True)
+class Reading(Generic[M]):
+    """How to read one topic: its contract model, and (optionally) rules an event must keep,
+    judged against the Kafka record's timestamp in ms (every consumer judges a record alike)."""
+
+    model: type[M] | TypeAdapter[M]
+    rules: Callable[[M, int], list[str]] | None = None
+
+
+@dataclass(frozen=True)
+class Subscriber:
+    """Where a service's subscribers attach: its router, and what dead-lettering needs."""
+
+    router: KafkaRouter
+    broker: KafkaBroker
+    settings: Settings
+
+    def each(
+        self, topic: Topic, reading: Reading[M], *, group: str, handle: Callable[[M], Awaitable[None]], title: str = ""
+    ) -> None:
+        """`handle` gets every valid event of `topic`, one at a time, in offset order."""
+
+        @self.router.subscriber(
+            self.settings.topic(topic.name),
+            group_id=self.settings.group(group),
+            title=title or group,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=IDLE_FETCH_WAIT_MS,
+            ack_policy=AckPolicy.NACK_ON_ERROR,
+        )
+        async def on_message(msg: KafkaMessage) -> None:
+            record = msg.raw_message
+            assert not isinstance(record, tuple)
+            event = await self._read(topic, reading, record)
+            if event is not None:
+                await handle(event)
+
+    def batches(
+        self,
+        readings: Mapping[Topic, Reading[Any]],
+        *,
+        group: str,
+        handle: Callable[[list[M]], Awaitable[None]],
+        title: str = "",
+        max_records: int = 1000,
+        batch_timeout_ms: int = IDLE_FETCH_WAIT_MS,
+    ) -> None:
+        """`handle` gets the valid events of one fetch from any of `readings`' topics, in
+        offset order per partition; the whole batch is committed once it returns."""
+        by_name = {self.settings.topic(topic.name): (topic, reading) for topic, reading in readings.items()}
+
+        @self.router.subscriber(
+            *by_name,
+            group_id=self.settings.group(group),
+            title=title or group,
+            auto_offset_reset="earliest",
+            batch=True,
+            max_records=max_records,
+            batch_timeout_ms=batch_timeout_ms,
+            fetch_max_wait_ms=IDLE_FETCH_WAIT_MS,
+            ack_policy=AckPolicy.NACK_ON_ERROR,
+        )
+        async def on_batch(msg: KafkaMessage) -> None:
+            records = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
+            events: list[M] = []
+            for record in records:
+                topic, reading = by_name[record.topic]
+                event = await self._read(topic, reading, record)
+                if event is not None:
+                    events.append(event)
+            await handle(events)
+
+    async def _read(self, topic: Topic, reading: Reading[M], record: ConsumerRecord[Any, Any]) -> M | None:
+        if record.value is None:
+            return None  # a compacted topic's tombstone
+        rules = reading.rules
+        timestamp = record.timestamp
+        judge = None if rules is None else (lambda event: rules(event, timestamp))
+        return await parse_or_dead_letter(
+            self.broker, self.settings, topic, reading.model, record.value, key=record.key, rules=judge
+        )
