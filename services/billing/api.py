@@ -7,14 +7,11 @@ from fastapi import APIRouter, Body, Depends, Header
 
 from contracts.billing_api import Order, OrderIn, PackageOrderIn, PlanList, PlanOut, PlanUpgradeOrderIn, Subscription, SwitchIn
 from contracts.common import Permission
-from contracts.errors import ErrorBody, ErrorCode
+from contracts.errors import ErrorBody
 from contracts.plans import TIER_ORDER, catalogue
-from services.billing.domain import BillingRuleError
-from services.billing.idempotency import HEADER_DESCRIPTION, MAX_KEY_LENGTH, Idempotency, KeyReused
-from services.billing.service import BillingService, NotFound, PaymentRequired
-from services.edge.component import Runtime
-from services.edge.errors import ApiError, not_found
-from services.edge.principal import Principal
+from services.billing.domain import HEADER_DESCRIPTION, MAX_KEY_LENGTH, Idempotency
+from services.billing.service import BillingService
+from services.edge import Principal, Runtime
 
 PRORATION = (
     "Upgrade amount = (new monthly price - current monthly price) x (period end - now) / (period end - period start), "
@@ -25,19 +22,6 @@ CONSOLE = "Console only: an API key gets 403 console_session_required (a leaked 
 IdempotencyKey = Annotated[
     str | None, Header(alias="Idempotency-Key", min_length=1, max_length=MAX_KEY_LENGTH, description=HEADER_DESCRIPTION)
 ]
-
-
-def _reused() -> ApiError:
-    return ApiError(
-        409,
-        ErrorCode.IDEMPOTENCY_KEY_REUSED,
-        "This Idempotency-Key was already used with another request; send a new key for a new request.",
-    )
-
-
-def _rule_error(exc: BillingRuleError) -> ApiError:
-    status = 422 if exc.code == ErrorCode.VALIDATION_ERROR.value else 409
-    return ApiError(status, ErrorCode(exc.code), exc.message)
 
 
 def build_router(runtime: Runtime, service: BillingService) -> APIRouter:
@@ -68,12 +52,7 @@ def build_router(runtime: Runtime, service: BillingService) -> APIRouter:
     ) -> Order:
         assert isinstance(body, PlanUpgradeOrderIn | PackageOrderIn)
         idem = Idempotency.of(idempotency_key, "POST /api/billing/orders", "/api/billing/orders", body.model_dump(mode="json"))
-        try:
-            return await service.create_order(principal.account_id, body, idem)
-        except BillingRuleError as exc:
-            raise _rule_error(exc) from None
-        except KeyReused:
-            raise _reused() from None
+        return await service.create_order(principal.account_id, body, idem)
 
     @router.post(
         "/api/billing/orders/{order_id}/pay",
@@ -87,14 +66,7 @@ def build_router(runtime: Runtime, service: BillingService) -> APIRouter:
     async def pay(order_id: UUID, idempotency_key: IdempotencyKey = None, principal: Principal = writer) -> Order:
         path = f"/api/billing/orders/{order_id}/pay"
         idem = Idempotency.of(idempotency_key, "POST /api/billing/orders/{order_id}/pay", path)
-        try:
-            return await service.pay(principal.account_id, order_id, idem)
-        except NotFound:
-            raise not_found("order") from None
-        except BillingRuleError as exc:
-            raise _rule_error(exc) from None
-        except KeyReused:
-            raise _reused() from None
+        return await service.pay(principal.account_id, order_id, idem)
 
     @router.post(
         "/api/billing/subscription/switch",
@@ -106,16 +78,6 @@ def build_router(runtime: Runtime, service: BillingService) -> APIRouter:
         responses={402: {"model": ErrorBody, "description": "An upgrade: pay the order in error.details.order"}},
     )
     async def switch(body: SwitchIn, principal: Principal = writer) -> Subscription:
-        try:
-            return await service.switch(principal.account_id, body.plan)
-        except BillingRuleError as exc:
-            raise _rule_error(exc) from None
-        except PaymentRequired as exc:
-            raise ApiError(
-                402,
-                ErrorCode.PAYMENT_REQUIRED,
-                f"Switching to {body.plan.value} costs {exc.order.amount} {exc.order.currency} this period; pay the order.",
-                details={"order": exc.order.model_dump(mode="json")},
-            ) from None
+        return await service.switch(principal.account_id, body.plan)
 
     return router
