@@ -4,6 +4,7 @@ Every path that can put an account on a tier (order creation, payment, switch) c
 `ensure_plan_allowed`, under the account's row lock, so no path and no race bypasses it.
 """
 
+import base64
 import hashlib
 import json
 import tomllib
@@ -14,8 +15,9 @@ from enum import Enum
 from functools import cache
 from importlib import resources
 from typing import Any
+from uuid import UUID
 
-from contracts.billing_api import Order
+from contracts.billing_api import InvoiceLine, Order
 from contracts.common import Resource, Tier, UserType
 from contracts.domain_errors import Conflict, DomainError, Invalid, PaymentRequired
 from contracts.errors import ErrorCode
@@ -167,3 +169,82 @@ def ensure_upgrade(current: Plan, target: Plan) -> None:
         raise BillingConflict(
             f"{target.tier.value} is not an upgrade of {current.tier.value}; use POST /api/billing/subscription/switch.",
         )
+
+
+# ---- (v2) the package catalogue, the order history's cursor, invoices --------------------------------
+@cache
+def package_currency() -> str:
+    raw = tomllib.loads(resources.files("services.billing").joinpath("packages.toml").read_text())
+    return str(raw["currency"])
+
+
+@dataclass(frozen=True)
+class Seller:
+    id: str  # names the gapless counter
+    prefix: str
+    name: str
+    address: str
+    email: str
+    tax_id: str
+
+
+@cache
+def seller() -> Seller:
+    raw = tomllib.loads(resources.files("services.billing").joinpath("seller.toml").read_text())["seller"]
+    return Seller(**{k: str(raw[k]) for k in ("id", "prefix", "name", "address", "email", "tax_id")})
+
+
+def invoice_number(prefix: str, number: int) -> str:
+    return f"{prefix}-{number:06d}"
+
+
+def invoice_lines(order: Order) -> list[InvoiceLine]:
+    """One line per order: the plan upgrade (prorated, so quantity 1 at the amount), or the
+    packages bought (quantity = packages, unit price = the amount over them: the price of the order,
+    whatever packages.toml says today)."""
+    if order.package is not None:
+        packages = max(order.package.amount // package_prices()[order.package.resource].unit, 1)
+        label = order.package.resource.value.replace("_", " ")
+        return [
+            InvoiceLine(
+                description=f"{label} quota package x{packages} ({order.package.amount} units, period {_month(order)})",
+                quantity=packages,
+                unit_price=(order.amount / packages).quantize(CENT, rounding=ROUND_HALF_UP),
+                amount=order.amount,
+            )
+        ]
+    assert order.plan is not None
+    previous = order.previous_plan.value if order.previous_plan else "free"
+    return [
+        InvoiceLine(
+            description=f"Upgrade from {previous} to {order.plan.value}, prorated to the end of period {_month(order)}",
+            quantity=1,
+            unit_price=order.amount,
+            amount=order.amount,
+        )
+    ]
+
+
+def _month(order: Order) -> str:
+    return f"{order.period.start.year:04d}-{order.period.start.month:02d}"
+
+
+MAX_PAGE = 100
+
+
+def encode_cursor(created_at: datetime, order_id: UUID) -> str:
+    """The keyset of the last order on a page, opaque to clients."""
+    raw = f"{created_at.isoformat()}|{order_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        moment, order_id = raw.split("|")
+        created_at = datetime.fromisoformat(moment)
+        if created_at.tzinfo is None:
+            raise ValueError("naive")
+        return created_at, UUID(order_id)
+    except ValueError as exc:  # binascii.Error and UnicodeDecodeError are ValueErrors too
+        raise Invalid("The cursor is not one this API gave; start again without it.") from exc

@@ -13,10 +13,21 @@ from zoneinfo import ZoneInfo
 
 from aiokafka.errors import KafkaTimeoutError
 
-from contracts.billing_api import Order, Package, PackageOrderIn, PlanUpgradeOrderIn, Subscription
+from contracts.billing_api import (
+    Invoice,
+    Order,
+    OrderList,
+    Package,
+    PackageItem,
+    PackageList,
+    PackageOrderIn,
+    Party,
+    PlanUpgradeOrderIn,
+    Subscription,
+)
 from contracts.clock import Clock
 from contracts.common import Tier, UserType
-from contracts.domain_errors import NotFound
+from contracts.domain_errors import Conflict, NotFound
 from contracts.events import AccountState, PackagePurchased, PlanChanged, UserTypeChanged
 from contracts.period import bounds_of, period_bounds
 from contracts.plans import catalogue
@@ -25,7 +36,7 @@ from contracts.topics import BILLING, Topic
 from services.billing import domain
 from services.billing.domain import BillingConflict, Idempotency, OrderToPay, SwitchKind
 from services.billing.payments import PaymentProvider
-from services.billing.store import AccountRow, OrderRow
+from services.billing.store import AccountRow, InvoiceRow, OrderRow
 from services.runtime.platform.kafka import within_publish_timeout
 
 log = logging.getLogger(__name__)
@@ -42,6 +53,11 @@ class Tx(Protocol):
     async def insert_order(self, order: OrderRow) -> None: ...
     async def lock_order(self, order_id: UUID, account_id: UUID) -> OrderRow | None: ...
     async def mark_paid(self, order_id: UUID, now: datetime, reference: str) -> None: ...
+    async def list_orders(self, account_id: UUID, limit: int, before: tuple[datetime, UUID] | None) -> list[OrderRow]: ...
+    async def get_order(self, order_id: UUID, account_id: UUID) -> OrderRow | None: ...
+    async def take_invoice_number(self, seller: str) -> int: ...
+    async def insert_invoice(self, invoice: InvoiceRow) -> None: ...
+    async def get_invoice(self, order_id: UUID) -> InvoiceRow | None: ...
     async def claim_key(self, account_id: UUID, request: Idempotency) -> dict[str, Any] | None: ...
     async def remember_key(self, account_id: UUID, request: Idempotency, status: int, response: dict[str, Any]) -> None: ...
 
@@ -91,6 +107,51 @@ class BillingService:
         async with self.store.transaction() as tx:
             row = await self._lock(tx, account_id)
         return Subscription(plan=row.plan, user_type=row.user_type, period=PeriodRange(start=start, end=end))
+
+    @staticmethod
+    def packages() -> PackageList:
+        items = [PackageItem(resource=r, unit=p.unit, unit_price=p.unit_price) for r, p in domain.package_prices().items()]
+        return PackageList(currency=domain.package_currency(), items=items)
+
+    async def list_orders(self, account_id: UUID, limit: int, cursor: str | None) -> OrderList:
+        """The account's orders, newest first, `limit` a page (keyset cursor: stable under inserts)."""
+        before = domain.decode_cursor(cursor) if cursor else None
+        async with self.store.transaction() as tx:
+            rows = await tx.list_orders(account_id, limit + 1, before)
+        page = rows[:limit]
+        more = len(rows) > limit
+        return OrderList(
+            items=[self._out(r) for r in page],
+            next_cursor=domain.encode_cursor(page[-1].created_at, page[-1].id) if more else None,
+        )
+
+    async def get_order(self, account_id: UUID, order_id: UUID) -> Order:
+        async with self.store.transaction() as tx:
+            row = await tx.get_order(order_id, account_id)
+        if row is None:
+            raise NotFound("order")
+        return self._out(row)
+
+    async def invoice(self, account_id: UUID, order_id: UUID) -> Invoice:
+        async with self.store.transaction() as tx:
+            row = await tx.get_order(order_id, account_id)
+            invoice = await tx.get_invoice(order_id) if row is not None else None
+        if row is None:
+            raise NotFound("order")
+        if invoice is None:
+            raise Conflict("The order is not paid yet: an invoice exists once it is paid.")
+        order = self._out(row)
+        issuer = domain.seller()
+        return Invoice(
+            number=domain.invoice_number(issuer.prefix, invoice.number),
+            order_id=order.id,
+            issued_at=invoice.issued_at,
+            seller=Party(name=issuer.name, address=issuer.address, email=issuer.email, tax_id=issuer.tax_id),
+            buyer=Party(name=f"Account {invoice.buyer['account_id']}", **invoice.buyer),
+            lines=domain.invoice_lines(order),
+            total=order.amount,
+            currency=order.currency,
+        )
 
     # ---- commands -------------------------------------------------------------------------------
     async def create_order(
@@ -176,6 +237,7 @@ class BillingService:
                 raise BillingConflict("The plan changed since this order was made; create a new order.")
         charge = await self.provider.charge(order.id, account_id, order.amount, order.currency)
         await tx.mark_paid(order.id, now, charge.reference)
+        await self._issue_invoice(tx, order.id, account, now)
         if order.kind == "plan_upgrade":
             assert order.plan is not None
             await self._change_plan(tx, account_id, account.plan, order.plan, now)
@@ -193,6 +255,13 @@ class BillingService:
         paid = await tx.lock_order(order_id, account_id)
         assert paid is not None
         return self._out(paid), True
+
+    async def _issue_invoice(self, tx: Tx, order_id: UUID, account: AccountRow, now: datetime) -> None:
+        """The invoice, numbered in the payment's transaction (a rollback takes the number back)."""
+        issuer = domain.seller()
+        buyer = {"account_id": str(account.account_id), "user_type": account.user_type.value}
+        number = await tx.take_invoice_number(issuer.id)
+        await tx.insert_invoice(InvoiceRow(order_id, issuer.id, number, now, buyer))
 
     async def switch(self, account_id: UUID, tier: Tier) -> Subscription:
         now = self.clock()

@@ -44,6 +44,15 @@ class OrderRow:
     paid_at: datetime | None
 
 
+@dataclass(frozen=True)
+class InvoiceRow:
+    order_id: UUID
+    seller: str
+    number: int
+    issued_at: datetime
+    buyer: dict[str, Any]
+
+
 class BillingTx:
     """Billing's statements inside one transaction (the account row lock lives as long as it)."""
 
@@ -132,6 +141,56 @@ class BillingTx:
             "UPDATE billing.orders SET status = 'paid', paid_at = %s, payment_reference = %s WHERE id = %s",
             (now, reference, order_id),
         )
+
+    # ---- (v2) the order history and invoices ------------------------------------------------------
+    async def list_orders(self, account_id: UUID, limit: int, before: tuple[datetime, UUID] | None) -> list[OrderRow]:
+        """Newest first, by keyset: the orders strictly before `before` (created_at, id)."""
+        if before is None:
+            cur = await self.conn.execute(
+                "SELECT * FROM billing.orders WHERE account_id = %s ORDER BY created_at DESC, id DESC LIMIT %s",
+                (account_id, limit),
+            )
+        else:
+            cur = await self.conn.execute(
+                """
+                SELECT * FROM billing.orders WHERE account_id = %s AND (created_at, id) < (%s, %s)
+                 ORDER BY created_at DESC, id DESC LIMIT %s
+                """,
+                (account_id, before[0], before[1], limit),
+            )
+        return [self._order(row) for row in await cur.fetchall()]
+
+    async def get_order(self, order_id: UUID, account_id: UUID) -> OrderRow | None:
+        cur = await self.conn.execute("SELECT * FROM billing.orders WHERE id = %s AND account_id = %s", (order_id, account_id))
+        row = await cur.fetchone()
+        return self._order(row) if row else None
+
+    async def take_invoice_number(self, seller: str) -> int:
+        """The seller's next number, from its counter row locked until this transaction ends: a
+        rolled-back payment gives its number back, so the numbers have no gap."""
+        cur = await self.conn.execute(
+            """
+            INSERT INTO billing.invoice_counters AS c (seller, last_number) VALUES (%s, 1)
+            ON CONFLICT (seller) DO UPDATE SET last_number = c.last_number + 1 RETURNING last_number
+            """,
+            (seller,),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row["last_number"])
+
+    async def insert_invoice(self, invoice: InvoiceRow) -> None:
+        await self.conn.execute(
+            "INSERT INTO billing.invoices (order_id, seller, number, issued_at, buyer) VALUES (%s, %s, %s, %s, %s::jsonb)",
+            (invoice.order_id, invoice.seller, invoice.number, invoice.issued_at, json.dumps(invoice.buyer)),
+        )
+
+    async def get_invoice(self, order_id: UUID) -> InvoiceRow | None:
+        cur = await self.conn.execute(
+            "SELECT order_id, seller, number, issued_at, buyer FROM billing.invoices WHERE order_id = %s", (order_id,)
+        )
+        row = await cur.fetchone()
+        return InvoiceRow(row["order_id"], row["seller"], row["number"], row["issued_at"], row["buyer"]) if row else None
 
     # ---- Idempotency-Key rows (domain.Idempotency) ----------------------------------------------
     async def claim_key(self, account_id: UUID, request: Idempotency) -> dict[str, Any] | None:

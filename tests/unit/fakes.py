@@ -30,7 +30,7 @@ from contracts.events import AccountState  # noqa: E402
 from contracts.topics import Topic  # noqa: E402
 from services.billing.domain import Idempotency, KeyReused  # noqa: E402
 from services.billing.payments import Charge  # noqa: E402
-from services.billing.store import AccountRow, OrderRow  # noqa: E402
+from services.billing.store import AccountRow, InvoiceRow, OrderRow  # noqa: E402
 
 
 class FakeOutbox:
@@ -59,6 +59,8 @@ class FakeBillingState:
         self.accounts: dict[UUID, AccountRow] = {}
         self.orders: dict[UUID, OrderRow] = {}
         self.keys: dict[tuple[UUID, str, str], tuple[str, dict[str, Any] | None]] = {}
+        self.invoices: dict[UUID, InvoiceRow] = {}
+        self.counters: dict[str, int] = {}
 
 
 class FakeBillingTx:
@@ -93,6 +95,27 @@ class FakeBillingTx:
     async def mark_paid(self, order_id: UUID, now: datetime, reference: str) -> None:
         order = self.state.orders[order_id]
         self.state.orders[order_id] = OrderRow(**{**order.__dict__, "status": "paid", "paid_at": now})
+
+    async def list_orders(self, account_id: UUID, limit: int, before: tuple[datetime, UUID] | None) -> list[OrderRow]:
+        mine = sorted(
+            (o for o in self.state.orders.values() if o.account_id == account_id),
+            key=lambda o: (o.created_at, o.id),
+            reverse=True,
+        )
+        return [o for o in mine if before is None or (o.created_at, o.id) < before][:limit]
+
+    async def get_order(self, order_id: UUID, account_id: UUID) -> OrderRow | None:
+        return await self.lock_order(order_id, account_id)
+
+    async def take_invoice_number(self, seller: str) -> int:
+        self.state.counters[seller] = self.state.counters.get(seller, 0) + 1
+        return self.state.counters[seller]
+
+    async def insert_invoice(self, invoice: InvoiceRow) -> None:
+        self.state.invoices[invoice.order_id] = invoice
+
+    async def get_invoice(self, order_id: UUID) -> InvoiceRow | None:
+        return self.state.invoices.get(order_id)
 
     async def claim_key(self, account_id: UUID, request: Idempotency) -> dict[str, Any] | None:
         found = self.state.keys.get((account_id, request.route, request.key))

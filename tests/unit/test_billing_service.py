@@ -10,7 +10,7 @@ import pytest
 
 from contracts.billing_api import Package, PackageOrderIn, PlanUpgradeOrderIn
 from contracts.common import Resource, Tier, UserType
-from contracts.domain_errors import Conflict, NotFound, PaymentRequired
+from contracts.domain_errors import Conflict, Invalid, NotFound, PaymentRequired
 from contracts.events import AccountState
 from contracts.period import period_bounds
 from services.billing import domain
@@ -151,3 +151,56 @@ async def test_subscription_and_user_type_facts(world):
     older = AccountState(time=datetime(2026, 1, 1, tzinfo=UTC), account_id=world.account, roles=[], user_type=UserType.INDIVIDUAL)
     await world.service.apply_user_type(older)  # reordered: the later fact stands
     assert (await world.service.subscription(world.account)).user_type is UserType.ENTERPRISE
+
+
+async def test_the_package_catalogue_lists_every_resource_with_its_unit_price(world):
+    catalogue = world.service.packages()
+    assert catalogue.currency == "USD"
+    ai = next(i for i in catalogue.items if i.resource is Resource.AI_TOKENS)
+    assert (ai.unit, ai.unit_price) == (100_000, Decimal("1.00"))
+    assert {i.resource for i in catalogue.items} == set(Resource)
+
+
+async def test_the_order_history_is_newest_first_by_keyset_and_only_the_accounts(world):
+    made = []
+    for _ in range(5):
+        made.append(await world.service.create_order(world.account, PACKAGE))
+        world.clock.advance(minutes=1)
+    await world.service.create_order(uuid.uuid4(), PACKAGE)  # another account's: not listed
+    seen, cursor = [], None
+    while True:
+        page = await world.service.list_orders(world.account, 2, cursor)
+        seen += [o.id for o in page.items]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert seen == [o.id for o in reversed(made)]
+    assert (await world.service.get_order(world.account, made[0].id)) == made[0]
+    with pytest.raises(NotFound):
+        await world.service.get_order(uuid.uuid4(), made[0].id)
+    with pytest.raises(Invalid):
+        await world.service.list_orders(world.account, 2, "not-a-cursor")
+
+
+async def test_a_paid_order_has_an_invoice_numbered_without_gaps(world):
+    first = await world.service.create_order(world.account, PACKAGE)
+    with pytest.raises(Conflict):
+        await world.service.invoice(world.account, first.id)  # pending: no invoice yet
+    await world.service.pay(world.account, first.id)
+    upgrade = await world.service.create_order(world.account, BASIC)
+    world.clock.now = datetime(2026, 12, 2, tzinfo=UTC)
+    with pytest.raises(Conflict):  # a refused payment takes no number
+        await world.service.pay(world.account, upgrade.id)
+    world.clock.now = NOW
+    await world.service.pay(world.account, upgrade.id)
+    await world.service.pay(world.account, upgrade.id)  # paid already: no second invoice
+
+    one = await world.service.invoice(world.account, first.id)
+    two = await world.service.invoice(world.account, upgrade.id)
+    assert (one.number, two.number) == ("TG-000001", "TG-000002")
+    assert one.total == Decimal("3.00") and one.currency == "USD" and one.issued_at == NOW
+    assert [(line.quantity, line.unit_price, line.amount) for line in one.lines] == [(3, Decimal("1.00"), Decimal("3.00"))]
+    assert two.lines[0].amount == two.total == Decimal("6.60") and "basic" in two.lines[0].description
+    assert one.buyer.account_id == world.account and one.seller.name
+    with pytest.raises(NotFound):
+        await world.service.invoice(uuid.uuid4(), first.id)
