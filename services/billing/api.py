@@ -1,5 +1,6 @@
 """Billing's HTTP routes (API.md, "Billing and plans")."""
 
+from datetime import UTC
 from pathlib import Path
 from typing import Annotated
 from uuid import UUID
@@ -102,7 +103,8 @@ def build_router(runtime: Runtime, service: BillingService) -> APIRouter:
     async def invoice(order_id: UUID, request: Request, principal: Principal = console_reader) -> Invoice | HTMLResponse:
         found = await service.invoice(principal.account_id, order_id)
         if _wants_html(request.headers.get("accept", "")):
-            return HTMLResponse(TEMPLATES.get_template("invoice.html.j2").render(invoice=found))
+            page = TEMPLATES.get_template("invoice.html.j2").render(invoice=found, issued=found.issued_at.astimezone(UTC))
+            return HTMLResponse(page)
         return found
 
     @router.get("/api/billing/subscription", description="The account's plan, user type and current period (default: free).")
