@@ -71,3 +71,49 @@ class SwitchIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     plan: Tier
+
+
+# ---- (v2) money users can check: the package catalogue, the order history, invoices -------------
+class PackageItem(BaseModel):
+    resource: Resource
+    unit: PositiveInt = Field(description="Units in one package; an order's amount is a whole multiple of it.")
+    unit_price: Decimal = Field(description="Price of one package (of `unit` units), decimal string.")
+
+
+class PackageList(BaseModel):
+    currency: str
+    items: list[PackageItem]
+
+
+class OrderList(BaseModel):
+    items: list[Order] = Field(description="Newest first.")
+    next_cursor: str | None = Field(default=None, description="Pass as `cursor` for the next page; null on the last page.")
+
+
+class Party(BaseModel):
+    """Seller or buyer as printed on an invoice."""
+
+    name: str
+    address: str | None = None
+    email: str | None = None
+    tax_id: str | None = None
+    account_id: UUID | None = Field(default=None, description="Buyer: the account billed.")
+    user_type: UserType | None = Field(default=None, description="Buyer: the account's user type at payment.")
+
+
+class InvoiceLine(BaseModel):
+    description: str
+    quantity: int
+    unit_price: Decimal
+    amount: Decimal
+
+
+class Invoice(BaseModel):
+    number: str = Field(description="Gapless per seller: PREFIX-000001, -000002, ... in payment order.")
+    order_id: UUID
+    issued_at: AwareDatetime = Field(description="When the order was paid.")
+    seller: Party
+    buyer: Party
+    lines: list[InvoiceLine]
+    total: Decimal
+    currency: str

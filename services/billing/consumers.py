@@ -6,11 +6,12 @@ from faststream.kafka import KafkaBroker, KafkaRouter
 from contracts.events import BILLING_EVENTS, AccountState, BillingEvent, UserTypeChanged
 from contracts.topics import ACCOUNTS, BILLING
 from services.billing.service import BillingService
+from services.runtime.platform.settings import Settings
 from services.runtime.platform.subscribe import Reading, Subscriber
 
 
-def build_router(service: BillingService, broker: KafkaBroker) -> KafkaRouter:
-    subscribe = Subscriber(KafkaRouter(), broker, service.settings)
+def build_router(service: BillingService, broker: KafkaBroker, settings: Settings) -> KafkaRouter:
+    subscribe = Subscriber(KafkaRouter(), broker, settings)
 
     async def on_billing(event: BillingEvent) -> None:
         if isinstance(event, UserTypeChanged):

@@ -4,6 +4,9 @@ Every path that can put an account on a tier (order creation, payment, switch) c
 `ensure_plan_allowed`, under the account's row lock, so no path and no race bypasses it.
 """
 
+import base64
+import hashlib
+import json
 import tomllib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -11,29 +14,90 @@ from decimal import ROUND_HALF_UP, Decimal
 from enum import Enum
 from functools import cache
 from importlib import resources
+from typing import Any
+from uuid import UUID
 
+from contracts.billing_api import InvoiceLine, Order
 from contracts.common import Resource, Tier, UserType
+from contracts.domain_errors import Conflict, DomainError, Invalid, PaymentRequired
+from contracts.errors import ErrorCode
 from contracts.plans import Plan, user_type_may_take
 
 CENT = Decimal("0.01")
 
 
-class BillingRuleError(Exception):
-    """A request the rules refuse; `code` names which."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+class BillingRuleError(DomainError):
+    """A request the billing rules refuse (each subclass also names its contract base)."""
 
 
-class UserTypePlanMismatch(BillingRuleError):
+class UserTypePlanMismatch(BillingRuleError, Conflict):
     def __init__(self, tier: Tier) -> None:
         super().__init__(
-            "user_type_plan_mismatch",
             f"Individual accounts cannot use the {tier.value} tier. Change your user type to enterprise first "
             "(PUT /api/account/user-type), then order or switch again.",
+            code=ErrorCode.USER_TYPE_PLAN_MISMATCH,
         )
+
+
+class BillingConflict(BillingRuleError, Conflict):
+    """409 conflict: not an upgrade, a stale order, a plan changed since the order."""
+
+
+class InvalidPackage(BillingRuleError, Invalid):
+    """422: a package amount that is not whole units or too large for one order."""
+
+
+class OrderToPay(PaymentRequired):
+    """402: the switch is an upgrade; the pending order to pay is in details.order."""
+
+    def __init__(self, order: Order) -> None:
+        super().__init__(
+            f"Switching to {order.plan.value if order.plan else 'this plan'} costs {order.amount} {order.currency} "
+            "this period; pay the order.",
+            details={"order": order.model_dump(mode="json")},
+        )
+        self.order = order
+
+
+class KeyReused(Conflict):
+    """The Idempotency-Key was used for another request."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "This Idempotency-Key was already used with another request; send a new key for a new request.",
+            code=ErrorCode.IDEMPOTENCY_KEY_REUSED,
+        )
+
+
+# ---- Idempotency-Key of order creation and payment (API.md v2) ------------------------------------
+# A key is scoped per account and route. The first request with a key stores a digest of what it
+# asked (path + canonical body) and, in the same transaction as its effects, its response; a retry
+# with the same key and request gets that response back and changes nothing; the same key with
+# another request is 409 `idempotency_key_reused`. Only successes are remembered: a refused request
+# changed nothing, so a retry simply asks again. Rows are kept `RETENTION_SECONDS` (store.py).
+MAX_KEY_LENGTH = 255
+RETENTION_SECONDS = 24 * 3600
+HEADER_DESCRIPTION = (
+    f"Optional, 1..{MAX_KEY_LENGTH} characters (422 otherwise). A retry with the same key and the same request "
+    "returns the first successful response and charges nothing more; the same key with another request is 409 "
+    "`idempotency_key_reused`. Keys are per account and route, kept 24 hours; a refused request is not remembered."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Idempotency:
+    """One request's key: the scope (route), the key and the digest of what it asks."""
+
+    route: str
+    key: str
+    fingerprint: str
+
+    @classmethod
+    def of(cls, key: str | None, route: str, path: str, body: Any = None) -> "Idempotency | None":
+        if key is None:
+            return None
+        canonical = json.dumps({"path": path, "body": body}, sort_keys=True, separators=(",", ":"))
+        return cls(route, key, hashlib.sha256(canonical.encode()).hexdigest())
 
 
 def ensure_plan_allowed(user_type: UserType, tier: Tier) -> None:
@@ -77,12 +141,10 @@ MAX_PACKAGE_QUANTITY = 2**63 - 1  # billing.orders.quantity is a bigint
 def package_amount(resource: Resource, amount: int, prices: dict[Resource, PackagePrice] | None = None) -> Decimal:
     price = (prices or package_prices())[resource]
     if amount <= 0 or amount % price.unit:
-        raise BillingRuleError(
-            "validation_error", f"A {resource.value} package is a positive whole multiple of {price.unit} units."
-        )
+        raise InvalidPackage(f"A {resource.value} package is a positive whole multiple of {price.unit} units.")
     total = (price.unit_price * amount / price.unit).quantize(CENT, rounding=ROUND_HALF_UP)
     if amount > MAX_PACKAGE_QUANTITY or total >= MAX_ORDER_AMOUNT:  # else the INSERT overflows: a 500
-        raise BillingRuleError("validation_error", f"A {resource.value} package of {amount} units is too large for one order.")
+        raise InvalidPackage(f"A {resource.value} package of {amount} units is too large for one order.")
     return total
 
 
@@ -104,7 +166,85 @@ def classify_switch(user_type: UserType, current: Plan, target: Plan, upgrade_am
 def ensure_upgrade(current: Plan, target: Plan) -> None:
     """A plan_upgrade order must raise the price; cheaper or equal changes go through switch."""
     if target.monthly_price <= current.monthly_price:
-        raise BillingRuleError(
-            "conflict",
+        raise BillingConflict(
             f"{target.tier.value} is not an upgrade of {current.tier.value}; use POST /api/billing/subscription/switch.",
         )
+
+
+# ---- (v2) the package catalogue, the order history's cursor, invoices --------------------------------
+@cache
+def package_currency() -> str:
+    raw = tomllib.loads(resources.files("services.billing").joinpath("packages.toml").read_text())
+    return str(raw["currency"])
+
+
+@dataclass(frozen=True)
+class Seller:
+    id: str  # names the gapless counter
+    prefix: str
+    name: str
+    address: str
+    email: str
+    tax_id: str
+
+
+@cache
+def seller() -> Seller:
+    raw = tomllib.loads(resources.files("services.billing").joinpath("seller.toml").read_text())["seller"]
+    return Seller(**{k: str(raw[k]) for k in ("id", "prefix", "name", "address", "email", "tax_id")})
+
+
+def invoice_number(prefix: str, number: int) -> str:
+    return f"{prefix}-{number:06d}"
+
+
+def invoice_lines(order: Order) -> list[InvoiceLine]:
+    """One line per order: the plan upgrade (prorated, so quantity 1 at the amount), or the
+    packages bought (quantity = packages, unit price = the amount over them: the price of the order,
+    whatever packages.toml says today)."""
+    if order.package is not None:
+        packages = max(order.package.amount // package_prices()[order.package.resource].unit, 1)
+        label = order.package.resource.value.replace("_", " ")
+        return [
+            InvoiceLine(
+                description=f"{label} quota package x{packages} ({order.package.amount} units, period {_month(order)})",
+                quantity=packages,
+                unit_price=(order.amount / packages).quantize(CENT, rounding=ROUND_HALF_UP),
+                amount=order.amount,
+            )
+        ]
+    assert order.plan is not None
+    previous = order.previous_plan.value if order.previous_plan else "free"
+    return [
+        InvoiceLine(
+            description=f"Upgrade from {previous} to {order.plan.value}, prorated to the end of period {_month(order)}",
+            quantity=1,
+            unit_price=order.amount,
+            amount=order.amount,
+        )
+    ]
+
+
+def _month(order: Order) -> str:
+    return f"{order.period.start.year:04d}-{order.period.start.month:02d}"
+
+
+MAX_PAGE = 100
+
+
+def encode_cursor(created_at: datetime, order_id: UUID) -> str:
+    """The keyset of the last order on a page, opaque to clients."""
+    raw = f"{created_at.isoformat()}|{order_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        moment, order_id = raw.split("|")
+        created_at = datetime.fromisoformat(moment)
+        if created_at.tzinfo is None:
+            raise ValueError("naive")
+        return created_at, UUID(order_id)
+    except ValueError as exc:  # binascii.Error and UnicodeDecodeError are ValueErrors too
+        raise Invalid("The cursor is not one this API gave; start again without it.") from exc

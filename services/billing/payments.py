@@ -14,10 +14,6 @@ class Charge:
     reference: str
 
 
-class PaymentDeclined(Exception):
-    pass
-
-
 class PaymentProvider(Protocol):
     async def charge(self, order_id: UUID, account_id: UUID, amount: Decimal, currency: str) -> Charge: ...
 

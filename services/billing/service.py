@@ -1,105 +1,169 @@
 """Billing's use cases. Each runs in one transaction holding the account's row lock; the rules
 come from services/billing/domain.py and every change is written to the outbox in the same
-transaction, then relayed to billing.v1 before the call returns."""
+transaction, then relayed to billing.v1 before the call returns. The store, the outbox, the
+clock and the payment provider are injected (tests/unit/fakes.py has in-memory ones)."""
 
 import logging
-from collections.abc import Callable
-from datetime import UTC, datetime
+from contextlib import AbstractAsyncContextManager
+from datetime import datetime
 from decimal import Decimal
+from typing import Any, Protocol
 from uuid import UUID, uuid4
+from zoneinfo import ZoneInfo
 
 from aiokafka.errors import KafkaTimeoutError
-from psycopg_pool import AsyncConnectionPool
 
-from contracts.billing_api import Order, Package, PackageOrderIn, PlanUpgradeOrderIn, Subscription
+from contracts.billing_api import (
+    Invoice,
+    Order,
+    OrderList,
+    Package,
+    PackageItem,
+    PackageList,
+    PackageOrderIn,
+    Party,
+    PlanUpgradeOrderIn,
+    Subscription,
+)
+from contracts.clock import Clock
 from contracts.common import Tier, UserType
+from contracts.domain_errors import Conflict, NotFound
 from contracts.events import AccountState, PackagePurchased, PlanChanged, UserTypeChanged
-from contracts.period import period_of
+from contracts.period import bounds_of, period_bounds
 from contracts.plans import catalogue
 from contracts.quota_api import PeriodRange
-from contracts.topics import BILLING
-from services.billing import domain, idempotency, store
-from services.billing.domain import BillingRuleError, SwitchKind
-from services.billing.idempotency import Idempotency
+from contracts.topics import BILLING, Topic
+from services.billing import domain
+from services.billing.domain import BillingConflict, Idempotency, OrderToPay, SwitchKind
 from services.billing.payments import PaymentProvider
-from services.edge.projections import AccountProjection
+from services.billing.store import AccountRow, InvoiceRow, OrderRow
 from services.runtime.platform.kafka import within_publish_timeout
-from services.runtime.platform.outbox_relay import OutboxRelay
-from services.runtime.platform.settings import Settings
 
 log = logging.getLogger(__name__)
 
-Clock = Callable[[], datetime]
+
+class Tx(Protocol):
+    """What the use cases do inside one transaction (store.BillingTx; a fake in the unit tests)."""
+
+    @property
+    def conn(self) -> Any: ...
+    async def lock_account(self, account_id: UUID, default_user_type: UserType, default_time: datetime | None) -> AccountRow: ...
+    async def set_user_type(self, account_id: UUID, user_type: UserType, time: datetime) -> None: ...
+    async def set_plan(self, account_id: UUID, plan: Tier, now: datetime) -> None: ...
+    async def insert_order(self, order: OrderRow) -> None: ...
+    async def lock_order(self, order_id: UUID, account_id: UUID) -> OrderRow | None: ...
+    async def mark_paid(self, order_id: UUID, now: datetime, reference: str) -> None: ...
+    async def list_orders(self, account_id: UUID, limit: int, before: tuple[datetime, UUID] | None) -> list[OrderRow]: ...
+    async def get_order(self, order_id: UUID, account_id: UUID) -> OrderRow | None: ...
+    async def take_invoice_number(self, seller: str) -> int: ...
+    async def insert_invoice(self, invoice: InvoiceRow) -> None: ...
+    async def get_invoice(self, order_id: UUID) -> InvoiceRow | None: ...
+    async def claim_key(self, account_id: UUID, request: Idempotency) -> dict[str, Any] | None: ...
+    async def remember_key(self, account_id: UUID, request: Idempotency, status: int, response: dict[str, Any]) -> None: ...
 
 
-def system_clock() -> datetime:
-    return datetime.now(UTC)
+class Store(Protocol):
+    def transaction(self) -> AbstractAsyncContextManager[Tx]: ...
 
 
-class NotFound(Exception):
-    pass
+class Outbox(Protocol):
+    """The outbox relay: rows written in the caller's transaction, published after commit."""
+
+    async def add(self, conn: Any, topic: Topic, key: bytes, value: bytes | None) -> int: ...
+    async def flush(self) -> int: ...
 
 
-class PaymentRequired(Exception):
-    def __init__(self, order: Order) -> None:
-        super().__init__("payment required")
-        self.order = order
+class Accounts(Protocol):
+    """The edge's accounts.v1 projection: the user type before billing's consumer saw it."""
+
+    def get(self, account_id: UUID) -> AccountState | None: ...
 
 
 class BillingService:
     def __init__(
-        self,
-        pool: AsyncConnectionPool,
-        relay: OutboxRelay,
-        settings: Settings,
-        accounts: AccountProjection,
-        provider: PaymentProvider,
-        clock: Clock = system_clock,
+        self, store: Store, outbox: Outbox, accounts: Accounts, provider: PaymentProvider, clock: Clock, tz: ZoneInfo
     ) -> None:
-        self.pool = pool
-        self.relay = relay
-        self.settings = settings
-        self.accounts = accounts  # the edge's accounts.v1 projection: user type before billing saw it
+        self.store = store
+        self.outbox = outbox
+        self.accounts = accounts
         self.provider = provider
-        self.clock = clock  # swappable: tests fix "now" to check proration
+        self.clock = clock
+        self.tz = tz
 
-    def _period(self, now: datetime) -> tuple[str, datetime, datetime]:
-        period = period_of(now, self.settings.tz)
-        year, month = (int(p) for p in period.split("-"))
-        tz = self.settings.tz
-        start = datetime(year, month, 1, tzinfo=tz)
-        end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=tz)
-        return period, start, end
-
-    async def _lock(self, conn: store.Conn, account_id: UUID) -> store.AccountRow:
+    async def _lock(self, tx: Tx, account_id: UUID) -> AccountRow:
         known = self.accounts.get(account_id)
         if known is None:
-            return await store.lock_account(conn, account_id, UserType.INDIVIDUAL, None)
-        row = await store.lock_account(conn, account_id, known.user_type, known.time)
+            return await tx.lock_account(account_id, UserType.INDIVIDUAL, None)
+        row = await tx.lock_account(account_id, known.user_type, known.time)
         if row.user_type_time is None or row.user_type_time < known.time:
             # The edge already follows a newer accounts.v1 fact than billing's consumer: use it.
-            await store.set_user_type(conn, account_id, known.user_type, known.time)
-            row = store.AccountRow(account_id, row.plan, known.user_type, known.time)
+            await tx.set_user_type(account_id, known.user_type, known.time)
+            row = AccountRow(account_id, row.plan, known.user_type, known.time)
         return row
 
     # ---- queries --------------------------------------------------------------------------------
     async def subscription(self, account_id: UUID) -> Subscription:
-        _, start, end = self._period(self.clock())
-        async with self.pool.connection() as conn, conn.transaction():
-            row = await self._lock(conn, account_id)
+        _, start, end = bounds_of(self.clock(), self.tz)
+        async with self.store.transaction() as tx:
+            row = await self._lock(tx, account_id)
         return Subscription(plan=row.plan, user_type=row.user_type, period=PeriodRange(start=start, end=end))
+
+    @staticmethod
+    def packages() -> PackageList:
+        items = [PackageItem(resource=r, unit=p.unit, unit_price=p.unit_price) for r, p in domain.package_prices().items()]
+        return PackageList(currency=domain.package_currency(), items=items)
+
+    async def list_orders(self, account_id: UUID, limit: int, cursor: str | None) -> OrderList:
+        """The account's orders, newest first, `limit` a page (keyset cursor: stable under inserts)."""
+        before = domain.decode_cursor(cursor) if cursor else None
+        async with self.store.transaction() as tx:
+            rows = await tx.list_orders(account_id, limit + 1, before)
+        page = rows[:limit]
+        more = len(rows) > limit
+        return OrderList(
+            items=[self._out(r) for r in page],
+            next_cursor=domain.encode_cursor(page[-1].created_at, page[-1].id) if more else None,
+        )
+
+    async def get_order(self, account_id: UUID, order_id: UUID) -> Order:
+        async with self.store.transaction() as tx:
+            row = await tx.get_order(order_id, account_id)
+        if row is None:
+            raise NotFound("order")
+        return self._out(row)
+
+    async def invoice(self, account_id: UUID, order_id: UUID) -> Invoice:
+        async with self.store.transaction() as tx:
+            row = await tx.get_order(order_id, account_id)
+            invoice = await tx.get_invoice(order_id) if row is not None else None
+        if row is None:
+            raise NotFound("order")
+        if invoice is None:
+            raise Conflict("The order is not paid yet: an invoice exists once it is paid.")
+        order = self._out(row)
+        issuer = domain.seller()
+        return Invoice(
+            number=domain.invoice_number(issuer.prefix, invoice.number),
+            order_id=order.id,
+            issued_at=invoice.issued_at,
+            seller=Party(name=issuer.name, address=issuer.address, email=issuer.email, tax_id=issuer.tax_id),
+            buyer=Party(name=f"Account {invoice.buyer['account_id']}", **invoice.buyer),
+            lines=domain.invoice_lines(order),
+            total=order.amount,
+            currency=order.currency,
+        )
 
     # ---- commands -------------------------------------------------------------------------------
     async def create_order(
         self, account_id: UUID, body: PlanUpgradeOrderIn | PackageOrderIn, idem: Idempotency | None = None
     ) -> Order:
         now = self.clock()
-        period, start, end = self._period(now)
+        period, start, end = bounds_of(now, self.tz)
         plans = catalogue()
-        async with self.pool.connection() as conn, conn.transaction():
-            if idem is not None and (stored := await idempotency.claim(conn, account_id, idem)) is not None:
+        async with self.store.transaction() as tx:
+            if idem is not None and (stored := await tx.claim_key(account_id, idem)) is not None:
                 return Order.model_validate(stored)  # a retry: the first answer, no second order
-            account = await self._lock(conn, account_id)
+            account = await self._lock(tx, account_id)
             if isinstance(body, PlanUpgradeOrderIn):
                 domain.ensure_plan_allowed(account.user_type, body.plan)
                 current, target = plans[account.plan], plans[body.plan]
@@ -109,10 +173,10 @@ class BillingService:
             else:
                 amount = domain.package_amount(body.package.resource, body.package.amount)
                 row = self._new_order(account_id, "quota_package", amount, period, now, package=body.package)
-            await store.insert_order(conn, row)
+            await tx.insert_order(row)
             out = self._out(row)
             if idem is not None:
-                await idempotency.remember(conn, account_id, idem, 201, out.model_dump(mode="json"))
+                await tx.remember_key(account_id, idem, 201, out.model_dump(mode="json"))
         return out
 
     def _new_order(
@@ -126,8 +190,8 @@ class BillingService:
         plan: Tier | None = None,
         previous: Tier | None = None,
         package: Package | None = None,
-    ) -> store.OrderRow:
-        return store.OrderRow(
+    ) -> OrderRow:
+        return OrderRow(
             id=uuid4(),
             account_id=account_id,
             kind=kind,
@@ -144,38 +208,39 @@ class BillingService:
         )
 
     async def pay(self, account_id: UUID, order_id: UUID, idem: Idempotency | None = None) -> Order:
-        async with self.pool.connection() as conn, conn.transaction():
-            if idem is not None and (stored := await idempotency.claim(conn, account_id, idem)) is not None:
+        async with self.store.transaction() as tx:
+            if idem is not None and (stored := await tx.claim_key(account_id, idem)) is not None:
                 return Order.model_validate(stored)  # a retry: the first answer, nothing charged
-            paid, charged = await self._pay(conn, account_id, order_id)
+            paid, charged = await self._pay(tx, account_id, order_id)
             if idem is not None:
-                await idempotency.remember(conn, account_id, idem, 200, paid.model_dump(mode="json"))
+                await tx.remember_key(account_id, idem, 200, paid.model_dump(mode="json"))
         if charged:
             await self._deliver()
         return paid
 
-    async def _pay(self, conn: store.Conn, account_id: UUID, order_id: UUID) -> tuple[Order, bool]:
+    async def _pay(self, tx: Tx, account_id: UUID, order_id: UUID) -> tuple[Order, bool]:
         """The paid order, and whether this call charged it (False: it was paid already)."""
         now = self.clock()
-        period, _, _ = self._period(now)
-        account = await self._lock(conn, account_id)
-        order = await store.lock_order(conn, order_id, account_id)
+        period, _, _ = bounds_of(now, self.tz)
+        account = await self._lock(tx, account_id)
+        order = await tx.lock_order(order_id, account_id)
         if order is None:
             raise NotFound("order")
         if order.status == "paid":
             return self._out(order), False  # paying twice is harmless: the same paid order, one charge
         if order.period != period:
-            raise BillingRuleError("conflict", "The order was for an earlier period; create a new order.")
+            raise BillingConflict("The order was for an earlier period; create a new order.")
         if order.kind == "plan_upgrade":
             assert order.plan is not None
             domain.ensure_plan_allowed(account.user_type, order.plan)  # the user type may have changed since
             if order.previous_plan is not account.plan:
-                raise BillingRuleError("conflict", "The plan changed since this order was made; create a new order.")
+                raise BillingConflict("The plan changed since this order was made; create a new order.")
         charge = await self.provider.charge(order.id, account_id, order.amount, order.currency)
-        await store.mark_paid(conn, order.id, now, charge.reference)
+        await tx.mark_paid(order.id, now, charge.reference)
+        await self._issue_invoice(tx, order.id, account, now)
         if order.kind == "plan_upgrade":
             assert order.plan is not None
-            await self._change_plan(conn, account_id, account.plan, order.plan, now)
+            await self._change_plan(tx, account_id, account.plan, order.plan, now)
         else:
             assert order.resource is not None and order.quantity is not None
             event = PackagePurchased(
@@ -186,29 +251,36 @@ class BillingService:
                 period=order.period,
                 order_id=order.id,
             )
-            await self.relay.add(conn, BILLING, str(account_id).encode(), event.model_dump_json().encode())
-        paid = await store.lock_order(conn, order_id, account_id)
+            await self.outbox.add(tx.conn, BILLING, str(account_id).encode(), event.model_dump_json().encode())
+        paid = await tx.lock_order(order_id, account_id)
         assert paid is not None
         return self._out(paid), True
 
+    async def _issue_invoice(self, tx: Tx, order_id: UUID, account: AccountRow, now: datetime) -> None:
+        """The invoice, numbered in the payment's transaction (a rollback takes the number back)."""
+        issuer = domain.seller()
+        buyer = {"account_id": str(account.account_id), "user_type": account.user_type.value}
+        number = await tx.take_invoice_number(issuer.id)
+        await tx.insert_invoice(InvoiceRow(order_id, issuer.id, number, now, buyer))
+
     async def switch(self, account_id: UUID, tier: Tier) -> Subscription:
         now = self.clock()
-        period, start, end = self._period(now)
+        period, start, end = bounds_of(now, self.tz)
         plans = catalogue()
-        order: store.OrderRow | None = None
-        async with self.pool.connection() as conn, conn.transaction():
-            account = await self._lock(conn, account_id)
+        order: OrderRow | None = None
+        async with self.store.transaction() as tx:
+            account = await self._lock(tx, account_id)
             current, target = plans[account.plan], plans[tier]
             amount = domain.prorate(current.monthly_price, target.monthly_price, now, start, end)
             kind = domain.classify_switch(account.user_type, current, target, amount)
             if kind is SwitchKind.IMMEDIATE:
-                await self._change_plan(conn, account_id, account.plan, tier, now)
+                await self._change_plan(tx, account_id, account.plan, tier, now)
             elif kind is SwitchKind.NEEDS_PAYMENT:
                 order = self._new_order(account_id, "plan_upgrade", amount, period, now, plan=tier, previous=account.plan)
-                await store.insert_order(conn, order)
+                await tx.insert_order(order)
             user_type = account.user_type
         if order is not None:
-            raise PaymentRequired(self._out(order))
+            raise OrderToPay(self._out(order))
         await self._deliver()
         return Subscription(plan=tier, user_type=user_type, period=PeriodRange(start=start, end=end))
 
@@ -216,27 +288,27 @@ class BillingService:
         """Publish the committed change now; if Kafka is away the payment or switch still stands
         (it is committed) and the relay publishes it as soon as Kafka is back."""
         try:
-            await within_publish_timeout(self.relay.flush())
+            await within_publish_timeout(self.outbox.flush())
         except KafkaTimeoutError:
             log.warning("billing.v1 delivery delayed; the outbox relay will publish it")
 
-    async def _change_plan(self, conn: store.Conn, account_id: UUID, old: Tier, new: Tier, now: datetime) -> None:
+    async def _change_plan(self, tx: Tx, account_id: UUID, old: Tier, new: Tier, now: datetime) -> None:
         plan = catalogue()[new]
-        await store.set_plan(conn, account_id, new, now)
+        await tx.set_plan(account_id, new, now)
         event = PlanChanged(
             time=now, account_id=account_id, plan=new, previous_plan=old, quotas=dict(plan.quotas), rate_limit=plan.rate_limit
         )
-        await self.relay.add(conn, BILLING, str(account_id).encode(), event.model_dump_json().encode())
+        await self.outbox.add(tx.conn, BILLING, str(account_id).encode(), event.model_dump_json().encode())
 
     # ---- facts from other services ---------------------------------------------------------------
     async def apply_user_type(self, event: UserTypeChanged | AccountState) -> None:
         if isinstance(event, AccountState) and event.deleted:
             return
-        async with self.pool.connection() as conn, conn.transaction():
-            await store.set_user_type(conn, event.account_id, event.user_type, event.time)
+        async with self.store.transaction() as tx:
+            await tx.set_user_type(event.account_id, event.user_type, event.time)
 
-    def _out(self, row: store.OrderRow) -> Order:
-        _, start, end = self._period_bounds(row.period)
+    def _out(self, row: OrderRow) -> Order:
+        start, end = period_bounds(row.period, self.tz)
         return Order(
             id=row.id,
             kind=row.kind,
@@ -250,7 +322,3 @@ class BillingService:
             created_at=row.created_at,
             paid_at=row.paid_at,
         )
-
-    def _period_bounds(self, period: str) -> tuple[str, datetime, datetime]:
-        year, month = (int(p) for p in period.split("-"))
-        return self._period(datetime(year, month, 15, tzinfo=self.settings.tz))

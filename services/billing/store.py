@@ -1,5 +1,9 @@
-"""Billing's Postgres adapter (schema `billing`); functions run inside the caller's transaction."""
+"""Billing's Postgres adapter (schema `billing`): all its SQL. `BillingStore.transaction()` yields a
+BillingTx whose methods run inside that one transaction."""
 
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -7,8 +11,10 @@ from typing import Any
 from uuid import UUID
 
 from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
 
 from contracts.common import Resource, Tier, UserType
+from services.billing.domain import Idempotency, KeyReused
 
 Conn = AsyncConnection[Any]  # dict rows (see services/runtime/platform/postgres.py)
 
@@ -38,88 +44,206 @@ class OrderRow:
     paid_at: datetime | None
 
 
-async def lock_account(conn: Conn, account_id: UUID, default_user_type: UserType, default_time: datetime | None) -> AccountRow:
-    """The account's subscription row, created on first use (free tier) and locked FOR UPDATE:
-    plan and user-type changes of one account happen one after the other."""
-    await conn.execute(
-        "INSERT INTO billing.accounts (account_id, user_type, user_type_time) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-        (account_id, default_user_type.value, default_time),
-    )
-    cur = await conn.execute("SELECT * FROM billing.accounts WHERE account_id = %s FOR UPDATE", (account_id,))
-    row = await cur.fetchone()
-    assert row is not None
-    return AccountRow(row["account_id"], Tier(row["plan"]), UserType(row["user_type"]), row["user_type_time"])
+@dataclass(frozen=True)
+class InvoiceRow:
+    order_id: UUID
+    seller: str
+    number: int
+    issued_at: datetime
+    buyer: dict[str, Any]
 
 
-async def set_user_type(conn: Conn, account_id: UUID, user_type: UserType, time: datetime) -> None:
-    """Apply a user-type fact unless a later one is already in place (events may come reordered)."""
-    await conn.execute(
-        """
-        INSERT INTO billing.accounts (account_id, user_type, user_type_time) VALUES (%s, %s, %s)
-        ON CONFLICT (account_id) DO UPDATE SET user_type = EXCLUDED.user_type, user_type_time = EXCLUDED.user_type_time
-         WHERE billing.accounts.user_type_time IS NULL OR billing.accounts.user_type_time < EXCLUDED.user_type_time
-        """,
-        (account_id, user_type.value, time),
-    )
+class BillingTx:
+    """Billing's statements inside one transaction (the account row lock lives as long as it)."""
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+
+    async def lock_account(self, account_id: UUID, default_user_type: UserType, default_time: datetime | None) -> AccountRow:
+        """The account's subscription row, created on first use (free tier) and locked FOR UPDATE:
+        plan and user-type changes of one account happen one after the other."""
+        await self.conn.execute(
+            "INSERT INTO billing.accounts (account_id, user_type, user_type_time) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+            (account_id, default_user_type.value, default_time),
+        )
+        cur = await self.conn.execute("SELECT * FROM billing.accounts WHERE account_id = %s FOR UPDATE", (account_id,))
+        row = await cur.fetchone()
+        assert row is not None
+        return AccountRow(row["account_id"], Tier(row["plan"]), UserType(row["user_type"]), row["user_type_time"])
+
+    async def set_user_type(self, account_id: UUID, user_type: UserType, time: datetime) -> None:
+        """Apply a user-type fact unless a later one is already in place (events may come reordered)."""
+        await self.conn.execute(
+            """
+            INSERT INTO billing.accounts (account_id, user_type, user_type_time) VALUES (%s, %s, %s)
+            ON CONFLICT (account_id) DO UPDATE SET user_type = EXCLUDED.user_type, user_type_time = EXCLUDED.user_type_time
+             WHERE billing.accounts.user_type_time IS NULL OR billing.accounts.user_type_time < EXCLUDED.user_type_time
+            """,
+            (account_id, user_type.value, time),
+        )
+
+    async def set_plan(self, account_id: UUID, plan: Tier, now: datetime) -> None:
+        await self.conn.execute(
+            "UPDATE billing.accounts SET plan = %s, plan_changed_at = %s WHERE account_id = %s", (plan.value, now, account_id)
+        )
+
+    async def insert_order(self, order: OrderRow) -> None:
+        await self.conn.execute(
+            """
+            INSERT INTO billing.orders (id, account_id, kind, status, amount, currency, plan, previous_plan, resource,
+                                        quantity, period, created_at, paid_at)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            """,
+            (
+                order.id,
+                order.account_id,
+                order.kind,
+                order.status,
+                order.amount,
+                order.currency,
+                order.plan.value if order.plan else None,
+                order.previous_plan.value if order.previous_plan else None,
+                order.resource.value if order.resource else None,
+                order.quantity,
+                order.period,
+                order.created_at,
+                order.paid_at,
+            ),
+        )
+
+    @staticmethod
+    def _order(row: dict[str, Any]) -> OrderRow:
+        return OrderRow(
+            id=row["id"],
+            account_id=row["account_id"],
+            kind=row["kind"],
+            status=row["status"],
+            amount=row["amount"],
+            currency=row["currency"],
+            plan=Tier(row["plan"]) if row["plan"] else None,
+            previous_plan=Tier(row["previous_plan"]) if row["previous_plan"] else None,
+            resource=Resource(row["resource"]) if row["resource"] else None,
+            quantity=row["quantity"],
+            period=row["period"],
+            created_at=row["created_at"],
+            paid_at=row["paid_at"],
+        )
+
+    async def lock_order(self, order_id: UUID, account_id: UUID) -> OrderRow | None:
+        cur = await self.conn.execute(
+            "SELECT * FROM billing.orders WHERE id = %s AND account_id = %s FOR UPDATE", (order_id, account_id)
+        )
+        row = await cur.fetchone()
+        return self._order(row) if row else None
+
+    async def mark_paid(self, order_id: UUID, now: datetime, reference: str) -> None:
+        await self.conn.execute(
+            "UPDATE billing.orders SET status = 'paid', paid_at = %s, payment_reference = %s WHERE id = %s",
+            (now, reference, order_id),
+        )
+
+    # ---- (v2) the order history and invoices ------------------------------------------------------
+    async def list_orders(self, account_id: UUID, limit: int, before: tuple[datetime, UUID] | None) -> list[OrderRow]:
+        """Newest first, by keyset: the orders strictly before `before` (created_at, id)."""
+        if before is None:
+            cur = await self.conn.execute(
+                "SELECT * FROM billing.orders WHERE account_id = %s ORDER BY created_at DESC, id DESC LIMIT %s",
+                (account_id, limit),
+            )
+        else:
+            cur = await self.conn.execute(
+                """
+                SELECT * FROM billing.orders WHERE account_id = %s AND (created_at, id) < (%s, %s)
+                 ORDER BY created_at DESC, id DESC LIMIT %s
+                """,
+                (account_id, before[0], before[1], limit),
+            )
+        return [self._order(row) for row in await cur.fetchall()]
+
+    async def get_order(self, order_id: UUID, account_id: UUID) -> OrderRow | None:
+        cur = await self.conn.execute("SELECT * FROM billing.orders WHERE id = %s AND account_id = %s", (order_id, account_id))
+        row = await cur.fetchone()
+        return self._order(row) if row else None
+
+    async def take_invoice_number(self, seller: str) -> int:
+        """The seller's next number, from its counter row locked until this transaction ends: a
+        rolled-back payment gives its number back, so the numbers have no gap."""
+        cur = await self.conn.execute(
+            """
+            INSERT INTO billing.invoice_counters AS c (seller, last_number) VALUES (%s, 1)
+            ON CONFLICT (seller) DO UPDATE SET last_number = c.last_number + 1 RETURNING last_number
+            """,
+            (seller,),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row["last_number"])
+
+    async def insert_invoice(self, invoice: InvoiceRow) -> None:
+        await self.conn.execute(
+            "INSERT INTO billing.invoices (order_id, seller, number, issued_at, buyer) VALUES (%s, %s, %s, %s, %s::jsonb)",
+            (invoice.order_id, invoice.seller, invoice.number, invoice.issued_at, json.dumps(invoice.buyer)),
+        )
+
+    async def get_invoice(self, order_id: UUID) -> InvoiceRow | None:
+        cur = await self.conn.execute(
+            "SELECT order_id, seller, number, issued_at, buyer FROM billing.invoices WHERE order_id = %s", (order_id,)
+        )
+        row = await cur.fetchone()
+        return InvoiceRow(row["order_id"], row["seller"], row["number"], row["issued_at"], row["buyer"]) if row else None
+
+    # ---- Idempotency-Key rows (domain.Idempotency) ----------------------------------------------
+    async def claim_key(self, account_id: UUID, request: Idempotency) -> dict[str, Any] | None:
+        """The stored response of an earlier request with this key (None: this request runs, and
+        `remember_key` must be called in the same transaction). KeyReused if the key was used for
+        another request. The row is inserted before anything else in the use case's transaction:
+        a concurrent retry waits on the unique key until the first commits (then replays it) or
+        rolls back (then runs itself)."""
+        cur = await self.conn.execute(
+            """
+            SELECT fingerprint, status, response FROM billing.idempotency_keys
+             WHERE account_id = %s AND route = %s AND key = %s FOR UPDATE
+            """,
+            (account_id, request.route, request.key),
+        )
+        row = await cur.fetchone()
+        if row is None:
+            # Take the key now: a concurrent request with it blocks here until this transaction ends.
+            cur = await self.conn.execute(
+                """
+                INSERT INTO billing.idempotency_keys (account_id, route, key, fingerprint, status, response)
+                VALUES (%s, %s, %s, %s, 0, 'null'::jsonb)
+                ON CONFLICT (account_id, route, key) DO NOTHING RETURNING id
+                """,
+                (account_id, request.route, request.key, request.fingerprint),
+            )
+            if await cur.fetchone() is not None:
+                return None
+            return await self.claim_key(account_id, request)  # a concurrent request committed it meanwhile
+        if row["fingerprint"] != request.fingerprint:
+            raise KeyReused()
+        if row["status"] == 0:  # never committed without a response; defensive: run the request
+            return None
+        response: dict[str, Any] = row["response"]
+        return response
+
+    async def remember_key(self, account_id: UUID, request: Idempotency, status: int, response: dict[str, Any]) -> None:
+        await self.conn.execute(
+            """
+            UPDATE billing.idempotency_keys SET status = %s, response = %s::jsonb
+             WHERE account_id = %s AND route = %s AND key = %s
+            """,
+            (status, json.dumps(response), account_id, request.route, request.key),
+        )
 
 
-async def set_plan(conn: Conn, account_id: UUID, plan: Tier, now: datetime) -> None:
-    await conn.execute(
-        "UPDATE billing.accounts SET plan = %s, plan_changed_at = %s WHERE account_id = %s", (plan.value, now, account_id)
-    )
+class BillingStore:
+    """Opens billing's transactions; everything else happens on the BillingTx it yields."""
 
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self._pool = pool
 
-async def insert_order(conn: Conn, order: OrderRow) -> None:
-    await conn.execute(
-        """
-        INSERT INTO billing.orders (id, account_id, kind, status, amount, currency, plan, previous_plan, resource,
-                                    quantity, period, created_at, paid_at)
-        VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-        """,
-        (
-            order.id,
-            order.account_id,
-            order.kind,
-            order.status,
-            order.amount,
-            order.currency,
-            order.plan.value if order.plan else None,
-            order.previous_plan.value if order.previous_plan else None,
-            order.resource.value if order.resource else None,
-            order.quantity,
-            order.period,
-            order.created_at,
-            order.paid_at,
-        ),
-    )
-
-
-def _order(row: dict[str, Any]) -> OrderRow:
-    return OrderRow(
-        id=row["id"],
-        account_id=row["account_id"],
-        kind=row["kind"],
-        status=row["status"],
-        amount=row["amount"],
-        currency=row["currency"],
-        plan=Tier(row["plan"]) if row["plan"] else None,
-        previous_plan=Tier(row["previous_plan"]) if row["previous_plan"] else None,
-        resource=Resource(row["resource"]) if row["resource"] else None,
-        quantity=row["quantity"],
-        period=row["period"],
-        created_at=row["created_at"],
-        paid_at=row["paid_at"],
-    )
-
-
-async def lock_order(conn: Conn, order_id: UUID, account_id: UUID) -> OrderRow | None:
-    cur = await conn.execute("SELECT * FROM billing.orders WHERE id = %s AND account_id = %s FOR UPDATE", (order_id, account_id))
-    row = await cur.fetchone()
-    return _order(row) if row else None
-
-
-async def mark_paid(conn: Conn, order_id: UUID, now: datetime, reference: str) -> None:
-    await conn.execute(
-        "UPDATE billing.orders SET status = 'paid', paid_at = %s, payment_reference = %s WHERE id = %s",
-        (now, reference, order_id),
-    )
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[BillingTx]:
+        async with self._pool.connection() as conn, conn.transaction():
+            yield BillingTx(conn)

@@ -1,38 +1,26 @@
 """HTTP routes of GEO projects, the example platform resource (API.md)."""
 
-from datetime import UTC, datetime
-from typing import Annotated, cast
-from uuid import UUID, uuid4
+from typing import Annotated
+from uuid import UUID
 
 from fastapi import APIRouter, Depends, Response
-from psycopg_pool import AsyncConnectionPool
 
-from contracts.common import Permission, Resource
+from contracts.common import Permission
 from contracts.keys_api import GeoProject, GeoProjectCreate, GeoProjectList
-from contracts.topics import USAGE
-from services.edge.edge import Edge
-from services.edge.errors import not_found
-from services.edge.principal import Principal
-from services.geo import domain, store
-from services.runtime.platform.outbox_relay import OutboxRelay
+from services.edge import Principal, Runtime
+from services.geo.service import GeoService
 
 
-def router(pool: AsyncConnectionPool, edge: Edge, relay: OutboxRelay) -> APIRouter:
+def build_router(runtime: Runtime, service: GeoService) -> APIRouter:
     api = APIRouter(tags=["geo"])
-    db = cast("AsyncConnectionPool[store.Conn]", pool)  # the host opens it with dict rows
-    read = edge.requires(Permission.PROJECTS_READ)
-    # Creation is judged here, not by the edge's gate: geo counts its own projects at write time.
-    write = edge.requires(Permission.PROJECTS_WRITE)
-
-    async def _emit(conn: store.Conn, account_id: UUID, delta: int, now: datetime) -> None:
-        event = domain.usage_delta(account_id, delta, now)
-        await relay.add(conn, USAGE, str(account_id).encode(), event.model_dump_json().encode())
+    read = runtime.edge.requires(Permission.PROJECTS_READ)
+    # Creation is judged by the use case, not by the edge's gate: geo counts its own projects at write time.
+    write = runtime.edge.requires(Permission.PROJECTS_WRITE)
 
     @api.get("/api/geo/projects", description="Needs `projects:read`.")
     async def list_projects(principal: Annotated[Principal, Depends(read)]) -> GeoProjectList:
-        async with db.connection() as conn:
-            rows = await store.list_projects(conn, principal.account_id)
-        return GeoProjectList(items=[GeoProject.model_validate(r) for r in rows])
+        rows = await service.list_projects(principal.account_id)
+        return GeoProjectList(items=[GeoProject.model_validate(r, from_attributes=True) for r in rows])
 
     @api.post(
         "/api/geo/projects",
@@ -46,18 +34,8 @@ def router(pool: AsyncConnectionPool, edge: Edge, relay: OutboxRelay) -> APIRout
         ),
     )
     async def create_project(body: GeoProjectCreate, principal: Annotated[Principal, Depends(write)]) -> GeoProject:
-        now = datetime.now(UTC)
-        account_id = principal.account_id
-        _, total = edge.quota.standing(account_id, Resource.GEO_PROJECTS, now)
-        async with db.connection() as conn, conn.transaction():
-            await store.lock_account(conn, account_id)
-            live = await store.count_projects(conn, account_id)
-            if live >= total:
-                raise edge.insufficient_quota(account_id, Resource.GEO_PROJECTS, now, used=live, total=total)
-            row = await store.insert_project(conn, uuid4(), account_id, body.name, now)
-            await _emit(conn, account_id, +1, now)
-        relay.wake()
-        return GeoProject.model_validate(row)
+        row = await service.create_project(principal.account_id, body.name)
+        return GeoProject.model_validate(row, from_attributes=True)
 
     @api.delete(
         "/api/geo/projects/{project_id}",
@@ -66,11 +44,7 @@ def router(pool: AsyncConnectionPool, edge: Edge, relay: OutboxRelay) -> APIRout
         description="Needs `projects:write`; frees 1 `geo_projects` (usage.v1 -1).",
     )
     async def delete_project(project_id: UUID, principal: Annotated[Principal, Depends(write)]) -> Response:
-        async with db.connection() as conn:
-            if not await store.delete_project(conn, principal.account_id, project_id):
-                raise not_found("project")
-            await _emit(conn, principal.account_id, -1, datetime.now(UTC))
-        relay.wake()
+        await service.delete_project(principal.account_id, project_id)
         return Response(status_code=204)
 
     return api

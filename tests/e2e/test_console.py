@@ -377,6 +377,7 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     amount = page.locator("#order-amount")
     expect(amount).to_have_text(re.compile(r"^\d+\.\d{2} USD$"), timeout=WAIT_MS)
     assert 0 < float(amount.inner_text().split()[0]) <= 9.90  # the price difference, prorated
+    shown_amount = amount.inner_text()
     shot(page, "plan-checkout")
     with page.expect_request(lambda r: r.url.endswith("/pay")) as paid:
         page.get_by_role("button", name=re.compile(r"^Pay ")).click()
@@ -384,6 +385,24 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     assert re.fullmatch(r"[0-9a-f-]{32,36}", pay_key) and pay_key != order_key
     expect(page.locator("#current-plan")).to_have_text("Basic", timeout=WAIT_MS)
     shot(page, "plan")
+
+    # ---- money users can check: package prices, the order history, the printable invoice -------
+    expect(page.locator('#packages-table tr[data-resource="ai_tokens"]')).to_contain_text("1.00 USD", timeout=WAIT_MS)
+    paid_order = page.locator('#orders-table tbody tr[data-status="paid"]')
+    expect(paid_order).to_have_count(1, timeout=WAIT_MS)
+    expect(paid_order).to_contain_text("Upgrade Free → Basic")
+    expect(paid_order).to_contain_text(shown_amount)  # the amount shown before paying is the one paid
+    page.locator("#orders-title").scroll_into_view_if_needed()
+    shot(page, "plan-orders")
+    with page.expect_popup() as opened:
+        paid_order.get_by_role("button", name=re.compile(r"^Invoice")).click()
+    invoice = opened.value
+    expect(invoice.locator("#invoice-number")).to_have_text(re.compile(r"^TG-\d{6}$"), timeout=WAIT_MS)
+    expect(invoice.locator("#invoice-total")).to_have_text(shown_amount)
+    expect(invoice.get_by_role("heading", name="Invoice")).to_be_visible()
+    assert invoice.evaluate("getComputedStyle(document.body).maxWidth") != "none"  # its stylesheet applied
+    invoice.screenshot(path=str(SCREENSHOTS / "invoice-laptop.png"), full_page=True)
+    invoice.close()
 
     def project_allowed_again() -> bool:
         return api.post("/api/geo/projects", headers=key, json={"name": "after upgrade"}).status_code == 201

@@ -17,6 +17,8 @@ CONSOLE_ONLY = {
     "/api/api-keys/{key_id}",
     "/api/api-keys/{key_id}/rotate",
     "/api/billing/orders/{order_id}/pay",
+    "/api/billing/orders/{order_id}",
+    "/api/billing/orders/{order_id}/invoice",
 }
 # method, path template -> (which of A's objects, body)
 BY_ID: dict[tuple[str, str], tuple[str, dict | None]] = {
@@ -24,6 +26,8 @@ BY_ID: dict[tuple[str, str], tuple[str, dict | None]] = {
     ("POST", "/api/api-keys/{key_id}/rotate"): ("key", {"grace_seconds": 0}),
     ("DELETE", "/api/api-keys/{key_id}"): ("key", None),
     ("POST", "/api/billing/orders/{order_id}/pay"): ("order", None),
+    ("GET", "/api/billing/orders/{order_id}"): ("order", None),
+    ("GET", "/api/billing/orders/{order_id}/invoice"): ("order", None),
     ("DELETE", "/api/ai/usage/alert/{rule_id}"): ("rule", None),
     ("GET", "/api/ai/usage/alert/{rule_id}/deliveries"): ("rule", None),
     ("POST", "/api/notifications/{notification_id}/read"): ("notification", None),
@@ -147,6 +151,7 @@ async def test_every_object_of_one_account_is_invisible_to_another(app_client, s
         "/api/activity-log",
         f"/api/activity-log?api_key_id={objects['key']}",
         "/api/billing/subscription",
+        "/api/billing/orders",
         "/api/ai/usage/by-provider?range=today",
         "/api/ai/usage/trend?range=today&granularity=hour&group_by=model",
     ):

@@ -7,12 +7,26 @@ import uuid
 
 import pytest
 
-from services.billing.app import service_of as billing_of
+from services.billing.payments import TestProvider
+from services.edge import Overrides
 from tests.integration.quota_helpers import bearer, new_account, new_api_key
+from tests.support.apps import running_app
 
 pytestmark = pytest.mark.integration
 
 PACKAGE = {"kind": "quota_package", "package": {"resource": "ai_tokens", "amount": 200_000}}
+
+
+@pytest.fixture
+def provider() -> TestProvider:
+    return TestProvider()
+
+
+@pytest.fixture
+async def app_client(settings, provider):
+    """The whole platform with a payment provider this test holds (it counts the charges)."""
+    async with running_app(settings, overrides=Overrides(payment_provider=provider)) as pair:
+        yield pair
 
 
 def code(response) -> str:
@@ -37,13 +51,12 @@ async def purchases_of(pool, order_id: str) -> int:
     return int(row["n"])
 
 
-async def test_an_api_key_is_refused_on_every_money_and_plan_route(app_client, settings, pool):
+async def test_an_api_key_is_refused_on_every_money_and_plan_route(app_client, settings, pool, provider):
     app, client = app_client
     account_id, session = await new_account(app, settings)
     key = bearer(await new_api_key(app, settings, account_id))
     order = await client.post("/api/billing/orders", json=PACKAGE, headers=bearer(session))
     assert order.status_code == 201
-    provider = billing_of(app.state.runtime).provider
 
     refused = [
         await client.post("/api/billing/orders", json=PACKAGE, headers=key),
@@ -115,10 +128,9 @@ async def test_a_retried_order_returns_the_first_answer_and_another_body_is_409(
     assert await count_orders(pool, account_id) == 3
 
 
-async def test_doubled_and_concurrent_payments_charge_once(app_client, settings, pool):
+async def test_doubled_and_concurrent_payments_charge_once(app_client, settings, pool, provider):
     app, client = app_client
     _, session = await new_account(app, settings)
-    provider = billing_of(app.state.runtime).provider
     auth = bearer(session)
 
     # A doubled payment (the network lost the first answer): same key, the first answer, one charge.
@@ -154,7 +166,7 @@ async def test_doubled_and_concurrent_payments_charge_once(app_client, settings,
     assert provider.attempts == 2 and await purchases_of(pool, third["id"]) == 0
 
 
-async def test_an_empty_or_too_long_key_is_422(app_client, settings):
+async def test_an_empty_or_too_long_key_is_422(app_client, settings, provider):
     app, client = app_client
     _, session = await new_account(app, settings)
     auth = bearer(session)
@@ -168,4 +180,4 @@ async def test_an_empty_or_too_long_key_is_422(app_client, settings):
             assert any("idempotency-key" in d["field"].lower() for d in response.json()["error"]["details"])
     longest = await client.post("/api/billing/orders", json=PACKAGE, headers={**auth, "Idempotency-Key": "k" * 255})
     assert longest.status_code == 201
-    assert billing_of(app.state.runtime).provider.attempts == 0
+    assert provider.attempts == 0

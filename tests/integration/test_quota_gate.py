@@ -8,11 +8,33 @@ import pytest
 from contracts.common import Resource
 from contracts.events import UsageEvent
 from contracts.topics import USAGE
-from services.billing.app import service_of as billing_of
+from services.edge import Overrides
 from services.quota.app import service_of as quota_of
 from tests.integration.quota_helpers import bearer, eventually, new_account, new_api_key, publish
+from tests.support.apps import running_app
 
 pytestmark = pytest.mark.integration
+
+
+class PinnableClock:
+    """The system clock until a test pins "now" (to check a prorated amount), then that moment."""
+
+    def __init__(self) -> None:
+        self.pinned: datetime | None = None
+
+    def __call__(self) -> datetime:
+        return self.pinned or datetime.now(UTC)
+
+
+@pytest.fixture
+def clock() -> PinnableClock:
+    return PinnableClock()
+
+
+@pytest.fixture
+async def app_client(settings, clock):
+    async with running_app(settings, overrides=Overrides(clock=clock)) as pair:
+        yield pair
 
 
 def usage(account_id, resource: Resource, quantity: int, when: datetime | None = None) -> UsageEvent:
@@ -23,7 +45,7 @@ def item(report: dict, resource: Resource) -> dict:
     return next(i for i in report["items"] if i["resource"] == resource.value)
 
 
-async def test_exhausted_quota_blocks_and_a_paid_upgrade_unblocks_at_once(app_client, settings):
+async def test_exhausted_quota_blocks_and_a_paid_upgrade_unblocks_at_once(app_client, settings, clock):
     app, client = app_client
     account_id, session = await new_account(app, settings)
     key = await new_api_key(app, settings, account_id)
@@ -44,7 +66,7 @@ async def test_exhausted_quota_blocks_and_a_paid_upgrade_unblocks_at_once(app_cl
 
     # Upgrade to basic, paid, at a fixed "now": the amount is prorated over the rest of the month.
     now = datetime.now(UTC).replace(day=11, hour=0, minute=0, second=0, microsecond=0)
-    billing_of(app.state.runtime).clock = lambda: now
+    clock.pinned = now
     order = await client.post("/api/billing/orders", json={"kind": "plan_upgrade", "plan": "basic"}, headers=bearer(session))
     assert order.status_code == 201, order.text
     start = now.replace(day=1)
@@ -53,6 +75,7 @@ async def test_exhausted_quota_blocks_and_a_paid_upgrade_unblocks_at_once(app_cl
     assert order.json()["amount"] == str(expected) and order.json()["status"] == "pending"
     paid = await client.post(f"/api/billing/orders/{order.json()['id']}/pay", headers=bearer(session))
     assert paid.status_code == 200 and paid.json()["status"] == "paid"
+    clock.pinned = None
 
     async def allowed():
         response = await client.get("/api/geo/projects", headers=bearer(key))

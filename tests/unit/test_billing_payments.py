@@ -4,7 +4,7 @@ import asyncio
 import uuid
 from decimal import Decimal
 
-from services.billing.idempotency import Idempotency
+from services.billing.domain import Idempotency
 from services.billing.payments import TestProvider
 
 

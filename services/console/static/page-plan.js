@@ -1,8 +1,35 @@
 // Plan & account: who you are, your plan and user type, the plans table, upgrades with the
-// prorated amount shown before paying, and the individual/enterprise rule when it blocks.
-import { get, newIdempotencyKey, post, put, session } from "./api.js";
+// prorated amount shown before paying, the individual/enterprise rule when it blocks, the quota
+// package catalogue with its prices, and the order history with each paid order's invoice.
+import { ApiError, get, newIdempotencyKey, post, put, session } from "./api.js";
 import { busy, errorBox, field, h, select } from "./dom.js";
-import { RESOURCES, amount, date, money, num, titleCase } from "./format.js";
+import { RESOURCES, amount, date, dateTime, money, num, resourceName, titleCase } from "./format.js";
+
+/** What an order bought, in words. */
+function orderWhat(order) {
+  if (order.kind === "plan_upgrade") return `Upgrade ${titleCase(order.previous_plan || "free")} → ${titleCase(order.plan)}`;
+  const p = order.package || {};
+  return `${resourceName(p.resource)} package: ${amount(p.resource, p.amount)}`;
+}
+
+/** The printable invoice (Accept: text/html) in a new tab. The session travels in a header, not
+ *  a cookie, so a plain link cannot carry it: the tab opens at the click (no popup blocker), then
+ *  gets the page fetched with the session (server-rendered, escaped; its styles are console assets). */
+async function openInvoice(order) {
+  const tab = window.open("", "_blank");
+  const headers = { Accept: "text/html", Authorization: `Bearer ${session.token}` };
+  const response = await fetch(`/api/billing/orders/${order.id}/invoice`, { headers, credentials: "omit", cache: "no-store" });
+  if (!response.ok) {
+    if (tab) tab.close();
+    const err = ((await response.json().catch(() => null)) || {}).error || {};
+    throw new ApiError(response.status, err.code || `http_${response.status}`, err.message || "The invoice could not be loaded.", err.details, err.request_id);
+  }
+  const html = await response.text();
+  if (!tab) throw new ApiError(0, "popup_blocked", "Allow pop-ups for this site to open the invoice.");
+  tab.document.open();
+  tab.document.write(html);
+  tab.document.close();
+}
 
 const ORDER = ["free", "basic", "professional", "enterprise"];
 
@@ -30,6 +57,8 @@ export async function render(container, ctx) {
   const planSlot = h("div");
   const tableSlot = h("div");
   const checkout = h("div", { id: "checkout", "aria-live": "polite" });
+  const packagesSlot = h("div");
+  const historySlot = h("div");
   const errors = h("div");
   let account = ctx.account;
   let plans = [];
@@ -193,16 +222,114 @@ export async function render(container, ctx) {
     );
   }
 
+  function packagesCard(catalogue) {
+    const rows = catalogue.items.map((p) =>
+      h(
+        "tr",
+        { dataset: { resource: p.resource } },
+        h("th", { scope: "row", "data-label": "Resource" }, resourceName(p.resource)),
+        h("td", { "data-label": "Package", class: "num" }, amount(p.resource, p.unit)),
+        h("td", { "data-label": "Price", class: "num" }, money(p.unit_price, catalogue.currency)),
+        h("td", { class: "row-actions" }, h("a", { class: "button secondary small", href: `/console/quota?buy=${encodeURIComponent(p.resource)}`, "aria-label": `Buy ${resourceName(p.resource)}` }, "Buy")),
+      ),
+    );
+    return h(
+      "section",
+      { class: "card", "aria-labelledby": "packages-title" },
+      h("h2", { id: "packages-title" }, "Quota packages"),
+      h("p", { class: "muted" }, "Extra quota for this period, sold in whole packages. You see the order's amount before paying."),
+      h(
+        "div",
+        { class: "table-wrap" },
+        h(
+          "table",
+          { class: "responsive", id: "packages-table" },
+          h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "Resource"), h("th", { scope: "col" }, "Package"), h("th", { scope: "col" }, "Price per package"), h("th", { scope: "col" }, h("span", { class: "visually-hidden" }, "Action")))),
+          h("tbody", {}, rows),
+        ),
+      ),
+    );
+  }
+
+  /** The order history, newest first; "Show more" follows the cursor. */
+  function historyCard(first) {
+    const body = h("tbody");
+    const problems = h("div", { "aria-live": "polite" });
+    const more = h("button", { type: "button", class: "secondary small" }, "Show more");
+    let cursor = null;
+    function add(page) {
+      for (const order of page.items) {
+        let invoice = h("span", { class: "muted" }, "After payment");
+        if (order.status === "paid") {
+          invoice = h("button", { type: "button", class: "secondary small", "aria-label": `Invoice of ${orderWhat(order)}` }, "Invoice");
+          invoice.addEventListener("click", () => {
+            problems.replaceChildren();
+            openInvoice(order).catch((err) => problems.append(errorBox(err)));
+          });
+        }
+        body.append(
+          h(
+            "tr",
+            { dataset: { order: order.id, status: order.status } },
+            h("td", { "data-label": "Date" }, dateTime(order.created_at)),
+            h("th", { scope: "row", "data-label": "Order" }, orderWhat(order)),
+            h("td", { "data-label": "Amount", class: "num" }, money(order.amount, order.currency)),
+            h("td", { "data-label": "Status" }, h("span", { class: `status ${order.status === "paid" ? "status-enabled" : "status-expired"}` }, titleCase(order.status))),
+            h("td", { class: "row-actions" }, invoice),
+          ),
+        );
+      }
+      cursor = page.next_cursor;
+      more.hidden = !cursor;
+    }
+    more.addEventListener("click", async () => {
+      problems.replaceChildren();
+      try {
+        add(await busy(more, () => get("/api/billing/orders", { limit: 20, cursor })));
+      } catch (err) {
+        problems.append(errorBox(err));
+      }
+    });
+    add(first);
+    const empty = first.items.length ? null : h("p", { class: "muted", id: "no-orders" }, "No orders yet.");
+    return h(
+      "section",
+      { class: "card", "aria-labelledby": "orders-title" },
+      h("h2", { id: "orders-title" }, "Orders"),
+      empty,
+      h(
+        "div",
+        { class: "table-wrap" },
+        h(
+          "table",
+          { class: "responsive", id: "orders-table", hidden: !first.items.length },
+          h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "Date"), h("th", { scope: "col" }, "Order"), h("th", { scope: "col" }, "Amount"), h("th", { scope: "col" }, "Status"), h("th", { scope: "col" }, "Invoice"))),
+          body,
+        ),
+      ),
+      problems,
+      h("div", { class: "actions" }, more),
+    );
+  }
+
   async function load() {
     errors.replaceChildren();
     try {
-      const [acc, sub, catalogue] = await Promise.all([ctx.reloadAccount(), get("/api/billing/subscription"), get("/api/billing/plans")]);
+      const [acc, sub, catalogue, packages, orders] = await Promise.all([
+        ctx.reloadAccount(),
+        get("/api/billing/subscription"),
+        get("/api/billing/plans"),
+        get("/api/billing/packages"),
+        get("/api/billing/orders", { limit: 20 }),
+      ]);
       account = acc;
       subscription = sub;
       plans = catalogue.items;
       accountSlot.replaceChildren(accountCard());
       planSlot.replaceChildren(planCard());
       tableSlot.replaceChildren(plansTable());
+      packagesSlot.replaceChildren(packagesCard(packages));
+      historySlot.replaceChildren(historyCard(orders));
     } catch (err) {
       errors.append(errorBox(err));
     }
@@ -214,6 +341,8 @@ export async function render(container, ctx) {
     h("div", { class: "two-col" }, planSlot, accountSlot),
     checkout,
     tableSlot,
+    packagesSlot,
+    historySlot,
     passwordCard(),
   );
   await load();
