@@ -1,12 +1,15 @@
 """Wiring of the alerts service."""
 
+from functools import partial
 from pathlib import Path
 
-from services.alerts import api, consumers
+from services.alerts import api, consumers, webhook
 from services.alerts.channels import EmailChannel, InSiteChannel, SmsChannel
 from services.alerts.dispatcher import Dispatcher
+from services.alerts.service import AlertsService
+from services.alerts.store import AlertsStore
 from services.alerts.webhook import Backoff, WebhookSender
-from services.edge.component import Component, Runtime
+from services.edge import Component, Runtime
 
 
 def build(runtime: Runtime) -> Component:
@@ -24,6 +27,14 @@ def build(runtime: Runtime) -> Component:
         webhook_backoff=backoff,
     )
 
+    service = AlertsService(
+        AlertsStore(runtime.pool),
+        runtime.clock,
+        settings.tz,
+        check_target=partial(webhook.creation_refusal, allow_private=settings.webhook_allow_private_targets),
+        deliver=dispatcher.submit,
+    )
+
     async def stop() -> None:
         await dispatcher.stop()
         await sms.close()
@@ -31,8 +42,8 @@ def build(runtime: Runtime) -> Component:
 
     component = Component(
         name="alerts",
-        router=api.build_router(runtime, dispatcher),
-        subscribers=consumers.build_router(runtime, dispatcher),
+        router=api.build_router(runtime, service),
+        subscribers=consumers.build_router(service, runtime.broker, settings),
         migrations=Path(__file__).parent / "migrations",
         on_start=[dispatcher.start],
         on_stop=[stop],

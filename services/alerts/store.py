@@ -1,5 +1,9 @@
-"""The alerts service's Postgres adapter (schema `alerts`). Callers own the transactions."""
+"""The alerts service's Postgres adapter (schema `alerts`): ALL its SQL. The functions run in
+the caller's transaction (the dispatcher holds one per send); the use cases (service.py) open
+one through `AlertsStore.transaction()` and call the methods of the `AlertsTx` it yields."""
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -7,6 +11,7 @@ from uuid import UUID, uuid4
 
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
 from pydantic import TypeAdapter
 
 from contracts.alerts_api import Channel, DeliveryStatus, Recipient
@@ -345,3 +350,65 @@ async def mark_read(conn: Conn, account_id: UUID, notification_id: UUID) -> Row 
         (notification_id, account_id),
     )
     return await cur.fetchone()
+
+
+# ---- the use cases' port -------------------------------------------------------------------------
+class AlertsStore:
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self._pool = pool
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator["AlertsTx"]:
+        async with self._pool.connection() as conn, conn.transaction():
+            yield AlertsTx(conn)
+
+
+class AlertsTx:
+    """The statements of one transaction, as the use cases call them."""
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+
+    async def insert_rule(
+        self,
+        account_id: UUID,
+        metric: AlertMetric,
+        threshold_pct: int,
+        channels: list[Channel],
+        recipients: list[Recipient],
+        webhook_secret: str | None = None,
+    ) -> Rule:
+        return await insert_rule(self.conn, account_id, metric, threshold_pct, channels, recipients, webhook_secret)
+
+    async def list_rules(self, account_id: UUID, current_period: str, rule_id: UUID | None = None) -> list[RuleView]:
+        return await list_rules(self.conn, account_id, current_period, rule_id)
+
+    async def delete_rule(self, account_id: UUID, rule_id: UUID) -> bool:
+        return await delete_rule(self.conn, account_id, rule_id)
+
+    async def rule_exists(self, account_id: UUID, rule_id: UUID) -> bool:
+        return await rule_exists(self.conn, account_id, rule_id)
+
+    async def rules_for(self, account_id: UUID, resource: Resource, max_threshold: int) -> list[Rule]:
+        return await rules_for(self.conn, account_id, resource, max_threshold)
+
+    async def save_quota_state(self, state: QuotaState) -> None:
+        await save_quota_state(self.conn, state)
+
+    async def quota_state(self, account_id: UUID, resource: Resource) -> Row | None:
+        return await quota_state(self.conn, account_id, resource)
+
+    async def record_firing(self, firing: Firing) -> list[UUID]:
+        return await record_firing(self.conn, firing)
+
+    async def fired_rules(self, rule_ids: list[UUID], period: str) -> set[UUID]:
+        return await fired_rules(self.conn, rule_ids, period)
+
+    async def list_deliveries(self, account_id: UUID, rule_id: UUID) -> list[Row]:
+        return await list_deliveries(self.conn, account_id, rule_id)
+
+    async def list_notifications(self, account_id: UUID, limit: int, unread_only: bool) -> list[Row]:
+        return await list_notifications(self.conn, account_id, limit, unread_only)
+
+    async def mark_read(self, account_id: UUID, notification_id: UUID) -> Row | None:
+        return await mark_read(self.conn, account_id, notification_id)

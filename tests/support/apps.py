@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 from fastapi import FastAPI
 
+from services.edge import Overrides
 from services.runtime.host.app import create_app
 from services.runtime.platform.settings import Settings
 
@@ -21,9 +22,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @asynccontextmanager
-async def running_app(settings: Settings, targets: Sequence[str] = ("all",)) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
-    """The app with its lifespan run (migrations, topics, projections, subscribers) and a client."""
-    app = create_app(targets, settings)
+async def running_app(
+    settings: Settings, targets: Sequence[str] = ("all",), overrides: Overrides | None = None
+) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """The app with its lifespan run (migrations, topics, projections, subscribers) and a client;
+    `overrides` replace the clock or the payment provider at bootstrap."""
+    app = create_app(targets, settings, overrides=overrides)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://tollgate.test") as client:
