@@ -70,7 +70,10 @@ def build_router(runtime: Runtime, service: AlertsService) -> APIRouter:
     @router.get(
         "/api/notifications",
         response_model=NotificationList,
-        description="The account's in-site notifications, newest first. Extension: `limit` (default 50) and `unread_only`.",
+        description="The account's in-site notifications, newest first. (v2) Each item has a `kind`: `quota_threshold` "
+        "(a rule's alert: `metric`, `threshold_pct`, links to upgrade or buy a package) or `key_rotation_due` (one "
+        "reminder, ever, per API key older than 90 days: `api_key_id`, `metric` and `threshold_pct` null, `links` "
+        "`{}`; a deleted key gets none). Extension: `limit` (default 50) and `unread_only`.",
     )
     async def list_notifications(
         principal: Principal = can_read,

@@ -1,5 +1,6 @@
 """Wiring of the alerts service."""
 
+import logging
 from functools import partial
 from pathlib import Path
 
@@ -10,6 +11,9 @@ from services.alerts.service import AlertsService
 from services.alerts.store import AlertsStore
 from services.alerts.webhook import Backoff, WebhookSender
 from services.edge import Component, Runtime
+from services.runtime.platform.periodic import Periodic
+
+log = logging.getLogger(__name__)
 
 
 def build(runtime: Runtime) -> Component:
@@ -35,7 +39,17 @@ def build(runtime: Runtime) -> Component:
         deliver=dispatcher.submit,
     )
 
+    # Keys that grow older than 90 days while nothing about them changes get their reminder here.
+    reminders = Periodic(
+        "alerts:rotation-reminders",
+        settings.prune_interval_seconds,
+        service.remind_rotations,
+        what="posting rotation reminders",
+        log=log,
+    )
+
     async def stop() -> None:
+        await reminders.stop()
         await dispatcher.stop()
         await sms.close()
         await webhooks.close()
@@ -45,7 +59,7 @@ def build(runtime: Runtime) -> Component:
         router=api.build_router(runtime, service),
         subscribers=consumers.build_router(service, runtime.broker, settings),
         migrations=Path(__file__).parent / "migrations",
-        on_start=[dispatcher.start],
+        on_start=[dispatcher.start, reminders.start],
         on_stop=[stop],
     )
     return component

@@ -23,7 +23,7 @@ from contracts.alerts_api import (
 from contracts.clock import Clock
 from contracts.common import Resource
 from contracts.domain_errors import Invalid, NotFound
-from contracts.events import QuotaState, QuotaThresholdCrossed
+from contracts.events import KeyState, QuotaState, QuotaThresholdCrossed
 from contracts.period import period_of
 from services.alerts import domain, webhook
 from services.alerts.store import AlertsStore, AlertsTx, Firing, Row, RuleView
@@ -75,6 +75,8 @@ def _notification_out(row: Row) -> NotificationOut:
         threshold_pct=row["threshold_pct"],
         links=row["links"],
         read=row["read_at"] is not None,
+        kind=row.get("kind") or "quota_threshold",
+        api_key_id=row.get("api_key_id"),
     )
 
 
@@ -148,6 +150,36 @@ class AlertsService:
         """Keep the newest state per account and resource (for rules created later)."""
         async with self._store.transaction() as tx:
             await tx.save_quota_state(state)
+
+    # ---- the rotation reminder (v2) ---------------------------------------------------------------
+    async def save_key(self, state: KeyState) -> None:
+        """A key's state from keys.v1: keep its age; a key already older than 90 days gets its
+        reminder at once (the periodic pass finds those that age later)."""
+        async with self._store.transaction() as tx:
+            await tx.save_key(state)
+            if not state.deleted:
+                await self._remind(tx, key_id=state.key_id)
+
+    async def remind_rotations(self) -> int:
+        """One pass: the in-site reminder for every live key older than 90 days that has none yet,
+        once per key ever (a unique row: replicas and replays insert nothing more); returns how many."""
+        async with self._store.transaction() as tx:
+            return await self._remind(tx)
+
+    async def _remind(self, tx: AlertsTx, key_id: UUID | None = None, limit: int = 500) -> int:
+        now = self._clock()
+        posted = 0
+        for key in await tx.keys_unreminded(now - domain.ROTATION_AGE, limit, key_id):
+            if domain.rotation_due(key["created_at"], now) and await tx.add_rotation_notification(
+                key["key_id"],
+                key["account_id"],
+                key["created_by"],
+                domain.ROTATION_TITLE,
+                domain.rotation_message(key["masked_key"]),
+                now,
+            ):
+                posted += 1
+        return posted
 
     # ---- the in-site inbox -----------------------------------------------------------------------
     async def notifications(self, account_id: UUID, limit: int, unread_only: bool) -> NotificationList:

@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 
 from contracts.alerts_api import Channel, DeliveryStatus, Recipient
 from contracts.common import METRIC_RESOURCE, AlertMetric, Resource
-from contracts.events import QuotaState
+from contracts.events import KeyState, QuotaState
 from services.alerts import domain
 
 Row = dict[str, Any]
@@ -352,6 +352,50 @@ async def mark_read(conn: Conn, account_id: UUID, notification_id: UUID) -> Row 
     return await cur.fetchone()
 
 
+# ---- API keys' ages: the rotation reminder (v2) ---------------------------------------------------
+async def save_key(conn: Conn, state: KeyState) -> None:
+    """Keep each key's age from keys.v1 (the newest state wins; a deleted key stays deleted)."""
+    await conn.execute(
+        """INSERT INTO alerts.keys AS k (key_id, account_id, created_at, created_by, masked_key, deleted, time)
+           VALUES (%s, %s, %s, %s, %s, %s, %s)
+           ON CONFLICT (key_id) DO UPDATE
+              SET created_at = coalesce(excluded.created_at, k.created_at),
+                  created_by = coalesce(excluded.created_by, k.created_by),
+                  masked_key = coalesce(excluded.masked_key, k.masked_key),
+                  deleted = k.deleted OR excluded.deleted,
+                  time = greatest(k.time, excluded.time)""",
+        (state.key_id, state.account_id, state.created_at, state.created_by, state.masked_key, state.deleted, state.time),
+    )
+
+
+async def keys_unreminded(conn: Conn, created_before: datetime, limit: int, key_id: UUID | None = None) -> list[Row]:
+    """Live keys made before `created_before` that have no rotation reminder yet (one, by id)."""
+    cur = await conn.execute(
+        """SELECT k.key_id, k.account_id, k.created_at, k.created_by, k.masked_key FROM alerts.keys k
+            WHERE NOT k.deleted AND k.created_at < %s AND (%s::uuid IS NULL OR k.key_id = %s)
+              AND NOT EXISTS (SELECT 1 FROM alerts.notifications n
+                               WHERE n.kind = 'key_rotation_due' AND n.api_key_id = k.key_id)
+            ORDER BY k.created_at LIMIT %s""",
+        (created_before, key_id, key_id, limit),
+    )
+    return list(await cur.fetchall())
+
+
+async def add_rotation_notification(
+    conn: Conn, key_id: UUID, account_id: UUID, created_by: UUID | None, title: str, message: str, now: datetime
+) -> bool:
+    """The key's one reminder; False when it exists already (another replica, a replay)."""
+    cur = await conn.execute(
+        """INSERT INTO alerts.notifications
+               (id, delivery_id, account_id, created_at, title, message, metric, threshold_pct, links, kind, api_key_id,
+                created_by)
+           VALUES (%s, NULL, %s, %s, %s, %s, NULL, NULL, '{}', 'key_rotation_due', %s, %s)
+           ON CONFLICT (api_key_id) WHERE kind = 'key_rotation_due' DO NOTHING""",
+        (uuid4(), account_id, now, title, message, key_id, created_by),
+    )
+    return cur.rowcount == 1
+
+
 # ---- the use cases' port -------------------------------------------------------------------------
 class AlertsStore:
     def __init__(self, pool: AsyncConnectionPool) -> None:
@@ -412,3 +456,14 @@ class AlertsTx:
 
     async def mark_read(self, account_id: UUID, notification_id: UUID) -> Row | None:
         return await mark_read(self.conn, account_id, notification_id)
+
+    async def save_key(self, state: KeyState) -> None:
+        await save_key(self.conn, state)
+
+    async def keys_unreminded(self, created_before: datetime, limit: int, key_id: UUID | None = None) -> list[Row]:
+        return await keys_unreminded(self.conn, created_before, limit, key_id)
+
+    async def add_rotation_notification(
+        self, key_id: UUID, account_id: UUID, created_by: UUID | None, title: str, message: str, now: datetime
+    ) -> bool:
+        return await add_rotation_notification(self.conn, key_id, account_id, created_by, title, message, now)

@@ -171,7 +171,7 @@ class FakePublisher:
 # ---- alerts ----
 from contracts.alerts_api import Channel, Recipient  # noqa: E402
 from contracts.common import AlertMetric  # noqa: E402
-from contracts.events import QuotaState  # noqa: E402
+from contracts.events import KeyState, QuotaState  # noqa: E402
 from services.alerts import domain as alerts_domain  # noqa: E402
 from services.alerts.store import Firing, Rule, RuleView  # noqa: E402
 
@@ -186,6 +186,7 @@ class FakeAlertsStore:
         self.firings: dict[tuple[UUID, int, str], dict[str, Any]] = {}
         self.deliveries: dict[UUID, dict[str, Any]] = {}
         self.notifications: dict[UUID, dict[str, Any]] = {}
+        self.keys: dict[UUID, dict[str, Any]] = {}
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator["FakeAlertsStore"]:
@@ -309,6 +310,50 @@ class FakeAlertsStore:
             return None
         row["read_at"] = row["read_at"] or datetime.now(UTC)
         return row
+
+    async def save_key(self, state: KeyState) -> None:
+        known = self.keys.get(state.key_id, {})
+        self.keys[state.key_id] = {
+            "key_id": state.key_id,
+            "account_id": state.account_id,
+            "created_at": state.created_at or known.get("created_at"),
+            "created_by": state.created_by or known.get("created_by"),
+            "masked_key": state.masked_key or known.get("masked_key"),
+            "deleted": state.deleted or known.get("deleted", False),
+        }
+
+    async def keys_unreminded(self, created_before: datetime, limit: int, key_id: UUID | None = None) -> list[dict[str, Any]]:
+        reminded = {n["api_key_id"] for n in self.notifications.values() if n["kind"] == "key_rotation_due"}
+        return [
+            k
+            for k in self.keys.values()
+            if not k["deleted"]
+            and k["created_at"] is not None
+            and k["created_at"] < created_before
+            and key_id in (None, k["key_id"])
+            and k["key_id"] not in reminded
+        ][:limit]
+
+    async def add_rotation_notification(
+        self, key_id: UUID, account_id: UUID, created_by: UUID | None, title: str, message: str, now: datetime
+    ) -> bool:
+        if any(n["kind"] == "key_rotation_due" and n["api_key_id"] == key_id for n in self.notifications.values()):
+            return False
+        nid = uuid.uuid4()
+        self.notifications[nid] = {
+            "id": nid,
+            "account_id": account_id,
+            "created_at": now,
+            "title": title,
+            "message": message,
+            "metric": None,
+            "threshold_pct": None,
+            "links": {},
+            "read_at": None,
+            "kind": "key_rotation_due",
+            "api_key_id": key_id,
+        }
+        return True
 
 
 class FakeDeliver:

@@ -2,15 +2,15 @@
 (rule, period), quota states, the inbox. No I/O (tests/unit/fakes.py)."""
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
 
 from contracts.alerts_api import Channel, EmailRecipient, RuleIn, WebhookRecipient
-from contracts.common import AlertMetric, Resource
+from contracts.common import AlertMetric, KeyStatus, Resource, Role
 from contracts.domain_errors import Invalid, NotFound
-from contracts.events import QuotaState, QuotaThresholdCrossed
+from contracts.events import KeyState, QuotaState, QuotaThresholdCrossed
 from services.alerts.service import AlertsService
 from tests.unit.fakes import FakeAlertsStore, FakeClock, FakeDeliver, no_refusal
 
@@ -162,3 +162,40 @@ async def test_the_inbox_lists_newest_first_and_marks_read_only_ones_own(service
         await service.mark_read(other, listed[0].id)
     assert (await service.mark_read(account, listed[0].id)).read
     assert [n.title for n in (await service.notifications(account, 50, unread_only=True)).items] == ["n1"]
+
+
+def key_state(account: uuid.UUID, created_at: datetime | None, key_id: uuid.UUID | None = None, **kw) -> KeyState:
+    return KeyState(
+        time=datetime(2026, 11, 15, tzinfo=UTC),
+        account_id=account,
+        key_id=key_id or uuid.uuid4(),
+        hash="a" * 64,
+        status=KeyStatus.ENABLED,
+        roles=[Role.OWNER],
+        masked_key="sk-abcd...wxyz",
+        created_at=created_at,
+        **kw,
+    )
+
+
+async def test_a_key_older_than_90_days_gets_one_reminder_ever(service, store, clock):
+    account, other = uuid.uuid4(), uuid.uuid4()
+    old = key_state(account, clock() - timedelta(days=91))
+    await service.save_key(old)  # already old when it arrives: reminded at once
+    await service.save_key(key_state(account, clock() - timedelta(days=89)))  # young
+    await service.save_key(key_state(account, None))  # age unknown (an older publisher): never
+    gone = key_state(account, clock() - timedelta(days=200), deleted=True)
+    await service.save_key(gone)
+    items = (await service.notifications(account, 50, unread_only=False)).items
+    assert [(n.kind, n.api_key_id, n.metric, n.threshold_pct, n.links) for n in items] == [
+        ("key_rotation_due", old.key_id, None, None, {})
+    ]
+    assert items[0].title == "Rotate this key" and "sk-abcd...wxyz" in items[0].message
+    assert (await service.notifications(other, 50, unread_only=False)).items == []
+
+    await service.save_key(old)  # a replay
+    assert await service.remind_rotations() == 0
+    clock.advance(days=2)  # the young key ages past 90 days: the periodic pass reminds it
+    assert await service.remind_rotations() == 1
+    assert await service.remind_rotations() == 0
+    assert len((await service.notifications(account, 50, unread_only=False)).items) == 2
