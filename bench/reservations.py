@@ -32,7 +32,7 @@ from contracts.common import Resource
 from contracts.events import UsageEvent
 from contracts.topics import USAGE
 from services.edge.quota_gate import QuotaProjection
-from services.quota.app import service_of
+from services.quota.app import quota_service
 from services.quota.domain import InsufficientQuota
 from services.quota.service import QuotaService
 from services.runtime.platform.settings import Settings
@@ -114,7 +114,7 @@ async def main(streams: int) -> None:
         try:
             async with running_app(settings, targets=("quota",)) as (app, _client):
                 gate: QuotaProjection = app.state.runtime.edge.quota
-                quota = service_of(app.state.runtime)
+                quota = quota_service(app.state.runtime)
                 producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, acks="all", linger_ms=1)
                 await producer.start()
                 try:

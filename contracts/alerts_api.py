@@ -2,7 +2,7 @@
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 from uuid import UUID
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
@@ -125,15 +125,24 @@ class NotificationLinks(BaseModel):
     buy_quota_package: str
 
 
+NotificationKind = Literal["quota_threshold", "key_rotation_due"]
+
+
 class NotificationOut(BaseModel):
+    """(v2) `kind`: a rule's quota alert (`quota_threshold`: metric, threshold_pct and the quota
+    links), or the one reminder to rotate a key older than 90 days (`key_rotation_due`: metric and
+    threshold_pct null, `api_key_id` names the key, links `{}`)."""
+
     id: UUID
     created_at: AwareDatetime
     title: str
     message: str
-    metric: AlertMetric
-    threshold_pct: int
-    links: NotificationLinks
+    metric: AlertMetric | None
+    threshold_pct: int | None
+    links: NotificationLinks | dict[str, str]
     read: bool
+    kind: NotificationKind = "quota_threshold"
+    api_key_id: UUID | None = None
 
 
 class NotificationList(BaseModel):

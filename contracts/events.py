@@ -86,6 +86,10 @@ class KeyState(Event):
     roles: list[Role]
     # Added for metering's activity log: `sk-` + first 4 + `...` + last 4 of the secret (API.md).
     masked_key: str | None = Field(default=None, max_length=64)
+    # (v2) For alerts' rotation reminder (a key older than 90 days): when the key was made, and by
+    # which user (optional: events of older publishers lack them).
+    created_at: AwareDatetime | None = None
+    created_by: UUID | None = None
 
 
 # ---- accounts.v1 (compacted, key = account id) -- an extension: API.md is silent here ---------

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 class Topic:
     name: str
     partitions: int
-    config: dict[str, str] = field(default_factory=dict)
+    # Not hashed (a dict cannot be): topics key mappings, e.g. Subscriber.batches' readings.
+    config: dict[str, str] = field(default_factory=dict, hash=False)
 
     def prefixed(self, prefix: str) -> str:
         """The topic's name under a deployment prefix (tests isolate themselves this way)."""

@@ -1,12 +1,19 @@
 """Wiring of the alerts service."""
 
+import logging
+from functools import partial
 from pathlib import Path
 
-from services.alerts import api, consumers
+from services.alerts import api, consumers, webhook
 from services.alerts.channels import EmailChannel, InSiteChannel, SmsChannel
 from services.alerts.dispatcher import Dispatcher
+from services.alerts.service import AlertsService
+from services.alerts.store import AlertsStore
 from services.alerts.webhook import Backoff, WebhookSender
-from services.edge.component import Component, Runtime
+from services.edge import Component, Runtime
+from services.runtime.platform.periodic import Periodic
+
+log = logging.getLogger(__name__)
 
 
 def build(runtime: Runtime) -> Component:
@@ -24,17 +31,35 @@ def build(runtime: Runtime) -> Component:
         webhook_backoff=backoff,
     )
 
+    service = AlertsService(
+        AlertsStore(runtime.pool),
+        runtime.clock,
+        settings.tz,
+        check_target=partial(webhook.creation_refusal, allow_private=settings.webhook_allow_private_targets),
+        deliver=dispatcher.submit,
+    )
+
+    # Keys that grow older than 90 days while nothing about them changes get their reminder here.
+    reminders = Periodic(
+        "alerts:rotation-reminders",
+        settings.prune_interval_seconds,
+        service.remind_rotations,
+        what="posting rotation reminders",
+        log=log,
+    )
+
     async def stop() -> None:
+        await reminders.stop()
         await dispatcher.stop()
         await sms.close()
         await webhooks.close()
 
     component = Component(
         name="alerts",
-        router=api.build_router(runtime, dispatcher),
-        subscribers=consumers.build_router(runtime, dispatcher),
+        router=api.build_router(runtime, service),
+        subscribers=consumers.build_router(service, runtime.broker, settings),
         migrations=Path(__file__).parent / "migrations",
-        on_start=[dispatcher.start],
+        on_start=[dispatcher.start, reminders.start],
         on_stop=[stop],
     )
     return component

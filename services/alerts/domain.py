@@ -2,6 +2,7 @@
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from uuid import UUID
 
@@ -182,3 +183,21 @@ class AlertMessage:
             f"Your {self.metric.value} usage reached {self.threshold_pct}% alert threshold in {self.period}: "
             f"{self.used:,} used of a {self.total:,} limit ({self.usage_pct}%)."
         )
+
+
+# ---- the rotation reminder (v2) -----------------------------------------------------------------
+ROTATION_AGE = timedelta(days=90)
+ROTATION_TITLE = "Rotate this key"
+
+
+def rotation_due(created_at: datetime | None, now: datetime) -> bool:
+    """A key older than 90 days is due for rotation (a key of unknown age never is)."""
+    return created_at is not None and now - created_at > ROTATION_AGE
+
+
+def rotation_message(masked_key: str | None) -> str:
+    which = f"The API key {masked_key}" if masked_key else "This API key"
+    return (
+        f"{which} is older than 90 days. Create a new key, move your clients to it, then delete the old one "
+        "(or rotate it with a grace period)."
+    )

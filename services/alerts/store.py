@@ -1,5 +1,9 @@
-"""The alerts service's Postgres adapter (schema `alerts`). Callers own the transactions."""
+"""The alerts service's Postgres adapter (schema `alerts`): ALL its SQL. The functions run in
+the caller's transaction (the dispatcher holds one per send); the use cases (service.py) open
+one through `AlertsStore.transaction()` and call the methods of the `AlertsTx` it yields."""
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -7,11 +11,12 @@ from uuid import UUID, uuid4
 
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
 from pydantic import TypeAdapter
 
 from contracts.alerts_api import Channel, DeliveryStatus, Recipient
 from contracts.common import METRIC_RESOURCE, AlertMetric, Resource
-from contracts.events import QuotaState
+from contracts.events import KeyState, QuotaState
 from services.alerts import domain
 
 Row = dict[str, Any]
@@ -345,3 +350,120 @@ async def mark_read(conn: Conn, account_id: UUID, notification_id: UUID) -> Row 
         (notification_id, account_id),
     )
     return await cur.fetchone()
+
+
+# ---- API keys' ages: the rotation reminder (v2) ---------------------------------------------------
+async def save_key(conn: Conn, state: KeyState) -> None:
+    """Keep each key's age from keys.v1 (the newest state wins; a deleted key stays deleted)."""
+    await conn.execute(
+        """INSERT INTO alerts.keys AS k (key_id, account_id, created_at, created_by, masked_key, deleted, time)
+           VALUES (%s, %s, %s, %s, %s, %s, %s)
+           ON CONFLICT (key_id) DO UPDATE
+              SET created_at = coalesce(excluded.created_at, k.created_at),
+                  created_by = coalesce(excluded.created_by, k.created_by),
+                  masked_key = coalesce(excluded.masked_key, k.masked_key),
+                  deleted = k.deleted OR excluded.deleted,
+                  time = greatest(k.time, excluded.time)""",
+        (state.key_id, state.account_id, state.created_at, state.created_by, state.masked_key, state.deleted, state.time),
+    )
+
+
+async def keys_unreminded(conn: Conn, created_before: datetime, limit: int, key_id: UUID | None = None) -> list[Row]:
+    """Live keys made before `created_before` that have no rotation reminder yet (one, by id)."""
+    cur = await conn.execute(
+        """SELECT k.key_id, k.account_id, k.created_at, k.created_by, k.masked_key FROM alerts.keys k
+            WHERE NOT k.deleted AND k.created_at < %s AND (%s::uuid IS NULL OR k.key_id = %s)
+              AND NOT EXISTS (SELECT 1 FROM alerts.notifications n
+                               WHERE n.kind = 'key_rotation_due' AND n.api_key_id = k.key_id)
+            ORDER BY k.created_at LIMIT %s""",
+        (created_before, key_id, key_id, limit),
+    )
+    return list(await cur.fetchall())
+
+
+async def add_rotation_notification(
+    conn: Conn, key_id: UUID, account_id: UUID, created_by: UUID | None, title: str, message: str, now: datetime
+) -> bool:
+    """The key's one reminder; False when it exists already (another replica, a replay)."""
+    cur = await conn.execute(
+        """INSERT INTO alerts.notifications
+               (id, delivery_id, account_id, created_at, title, message, metric, threshold_pct, links, kind, api_key_id,
+                created_by)
+           VALUES (%s, NULL, %s, %s, %s, %s, NULL, NULL, '{}', 'key_rotation_due', %s, %s)
+           ON CONFLICT (api_key_id) WHERE kind = 'key_rotation_due' DO NOTHING""",
+        (uuid4(), account_id, now, title, message, key_id, created_by),
+    )
+    return cur.rowcount == 1
+
+
+# ---- the use cases' port -------------------------------------------------------------------------
+class AlertsStore:
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self._pool = pool
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator["AlertsTx"]:
+        async with self._pool.connection() as conn, conn.transaction():
+            yield AlertsTx(conn)
+
+
+class AlertsTx:
+    """The statements of one transaction, as the use cases call them."""
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+
+    async def insert_rule(
+        self,
+        account_id: UUID,
+        metric: AlertMetric,
+        threshold_pct: int,
+        channels: list[Channel],
+        recipients: list[Recipient],
+        webhook_secret: str | None = None,
+    ) -> Rule:
+        return await insert_rule(self.conn, account_id, metric, threshold_pct, channels, recipients, webhook_secret)
+
+    async def list_rules(self, account_id: UUID, current_period: str, rule_id: UUID | None = None) -> list[RuleView]:
+        return await list_rules(self.conn, account_id, current_period, rule_id)
+
+    async def delete_rule(self, account_id: UUID, rule_id: UUID) -> bool:
+        return await delete_rule(self.conn, account_id, rule_id)
+
+    async def rule_exists(self, account_id: UUID, rule_id: UUID) -> bool:
+        return await rule_exists(self.conn, account_id, rule_id)
+
+    async def rules_for(self, account_id: UUID, resource: Resource, max_threshold: int) -> list[Rule]:
+        return await rules_for(self.conn, account_id, resource, max_threshold)
+
+    async def save_quota_state(self, state: QuotaState) -> None:
+        await save_quota_state(self.conn, state)
+
+    async def quota_state(self, account_id: UUID, resource: Resource) -> Row | None:
+        return await quota_state(self.conn, account_id, resource)
+
+    async def record_firing(self, firing: Firing) -> list[UUID]:
+        return await record_firing(self.conn, firing)
+
+    async def fired_rules(self, rule_ids: list[UUID], period: str) -> set[UUID]:
+        return await fired_rules(self.conn, rule_ids, period)
+
+    async def list_deliveries(self, account_id: UUID, rule_id: UUID) -> list[Row]:
+        return await list_deliveries(self.conn, account_id, rule_id)
+
+    async def list_notifications(self, account_id: UUID, limit: int, unread_only: bool) -> list[Row]:
+        return await list_notifications(self.conn, account_id, limit, unread_only)
+
+    async def mark_read(self, account_id: UUID, notification_id: UUID) -> Row | None:
+        return await mark_read(self.conn, account_id, notification_id)
+
+    async def save_key(self, state: KeyState) -> None:
+        await save_key(self.conn, state)
+
+    async def keys_unreminded(self, created_before: datetime, limit: int, key_id: UUID | None = None) -> list[Row]:
+        return await keys_unreminded(self.conn, created_before, limit, key_id)
+
+    async def add_rotation_notification(
+        self, key_id: UUID, account_id: UUID, created_by: UUID | None, title: str, message: str, now: datetime
+    ) -> bool:
+        return await add_rotation_notification(self.conn, key_id, account_id, created_by, title, message, now)

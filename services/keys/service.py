@@ -268,7 +268,7 @@ class KeysService:
             now=now,
             masked_key=row["masked_key"],  # metering's activity log shows it
             deleted=deleted,
-        )
+        ).model_copy(update={"created_at": row.get("created_at")})  # alerts' rotation reminder (keys.v1)
 
     async def _roles(self, conn: store.Conn, account_id: UUID) -> list[Role]:
         account = await store.account_by_id(conn, account_id)

@@ -6,13 +6,9 @@ from uuid import UUID
 from fastapi import APIRouter, Depends, Response
 
 from contracts.common import Permission, ServiceScope
-from contracts.errors import ErrorCode
-from contracts.quota_api import InsufficientQuotaDetails, QuotaReport, ReservationCreate, ReservationCreated, quota_links
-from services.edge.component import Runtime
-from services.edge.errors import ApiError, not_found
-from services.edge.principal import Principal
-from services.edge.service_tokens import ServicePrincipal
-from services.quota import domain
+from contracts.domain_errors import NotFound
+from contracts.quota_api import QuotaReport, ReservationCreate, ReservationCreated
+from services.edge import Principal, Runtime, ServicePrincipal
 from services.quota.service import QuotaService
 
 DESCRIPTION = (
@@ -38,25 +34,6 @@ RELEASE_DESCRIPTION = (
 )
 
 
-def _insufficient(refused: domain.InsufficientQuota, console_url: str) -> ApiError:
-    resource = refused.resource
-    details = InsufficientQuotaDetails(
-        resource=resource,
-        used=refused.used,
-        total=refused.total,
-        period_end=refused.period_end,
-        links=quota_links(console_url, resource),
-    )
-    return ApiError(
-        403,
-        ErrorCode.INSUFFICIENT_QUOTA,
-        f"The {resource.value} quota cannot hold a reservation of this size: used {refused.used} + reserved "
-        f"{refused.reserved} of {refused.total}; upgrade the plan or buy a quota package.",
-        # The contract's details, plus what open reservations hold (why used < total can still refuse).
-        details={**details.model_dump(mode="json"), "reserved": refused.reserved},
-    )
-
-
 def build_router(runtime: Runtime, service: QuotaService) -> APIRouter:
     router = APIRouter(tags=["quota"])
     reader = Depends(runtime.edge.requires(Permission.QUOTA_READ))
@@ -70,10 +47,7 @@ def build_router(runtime: Runtime, service: QuotaService) -> APIRouter:
 
     @router.post("/api/quota/reservations", status_code=201, description=RESERVE_DESCRIPTION)
     async def reserve(body: ReservationCreate, caller: Annotated[ServicePrincipal, Depends(usage_writer)]) -> ReservationCreated:
-        try:
-            made = await service.reserve(body.account_id, body.resource, body.amount, body.ttl_seconds, caller.token_id)
-        except domain.InsufficientQuota as refused:
-            raise _insufficient(refused, runtime.settings.console_url) from None
+        made = await service.reserve(body.account_id, body.resource, body.amount, body.ttl_seconds, caller.token_id)
         return ReservationCreated(id=made.id, expires_at=made.expires_at)
 
     @router.delete(
@@ -81,7 +55,7 @@ def build_router(runtime: Runtime, service: QuotaService) -> APIRouter:
     )
     async def release(reservation_id: UUID, caller: Annotated[ServicePrincipal, Depends(usage_writer)]) -> Response:
         if not await service.release(reservation_id, caller.token_id):
-            raise not_found("reservation")
+            raise NotFound("reservation")
         return Response(status_code=204)
 
     return router

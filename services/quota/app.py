@@ -1,30 +1,34 @@
 """Wiring of the quota service."""
 
+import logging
 from pathlib import Path
-from weakref import WeakKeyDictionary
 
-from services.edge.component import Component, Runtime
+from services.edge import Component, Runtime
 from services.quota import api, consumers
-from services.quota.domain import system_clock
+from services.quota.publisher import KafkaPublisher
 from services.quota.service import QuotaService
-from services.quota.sweeper import ReservationSweeper
+from services.quota.store import QuotaStore
+from services.runtime.platform.periodic import Periodic
 
-_SERVICES: "WeakKeyDictionary[Runtime, QuotaService]" = WeakKeyDictionary()
+log = logging.getLogger(__name__)
 
 
-def service_of(runtime: Runtime) -> QuotaService:
-    """The quota service of a running app (tests swap its clock to change periods)."""
-    return _SERVICES[runtime]
+def quota_service(runtime: Runtime) -> QuotaService:
+    """The use cases on the runtime's Postgres, Kafka and clock (tests and benchmarks build one too)."""
+    settings = runtime.settings
+    return QuotaService(
+        QuotaStore(runtime.pool), KafkaPublisher(runtime.broker, settings), runtime.clock, settings.tz, settings.console_url
+    )
 
 
 def build(runtime: Runtime) -> Component:
-    service = QuotaService(runtime.pool, runtime.broker, runtime.settings, system_clock)
-    _SERVICES[runtime] = service
-    sweeper = ReservationSweeper(service)
+    service = quota_service(runtime)
+    # Releases reservations at their expiry; one replica at a time does the work (QuotaService.expire).
+    sweeper = Periodic("quota:reservation-sweeper", 1.0, service.expire_all, what="expiring reservations", log=log)
     return Component(
         name="quota",
         router=api.build_router(runtime, service),
-        subscribers=consumers.build_router(service),
+        subscribers=consumers.build_router(service, runtime.broker, runtime.settings),
         migrations=Path(__file__).parent / "migrations",
         on_start=[sweeper.start],
         on_stop=[sweeper.stop],

@@ -1,6 +1,6 @@
 """Pure quota rules: periods, totals, usage rates, bands, blocks and threshold crossings."""
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
@@ -8,35 +8,15 @@ from typing import Literal
 from uuid import UUID, uuid5
 from zoneinfo import ZoneInfo
 
-from contracts.common import STOCK_RESOURCES, Resource
+from contracts.common import Resource
+from contracts.domain_errors import Forbidden
+from contracts.errors import ErrorCode
 from contracts.events import CallEvent, UsageEvent
-from contracts.quota_api import counts_as_api_call
+from contracts.period import period_of
+from contracts.quota_api import InsufficientQuotaDetails, counts_as_api_call, quota_links
 
-Clock = Callable[[], datetime]
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _THRESHOLD_NS = UUID("6f1d3f0e-4a59-4f53-9a43-2f4a1f0c5b11")
-
-
-def system_clock() -> datetime:
-    return datetime.now(UTC)
-
-
-def period_of(moment: datetime, tz: ZoneInfo) -> str:
-    """`YYYY-MM`: the calendar month in the platform zone that `moment` falls in."""
-    local = moment.astimezone(tz)
-    return f"{local.year:04d}-{local.month:02d}"
-
-
-def period_bounds(period: str, tz: ZoneInfo) -> tuple[datetime, datetime]:
-    """[start, end) of a period: day 1 00:00 local time of the month and of the next month."""
-    year, month = (int(p) for p in period.split("-"))
-    start = datetime(year, month, 1, tzinfo=tz)
-    end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=tz)
-    return start, end
-
-
-def is_stock(resource: Resource) -> bool:
-    return resource in STOCK_RESOURCES
 
 
 # Refused calls (bad credentials, roles, quota, rate limit) used nothing, so they do not count
@@ -114,15 +94,25 @@ def fits(used: int, reserved: int, amount: int, total: int) -> bool:
     return used + reserved + amount <= total
 
 
-@dataclass
-class InsufficientQuota(Exception):
-    """A reservation that does not fit: the figures the 403 names."""
+class InsufficientQuota(Forbidden):
+    """A reservation that does not fit: 403 insufficient_quota with the contract's details, plus
+    what open reservations hold (why used < total can still refuse)."""
 
-    resource: Resource
-    used: int
-    reserved: int
-    total: int
-    period_end: datetime
+    def __init__(self, resource: Resource, used: int, reserved: int, total: int, period_end: datetime, console_url: str) -> None:
+        details = InsufficientQuotaDetails(
+            resource=resource, used=used, total=total, period_end=period_end, links=quota_links(console_url, resource)
+        )
+        super().__init__(
+            f"The {resource.value} quota cannot hold a reservation of this size: used {used} + reserved "
+            f"{reserved} of {total}; upgrade the plan or buy a quota package.",
+            code=ErrorCode.INSUFFICIENT_QUOTA,
+            details={**details.model_dump(mode="json"), "reserved": reserved},
+        )
+        self.resource = resource
+        self.used = used
+        self.reserved = reserved
+        self.total = total
+        self.period_end = period_end
 
 
 def crossing(mark: int, used: int, total: int) -> int | None:

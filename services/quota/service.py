@@ -12,17 +12,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID, uuid4
+from zoneinfo import ZoneInfo
 
-from faststream.kafka import KafkaBroker
-from psycopg_pool import AsyncConnectionPool
-
+from contracts.clock import Clock
 from contracts.common import Resource
 from contracts.events import CallEvent, PackagePurchased, PlanChanged, QuotaState, QuotaThresholdCrossed, UsageEvent
+from contracts.period import period_bounds, period_of
 from contracts.quota_api import PeriodRange, QuotaItem, QuotaReport
 from contracts.topics import QUOTA, QUOTA_THRESHOLDS
-from services.quota import domain, store
-from services.quota.domain import Clock
-from services.runtime.platform.settings import Settings
+from services.quota import domain
+from services.quota.publisher import KafkaPublisher
+from services.quota.store import QuotaStore, QuotaTx
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,15 +35,15 @@ class Reservation:
 
 
 class QuotaService:
-    def __init__(self, pool: AsyncConnectionPool, broker: KafkaBroker, settings: Settings, clock: Clock) -> None:
-        self.pool = pool
-        self.broker = broker
-        self.settings = settings
-        # Swappable on purpose: tests move the service into another period.
-        self.clock = clock
+    def __init__(self, store: QuotaStore, publisher: KafkaPublisher, clock: Clock, tz: ZoneInfo, console_url: str) -> None:
+        self._store = store
+        self._publisher = publisher
+        self._clock = clock
+        self._tz = tz
+        self._console_url = console_url  # the links of a refusal's details
 
     def current_period(self) -> str:
-        return domain.period_of(self.clock(), self.settings.tz)
+        return period_of(self._clock(), self._tz)
 
     # ---- consumption -------------------------------------------------------------------------
     async def count(self, events: list[UsageEvent | CallEvent]) -> None:
@@ -51,21 +51,20 @@ class QuotaService:
         if not events:
             return
         period = self.current_period()
-        async with self.pool.connection() as conn, conn.transaction():
-            await store.lock_accounts(conn, (e.account_id for e in events))
-            fresh = await store.mark_processed(conn, list({e.id for e in events}))
+        async with self._store.transaction() as tx:
+            await tx.lock_accounts(e.account_id for e in events)
+            fresh = await tx.mark_processed(list({e.id for e in events}))
             unique = {e.id: e for e in events if e.id in fresh}  # a batch may hold one event twice
-            await store.add_deltas(conn, domain.deltas(unique.values(), self.settings.tz))
+            await tx.add_deltas(domain.deltas(unique.values(), self._tz))
             # A counted usage event settles its reservation: the actual quantity is now in `used`
             # and the held amount is released (only for fresh events: idempotent on the event id).
-            released = await store.settle_reservations(
-                conn,
+            released = await tx.settle_reservations(
                 ((e.reservation_id, e.account_id) for e in unique.values() if isinstance(e, UsageEvent) and e.reservation_id),
             )
             # Re-publish even for duplicates: a crash after publishing and before committing
             # offsets leaves nothing to recount but the state may never have been sent.
             touched = {(e.account_id, r) for e in events for r in self._resources_of(e)} | released
-            await self._publish_states(conn, touched, period)
+            await self._publish_states(tx, touched, period)
 
     @staticmethod
     def _resources_of(event: UsageEvent | CallEvent) -> Iterable[Resource]:
@@ -73,20 +72,20 @@ class QuotaService:
 
     async def apply_plan(self, event: PlanChanged) -> None:
         period = self.current_period()
-        async with self.pool.connection() as conn, conn.transaction():
-            await store.lock_accounts(conn, [event.account_id])
-            await store.mark_processed(conn, [event.id])
-            changed = await store.set_plan(conn, event.account_id, event.plan, event.quotas, event.time)
+        async with self._store.transaction() as tx:
+            await tx.lock_accounts([event.account_id])
+            await tx.mark_processed([event.id])
+            changed = await tx.set_plan(event.account_id, event.plan, event.quotas, event.time)
             touched = {(event.account_id, r) for r in Resource}
-            await self._publish_states(conn, touched, period, totals_changed=changed)
+            await self._publish_states(tx, touched, period, totals_changed=changed)
 
     async def apply_package(self, event: PackagePurchased) -> None:
         period = self.current_period()
-        async with self.pool.connection() as conn, conn.transaction():
-            await store.lock_accounts(conn, [event.account_id])
-            await store.mark_processed(conn, [event.id])
-            added = await store.add_package(conn, event.order_id, event.account_id, event.resource, event.period, event.amount)
-            await self._publish_states(conn, {(event.account_id, event.resource)}, period, totals_changed=added)
+        async with self._store.transaction() as tx:
+            await tx.lock_accounts([event.account_id])
+            await tx.mark_processed([event.id])
+            added = await tx.add_package(event.order_id, event.account_id, event.resource, event.period, event.amount)
+            await self._publish_states(tx, {(event.account_id, event.resource)}, period, totals_changed=added)
 
     # ---- reservations (v2) ----------------------------------------------------------------------
     async def reserve(
@@ -95,64 +94,71 @@ class QuotaService:
         """Hold `amount` of `resource` for `ttl_seconds`, or raise InsufficientQuota when
         used + reserved + amount > total. Under the account's row lock, so concurrent reservations
         on any number of replicas are judged one after the other."""
-        now = self.clock()
+        now = self._clock()
         period = self.current_period()
-        async with self.pool.connection() as conn, conn.transaction():
-            await store.lock_accounts(conn, [account_id])
-            line = (await store.lines(conn, account_id, period))[resource]
-            held = (await store.reserved(conn, account_id, now))[resource]
+        async with self._store.transaction() as tx:
+            await tx.lock_accounts([account_id])
+            line = (await tx.lines(account_id, period))[resource]
+            held = (await tx.reserved(account_id, now))[resource]
             if not domain.fits(line.used, held, amount, line.total):
-                end = domain.period_bounds(period, self.settings.tz)[1]
-                raise domain.InsufficientQuota(resource, line.used, held, line.total, end)
+                end = period_bounds(period, self._tz)[1]
+                raise domain.InsufficientQuota(resource, line.used, held, line.total, end, self._console_url)
             reservation = Reservation(uuid4(), account_id, resource, amount, now + timedelta(seconds=ttl_seconds))
-            await store.add_reservation(conn, reservation.id, account_id, resource, amount, owner_id, now, reservation.expires_at)
-            await self._publish_states(conn, {(account_id, resource)}, period)
+            await tx.add_reservation(reservation.id, account_id, resource, amount, owner_id, now, reservation.expires_at)
+            await self._publish_states(tx, {(account_id, resource)}, period)
         return reservation
 
     async def release(self, reservation_id: UUID, owner_id: UUID | None = None) -> bool:
         """Release an open reservation early; False when there is none of this owner by that id."""
         period = self.current_period()
-        async with self.pool.connection() as conn, conn.transaction():
-            account_id = await store.reservation_account(conn, reservation_id, owner_id)
+        async with self._store.transaction() as tx:
+            account_id = await tx.reservation_account(reservation_id, owner_id)
             if account_id is None:
                 return False
-            await store.lock_accounts(conn, [account_id])  # first the account, as every writer does
-            resource = await store.delete_reservation(conn, reservation_id, owner_id)
+            await tx.lock_accounts([account_id])  # first the account, as every writer does
+            resource = await tx.delete_reservation(reservation_id, owner_id)
             if resource is None:  # settled or expired meanwhile
                 return False
-            await self._publish_states(conn, {(account_id, resource)}, period)
+            await self._publish_states(tx, {(account_id, resource)}, period)
         return True
 
     async def expire(self, limit: int = 500) -> int:
         """One sweep: drop reservations past their expiry and publish the freed states; returns
         how many (account, resource) states changed. One replica sweeps at a time (advisory
         try-lock, as services/runtime/platform/pruner.py); the others skip the pass."""
-        now = self.clock()
+        now = self._clock()
         period = self.current_period()
-        async with self.pool.connection() as conn, conn.transaction():
-            if not await store.try_lock(conn, "quota.reservations.expire"):
+        async with self._store.transaction() as tx:
+            if not await tx.try_lock("quota.reservations.expire"):
                 return 0
-            accounts = await store.expired_accounts(conn, now, limit)
+            accounts = await tx.expired_accounts(now, limit)
             if not accounts:
                 return 0
-            await store.lock_accounts(conn, accounts)
-            freed = await store.delete_expired(conn, accounts, now)
-            await self._publish_states(conn, freed, period)
+            await tx.lock_accounts(accounts)
+            freed = await tx.delete_expired(accounts, now)
+            await self._publish_states(tx, freed, period)
         return len(freed)
+
+    async def expire_all(self) -> None:
+        """The sweeper's pass (every second, services/runtime/platform/periodic.py): sweep until
+        nothing is left. Expired reservations stop counting at their expiry even before a pass
+        (quota reads only unexpired ones); the pass publishes the freed states."""
+        while await self.expire() > 0:
+            pass  # more than one chunk expired: go on at once
 
     # ---- publication ---------------------------------------------------------------------------
     async def _publish_states(
-        self, conn: store.Conn, touched: set[tuple[UUID, Resource]], period: str, *, totals_changed: bool = False
+        self, tx: QuotaTx, touched: set[tuple[UUID, Resource]], period: str, *, totals_changed: bool = False
     ) -> None:
-        now = self.clock()
+        now = self._clock()
         sends = []
         by_account: dict[UUID, set[Resource]] = {}
         for account_id, resource in touched:
             by_account.setdefault(account_id, set()).add(resource)
         for account_id, resources in sorted(by_account.items()):
-            lines = await store.lines(conn, account_id, period)
-            held = await store.reserved(conn, account_id, now)
-            marks = await store.marks(conn, account_id, period)
+            lines = await tx.lines(account_id, period)
+            held = await tx.reserved(account_id, now)
+            marks = await tx.marks(account_id, period)
             for resource in sorted(resources):
                 line = lines[resource]
                 state = QuotaState(
@@ -167,15 +173,15 @@ class QuotaService:
                     reserved=held[resource],
                     blocked=domain.is_blocked(line.used, held[resource], line.total),
                 )
-                sends.append(self._send(QUOTA.name, f"{account_id}:{resource.value}", state.model_dump_json()))
+                sends.append(self._publisher.publish(QUOTA, f"{account_id}:{resource.value}", state.model_dump_json()))
                 mark = marks.get(resource, 0)
                 if totals_changed:
                     # A bigger total lowers the rate: later crossings are announced from there.
-                    await store.set_mark(conn, account_id, resource, period, domain.percent_floor(line.used, line.total))
+                    await tx.set_mark(account_id, resource, period, domain.percent_floor(line.used, line.total))
                     continue
                 pct = domain.crossing(mark, line.used, line.total)
                 if pct is not None:
-                    await store.set_mark(conn, account_id, resource, period, pct)
+                    await tx.set_mark(account_id, resource, period, pct)
                     crossed = QuotaThresholdCrossed(
                         id=domain.threshold_event_id(account_id, resource, period, pct),
                         time=now,
@@ -186,19 +192,15 @@ class QuotaService:
                         used=line.used,
                         total=line.total,
                     )
-                    sends.append(self._send(QUOTA_THRESHOLDS.name, str(account_id), crossed.model_dump_json()))
+                    sends.append(self._publisher.publish(QUOTA_THRESHOLDS, str(account_id), crossed.model_dump_json()))
         await asyncio.gather(*sends)
-
-    async def _send(self, topic: str, key: str, payload: str) -> None:
-        await self.broker.publish(payload.encode(), self.settings.topic(topic), key=key.encode())
 
     # ---- queries -------------------------------------------------------------------------------
     async def report(self, account_id: UUID) -> QuotaReport:
         period = self.current_period()
-        start, end = domain.period_bounds(period, self.settings.tz)
-        async with self.pool.connection() as conn:
-            lines = await store.lines(conn, account_id, period)
-            await conn.rollback()
+        start, end = period_bounds(period, self._tz)
+        async with self._store.transaction() as tx:  # read only: nothing to commit
+            lines = await tx.lines(account_id, period)
         items = []
         for resource in Resource:
             line = lines[resource]

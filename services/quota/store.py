@@ -1,18 +1,22 @@
-"""The quota service's Postgres adapter (schema `quota`). Every function runs inside the
-caller's transaction, so counters, idempotency marks and threshold marks commit together."""
+"""The quota service's Postgres adapter (schema `quota`): ALL its SQL. A use case opens one
+`transaction()` and calls the methods of the `QuotaTx` it yields, so counters, idempotency marks,
+reservations and threshold marks commit together (or not at all)."""
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
 
 from contracts.common import STOCK_RESOURCES, Resource, Tier
 from contracts.plans import catalogue
 from services.quota.domain import EPOCH, Delta
+from services.runtime.platform.postgres import try_xact_lock
 
 Conn = AsyncConnection[Any]  # dict rows (see services/runtime/platform/postgres.py)
 _STOCKS = [r.value for r in STOCK_RESOURCES]
@@ -26,207 +30,210 @@ class Line:
     watermark: datetime
 
 
-async def mark_processed(conn: Conn, event_ids: list[UUID]) -> set[UUID]:
-    """Record event ids; returns those not seen before (the ones to count)."""
-    if not event_ids:
-        return set()
-    cur = await conn.execute(
-        "INSERT INTO quota.processed_events (event_id) SELECT unnest(%s::uuid[]) ON CONFLICT DO NOTHING RETURNING event_id",
-        (event_ids,),
-    )
-    return {row["event_id"] for row in await cur.fetchall()}
+class QuotaStore:
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self._pool = pool
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator["QuotaTx"]:
+        async with self._pool.connection() as conn, conn.transaction():
+            yield QuotaTx(conn)
 
 
-async def lock_accounts(conn: Conn, account_ids: Iterable[UUID]) -> None:
-    """Serialise writers per account (in id order, so two batches never deadlock)."""
-    ordered = sorted(set(account_ids))
-    if not ordered:
-        return
-    await conn.execute("INSERT INTO quota.accounts (account_id) SELECT unnest(%s::uuid[]) ON CONFLICT DO NOTHING", (ordered,))
-    await conn.execute(
-        "SELECT account_id FROM quota.accounts WHERE account_id = ANY(%s) ORDER BY account_id FOR UPDATE", (ordered,)
-    )
+class QuotaTx:
+    """The statements of one transaction (the account rows it locks stay locked until its end)."""
 
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
 
-async def add_deltas(conn: Conn, deltas: list[Delta]) -> None:
-    if not deltas:
-        return
-    ordered = sorted(deltas, key=lambda d: (d.account_id, d.resource, d.period))
-    await conn.execute(
-        """
-        INSERT INTO quota.counters (account_id, resource, period, used, last_event_time)
-        SELECT * FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::bigint[], %s::timestamptz[])
-        ON CONFLICT (account_id, resource, period) DO UPDATE
-           SET used = quota.counters.used + EXCLUDED.used,
-               last_event_time = GREATEST(quota.counters.last_event_time, EXCLUDED.last_event_time)
-        """,
-        (
-            [d.account_id for d in ordered],
-            [d.resource.value for d in ordered],
-            [d.period for d in ordered],
-            [d.quantity for d in ordered],
-            [d.last_time for d in ordered],
-        ),
-    )
+    async def mark_processed(self, event_ids: list[UUID]) -> set[UUID]:
+        """Record event ids; returns those not seen before (the ones to count)."""
+        if not event_ids:
+            return set()
+        cur = await self.conn.execute(
+            "INSERT INTO quota.processed_events (event_id) SELECT unnest(%s::uuid[]) ON CONFLICT DO NOTHING RETURNING event_id",
+            (event_ids,),
+        )
+        return {row["event_id"] for row in await cur.fetchall()}
 
+    async def lock_accounts(self, account_ids: Iterable[UUID]) -> None:
+        """Serialise writers per account (in id order, so two batches never deadlock)."""
+        ordered = sorted(set(account_ids))
+        if not ordered:
+            return
+        await self.conn.execute(
+            "INSERT INTO quota.accounts (account_id) SELECT unnest(%s::uuid[]) ON CONFLICT DO NOTHING", (ordered,)
+        )
+        await self.conn.execute(
+            "SELECT account_id FROM quota.accounts WHERE account_id = ANY(%s) ORDER BY account_id FOR UPDATE", (ordered,)
+        )
 
-async def set_plan(conn: Conn, account_id: UUID, plan: Tier, quotas: Mapping[Resource, int], time: datetime) -> bool:
-    """Apply a plan change unless a later one is already in place (events may come reordered)."""
-    cur = await conn.execute(
-        """
-        UPDATE quota.accounts SET plan = %s, quotas = %s, plan_time = %s
-         WHERE account_id = %s AND (plan_time IS NULL OR plan_time < %s)
-        """,
-        (plan.value, json.dumps({r.value: n for r, n in quotas.items()}), time, account_id, time),
-    )
-    return cur.rowcount > 0
+    async def add_deltas(self, deltas: list[Delta]) -> None:
+        if not deltas:
+            return
+        ordered = sorted(deltas, key=lambda d: (d.account_id, d.resource, d.period))
+        await self.conn.execute(
+            """
+            INSERT INTO quota.counters (account_id, resource, period, used, last_event_time)
+            SELECT * FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::bigint[], %s::timestamptz[])
+            ON CONFLICT (account_id, resource, period) DO UPDATE
+               SET used = quota.counters.used + EXCLUDED.used,
+                   last_event_time = GREATEST(quota.counters.last_event_time, EXCLUDED.last_event_time)
+            """,
+            (
+                [d.account_id for d in ordered],
+                [d.resource.value for d in ordered],
+                [d.period for d in ordered],
+                [d.quantity for d in ordered],
+                [d.last_time for d in ordered],
+            ),
+        )
 
+    async def set_plan(self, account_id: UUID, plan: Tier, quotas: Mapping[Resource, int], time: datetime) -> bool:
+        """Apply a plan change unless a later one is already in place (events may come reordered)."""
+        cur = await self.conn.execute(
+            """
+            UPDATE quota.accounts SET plan = %s, quotas = %s, plan_time = %s
+             WHERE account_id = %s AND (plan_time IS NULL OR plan_time < %s)
+            """,
+            (plan.value, json.dumps({r.value: n for r, n in quotas.items()}), time, account_id, time),
+        )
+        return cur.rowcount > 0
 
-async def add_package(conn: Conn, order_id: UUID, account_id: UUID, resource: Resource, period: str, amount: int) -> bool:
-    cur = await conn.execute(
-        """
-        INSERT INTO quota.packages (order_id, account_id, resource, period, amount) VALUES (%s, %s, %s, %s, %s)
-        ON CONFLICT (order_id) DO NOTHING
-        """,
-        (order_id, account_id, resource.value, period, amount),
-    )
-    return cur.rowcount > 0
+    async def add_package(self, order_id: UUID, account_id: UUID, resource: Resource, period: str, amount: int) -> bool:
+        cur = await self.conn.execute(
+            """
+            INSERT INTO quota.packages (order_id, account_id, resource, period, amount) VALUES (%s, %s, %s, %s, %s)
+            ON CONFLICT (order_id) DO NOTHING
+            """,
+            (order_id, account_id, resource.value, period, amount),
+        )
+        return cur.rowcount > 0
 
+    async def lines(self, account_id: UUID, period: str) -> dict[Resource, Line]:
+        """Total and used of every resource in `period`: flows count that period, stocks their level."""
+        cur = await self.conn.execute("SELECT quotas FROM quota.accounts WHERE account_id = %s", (account_id,))
+        row = await cur.fetchone()
+        plan_quotas: Mapping[str, int] = (
+            row["quotas"] if row and row["quotas"] else {r.value: n for r, n in catalogue()[Tier.FREE].quotas.items()}
+        )
+        cur = await self.conn.execute(
+            """
+            SELECT resource, sum(amount)::bigint AS amount FROM quota.packages
+             WHERE account_id = %s AND period = %s GROUP BY resource
+            """,
+            (account_id, period),
+        )
+        packages = {r["resource"]: int(r["amount"]) for r in await cur.fetchall()}
+        cur = await self.conn.execute(
+            """
+            SELECT resource, sum(used)::bigint AS used, max(last_event_time) AS watermark FROM quota.counters
+             WHERE account_id = %s AND (period = %s OR (resource = ANY(%s) AND period <= %s))
+             GROUP BY resource
+            """,
+            (account_id, period, _STOCKS, period),
+        )
+        counted = {r["resource"]: (int(r["used"]), r["watermark"]) for r in await cur.fetchall()}
+        result: dict[Resource, Line] = {}
+        for resource in Resource:
+            used, watermark = counted.get(resource.value, (0, EPOCH))
+            total = int(plan_quotas.get(resource.value, 0)) + packages.get(resource.value, 0)
+            result[resource] = Line(resource, total, max(used, 0), watermark)
+        return result
 
-async def lines(conn: Conn, account_id: UUID, period: str) -> dict[Resource, Line]:
-    """Total and used of every resource in `period`: flows count that period, stocks their level."""
-    cur = await conn.execute("SELECT quotas FROM quota.accounts WHERE account_id = %s", (account_id,))
-    row = await cur.fetchone()
-    plan_quotas: Mapping[str, int] = (
-        row["quotas"] if row and row["quotas"] else {r.value: n for r, n in catalogue()[Tier.FREE].quotas.items()}
-    )
-    cur = await conn.execute(
-        """
-        SELECT resource, sum(amount)::bigint AS amount FROM quota.packages
-         WHERE account_id = %s AND period = %s GROUP BY resource
-        """,
-        (account_id, period),
-    )
-    packages = {r["resource"]: int(r["amount"]) for r in await cur.fetchall()}
-    cur = await conn.execute(
-        """
-        SELECT resource, sum(used)::bigint AS used, max(last_event_time) AS watermark FROM quota.counters
-         WHERE account_id = %s AND (period = %s OR (resource = ANY(%s) AND period <= %s))
-         GROUP BY resource
-        """,
-        (account_id, period, _STOCKS, period),
-    )
-    counted = {r["resource"]: (int(r["used"]), r["watermark"]) for r in await cur.fetchall()}
-    result: dict[Resource, Line] = {}
-    for resource in Resource:
-        used, watermark = counted.get(resource.value, (0, EPOCH))
-        total = int(plan_quotas.get(resource.value, 0)) + packages.get(resource.value, 0)
-        result[resource] = Line(resource, total, max(used, 0), watermark)
-    return result
+    async def marks(self, account_id: UUID, period: str) -> dict[Resource, int]:
+        cur = await self.conn.execute(
+            "SELECT resource, pct FROM quota.threshold_marks WHERE account_id = %s AND period = %s", (account_id, period)
+        )
+        return {Resource(r["resource"]): int(r["pct"]) for r in await cur.fetchall()}
 
+    async def set_mark(self, account_id: UUID, resource: Resource, period: str, pct: int) -> None:
+        await self.conn.execute(
+            """
+            INSERT INTO quota.threshold_marks (account_id, resource, period, pct) VALUES (%s, %s, %s, %s)
+            ON CONFLICT (account_id, resource, period) DO UPDATE SET pct = EXCLUDED.pct
+            """,
+            (account_id, resource.value, period, pct),
+        )
 
-async def marks(conn: Conn, account_id: UUID, period: str) -> dict[Resource, int]:
-    cur = await conn.execute(
-        "SELECT resource, pct FROM quota.threshold_marks WHERE account_id = %s AND period = %s", (account_id, period)
-    )
-    return {Resource(r["resource"]): int(r["pct"]) for r in await cur.fetchall()}
+    # ---- reservations (v2) ----
+    async def reserved(self, account_id: UUID, now: datetime) -> dict[Resource, int]:
+        """Open reservations per resource: those not yet expired at `now` (the sweeper deletes the
+        expired ones soon after, but they stop counting at their expiry, not at the sweep)."""
+        cur = await self.conn.execute(
+            """
+            SELECT resource, sum(amount)::bigint AS amount FROM quota.reservations
+             WHERE account_id = %s AND expires_at > %s GROUP BY resource
+            """,
+            (account_id, now),
+        )
+        found = {r["resource"]: int(r["amount"]) for r in await cur.fetchall()}
+        return {resource: found.get(resource.value, 0) for resource in Resource}
 
+    async def add_reservation(
+        self,
+        reservation_id: UUID,
+        account_id: UUID,
+        resource: Resource,
+        amount: int,
+        owner_id: UUID | None,
+        created_at: datetime,
+        expires_at: datetime,
+    ) -> None:
+        await self.conn.execute(
+            """
+            INSERT INTO quota.reservations (id, account_id, resource, amount, owner_id, created_at, expires_at)
+            VALUES (%s, %s, %s, %s, %s, %s, %s)
+            """,
+            (reservation_id, account_id, resource.value, amount, owner_id, created_at, expires_at),
+        )
 
-async def set_mark(conn: Conn, account_id: UUID, resource: Resource, period: str, pct: int) -> None:
-    await conn.execute(
-        """
-        INSERT INTO quota.threshold_marks (account_id, resource, period, pct) VALUES (%s, %s, %s, %s)
-        ON CONFLICT (account_id, resource, period) DO UPDATE SET pct = EXCLUDED.pct
-        """,
-        (account_id, resource.value, period, pct),
-    )
+    async def reservation_account(self, reservation_id: UUID, owner_id: UUID | None) -> UUID | None:
+        """The account of an open reservation made by `owner_id` (None: unknown, or another owner's)."""
+        cur = await self.conn.execute(
+            "SELECT account_id FROM quota.reservations WHERE id = %s AND owner_id IS NOT DISTINCT FROM %s::uuid",
+            (reservation_id, owner_id),
+        )
+        row = await cur.fetchone()
+        return None if row is None else UUID(str(row["account_id"]))
 
+    async def delete_reservation(self, reservation_id: UUID, owner_id: UUID | None) -> Resource | None:
+        cur = await self.conn.execute(
+            "DELETE FROM quota.reservations WHERE id = %s AND owner_id IS NOT DISTINCT FROM %s::uuid RETURNING resource",
+            (reservation_id, owner_id),
+        )
+        row = await cur.fetchone()
+        return None if row is None else Resource(row["resource"])
 
-# ---- reservations (v2) -----------------------------------------------------------------------
-async def reserved(conn: Conn, account_id: UUID, now: datetime) -> dict[Resource, int]:
-    """Open reservations per resource: those not yet expired at `now` (the sweeper deletes the
-    expired ones soon after, but they stop counting at their expiry, not at the sweep)."""
-    cur = await conn.execute(
-        """
-        SELECT resource, sum(amount)::bigint AS amount FROM quota.reservations
-         WHERE account_id = %s AND expires_at > %s GROUP BY resource
-        """,
-        (account_id, now),
-    )
-    found = {r["resource"]: int(r["amount"]) for r in await cur.fetchall()}
-    return {resource: found.get(resource.value, 0) for resource in Resource}
+    async def settle_reservations(self, settled: Iterable[tuple[UUID, UUID]]) -> set[tuple[UUID, Resource]]:
+        """Release the reservations named by counted usage events ((reservation id, account id) pairs:
+        an event settles only a reservation of its own account). Unknown or expired ids are ignored."""
+        pairs = sorted(set(settled))
+        if not pairs:
+            return set()
+        cur = await self.conn.execute(
+            """
+            DELETE FROM quota.reservations r USING unnest(%s::uuid[], %s::uuid[]) AS s(id, account_id)
+             WHERE r.id = s.id AND r.account_id = s.account_id
+            RETURNING r.account_id, r.resource
+            """,
+            ([p[0] for p in pairs], [p[1] for p in pairs]),
+        )
+        return {(UUID(str(r["account_id"])), Resource(r["resource"])) for r in await cur.fetchall()}
 
+    async def expired_accounts(self, now: datetime, limit: int) -> list[UUID]:
+        cur = await self.conn.execute(
+            "SELECT DISTINCT account_id FROM quota.reservations WHERE expires_at <= %s LIMIT %s", (now, limit)
+        )
+        return sorted(UUID(str(r["account_id"])) for r in await cur.fetchall())
 
-async def add_reservation(
-    conn: Conn,
-    reservation_id: UUID,
-    account_id: UUID,
-    resource: Resource,
-    amount: int,
-    owner_id: UUID | None,
-    created_at: datetime,
-    expires_at: datetime,
-) -> None:
-    await conn.execute(
-        """
-        INSERT INTO quota.reservations (id, account_id, resource, amount, owner_id, created_at, expires_at)
-        VALUES (%s, %s, %s, %s, %s, %s, %s)
-        """,
-        (reservation_id, account_id, resource.value, amount, owner_id, created_at, expires_at),
-    )
+    async def delete_expired(self, account_ids: list[UUID], now: datetime) -> set[tuple[UUID, Resource]]:
+        cur = await self.conn.execute(
+            "DELETE FROM quota.reservations WHERE account_id = ANY(%s) AND expires_at <= %s RETURNING account_id, resource",
+            (account_ids, now),
+        )
+        return {(UUID(str(r["account_id"])), Resource(r["resource"])) for r in await cur.fetchall()}
 
-
-async def reservation_account(conn: Conn, reservation_id: UUID, owner_id: UUID | None) -> UUID | None:
-    """The account of an open reservation made by `owner_id` (None: unknown, or another owner's)."""
-    cur = await conn.execute(
-        "SELECT account_id FROM quota.reservations WHERE id = %s AND owner_id IS NOT DISTINCT FROM %s::uuid",
-        (reservation_id, owner_id),
-    )
-    row = await cur.fetchone()
-    return None if row is None else UUID(str(row["account_id"]))
-
-
-async def delete_reservation(conn: Conn, reservation_id: UUID, owner_id: UUID | None) -> Resource | None:
-    cur = await conn.execute(
-        "DELETE FROM quota.reservations WHERE id = %s AND owner_id IS NOT DISTINCT FROM %s::uuid RETURNING resource",
-        (reservation_id, owner_id),
-    )
-    row = await cur.fetchone()
-    return None if row is None else Resource(row["resource"])
-
-
-async def settle_reservations(conn: Conn, settled: Iterable[tuple[UUID, UUID]]) -> set[tuple[UUID, Resource]]:
-    """Release the reservations named by counted usage events ((reservation id, account id) pairs:
-    an event settles only a reservation of its own account). Unknown or expired ids are ignored."""
-    pairs = sorted(set(settled))
-    if not pairs:
-        return set()
-    cur = await conn.execute(
-        """
-        DELETE FROM quota.reservations r USING unnest(%s::uuid[], %s::uuid[]) AS s(id, account_id)
-         WHERE r.id = s.id AND r.account_id = s.account_id
-        RETURNING r.account_id, r.resource
-        """,
-        ([p[0] for p in pairs], [p[1] for p in pairs]),
-    )
-    return {(UUID(str(r["account_id"])), Resource(r["resource"])) for r in await cur.fetchall()}
-
-
-async def try_lock(conn: Conn, name: str) -> bool:
-    """A transaction-scoped advisory try-lock: False when another replica holds it."""
-    cur = await conn.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s)) AS mine", (name,))
-    row = await cur.fetchone()
-    return bool(row and row["mine"])
-
-
-async def expired_accounts(conn: Conn, now: datetime, limit: int) -> list[UUID]:
-    cur = await conn.execute("SELECT DISTINCT account_id FROM quota.reservations WHERE expires_at <= %s LIMIT %s", (now, limit))
-    return sorted(UUID(str(r["account_id"])) for r in await cur.fetchall())
-
-
-async def delete_expired(conn: Conn, account_ids: list[UUID], now: datetime) -> set[tuple[UUID, Resource]]:
-    cur = await conn.execute(
-        "DELETE FROM quota.reservations WHERE account_id = ANY(%s) AND expires_at <= %s RETURNING account_id, resource",
-        (account_ids, now),
-    )
-    return {(UUID(str(r["account_id"])), Resource(r["resource"])) for r in await cur.fetchall()}
+    async def try_lock(self, name: str) -> bool:
+        """A transaction-scoped advisory try-lock: False when another replica holds it."""
+        return await try_xact_lock(self.conn, name)

@@ -79,3 +79,13 @@ async def new_api_key(app: FastAPI, settings: Settings, account_id: uuid.UUID) -
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+class SettableClock:
+    """A Clock for `Overrides(clock=...)`: the system's time until a test sets another moment."""
+
+    def __init__(self) -> None:
+        self.fixed: datetime | None = None
+
+    def __call__(self) -> datetime:
+        return self.fixed or datetime.now(UTC)

@@ -13,7 +13,8 @@ from psycopg.rows import dict_row
 from contracts.alerts_api import Channel, EmailRecipient
 from contracts.common import AlertMetric, Role
 from contracts.events import QuotaThresholdCrossed
-from services.alerts import firing, store
+from services.alerts import store
+from services.alerts.service import record_crossing
 from services.runtime.platform.kafka import ensure_topics
 from tests.integration.test_alerts_helpers import (  # noqa: F401  (fixtures)
     SmsGateway,
@@ -67,7 +68,7 @@ async def test_two_transactions_deciding_the_same_crossing_record_one_firing(set
 
     async def decide() -> list[uuid.UUID]:
         async with await AsyncConnection.connect(settings.database_url, row_factory=dict_row) as conn, conn.transaction():
-            ids = await firing.fire_crossing(conn, event)
+            ids = await record_crossing(store.AlertsTx(conn), event)
             await asyncio.sleep(0.2)  # hold the transaction open so the racer really overlaps
             return ids
 

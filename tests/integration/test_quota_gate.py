@@ -9,26 +9,15 @@ from contracts.common import Resource
 from contracts.events import UsageEvent
 from contracts.topics import USAGE
 from services.edge import Overrides
-from services.quota.app import service_of as quota_of
-from tests.integration.quota_helpers import bearer, eventually, new_account, new_api_key, publish
+from tests.integration.quota_helpers import SettableClock, bearer, eventually, new_account, new_api_key, publish
 from tests.support.apps import running_app
 
 pytestmark = pytest.mark.integration
 
 
-class PinnableClock:
-    """The system clock until a test pins "now" (to check a prorated amount), then that moment."""
-
-    def __init__(self) -> None:
-        self.pinned: datetime | None = None
-
-    def __call__(self) -> datetime:
-        return self.pinned or datetime.now(UTC)
-
-
 @pytest.fixture
-def clock() -> PinnableClock:
-    return PinnableClock()
+def clock() -> SettableClock:
+    return SettableClock()
 
 
 @pytest.fixture
@@ -66,7 +55,7 @@ async def test_exhausted_quota_blocks_and_a_paid_upgrade_unblocks_at_once(app_cl
 
     # Upgrade to basic, paid, at a fixed "now": the amount is prorated over the rest of the month.
     now = datetime.now(UTC).replace(day=11, hour=0, minute=0, second=0, microsecond=0)
-    clock.pinned = now
+    clock.fixed = now
     order = await client.post("/api/billing/orders", json={"kind": "plan_upgrade", "plan": "basic"}, headers=bearer(session))
     assert order.status_code == 201, order.text
     start = now.replace(day=1)
@@ -75,7 +64,7 @@ async def test_exhausted_quota_blocks_and_a_paid_upgrade_unblocks_at_once(app_cl
     assert order.json()["amount"] == str(expected) and order.json()["status"] == "pending"
     paid = await client.post(f"/api/billing/orders/{order.json()['id']}/pay", headers=bearer(session))
     assert paid.status_code == 200 and paid.json()["status"] == "paid"
-    clock.pinned = None
+    clock.fixed = None
 
     async def allowed():
         response = await client.get("/api/geo/projects", headers=bearer(key))
@@ -96,8 +85,13 @@ async def blocked_response(probe):
     return await eventually(probe)
 
 
-async def test_package_adds_to_this_period_and_a_new_period_resets_flows_but_keeps_stocks(app_client, settings):
-    app, client = app_client
+async def test_package_adds_to_this_period_and_a_new_period_resets_flows_but_keeps_stocks(settings):
+    clock = SettableClock()
+    async with running_app(settings, overrides=Overrides(clock=clock)) as (app, client):
+        await _package_then_next_period(app, client, settings, clock)
+
+
+async def _package_then_next_period(app, client, settings, clock: SettableClock):
     account_id, session = await new_account(app, settings)
     events = [usage(account_id, Resource.AI_TOKENS, 100_000), usage(account_id, Resource.GEO_PROJECTS, 2)]
     await publish(settings, USAGE.name, events, key=lambda e: str(e.account_id))
@@ -122,10 +116,9 @@ async def test_package_adds_to_this_period_and_a_new_period_resets_flows_but_kee
     tokens = item(report, Resource.AI_TOKENS)
     assert tokens["used"] == 100_000 and tokens["status"] == "available" and tokens["usage_rate"] == 33.33
 
-    # Next month (the quota service's clock): flows are full again, the package lapsed, stocks stay.
-    quota = quota_of(app.state.runtime)
+    # Next month (the clock of the app's bootstrap): flows are full again, the package lapsed, stocks stay.
     next_month = (datetime.now(UTC).replace(day=1) + timedelta(days=32)).replace(day=1, hour=0, minute=0, second=0)
-    quota.clock = lambda: next_month
+    clock.fixed = next_month
     report = (await client.get("/api/billing/check-quota", headers=bearer(session))).json()
     assert report["period"]["start"].startswith(next_month.strftime("%Y-%m-01T00:00:00"))
     assert item(report, Resource.AI_TOKENS) == {

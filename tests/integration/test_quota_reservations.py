@@ -12,7 +12,7 @@ import pytest
 from contracts.common import Resource
 from contracts.events import UsageEvent
 from contracts.topics import USAGE
-from services.quota.app import service_of as quota_of
+from services.quota.app import quota_service
 from services.quota.domain import InsufficientQuota
 from tests.integration.quota_helpers import eventually, publish
 from tests.integration.test_keys_api import bearer, new_key, signup
@@ -50,7 +50,7 @@ async def state_is(app, account_id: uuid.UUID, resource: Resource, **expected):
 
 async def test_reserve_then_settle_counts_the_actual_amount_and_releases_the_hold(app_client, settings):
     app, _client = app_client
-    quota = quota_of(app.state.runtime)
+    quota = quota_service(app.state.runtime)  # the use cases on the app's Postgres and Kafka
     account = uuid.uuid4()
 
     held = await quota.reserve(account, Resource.AI_TOKENS, 60_000, ttl_seconds=600)
@@ -89,7 +89,7 @@ async def test_reserve_then_settle_counts_the_actual_amount_and_releases_the_hol
 
 async def test_release_frees_at_once_and_only_once(app_client):
     app, _client = app_client
-    quota = quota_of(app.state.runtime)
+    quota = quota_service(app.state.runtime)  # the use cases on the app's Postgres and Kafka
     account, owner = uuid.uuid4(), uuid.uuid4()
     held = await quota.reserve(account, Resource.STORAGE_BYTES, 10_000, ttl_seconds=60, owner_id=owner)
     await state_is(app, account, Resource.STORAGE_BYTES, reserved=10_000)
@@ -106,7 +106,7 @@ async def test_release_frees_at_once_and_only_once(app_client):
 
 async def test_an_unsettled_reservation_is_released_at_its_expiry_by_the_sweeper(app_client):
     app, _client = app_client
-    quota = quota_of(app.state.runtime)
+    quota = quota_service(app.state.runtime)  # the use cases on the app's Postgres and Kafka
     account = uuid.uuid4()
     await quota.reserve(account, Resource.AI_TOKENS, FREE_TOKENS, ttl_seconds=1)
     await state_is(app, account, Resource.AI_TOKENS, reserved=FREE_TOKENS, blocked=True)
@@ -119,7 +119,7 @@ async def test_an_unsettled_reservation_is_released_at_its_expiry_by_the_sweeper
 
 async def test_concurrent_reservations_never_exceed_the_total(app_client):
     app, _client = app_client
-    quota = quota_of(app.state.runtime)
+    quota = quota_service(app.state.runtime)  # the use cases on the app's Postgres and Kafka
     account = uuid.uuid4()
 
     async def one() -> int:
@@ -140,7 +140,7 @@ async def test_concurrent_reservations_never_exceed_the_total(app_client):
 
 async def test_the_edge_counts_reserved_api_calls_as_used(app_client):
     app, _client = app_client
-    quota = quota_of(app.state.runtime)
+    quota = quota_service(app.state.runtime)  # the use cases on the app's Postgres and Kafka
     edge = app.state.runtime.edge
     account = uuid.uuid4()
     await quota.reserve(account, Resource.API_CALLS, 998, ttl_seconds=600)

@@ -26,8 +26,8 @@ async def running_app(
     settings: Settings, targets: Sequence[str] = ("all",), overrides: Overrides | None = None
 ) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
     """The app with its lifespan run (migrations, topics, projections, subscribers) and a client;
-    `overrides` replaces the clock or the payment provider at bootstrap."""
-    app = create_app(targets, settings, overrides)
+    `overrides` replace the clock or the payment provider at bootstrap."""
+    app = create_app(targets, settings, overrides=overrides)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://tollgate.test") as client:

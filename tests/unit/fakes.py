@@ -229,3 +229,354 @@ class FakeQuota:
 
     def period_end(self, now: datetime) -> datetime:
         return self.end
+# ---- quota ----
+import uuid  # noqa: E402
+from collections.abc import AsyncIterator, Iterable, Mapping  # noqa: E402
+from contextlib import asynccontextmanager  # noqa: E402
+from typing import Any  # noqa: E402
+from uuid import UUID  # noqa: E402
+
+from contracts.common import STOCK_RESOURCES, Resource, Tier  # noqa: E402
+from contracts.plans import catalogue  # noqa: E402
+from contracts.topics import Topic  # noqa: E402
+from services.quota.domain import EPOCH, Delta  # noqa: E402
+from services.quota.store import Line  # noqa: E402
+
+
+class FakeQuotaStore:
+    """services/quota/store.py's QuotaStore in memory: `transaction()` yields the store itself
+    (it implements QuotaTx's methods) and restores the state on an error, as a rollback does."""
+
+    def __init__(self) -> None:
+        self.plans: dict[UUID, tuple[dict[str, int], datetime]] = {}
+        self.processed: set[UUID] = set()
+        self.counters: dict[tuple[UUID, Resource, str], tuple[int, datetime]] = {}
+        self.packages: dict[UUID, tuple[UUID, Resource, str, int]] = {}
+        self.threshold_marks: dict[tuple[UUID, Resource, str], int] = {}
+        self.reservations: dict[UUID, dict[str, Any]] = {}
+        self.locked_by_other: set[str] = set()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator["FakeQuotaStore"]:
+        saved = copy.deepcopy({k: v for k, v in vars(self).items()})
+        try:
+            yield self
+        except BaseException:
+            vars(self).update(saved)
+            raise
+
+    async def mark_processed(self, event_ids: list[UUID]) -> set[UUID]:
+        fresh = set(event_ids) - self.processed
+        self.processed |= fresh
+        return fresh
+
+    async def lock_accounts(self, account_ids: Iterable[UUID]) -> None:
+        list(account_ids)  # one process, no concurrency: nothing to lock
+
+    async def add_deltas(self, deltas: list[Delta]) -> None:
+        for d in deltas:
+            used, last = self.counters.get((d.account_id, d.resource, d.period), (0, EPOCH))
+            self.counters[(d.account_id, d.resource, d.period)] = (used + d.quantity, max(last, d.last_time))
+
+    async def set_plan(self, account_id: UUID, plan: Tier, quotas: Mapping[Resource, int], time: datetime) -> bool:
+        current = self.plans.get(account_id)
+        if current is not None and current[1] >= time:
+            return False
+        self.plans[account_id] = ({r.value: n for r, n in quotas.items()}, time)
+        return True
+
+    async def add_package(self, order_id: UUID, account_id: UUID, resource: Resource, period: str, amount: int) -> bool:
+        if order_id in self.packages:
+            return False
+        self.packages[order_id] = (account_id, resource, period, amount)
+        return True
+
+    async def lines(self, account_id: UUID, period: str) -> dict[Resource, Line]:
+        plan = self.plans.get(account_id)
+        quotas = plan[0] if plan else {r.value: n for r, n in catalogue()[Tier.FREE].quotas.items()}
+        result = {}
+        for resource in Resource:
+            rows = [
+                v
+                for (a, r, p), v in self.counters.items()
+                if a == account_id and r is resource and (p == period or (r in STOCK_RESOURCES and p <= period))
+            ]
+            used = sum(u for u, _ in rows)
+            watermark = max((t for _, t in rows), default=EPOCH)
+            bought = sum(n for a, r, p, n in self.packages.values() if a == account_id and r is resource and p == period)
+            result[resource] = Line(resource, int(quotas.get(resource.value, 0)) + bought, max(used, 0), watermark)
+        return result
+
+    async def marks(self, account_id: UUID, period: str) -> dict[Resource, int]:
+        return {r: pct for (a, r, p), pct in self.threshold_marks.items() if a == account_id and p == period}
+
+    async def set_mark(self, account_id: UUID, resource: Resource, period: str, pct: int) -> None:
+        self.threshold_marks[(account_id, resource, period)] = pct
+
+    async def reserved(self, account_id: UUID, now: datetime) -> dict[Resource, int]:
+        held = dict.fromkeys(Resource, 0)
+        for r in self.reservations.values():
+            if r["account_id"] == account_id and r["expires_at"] > now:
+                held[r["resource"]] += r["amount"]
+        return held
+
+    async def add_reservation(
+        self,
+        reservation_id: UUID,
+        account_id: UUID,
+        resource: Resource,
+        amount: int,
+        owner_id: UUID | None,
+        created_at: datetime,
+        expires_at: datetime,
+    ) -> None:
+        self.reservations[reservation_id] = {
+            "account_id": account_id,
+            "resource": resource,
+            "amount": amount,
+            "owner_id": owner_id,
+            "expires_at": expires_at,
+        }
+
+    async def reservation_account(self, reservation_id: UUID, owner_id: UUID | None) -> UUID | None:
+        r = self.reservations.get(reservation_id)
+        return r["account_id"] if r and r["owner_id"] == owner_id else None
+
+    async def delete_reservation(self, reservation_id: UUID, owner_id: UUID | None) -> Resource | None:
+        r = self.reservations.get(reservation_id)
+        if r is None or r["owner_id"] != owner_id:
+            return None
+        del self.reservations[reservation_id]
+        return r["resource"]  # type: ignore[no-any-return]
+
+    async def settle_reservations(self, settled: Iterable[tuple[UUID, UUID]]) -> set[tuple[UUID, Resource]]:
+        freed = set()
+        for reservation_id, account_id in set(settled):
+            r = self.reservations.get(reservation_id)
+            if r is not None and r["account_id"] == account_id:
+                del self.reservations[reservation_id]
+                freed.add((account_id, r["resource"]))
+        return freed
+
+    async def try_lock(self, name: str) -> bool:
+        return name not in self.locked_by_other
+
+    async def expired_accounts(self, now: datetime, limit: int) -> list[UUID]:
+        return sorted({r["account_id"] for r in self.reservations.values() if r["expires_at"] <= now})[:limit]
+
+    async def delete_expired(self, account_ids: list[UUID], now: datetime) -> set[tuple[UUID, Resource]]:
+        gone = [i for i, r in self.reservations.items() if r["account_id"] in account_ids and r["expires_at"] <= now]
+        return {(self.reservations[i]["account_id"], self.reservations.pop(i)["resource"]) for i in gone}
+
+
+class FakePublisher:
+    """KafkaPublisher in memory: what was published, in order."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[Topic, str, str]] = []
+
+    async def publish(self, topic: Topic, key: str, payload: str) -> None:
+        self.sent.append((topic, key, payload))
+
+
+# ---- alerts ----
+from contracts.alerts_api import Channel, Recipient  # noqa: E402
+from contracts.common import AlertMetric  # noqa: E402
+from contracts.events import KeyState, QuotaState  # noqa: E402
+from services.alerts import domain as alerts_domain  # noqa: E402
+from services.alerts.store import Firing, Rule, RuleView  # noqa: E402
+
+
+class FakeAlertsStore:
+    """services/alerts/store.py's AlertsStore in memory (`transaction()` yields the store, which
+    implements AlertsTx's methods; the firings' unique (rule, threshold, period) is kept)."""
+
+    def __init__(self) -> None:
+        self.rules: dict[UUID, Rule] = {}
+        self.quota_states: dict[tuple[UUID, Resource], dict[str, Any]] = {}
+        self.firings: dict[tuple[UUID, int, str], dict[str, Any]] = {}
+        self.deliveries: dict[UUID, dict[str, Any]] = {}
+        self.notifications: dict[UUID, dict[str, Any]] = {}
+        self.keys: dict[UUID, dict[str, Any]] = {}
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator["FakeAlertsStore"]:
+        saved = copy.deepcopy({k: v for k, v in vars(self).items()})
+        try:
+            yield self
+        except BaseException:
+            vars(self).update(saved)
+            raise
+
+    async def insert_rule(
+        self,
+        account_id: UUID,
+        metric: AlertMetric,
+        threshold_pct: int,
+        channels: list[Channel],
+        recipients: list[Recipient],
+        webhook_secret: str | None = None,
+    ) -> Rule:
+        rule = Rule(uuid.uuid4(), account_id, metric, threshold_pct, channels, recipients, datetime.now(UTC))
+        self.rules[rule.id] = rule
+        return rule
+
+    async def list_rules(self, account_id: UUID, current_period: str, rule_id: UUID | None = None) -> list[RuleView]:
+        views = []
+        for rule in self.rules.values():
+            if rule.account_id != account_id or rule_id not in (None, rule.id):
+                continue
+            fired = [f for f in self.firings.values() if f["rule_id"] == rule.id]
+            views.append(
+                RuleView(
+                    rule,
+                    any(f["period"] == current_period for f in fired),
+                    max((f["fired_at"] for f in fired), default=None),
+                    sum(1 for d in self.deliveries.values() if d["rule_id"] == rule.id and d["status"] == "failed"),
+                )
+            )
+        return views
+
+    async def delete_rule(self, account_id: UUID, rule_id: UUID) -> bool:
+        if not await self.rule_exists(account_id, rule_id):
+            return False
+        del self.rules[rule_id]
+        return True
+
+    async def rule_exists(self, account_id: UUID, rule_id: UUID) -> bool:
+        rule = self.rules.get(rule_id)
+        return rule is not None and rule.account_id == account_id
+
+    async def rules_for(self, account_id: UUID, resource: Resource, max_threshold: int) -> list[Rule]:
+        return [
+            r
+            for r in self.rules.values()
+            if r.account_id == account_id and r.resource is resource and r.threshold_pct <= max_threshold
+        ]
+
+    async def save_quota_state(self, state: QuotaState) -> None:
+        current = self.quota_states.get((state.account_id, state.resource))
+        if current is None or (state.period, state.time) >= (current["period"], current["time"]):
+            self.quota_states[(state.account_id, state.resource)] = {
+                "period": state.period,
+                "total": state.total,
+                "used": state.used,
+                "time": state.time,
+            }
+
+    async def quota_state(self, account_id: UUID, resource: Resource) -> dict[str, Any] | None:
+        return self.quota_states.get((account_id, resource))
+
+    async def record_firing(self, firing: Firing) -> list[UUID]:
+        rule = firing.rule
+        once = (rule.id, rule.threshold_pct, firing.period)
+        if once in self.firings:
+            return []
+        self.firings[once] = {"rule_id": rule.id, "period": firing.period, "cause": firing.cause, "fired_at": datetime.now(UTC)}
+        ids = []
+        for planned in alerts_domain.plan_deliveries(rule.account_id, rule.channels, rule.recipients):
+            ids.append(uuid.uuid4())
+            self.deliveries[ids[-1]] = {
+                "rule_id": rule.id,
+                "account_id": rule.account_id,
+                "channel": planned.channel,
+                "recipient": planned.recipient,
+                "status": "pending",
+                "period": firing.period,
+                "threshold_pct": rule.threshold_pct,
+                "created_at": datetime.now(UTC),
+                "sent_at": None,
+            }
+        return ids
+
+    async def fired_rules(self, rule_ids: list[UUID], period: str) -> set[UUID]:
+        return {f["rule_id"] for f in self.firings.values() if f["rule_id"] in rule_ids and f["period"] == period}
+
+    async def list_deliveries(self, account_id: UUID, rule_id: UUID) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": i,
+                "time": datetime.now(UTC),
+                "attempt": 0,
+                "status_code": None,
+                "error": None,
+                "next_attempt_at": None,
+                "delivery_id": i,
+                "firing_id": i,
+                "attempts": 0,
+                "last_error": None,
+                **d,
+            }
+            for i, d in self.deliveries.items()
+            if d["rule_id"] == rule_id and d["account_id"] == account_id
+        ]
+
+    async def list_notifications(self, account_id: UUID, limit: int, unread_only: bool) -> list[dict[str, Any]]:
+        rows = [n for n in self.notifications.values() if n["account_id"] == account_id and not (unread_only and n["read_at"])]
+        return sorted(rows, key=lambda n: n["created_at"], reverse=True)[:limit]
+
+    async def mark_read(self, account_id: UUID, notification_id: UUID) -> dict[str, Any] | None:
+        row = self.notifications.get(notification_id)
+        if row is None or row["account_id"] != account_id:
+            return None
+        row["read_at"] = row["read_at"] or datetime.now(UTC)
+        return row
+
+    async def save_key(self, state: KeyState) -> None:
+        known = self.keys.get(state.key_id, {})
+        self.keys[state.key_id] = {
+            "key_id": state.key_id,
+            "account_id": state.account_id,
+            "created_at": state.created_at or known.get("created_at"),
+            "created_by": state.created_by or known.get("created_by"),
+            "masked_key": state.masked_key or known.get("masked_key"),
+            "deleted": state.deleted or known.get("deleted", False),
+        }
+
+    async def keys_unreminded(self, created_before: datetime, limit: int, key_id: UUID | None = None) -> list[dict[str, Any]]:
+        reminded = {n["api_key_id"] for n in self.notifications.values() if n["kind"] == "key_rotation_due"}
+        return [
+            k
+            for k in self.keys.values()
+            if not k["deleted"]
+            and k["created_at"] is not None
+            and k["created_at"] < created_before
+            and key_id in (None, k["key_id"])
+            and k["key_id"] not in reminded
+        ][:limit]
+
+    async def add_rotation_notification(
+        self, key_id: UUID, account_id: UUID, created_by: UUID | None, title: str, message: str, now: datetime
+    ) -> bool:
+        if any(n["kind"] == "key_rotation_due" and n["api_key_id"] == key_id for n in self.notifications.values()):
+            return False
+        nid = uuid.uuid4()
+        self.notifications[nid] = {
+            "id": nid,
+            "account_id": account_id,
+            "created_at": now,
+            "title": title,
+            "message": message,
+            "metric": None,
+            "threshold_pct": None,
+            "links": {},
+            "read_at": None,
+            "kind": "key_rotation_due",
+            "api_key_id": key_id,
+        }
+        return True
+
+
+class FakeDeliver:
+    """The dispatcher's `submit`: the delivery ids handed over after each commit."""
+
+    def __init__(self) -> None:
+        self.submitted: list[UUID] = []
+
+    def __call__(self, delivery_ids: Iterable[UUID]) -> None:
+        self.submitted += list(delivery_ids)
+
+
+async def no_refusal(url: str) -> str | None:
+    """webhook.creation_refusal for tests: every URL may be a target."""
+    return None

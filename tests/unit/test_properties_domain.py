@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from contracts.common import Resource
 from contracts.events import CallEvent, UsageEvent
+from contracts.period import period_bounds, period_of
 from services.billing import domain as billing
 from services.metering import domain as metering
 from services.metering.domain import InvalidQuery
@@ -29,19 +30,19 @@ moments = st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2200, 
 @given(periods, ZONES)
 def test_periods_tile_time_without_gaps_or_overlaps(period, zone):
     tz = ZoneInfo(zone)
-    start, end = quota.period_bounds(period, tz)
+    start, end = period_bounds(period, tz)
     assert start < end
-    assert quota.period_of(start, tz) == period
-    assert quota.period_of(end - timedelta(microseconds=1), tz) == period
-    following = quota.period_of(end, tz)
-    assert following > period and quota.period_bounds(following, tz)[0] == end
+    assert period_of(start, tz) == period
+    assert period_of(end - timedelta(microseconds=1), tz) == period
+    following = period_of(end, tz)
+    assert following > period and period_bounds(following, tz)[0] == end
 
 
 @given(moments, moments, ZONES)
 def test_periods_are_ordered_like_the_moments(a, b, zone):
     tz = ZoneInfo(zone)
     if a <= b:
-        assert quota.period_of(a, tz) <= quota.period_of(b, tz)
+        assert period_of(a, tz) <= period_of(b, tz)
 
 
 # ---- quota: crossings ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from contracts.common import Resource
 from contracts.events import CallEvent, QuotaState, UsageEvent
+from contracts.period import period_bounds, period_of
 from services.edge.quota_gate import QuotaProjection
 from services.quota import domain
 
@@ -18,19 +19,19 @@ MOMENTS = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 
 
 @given(moment=MOMENTS, tz=ZONES)
 def test_a_moment_lies_within_the_bounds_of_its_period(moment, tz):
-    period = domain.period_of(moment, tz)
-    start, end = domain.period_bounds(period, tz)
+    period = period_of(moment, tz)
+    start, end = period_bounds(period, tz)
     assert start <= moment < end
     assert start.astimezone(tz).day == 1 and start.astimezone(tz).hour == 0
-    assert domain.period_of(end, tz) > period  # the next period starts exactly at the end
-    assert domain.period_of(end - timedelta(microseconds=1), tz) == period
+    assert period_of(end, tz) > period  # the next period starts exactly at the end
+    assert period_of(end - timedelta(microseconds=1), tz) == period
 
 
 def test_the_period_turns_at_midnight_of_the_first_in_the_platform_zone():
     shanghai = ZoneInfo("Asia/Shanghai")
-    assert domain.period_of(datetime(2026, 10, 31, 15, 59, tzinfo=UTC), shanghai) == "2026-10"
-    assert domain.period_of(datetime(2026, 10, 31, 16, 0, tzinfo=UTC), shanghai) == "2026-11"
-    assert domain.period_bounds("2026-12", ZoneInfo("UTC"))[1] == datetime(2027, 1, 1, tzinfo=ZoneInfo("UTC"))
+    assert period_of(datetime(2026, 10, 31, 15, 59, tzinfo=UTC), shanghai) == "2026-10"
+    assert period_of(datetime(2026, 10, 31, 16, 0, tzinfo=UTC), shanghai) == "2026-11"
+    assert period_bounds("2026-12", ZoneInfo("UTC"))[1] == datetime(2027, 1, 1, tzinfo=ZoneInfo("UTC"))
 
 
 def test_rates_bands_and_exhaustion():

@@ -1,5 +1,6 @@
 // Alerts: rules (metric, threshold, channels, recipients), each rule's delivery log, and the
-// in-site notifications with their quick links to upgrade or buy a package. A webhook rule's
+// in-site notifications with their quick links to upgrade or buy a package (a quota alert) or to
+// the key (the reminder to rotate a key older than 90 days). A webhook rule's
 // signing secret is shown once, right after its creation.
 import { del, get, post } from "./api.js";
 import { busy, confirmDialog, consoleLink, errorBox, field, h, select, shownOncePanel } from "./dom.js";
@@ -23,9 +24,24 @@ function notificationItem(n, markRead) {
         { class: "button secondary small", type: "button", "aria-label": `Mark “${n.title}” as read`, onclick: (e) => markRead(n, e.currentTarget) },
         "Mark as read",
       );
+  if (n.kind === "key_rotation_due") {
+    return h(
+      "li",
+      { class: `notification rotation ${n.read ? "" : "unread"}`, dataset: { id: n.id, kind: n.kind } },
+      h("h3", {}, n.title),
+      h("p", {}, n.message),
+      h("p", { class: "muted" }, `${dateTime(n.created_at)} · API key older than 90 days`),
+      h(
+        "p",
+        { class: "actions" },
+        h("a", { class: "button primary small", href: `/console/keys?key=${encodeURIComponent(n.api_key_id)}` }, "Open the key"),
+        read,
+      ),
+    );
+  }
   return h(
     "li",
-    { class: `notification ${n.read ? "" : "unread"}`, dataset: { id: n.id } },
+    { class: `notification ${n.read ? "" : "unread"}`, dataset: { id: n.id, kind: n.kind || "quota_threshold" } },
     h("h3", {}, n.title),
     h("p", {}, n.message),
     h("p", { class: "muted" }, `${dateTime(n.created_at)} · ${METRICS[n.metric] || n.metric} at ${n.threshold_pct}%`),

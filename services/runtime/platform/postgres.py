@@ -1,6 +1,7 @@
 """Postgres: one async connection pool per process; per-service schema migrations with yoyo."""
 
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -46,3 +47,11 @@ def apply_migrations(database_url: str, service: str, migrations_dir: Path) -> N
             backend.apply_migrations(backend.to_apply(migrations))
     finally:
         backend.connection.close()
+
+
+async def try_xact_lock(conn: psycopg.AsyncConnection[Any], name: str) -> bool:
+    """A transaction-scoped advisory try-lock on `name`: False when another session holds it
+    (background passes shared by replicas skip their turn instead of waiting)."""
+    cur = await conn.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s)) AS mine", (name,))
+    row = await cur.fetchone()
+    return bool(row and row["mine"])

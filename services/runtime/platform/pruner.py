@@ -12,7 +12,6 @@ A failed pass is logged and the next one tries again; `stop()` cancels the task 
 the statement in flight, and its chunk rolls back).
 """
 
-import asyncio
 import logging
 from datetime import timedelta
 from typing import cast
@@ -21,6 +20,9 @@ from prometheus_client import Counter
 from psycopg import AsyncConnection, sql
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
+
+from services.runtime.platform.periodic import Periodic
+from services.runtime.platform.postgres import try_xact_lock
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,6 @@ class Pruner:
         self._pool = cast("AsyncConnectionPool[AsyncConnection[DictRow]]", pool)  # dict rows
         self._name = f"{schema}.{table}"
         self._keep = timedelta(seconds=keep_s)
-        self._interval = interval_s
         self._chunk = chunk
         self._delete = sql.SQL(
             # = ANY(ARRAY(...)): the chunk's keys first, then found on the primary key (`IN (...)`
@@ -51,32 +52,20 @@ class Pruner:
             "DELETE FROM {table} WHERE {key} = ANY(ARRAY("
             "SELECT {key} FROM {table} WHERE {column} < now() - %s ORDER BY {column} LIMIT %s))"
         ).format(table=sql.Identifier(schema, table), key=sql.Identifier(key), column=sql.Identifier(column))
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic(f"prune:{self._name}", interval_s, self.prune, what=f"pruning {self._name}", log=log)
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"prune:{self._name}")
+        await self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval)
-            try:
-                await self.prune()
-            except Exception:  # Postgres away, a statement timeout: the rows wait for the next pass
-                log.warning("pruning %s failed; trying again in %ss", self._name, self._interval, exc_info=True)
+        await self._periodic.stop()
 
     async def prune(self) -> int:
         """One pass: delete every row older than the retention; returns how many were deleted."""
         total = 0
         while True:
             async with self._pool.connection() as conn:
-                cur = await conn.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s)) AS mine", (f"{self._name}.prune",))
-                row = await cur.fetchone()
-                if row is None or not row["mine"]:
+                if not await try_xact_lock(conn, f"{self._name}.prune"):
                     return total  # another replica is pruning this table right now
                 deleted = (await conn.execute(self._delete, (self._keep, self._chunk))).rowcount
             total += deleted

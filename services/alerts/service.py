@@ -1,0 +1,195 @@
+"""The alerts service's use cases: rules (create, list, delete, delivery log), firing a quota
+crossing, keeping the latest quota states, the in-site inbox. Each runs in one transaction of the
+store; the deliveries a firing records are handed to `deliver` (the dispatcher) after the commit:
+a crash from there on leaves them pending for the dispatcher's sweep."""
+
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import asdict
+from uuid import UUID
+from zoneinfo import ZoneInfo
+
+from contracts.alerts_api import (
+    Channel,
+    DeliveryList,
+    DeliveryOut,
+    NotificationList,
+    NotificationOut,
+    RuleCreated,
+    RuleIn,
+    RuleList,
+    RuleOut,
+    WebhookRecipient,
+)
+from contracts.clock import Clock
+from contracts.common import Resource
+from contracts.domain_errors import Invalid, NotFound
+from contracts.events import KeyState, QuotaState, QuotaThresholdCrossed
+from contracts.period import period_of
+from services.alerts import domain, webhook
+from services.alerts.store import AlertsStore, AlertsTx, Firing, Row, RuleView
+
+# Why a webhook URL may not be a rule's target (webhook.creation_refusal), or None.
+TargetCheck = Callable[[str], Awaitable[str | None]]
+Deliver = Callable[[Iterable[UUID]], None]
+
+
+async def record_crossing(tx: AlertsTx, event: QuotaThresholdCrossed) -> list[UUID]:
+    """Record a firing (and its deliveries) for every rule the crossing reaches that has not fired
+    this period; returns the new delivery ids. The unique constraint settles any race."""
+    rules = await tx.rules_for(event.account_id, event.resource, event.threshold_pct)
+    if not rules:
+        return []
+    by_id = {r.id: r for r in rules}
+    already = await tx.fired_rules(list(by_id), event.period)
+    due = domain.rules_to_fire((domain.RuleThreshold(r.id, r.threshold_pct) for r in rules), event.threshold_pct, already)
+    delivery_ids: list[UUID] = []
+    for item in due:
+        delivery_ids += await tx.record_firing(
+            Firing(by_id[item.rule_id], event.period, event.used, event.total, "crossing", event.id)
+        )
+    return delivery_ids
+
+
+def _rule_out(view: RuleView) -> RuleOut:
+    rule = view.rule
+    return RuleOut(
+        id=rule.id,
+        metric=rule.metric,
+        threshold_pct=rule.threshold_pct,
+        channels=rule.channels,
+        recipients=rule.recipients,
+        created_at=rule.created_at,
+        fired_this_period=view.fired_this_period,
+        last_fired_at=view.last_fired_at,
+        failed_deliveries=view.failed_deliveries,
+    )
+
+
+def _notification_out(row: Row) -> NotificationOut:
+    return NotificationOut(
+        id=row["id"],
+        created_at=row["created_at"],
+        title=row["title"],
+        message=row["message"],
+        metric=row["metric"],
+        threshold_pct=row["threshold_pct"],
+        links=row["links"],
+        read=row["read_at"] is not None,
+        kind=row.get("kind") or "quota_threshold",
+        api_key_id=row.get("api_key_id"),
+    )
+
+
+class AlertsService:
+    def __init__(self, store: AlertsStore, clock: Clock, tz: ZoneInfo, check_target: TargetCheck, deliver: Deliver) -> None:
+        self._store = store
+        self._clock = clock
+        self._tz = tz
+        self._check_target = check_target
+        self._deliver = deliver
+
+    def _period(self) -> str:
+        return period_of(self._clock(), self._tz)
+
+    # ---- rules ---------------------------------------------------------------------------------
+    async def create_rule(self, account_id: UUID, body: RuleIn) -> RuleCreated:
+        """A new rule; one whose threshold is already passed this period fires once, now."""
+        problems = domain.validate_rule(account_id, body.channels, body.recipients)
+        if not problems:
+            problems = await self._webhook_problems(body)
+        if problems:
+            raise Invalid("The rule is not valid.", details=[asdict(p) for p in problems])
+        secret = webhook.new_secret() if Channel.WEBHOOK in body.channels else None
+        period = self._period()
+        async with self._store.transaction() as tx:
+            rule = await tx.insert_rule(account_id, body.metric, body.threshold_pct, body.channels, body.recipients, secret)
+            delivery_ids: list[UUID] = []
+            state = await tx.quota_state(account_id, Resource(rule.resource))
+            if state is not None and domain.fires_at_creation(
+                rule.threshold_pct, rule.resource, state["period"], state["used"], state["total"], period
+            ):
+                delivery_ids = await tx.record_firing(Firing(rule, period, state["used"], state["total"], "creation"))
+            views = await tx.list_rules(account_id, period, rule_id=rule.id)
+        self._deliver(delivery_ids)
+        return RuleCreated(**_rule_out(views[0]).model_dump(), webhook_secret=secret)
+
+    async def _webhook_problems(self, body: RuleIn) -> list[domain.Problem]:
+        problems: list[domain.Problem] = []
+        for index, recipient in enumerate(body.recipients):
+            if isinstance(recipient, WebhookRecipient):
+                reason = await self._check_target(recipient.url)
+                if reason is not None:
+                    problems.append(domain.Problem(f"recipients.{index}.url", f"The URL may not be a webhook target: {reason}."))
+        return problems
+
+    async def list_rules(self, account_id: UUID) -> RuleList:
+        async with self._store.transaction() as tx:
+            views = await tx.list_rules(account_id, self._period())
+        return RuleList(rules=[_rule_out(v) for v in views])
+
+    async def delete_rule(self, account_id: UUID, rule_id: UUID) -> None:
+        async with self._store.transaction() as tx:
+            if not await tx.delete_rule(account_id, rule_id):
+                raise NotFound("alert rule")
+
+    async def deliveries(self, account_id: UUID, rule_id: UUID) -> DeliveryList:
+        """The rule's delivery log (another account's rule: NotFound)."""
+        async with self._store.transaction() as tx:
+            if not await tx.rule_exists(account_id, rule_id):
+                raise NotFound("alert rule")
+            rows = await tx.list_deliveries(account_id, rule_id)
+        return DeliveryList(items=[DeliveryOut.model_validate(r) for r in rows])
+
+    # ---- from quota ----------------------------------------------------------------------------
+    async def fire_crossing(self, event: QuotaThresholdCrossed) -> None:
+        async with self._store.transaction() as tx:
+            delivery_ids = await record_crossing(tx, event)
+        self._deliver(delivery_ids)  # after the commit
+
+    async def save_quota_state(self, state: QuotaState) -> None:
+        """Keep the newest state per account and resource (for rules created later)."""
+        async with self._store.transaction() as tx:
+            await tx.save_quota_state(state)
+
+    # ---- the rotation reminder (v2) ---------------------------------------------------------------
+    async def save_key(self, state: KeyState) -> None:
+        """A key's state from keys.v1: keep its age; a key already older than 90 days gets its
+        reminder at once (the periodic pass finds those that age later)."""
+        async with self._store.transaction() as tx:
+            await tx.save_key(state)
+            if not state.deleted:
+                await self._remind(tx, key_id=state.key_id)
+
+    async def remind_rotations(self) -> int:
+        """One pass: the in-site reminder for every live key older than 90 days that has none yet,
+        once per key ever (a unique row: replicas and replays insert nothing more); returns how many."""
+        async with self._store.transaction() as tx:
+            return await self._remind(tx)
+
+    async def _remind(self, tx: AlertsTx, key_id: UUID | None = None, limit: int = 500) -> int:
+        now = self._clock()
+        posted = 0
+        for key in await tx.keys_unreminded(now - domain.ROTATION_AGE, limit, key_id):
+            if domain.rotation_due(key["created_at"], now) and await tx.add_rotation_notification(
+                key["key_id"],
+                key["account_id"],
+                key["created_by"],
+                domain.ROTATION_TITLE,
+                domain.rotation_message(key["masked_key"]),
+                now,
+            ):
+                posted += 1
+        return posted
+
+    # ---- the in-site inbox -----------------------------------------------------------------------
+    async def notifications(self, account_id: UUID, limit: int, unread_only: bool) -> NotificationList:
+        async with self._store.transaction() as tx:
+            rows = await tx.list_notifications(account_id, limit, unread_only)
+        return NotificationList(items=[_notification_out(r) for r in rows])
+
+    async def mark_read(self, account_id: UUID, notification_id: UUID) -> NotificationOut:
+        async with self._store.transaction() as tx:
+            row = await tx.mark_read(account_id, notification_id)
+        if row is None:
+            raise NotFound("notification")
+        return _notification_out(row)

@@ -1,0 +1,201 @@
+"""Every use case of services/alerts/service.py on fakes: rules, firing crossings once per
+(rule, period), quota states, the inbox. No I/O (tests/unit/fakes.py)."""
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from contracts.alerts_api import Channel, EmailRecipient, RuleIn, WebhookRecipient
+from contracts.common import AlertMetric, KeyStatus, Resource, Role
+from contracts.domain_errors import Invalid, NotFound
+from contracts.events import KeyState, QuotaState, QuotaThresholdCrossed
+from services.alerts.service import AlertsService
+from tests.unit.fakes import FakeAlertsStore, FakeClock, FakeDeliver, no_refusal
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(datetime(2026, 11, 15, 12, 0, tzinfo=UTC))
+
+
+@pytest.fixture
+def store() -> FakeAlertsStore:
+    return FakeAlertsStore()
+
+
+@pytest.fixture
+def deliver() -> FakeDeliver:
+    return FakeDeliver()
+
+
+@pytest.fixture
+def service(store, clock, deliver) -> AlertsService:
+    return AlertsService(store, clock, ZoneInfo("UTC"), no_refusal, deliver)  # type: ignore[arg-type]
+
+
+def rule(threshold: int, channels=(Channel.IN_SITE,), recipients=()) -> RuleIn:
+    return RuleIn(metric=AlertMetric.TOTAL_TOKENS, threshold_pct=threshold, channels=list(channels), recipients=list(recipients))
+
+
+def crossed(account: uuid.UUID, pct: int, period: str = "2026-11") -> QuotaThresholdCrossed:
+    return QuotaThresholdCrossed(
+        time=datetime(2026, 11, 15, tzinfo=UTC),
+        account_id=account,
+        resource=Resource.AI_TOKENS,
+        period=period,
+        threshold_pct=pct,
+        used=pct * 1000,
+        total=100_000,
+    )
+
+
+async def test_a_jump_from_50_to_95_fires_the_80_and_90_rules_once_per_period(service, store, clock, deliver):
+    account = uuid.uuid4()
+    r80 = await service.create_rule(account, rule(80))
+    r90 = await service.create_rule(account, rule(90))
+    r99 = await service.create_rule(account, rule(99))
+    assert deliver.submitted == []  # nothing crossed at creation
+
+    await service.fire_crossing(crossed(account, 50))
+    assert deliver.submitted == []
+    await service.fire_crossing(crossed(account, 95))
+    assert len(deliver.submitted) == 2  # one in-site delivery per fired rule
+    assert {f["rule_id"] for f in store.firings.values()} == {r80.id, r90.id}
+
+    await service.fire_crossing(crossed(account, 95))  # a replay
+    await service.fire_crossing(crossed(account, 97))  # a higher crossing in the same period
+    assert len(deliver.submitted) == 2
+    listed = {r.id: r for r in (await service.list_rules(account)).rules}
+    assert listed[r80.id].fired_this_period and listed[r90.id].fired_this_period and not listed[r99.id].fired_this_period
+
+    clock.now = datetime(2026, 12, 3, tzinfo=UTC)  # next period: fresh again
+    assert not any(r.fired_this_period for r in (await service.list_rules(account)).rules)
+    await service.fire_crossing(crossed(account, 85, period="2026-12"))
+    assert len(deliver.submitted) == 3
+    assert {(f["rule_id"], f["period"]) for f in store.firings.values()} >= {(r80.id, "2026-12")}
+
+
+async def test_a_rule_whose_threshold_is_passed_this_period_fires_at_creation(service, store, clock, deliver):
+    account = uuid.uuid4()
+    state = QuotaState(
+        time=clock(), account_id=account, resource=Resource.AI_TOKENS, period="2026-11", total=100, used=85, blocked=False
+    )
+    await service.save_quota_state(state)
+    await service.save_quota_state(state.model_copy(update={"used": 1, "time": datetime(2026, 11, 1, tzinfo=UTC)}))  # older
+    created = await service.create_rule(account, rule(80))
+    assert created.fired_this_period and len(deliver.submitted) == 1
+    assert [f["cause"] for f in store.firings.values()] == ["creation"]
+    await service.create_rule(account, rule(90))  # 85% < 90%: not yet
+    assert len(deliver.submitted) == 1
+    # A flow's usage of an earlier period does not fire a rule created in the next one.
+    clock.now = datetime(2026, 12, 2, tzinfo=UTC)
+    await service.create_rule(account, rule(50))
+    assert len(deliver.submitted) == 1
+
+
+async def test_rule_crud_and_another_accounts_rule_is_not_found(service):
+    account, other = uuid.uuid4(), uuid.uuid4()
+    mine = await service.create_rule(account, rule(80, [Channel.EMAIL], [EmailRecipient(email="ops@example.com")]))
+    assert mine.webhook_secret is None and mine.failed_deliveries == 0
+    hooked = await service.create_rule(
+        account, rule(90, [Channel.WEBHOOK], [WebhookRecipient(url="https://hooks.example.com/x")])
+    )
+    assert hooked.webhook_secret
+    assert [r.id for r in (await service.list_rules(account)).rules] == [mine.id, hooked.id]
+    assert (await service.list_rules(other)).rules == []
+
+    with pytest.raises(NotFound):
+        await service.delete_rule(other, mine.id)
+    with pytest.raises(NotFound):
+        await service.deliveries(other, mine.id)
+    assert (await service.deliveries(account, mine.id)).items == []
+    await service.delete_rule(account, mine.id)
+    with pytest.raises(NotFound):
+        await service.delete_rule(account, mine.id)
+    assert [r.id for r in (await service.list_rules(account)).rules] == [hooked.id]
+
+    with pytest.raises(Invalid) as invalid:  # email without an {email} recipient
+        await service.create_rule(account, rule(80, [Channel.EMAIL]))
+    assert invalid.value.details
+
+
+async def test_a_refused_webhook_target_is_invalid(store, clock, deliver):
+    async def refuse(url: str) -> str | None:
+        return "a private address"
+
+    service = AlertsService(store, clock, ZoneInfo("UTC"), refuse, deliver)  # type: ignore[arg-type]
+    with pytest.raises(Invalid) as invalid:
+        await service.create_rule(uuid.uuid4(), rule(80, [Channel.WEBHOOK], [WebhookRecipient(url="http://10.0.0.1/")]))
+    assert invalid.value.details[0]["field"] == "recipients.0.url"
+    assert store.rules == {}
+
+
+async def test_fired_deliveries_are_logged_per_rule(service):
+    account = uuid.uuid4()
+    r80 = await service.create_rule(account, rule(80, [Channel.IN_SITE, Channel.EMAIL], [EmailRecipient(email="a@example.com")]))
+    await service.fire_crossing(crossed(account, 81))
+    log = (await service.deliveries(account, r80.id)).items
+    assert sorted(d.channel.value for d in log) == ["email", "in_site"] and {d.attempt for d in log} == {0}
+
+
+async def test_the_inbox_lists_newest_first_and_marks_read_only_ones_own(service, store):
+    account, other = uuid.uuid4(), uuid.uuid4()
+    for day in (1, 2):
+        nid = uuid.uuid4()
+        store.notifications[nid] = {
+            "id": nid,
+            "account_id": account,
+            "created_at": datetime(2026, 11, day, tzinfo=UTC),
+            "title": f"n{day}",
+            "message": "m",
+            "metric": "total_tokens",
+            "threshold_pct": 80,
+            "links": {"upgrade_plan": "u", "buy_quota_package": "b"},
+            "read_at": None,
+        }
+    listed = (await service.notifications(account, 50, unread_only=False)).items
+    assert [n.title for n in listed] == ["n2", "n1"]
+    assert (await service.notifications(other, 50, unread_only=False)).items == []
+    with pytest.raises(NotFound):
+        await service.mark_read(other, listed[0].id)
+    assert (await service.mark_read(account, listed[0].id)).read
+    assert [n.title for n in (await service.notifications(account, 50, unread_only=True)).items] == ["n1"]
+
+
+def key_state(account: uuid.UUID, created_at: datetime | None, key_id: uuid.UUID | None = None, **kw) -> KeyState:
+    return KeyState(
+        time=datetime(2026, 11, 15, tzinfo=UTC),
+        account_id=account,
+        key_id=key_id or uuid.uuid4(),
+        hash="a" * 64,
+        status=KeyStatus.ENABLED,
+        roles=[Role.OWNER],
+        masked_key="sk-abcd...wxyz",
+        created_at=created_at,
+        **kw,
+    )
+
+
+async def test_a_key_older_than_90_days_gets_one_reminder_ever(service, store, clock):
+    account, other = uuid.uuid4(), uuid.uuid4()
+    old = key_state(account, clock() - timedelta(days=91))
+    await service.save_key(old)  # already old when it arrives: reminded at once
+    await service.save_key(key_state(account, clock() - timedelta(days=89)))  # young
+    await service.save_key(key_state(account, None))  # age unknown (an older publisher): never
+    gone = key_state(account, clock() - timedelta(days=200), deleted=True)
+    await service.save_key(gone)
+    items = (await service.notifications(account, 50, unread_only=False)).items
+    assert [(n.kind, n.api_key_id, n.metric, n.threshold_pct, n.links) for n in items] == [
+        ("key_rotation_due", old.key_id, None, None, {})
+    ]
+    assert items[0].title == "Rotate this key" and "sk-abcd...wxyz" in items[0].message
+    assert (await service.notifications(other, 50, unread_only=False)).items == []
+
+    await service.save_key(old)  # a replay
+    assert await service.remind_rotations() == 0
+    clock.advance(days=2)  # the young key ages past 90 days: the periodic pass reminds it
+    assert await service.remind_rotations() == 1
+    assert await service.remind_rotations() == 0
+    assert len((await service.notifications(account, 50, unread_only=False)).items) == 2
