@@ -1,10 +1,10 @@
 """Analytics, metering's read side: the usage overview, trend and by-provider breakdown, and the
 activity log, each of one account, from the store's rollup and call log.
 
-The rules (ranges, buckets, totals, cost) are in services/metering/domain.py; this composes them
-over the store. A read that may be exported (trend, by-provider, activity) comes whole (JSON) or
-as a stream of blocks (CSV, written as it is read: never held whole); either way the request is
-judged first, so a bad one is refused before anything is streamed.
+The rules are pure (ranges.py: ranges and buckets; rollups.py: totals, cost, series); this
+composes them over the store. A read that may be exported (trend, by-provider, activity) comes
+whole (JSON) or as a stream of blocks (CSV, written as it is read: never held whole); either
+way the request is judged first, so a bad one is refused before anything is streamed.
 """
 
 from collections.abc import AsyncIterator, Callable
@@ -238,16 +238,18 @@ class Analytics:
     # ---- activity log ------------------------------------------------------------------------
     async def activity(self, account_id: UUID, where: ActivityFilter, limit: int, cursor: str | None = None) -> ActivityLog:
         """The account's calls, newest first, a page of `limit` after `cursor`."""
-        _judge(where)
-        after = domain.Cursor.decode(cursor) if cursor else None
+        after = _judge(where, cursor)
         rows = await self.store.calls(account_id, where, limit + 1, after)
         page = rows[:limit]
         next_cursor = domain.Cursor(page[-1].time, page[-1].id).encode() if len(rows) > limit else None
         return ActivityLog(items=[self._activity_item(row, ActivityItem) for row in page], next_cursor=next_cursor)
 
-    def activity_stream(self, account_id: UUID, where: ActivityFilter) -> AsyncIterator[list[ActivityItem]]:
-        """Every call the filters match, newest first, block by block (no page limit, no cursor)."""
-        _judge(where)
+    def activity_stream(
+        self, account_id: UUID, where: ActivityFilter, cursor: str | None = None
+    ) -> AsyncIterator[list[ActivityItem]]:
+        """Every call the filters match, newest first, block by block (no page limit; a cursor is
+        judged like the page's, and otherwise ignored)."""
+        _judge(where, cursor)
         blocks = self.store.stream_calls(account_id, where)
 
         async def stream() -> AsyncIterator[list[ActivityItem]]:
@@ -272,10 +274,12 @@ class Analytics:
         )
 
 
-def _judge(where: ActivityFilter) -> None:
+def _judge(where: ActivityFilter, cursor: str | None) -> domain.Cursor | None:
+    """The activity log's bounds and cursor, or the field that is not valid."""
     for field, value in (("start", where.start), ("end", where.end)):
         domain.aware(field, value)
         domain.storable(field, value)
+    return domain.Cursor.decode(cursor) if cursor else None
 
 
 def _points(series: list[rollups.Series], local: dict[datetime, datetime]) -> list[TrendSeries]:

@@ -4,7 +4,6 @@ Thin: each route parses, calls one use case (services/metering/ingest.py, analyt
 answers; a use case's domain error becomes the contract's error body in the edge.
 """
 
-from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Annotated, Literal
 from uuid import UUID
@@ -12,17 +11,7 @@ from uuid import UUID
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from contracts.common import Permission, ServiceScope
-from contracts.metering_api import (
-    ActivityItem,
-    ActivityLog,
-    ByProvider,
-    IngestRequest,
-    IngestResponse,
-    Overview,
-    ProviderItem,
-    Trend,
-    TrendSeries,
-)
+from contracts.metering_api import ActivityLog, ByProvider, IngestRequest, IngestResponse, Overview, Trend
 from services.edge import Principal, Runtime, ServicePrincipal
 from services.metering import csv_export
 from services.metering.analytics import Analytics, Ask, TrendShape
@@ -123,7 +112,9 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
         wanted = [k.strip() for k in (keys or "").split(",") if k.strip()] or None
         shape = TrendShape(granularity, group_by, wanted)
         if csv_export.wants_csv(request):
-            return csv_export.response(TREND_CSV, _trend_csv(analytics.trend_stream(ask, shape)), "usage-trend.csv")
+            return csv_export.response(
+                csv_export.TREND, csv_export.trend_rows(analytics.trend_stream(ask, shape)), "usage-trend.csv"
+            )
         trend = await analytics.trend(ask, shape)
         return Response(trend.model_dump_json(), media_type="application/json")
 
@@ -151,9 +142,9 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
         ask = Ask(principal.account_id, range, tz, start, end, api_key_id)
         per_key = group_by == "api_key"
         if csv_export.wants_csv(request):
-            header = PROVIDER_CSV if per_key else [c for c in PROVIDER_CSV if c not in ("api_key_id", "masked_key")]
+            header = csv_export.provider_header(per_key)
             items = analytics.by_provider_stream(ask, per_key)
-            return csv_export.response(header, _provider_csv(header, items), "usage-by-provider.csv")
+            return csv_export.response(header, csv_export.provider_rows(header, items), "usage-by-provider.csv")
         body = await analytics.by_provider(ask, per_key)
         return Response(body.model_dump_json(), media_type="application/json")
 
@@ -187,46 +178,8 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
         refused = None if outcome is None else outcome == "refused"
         where = ActivityFilter(start=start, end=end, api_key_id=api_key_id, ip=ip, status=status, refused=refused)
         if csv_export.wants_csv(request):
-            items = analytics.activity_stream(principal.account_id, where)
-            return csv_export.response(ACTIVITY_CSV, _activity_csv(items), "activity-log.csv")
+            items = analytics.activity_stream(principal.account_id, where, cursor)
+            return csv_export.response(csv_export.ACTIVITY, csv_export.activity_rows(items), "activity-log.csv")
         return await analytics.activity(principal.account_id, where, limit, cursor)
 
     return router
-
-
-ACTIVITY_CSV = [
-    "time",
-    "api_key_id",
-    "masked_key",
-    "method",
-    "path",
-    "status",
-    "ip",
-    "user_agent",
-    "latency_ms",
-    "error_code",
-    "count",
-]
-
-
-TREND_CSV = ["key", "t", "input_tokens", "output_tokens", "total_tokens", "calls", "estimated_cost", "priced"]
-PROVIDER_CSV = ["provider", "model", "api_key_id", "masked_key", "calls", "total_tokens", "estimated_cost", "priced"]
-
-
-async def _activity_csv(blocks: AsyncIterator[list[ActivityItem]]) -> AsyncIterator[list[Sequence[object]]]:
-    async for block in blocks:
-        yield [[getattr(item, c) if c != "time" else item.time.isoformat() for c in ACTIVITY_CSV] for item in block]
-
-
-async def _trend_csv(blocks: AsyncIterator[list[TrendSeries]]) -> AsyncIterator[list[Sequence[object]]]:
-    async for series in blocks:
-        yield [
-            [s.key, p.t.isoformat(), p.input_tokens, p.output_tokens, p.total_tokens, p.calls, p.estimated_cost, p.priced]
-            for s in series
-            for p in s.points
-        ]
-
-
-async def _provider_csv(header: list[str], blocks: AsyncIterator[list[ProviderItem]]) -> AsyncIterator[list[Sequence[object]]]:
-    async for items in blocks:
-        yield [[getattr(item, c) for c in header] for item in items]

@@ -271,6 +271,8 @@ async def test_activity_refuses_a_bad_cursor_and_bounds_without_an_offset(analyt
         assert caught.value.field == field
     with pytest.raises(InvalidQuery):
         analytics.activity_stream(ACCOUNT, ActivityFilter(start=datetime(2026, 11, 1)))
+    with pytest.raises(InvalidQuery):  # the export takes no cursor, but a broken one is still refused
+        analytics.activity_stream(ACCOUNT, ActivityFilter(), "not-a-cursor")
 
 
 async def test_the_streamed_activity_is_every_matching_call(analytics: Analytics, calls: list[CallRow]):
