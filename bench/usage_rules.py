@@ -23,7 +23,8 @@ from aiokafka.structs import ConsumerRecord
 from bench.stats import ratio_line
 from contracts.common import Resource
 from contracts.events import UsageEvent
-from services.metering.consumers import MAX_RECORDS, _usage_rules
+from services.metering.consumers import MAX_RECORDS
+from services.metering.ingest import usage_rules
 from services.metering.validation import judge
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "7"))
@@ -63,7 +64,7 @@ def main() -> None:
         plain = judge(UsageEvent, values)
         without.append(time.perf_counter() - started)
         started = time.perf_counter()
-        ruled = judge(UsageEvent, values, _usage_rules(batch))
+        ruled = judge(UsageEvent, values, usage_rules(batch))
         with_rules.append(time.perf_counter() - started)
         assert not plain.rejected and not ruled.rejected
     n = len(values)

@@ -1,16 +1,20 @@
-"""Wiring of the metering service: the sink, the analytics API, the ClickHouse schema, the idempotency window."""
+"""Wiring of the metering service: ingest (the endpoint and the sink), analytics, the ClickHouse
+schema, the idempotency window."""
 
 import asyncio
 from pathlib import Path
 
 from contracts.topics import KEYS
-from services.edge.component import Component, Runtime
+from services.edge import Component, Runtime
 from services.metering import prices
+from services.metering.analytics import Analytics
 from services.metering.api import build_router
 from services.metering.consumers import Sink
+from services.metering.ingest import Ingest
+from services.metering.ingested import IngestedIds, ingested_events_pruner
 from services.metering.keymasks import KeyMasks
-from services.metering.retention import ingested_events_pruner
 from services.metering.store import MeteringStore
+from services.metering.usage_topic import UsageTopic
 from services.runtime.platform.topic_follower import TopicFollower
 
 
@@ -20,6 +24,8 @@ def build(runtime: Runtime) -> Component:
     masks = KeyMasks()
     follower = TopicFollower(settings.kafka_bootstrap_servers, {settings.topic(KEYS.name): masks.apply})
     price_table = prices.load(settings.metering_prices_file)
+    ingest = Ingest(IngestedIds(runtime.pool), UsageTopic(runtime).publish, runtime.clock)
+    analytics = Analytics(store, price_table, masks.get, runtime.clock, settings.platform_timezone)
     sink = Sink(runtime, store)
     pruner = ingested_events_pruner(runtime)
 
@@ -35,7 +41,7 @@ def build(runtime: Runtime) -> Component:
 
     return Component(
         name="metering",
-        router=build_router(runtime, store, price_table, masks),
+        router=build_router(runtime, ingest, analytics),
         migrations=Path(__file__).with_name("migrations"),
         on_start=[start, pruner.start],
         before_consumers_stop=[sink.close],

@@ -1,62 +1,41 @@
 """The sink: usage.v1 and calls.v1 -> ClickHouse in batches, exactly once in effect.
 
 Each topic has its own aiokafka consumer (one consumer group per topic): a batch is whatever
-has arrived, up to `MAX_RECORDS` (count) or after `BATCH_TIMEOUT_MS` of waiting (time). Every
-raw message is validated against its contract model (`validation.judge`: malformed ones, events
-without an id, and usage events that break contracts/usage_rules.py, go to the dead-letter topic
-with the error, acknowledged before the batch is written). The valid messages' JSON then goes to
-the engine as it came from Kafka (`MeteringStore.insert_*`: dedup by id, one INSERT), and only
-then are the batch's offsets committed (`pipeline.WritePipeline`: a batch's write overlaps the
+has arrived, up to `MAX_RECORDS` (count) or after `BATCH_TIMEOUT_MS` of waiting (time). The use
+case is `ingest.SinkWrite`: every raw message is validated against its contract model (malformed
+ones, events without an id, and usage events that break contracts/usage_rules.py, go to the
+dead-letter topic with the error, acknowledged before the batch is written); the valid messages'
+JSON then goes to the engine as it came from Kafka (`MeteringStore.insert_*`: dedup by id, one
+INSERT), and only then are the batch's offsets committed (`pipeline.WritePipeline`: a batch's write overlaps the
 next one's validation and the fetch of the one after). A crash before the commit redelivers the batch, and the dedup turns the
 replay into duplicates that are not inserted again.
 
 A plain aiokafka loop rather than a FastStream subscriber: the sink commits, rewinds and drains
 on revoke itself, and FastStream's batch parsing builds a headers dict per record that the sink
-never reads (BENCHMARKS.md, metering round 4: about 190k events/s with it, 190-290k without).
+never reads: measurably slower (BENCHMARKS.md, metering round 4).
 """
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import cast
 
 from aiokafka import AIOKafkaConsumer
 from prometheus_client import Counter
 
-from contracts.events import CallEvent, Event, UsageEvent
+from contracts.events import CallEvent, UsageEvent
 from contracts.topics import CALLS, USAGE, Topic
-from contracts.usage_rules import violations_at
-from services.edge.component import Runtime
+from services.edge import Runtime
+from services.metering.ingest import SinkWrite, usage_rules
 from services.metering.pipeline import RETRY_DELAY_S, DrainOnRevoke, Records, WritePipeline
-from services.metering.store import Canonical, InsertResult, MeteringStore
-from services.metering.validation import Rules, judge
+from services.metering.store import MeteringStore
 from services.runtime.platform.deadletter import send_to_dead_letter
 
 log = logging.getLogger(__name__)
 
-# Large batches: the engine's cost per INSERT is mostly fixed (10k: 4.4 us/event, 50k: 2.6).
+# Large batches: the engine's cost per INSERT is mostly fixed (BENCHMARKS.md, metering round 3).
 MAX_RECORDS = 50_000
 BATCH_TIMEOUT_MS = 100
 
 SINK_EVENTS = Counter("tollgate_metering_sink_events_total", "Events handled by the metering sink", ["topic", "outcome"])
-
-Insert = Callable[[list[bytes], Canonical], Awaitable[InsertResult]]
-RulesOf = Callable[[Records], Rules]
-
-
-def _usage_rules(records: Records) -> Rules:
-    """usage.v1's rules (contracts/usage_rules.py), each event judged against its own record's
-    timestamp: every consumer, at any replay, judges a record the same way."""
-
-    def rules(i: int, event: Event) -> str | None:
-        broken = violations_at(cast(UsageEvent, event), records[i].timestamp * 1000)  # ms -> us; judge parsed a UsageEvent
-        return "; ".join(broken) if broken else None
-
-    return rules
-
-
-def canonical(model: type[Event]) -> Canonical:
-    return lambda line: model.model_validate_json(line).model_dump_json().encode()
 
 
 class TopicSink:
@@ -128,9 +107,13 @@ class TopicSink:
 class Sink:
     def __init__(self, runtime: Runtime, store: MeteringStore) -> None:
         self._runtime = runtime
+
+        async def dead_letter(topic: Topic, raw: bytes, error: str, key: bytes | None) -> None:
+            await send_to_dead_letter(runtime.broker, runtime.settings, topic, raw, error, key=key)
+
         self.topics = [
-            self._topic_sink(USAGE, "metering.usage", UsageEvent, store.insert_usage, _usage_rules),
-            self._topic_sink(CALLS, "metering.calls", CallEvent, store.insert_calls, None),
+            self._topic_sink(SinkWrite(USAGE, UsageEvent, store.insert_usage, dead_letter, usage_rules), "metering.usage"),
+            self._topic_sink(SinkWrite(CALLS, CallEvent, store.insert_calls, dead_letter), "metering.calls"),
         ]
 
     async def start(self) -> None:
@@ -141,26 +124,18 @@ class Sink:
         """Before the process stops: finish and commit the writes in flight, start no other."""
         await asyncio.gather(*(topic.close() for topic in self.topics))
 
-    def _topic_sink(self, topic: Topic, group: str, model: type[Event], insert: Insert, rules_of: RulesOf | None) -> TopicSink:
-        runtime, settings = self._runtime, self._runtime.settings
-        to_canonical = canonical(model)
+    def _topic_sink(self, use_case: SinkWrite, group: str) -> TopicSink:
+        name = use_case.topic.name
 
         async def prepare(records: Records) -> list[bytes]:
-            values = [record.value or b"" for record in records]
-            verdict = judge(model, values, rules_of(records) if rules_of is not None else None)
-            if verdict.rejected:
-                await asyncio.gather(
-                    *(
-                        send_to_dead_letter(runtime.broker, settings, topic, values[i], error, key=records[i].key)
-                        for i, error in verdict.rejected
-                    )
-                )
-                SINK_EVENTS.labels(topic.name, "dead_lettered").inc(len(verdict.rejected))
-            return verdict.lines(values)
+            prepared = await use_case.prepare(records)
+            if prepared.dead_lettered:
+                SINK_EVENTS.labels(name, "dead_lettered").inc(prepared.dead_lettered)
+            return prepared.lines
 
         async def write(lines: list[bytes]) -> None:
-            result = await insert(lines, to_canonical)
-            SINK_EVENTS.labels(topic.name, "inserted").inc(result.inserted)
-            SINK_EVENTS.labels(topic.name, "duplicate").inc(result.duplicates)
+            result = await use_case.write(lines)
+            SINK_EVENTS.labels(name, "inserted").inc(result.inserted)
+            SINK_EVENTS.labels(name, "duplicate").inc(result.duplicates)
 
-        return TopicSink(runtime, topic, group, WritePipeline(prepare, write))
+        return TopicSink(self._runtime, use_case.topic, group, WritePipeline(prepare, write))

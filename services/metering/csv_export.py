@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from contracts.metering_api import ActivityItem, ProviderItem, TrendSeries
+
 CSV = "text/csv"
 # For the OpenAPI of a route that also answers in CSV.
 CSV_RESPONSE: dict[int | str, dict[str, object]] = {
@@ -47,3 +49,44 @@ def response(header: Sequence[str], chunks: AsyncIterator[list[Sequence[object]]
     return StreamingResponse(
         body(), media_type=f"{CSV}; charset=utf-8", headers={"Content-Disposition": f'attachment; filename="{filename}"'}
     )
+
+
+# ---- the analytics' columns ----------------------------------------------------------------------
+TREND = ["key", "t", "input_tokens", "output_tokens", "total_tokens", "calls", "estimated_cost", "priced"]
+PROVIDER = ["provider", "model", "api_key_id", "masked_key", "calls", "total_tokens", "estimated_cost", "priced"]
+ACTIVITY = [
+    "time",
+    "api_key_id",
+    "masked_key",
+    "method",
+    "path",
+    "status",
+    "ip",
+    "user_agent",
+    "latency_ms",
+    "error_code",
+    "count",
+]
+
+
+def provider_header(per_key: bool) -> list[str]:
+    return PROVIDER if per_key else [c for c in PROVIDER if c not in ("api_key_id", "masked_key")]
+
+
+async def trend_rows(blocks: AsyncIterator[list[TrendSeries]]) -> AsyncIterator[list[Sequence[object]]]:
+    async for series in blocks:
+        yield [
+            [s.key, p.t.isoformat(), p.input_tokens, p.output_tokens, p.total_tokens, p.calls, p.estimated_cost, p.priced]
+            for s in series
+            for p in s.points
+        ]
+
+
+async def provider_rows(header: list[str], blocks: AsyncIterator[list[ProviderItem]]) -> AsyncIterator[list[Sequence[object]]]:
+    async for items in blocks:
+        yield [[getattr(item, c) for c in header] for item in items]
+
+
+async def activity_rows(blocks: AsyncIterator[list[ActivityItem]]) -> AsyncIterator[list[Sequence[object]]]:
+    async for items in blocks:
+        yield [[item.time.isoformat(), *(getattr(item, c) for c in ACTIVITY[1:])] for item in items]

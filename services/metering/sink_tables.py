@@ -57,7 +57,7 @@ CALLS = SinkTable(
 # How the engine reads the events' JSON. Unknown keys (`type`, fields added later) are skipped;
 # RFC 3339 times with any offset are read as the contract reads them; a key given twice is an
 # error (by default the engine would keep the first and pydantic the last). One parsing thread:
-# a batch is a few MB, and splitting it costs more than it gains (50k events: 29 ms vs 42 ms).
+# a batch is a few MB, and splitting it costs more than it gains (BENCHMARKS.md, metering round 3).
 JSON_INPUT = {
     "input_format_skip_unknown_fields": 1,
     "date_time_input_format": "best_effort",

@@ -22,8 +22,9 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError
 
 from services.metering import sink_tables
-from services.metering.domain import NO_KEY, NO_KEY_SERIES, TOTAL_KEY, Cursor, GroupBy, UsageRow
+from services.metering.domain import NO_KEY, NO_KEY_SERIES, TOTAL_KEY, Cursor, GroupBy
 from services.metering.prices import PriceTable
+from services.metering.rollups import UsageRow
 from services.metering.sink_tables import SinkTable
 from services.runtime.platform import clickhouse
 
@@ -31,8 +32,8 @@ MIGRATIONS = Path(__file__).with_name("clickhouse")
 READERS = 4
 # Rollup reads touch a few granules: one thread each is faster than fanning out, and keeps
 # the tail low when the machine is busy. No JIT: the engine compiles an expression the third
-# time it sees it, which made one request in a hundred take 60-110 ms instead of 15 (measured
-# in bench/metering.py); over a few thousand rows compiled code gains nothing.
+# time it sees it, which made one request in a hundred several times slower (BENCHMARKS.md,
+# metering round 3, "Queries"); over a few thousand rows compiled code gains nothing.
 SMALL_READ = "SETTINGS max_threads = 1, compile_expressions = 0, compile_aggregate_expressions = 0"
 STREAM_BLOCK_ROWS = 10_000  # rollup rows per block of a streamed read (an export holds one block at a time)
 T = TypeVar("T")
@@ -68,7 +69,7 @@ class UsageQuery:
 
 
 def series_sql(group_by: GroupBy | None) -> str:
-    """domain.series_key in SQL: rows ordered by it come one trend series after another (the
+    """rollups.series_key in SQL: rows ordered by it come one trend series after another (the
     engine orders strings bytewise, as Python orders their code points)."""
     if group_by == "model":
         return "concat(provider, '/', model)"

@@ -10,7 +10,7 @@ import pytest
 
 from contracts.common import Resource
 from contracts.events import UsageEvent
-from services.metering.consumers import canonical
+from services.metering.ingest import canonical
 from services.metering.store import InsertResult, MeteringStore
 
 pytestmark = pytest.mark.integration

@@ -1,0 +1,118 @@
+"""Ingest, metering's write side: usage reported over HTTP is judged and published to usage.v1;
+the sink writes usage.v1 and calls.v1 to ClickHouse in batches.
+
+Both judge a usage event by the same rules (contracts/usage_rules.py): the endpoint against
+now, the sink against the Kafka record's timestamp (every consumer, at any replay, judges a
+record the same way). Neither knows HTTP or Kafka's client: their ports are injected.
+"""
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol, cast
+from uuid import UUID
+
+from contracts.clock import Clock
+from contracts.events import Event, UsageEvent
+from contracts.metering_api import IngestResponse
+from contracts.topics import Topic
+from contracts.usage_rules import violations, violations_at
+from services.metering import domain
+from services.metering.domain import UsageRulesBroken
+from services.metering.pipeline import Records
+from services.metering.store import Canonical, InsertResult
+from services.metering.validation import Rules, judge
+
+
+class IngestedIds(Protocol):
+    """The idempotency window's ids (services/metering/ingested.py)."""
+
+    async def known(self, ids: list[UUID]) -> set[UUID]: ...
+
+    async def remember(self, events: list[UsageEvent]) -> int: ...
+
+
+Publish = Callable[[list[UsageEvent]], Awaitable[None]]  # every event acknowledged, or an error
+
+
+class Ingest:
+    """POST /api/usage/events: a platform service reports usage for any account."""
+
+    def __init__(self, ingested: IngestedIds, publish: Publish, clock: Clock) -> None:
+        self.ingested = ingested
+        self.publish = publish
+        self.clock = clock
+
+    async def accept(self, events: list[UsageEvent]) -> IngestResponse:
+        """Judge every event, then publish the ones this window has not seen, then remember them
+        (a crash between the two re-publishes on retry: the sink drops the duplicates)."""
+        reference = self.clock()
+        broken: list[dict[str, object]] = [
+            {"field": f"events.{i}", "index": i, "message": reason}
+            for i, event in enumerate(events)
+            for reason in violations(event, reference)
+        ]
+        if broken:  # the whole batch, or a retry could not tell what was counted
+            raise UsageRulesBroken(broken)
+        unique = domain.first_of_each_id(events)
+        known = await self.ingested.known([e.id for e in unique])
+        fresh = [e for e in unique if e.id not in known]
+        await self.publish(fresh)
+        accepted = await self.ingested.remember(fresh)
+        return IngestResponse(accepted=accepted, duplicates=len(events) - accepted)
+
+
+# ---- the sink's batch write ------------------------------------------------------------------------
+Insert = Callable[[list[bytes], Canonical], Awaitable[InsertResult]]
+DeadLetter = Callable[[Topic, bytes, str, bytes | None], Awaitable[None]]  # topic, raw, error, key
+RulesOf = Callable[[Records], Rules]
+
+
+def usage_rules(records: Records) -> Rules:
+    """usage.v1's rules (contracts/usage_rules.py), each event judged against its own record's
+    timestamp: every consumer, at any replay, judges a record the same way."""
+
+    def rules(i: int, event: Event) -> str | None:
+        broken = violations_at(cast(UsageEvent, event), records[i].timestamp * 1000)  # ms -> us; judge parsed a UsageEvent
+        return "; ".join(broken) if broken else None
+
+    return rules
+
+
+def canonical(model: type[Event]) -> Canonical:
+    return lambda line: model.model_validate_json(line).model_dump_json().encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    lines: list[bytes]  # the JSON documents to write
+    dead_lettered: int
+
+
+class SinkWrite:
+    """One topic's batch, validated against its contract model (malformed messages, events
+    without an id and, for usage.v1, events that break its rules go to the dead-letter topic with
+    the error, acknowledged before the batch is written), then written as it came from Kafka (the
+    engine deduplicates by id)."""
+
+    def __init__(
+        self, topic: Topic, model: type[Event], insert: Insert, dead_letter: DeadLetter, rules_of: RulesOf | None = None
+    ) -> None:
+        self.topic = topic
+        self.model = model
+        self.insert = insert
+        self.dead_letter = dead_letter
+        self.rules_of = rules_of
+        self.canonical = canonical(model)
+
+    async def prepare(self, records: Records) -> Prepared:
+        values = [record.value or b"" for record in records]
+        verdict = judge(self.model, values, self.rules_of(records) if self.rules_of is not None else None)
+        if verdict.rejected:
+            await asyncio.gather(
+                *(self.dead_letter(self.topic, values[i], error, records[i].key) for i, error in verdict.rejected)
+            )
+        return Prepared(verdict.lines(values), len(verdict.rejected))
+
+    async def write(self, lines: list[bytes]) -> InsertResult:
+        return await self.insert(lines, self.canonical)
