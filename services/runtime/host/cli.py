@@ -30,10 +30,14 @@ DEMO_PASSWORD = "demo-password-123"
 DEMO_SERVICE_TOKEN_NAME = "demo platform service"
 
 
-def _config() -> stack.StackConfig:
+def _config(kafka_nodes: int | None = None) -> stack.StackConfig:
+    """The local stack: ports from TOLLGATE_* variables; Kafka nodes from the option, else
+    TOLLGATE_KAFKA_NODES, else what the state directory's Kafka was made with, else 1."""
     env = os.environ.get
+    nodes = kafka_nodes or int(env("TOLLGATE_KAFKA_NODES", "0")) or stack.recorded_kafka_nodes(STATE_DIR) or 1
     return stack.StackConfig(
         state_dir=STATE_DIR,
+        kafka_nodes=nodes,
         kafka_port=int(env("TOLLGATE_KAFKA_PORT", "19092")),
         controller_port=int(env("TOLLGATE_KAFKA_CONTROLLER_PORT", "19093")),
         postgres_port=int(env("TOLLGATE_POSTGRES_PORT", "15432")),
@@ -75,10 +79,21 @@ def serve(
     )
 
 
+KafkaNodes = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        max=3,
+        help="Kafka nodes: 1, or 3 for a KRaft cluster with replication factor 3 and min.insync.replicas 2 "
+        "(default: TOLLGATE_KAFKA_NODES, else what the stack was made with, else 1)",
+    ),
+]
+
+
 @stack_app.command("up")
-def stack_up() -> None:
+def stack_up(kafka_nodes: KafkaNodes = None) -> None:
     """Start Kafka, Postgres, the ClickHouse server and redis (idempotent)."""
-    stack.up(_config())
+    stack.up(_config(kafka_nodes))
 
 
 @stack_app.command("down")
