@@ -38,7 +38,8 @@ PRODUCER_CONFIG: dict[str, Any] = {"enable_idempotence": False, "acks": "all"}
 def make_broker(settings: Settings) -> KafkaBroker:
     """The process's broker: a publish that returns is durable (acks=all)."""
     return KafkaBroker(
-        settings.kafka_bootstrap_servers,
+        # FastStream takes a string as ONE host; aiokafka itself splits "a:1,b:2" (a cluster's list).
+        [server.strip() for server in settings.kafka_bootstrap_servers.split(",")],
         **PRODUCER_CONFIG,
         linger_ms=5,
         # A publish the response waits on gives up after this, and the caller gets a 503.
