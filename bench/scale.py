@@ -282,6 +282,7 @@ async def recovery(shape: split.SplitShape, settings: Settings) -> None:
             assert pid is not None
             os.killpg(pid, signal.SIGKILL)
             killed_at = time.perf_counter()
+            stack._wait_gone(pid, 10)  # reap it: the bench started it
             # recovered: the group committed past the partition's end at the kill (an event reported after it)
             recovered: dict[str, float] = {}
             while len(recovered) < len(groups) and time.perf_counter() - killed_at < 120:
