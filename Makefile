@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-faults stop lint bench docs clean browser
+.PHONY: run test test-faults test-scale stop lint bench docs clean browser
 
 $(STAMP): pyproject.toml
 	./deploy/local/prereqs.sh
@@ -31,7 +31,10 @@ test: $(STAMP) browser lint  ## lint, type-check, and the suite on real Kafka, P
 	$(BIN)/python -m pytest tests --ignore=tests/faults
 
 test-faults: $(STAMP)  ## the slow fault suite (brokers stopped, processes killed) on a stack of its own
-	$(BIN)/python -m pytest tests/faults
+	$(BIN)/python -m pytest tests/faults --ignore-glob='tests/faults/test_scale_*'
+
+test-scale: $(STAMP)  ## the scaled-out shape under faults: three Kafka brokers, `up --split` behind nginx (its own stack)
+	$(BIN)/python -m pytest tests/faults/test_scale_*.py
 
 bench: $(STAMP)  ## every benchmark in bench/, each against its own baseline
 	./deploy/local/prereqs.sh --bench

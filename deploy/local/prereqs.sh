@@ -7,6 +7,8 @@ command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || missing+=(maven)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v redis-server >/dev/null || missing+=(redis-server)
+# nginx: the ingress of `tollgate up --split` (deploy/ingress.conf); in /usr/sbin, often off a user's PATH
+command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || missing+=(nginx)
 command -v python3.11 >/dev/null || command -v python3 >/dev/null || missing+=(python3)
 for option in "$@"; do
   case "$option" in

@@ -30,10 +30,14 @@ DEMO_PASSWORD = "demo-password-123"
 DEMO_SERVICE_TOKEN_NAME = "demo platform service"
 
 
-def _config() -> stack.StackConfig:
+def _config(kafka_nodes: int | None = None) -> stack.StackConfig:
+    """The local stack: ports from TOLLGATE_* variables; Kafka nodes from the option, else
+    TOLLGATE_KAFKA_NODES, else what the state directory's Kafka was made with, else 1."""
     env = os.environ.get
+    nodes = kafka_nodes or int(env("TOLLGATE_KAFKA_NODES", "0")) or stack.recorded_kafka_nodes(STATE_DIR) or 1
     return stack.StackConfig(
         state_dir=STATE_DIR,
+        kafka_nodes=nodes,
         kafka_port=int(env("TOLLGATE_KAFKA_PORT", "19092")),
         controller_port=int(env("TOLLGATE_KAFKA_CONTROLLER_PORT", "19093")),
         postgres_port=int(env("TOLLGATE_POSTGRES_PORT", "15432")),
@@ -75,10 +79,21 @@ def serve(
     )
 
 
+KafkaNodes = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        max=3,
+        help="Kafka nodes: 1, or 3 for a KRaft cluster with replication factor 3 and min.insync.replicas 2 "
+        "(default: TOLLGATE_KAFKA_NODES, else what the stack was made with, else 1)",
+    ),
+]
+
+
 @stack_app.command("up")
-def stack_up() -> None:
+def stack_up(kafka_nodes: KafkaNodes = None) -> None:
     """Start Kafka, Postgres, the ClickHouse server and redis (idempotent)."""
-    stack.up(_config())
+    stack.up(_config(kafka_nodes))
 
 
 @stack_app.command("down")
@@ -165,7 +180,11 @@ def _demo_service_token(cfg: stack.StackConfig) -> str:
     from services.runtime.platform.settings import Settings
 
     # the serve process's settings: this stack's, and the rest from the environment
-    settings = Settings(kafka_bootstrap_servers=cfg.kafka_bootstrap, database_url=cfg.database_url)
+    settings = Settings(
+        kafka_bootstrap_servers=cfg.kafka_bootstrap,
+        kafka_replication_factor=cfg.kafka_replication_factor,
+        database_url=cfg.database_url,
+    )
     saved = STATE_DIR / "demo-service-token.json"
     if saved.exists():
         known = json.loads(saved.read_text())
@@ -179,50 +198,75 @@ def _demo_service_token(cfg: stack.StackConfig) -> str:
     return created["token"]
 
 
+SPLIT_INGRESS_PORT = 8090  # `up --split`: clear of `make run` (8080) and of the stack's ports
+SPLIT_FIRST_PORT = 8091  # the replicas, on consecutive ports (services/runtime/host/split.py)
+
+
 @app.command()
-def up(port: int = 8080) -> None:
-    """The local stack plus `serve --target all` in the background; prints URL and demo login."""
-    cfg = _config()
+def up(
+    port: Annotated[int | None, typer.Option(help="8080; with --split, the ingress's port, 8090")] = None,
+    split: Annotated[
+        bool,
+        typer.Option(
+            "--split",
+            help="one process per service (two replicas of geo and metering) behind nginx "
+            "routing by path prefix (deploy/ingress.conf), instead of one `serve --target all`",
+        ),
+    ] = False,
+    kafka_nodes: KafkaNodes = None,
+) -> None:
+    """The local stack plus Tollgate in the background; prints URL and demo login."""
+    cfg = _config(kafka_nodes)
     stack.up(cfg)
-    pid_file = STATE_DIR / "tollgate.pid"
-    base_url = f"http://127.0.0.1:{port}"
-    if stack._read_pid(pid_file) is None:
-        logs = STATE_DIR / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **cfg.env()}
-        with open(logs / "tollgate.log", "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "services.runtime.host.cli", "serve", "--target", "all", "--port", str(port)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-        pid_file.write_text(str(proc.pid))
-    _wait_ready(base_url)
+    if split:
+        from services.runtime.host import split as split_shape
+
+        shape = split_shape.shape(STATE_DIR / "split", port or SPLIT_INGRESS_PORT, SPLIT_FIRST_PORT)
+        base_url = shape.ingress_url
+        split_shape.start(shape, split_shape.process_env(cfg, shape, os.environ))
+    else:
+        base_url = f"http://127.0.0.1:{port or 8080}"
+        pid_file = STATE_DIR / "tollgate.pid"
+        if stack._read_pid(pid_file) is None:
+            logs = STATE_DIR / "logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            env = {**os.environ, **cfg.env()}
+            with open(logs / "tollgate.log", "ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "services.runtime.host.cli", "serve", "--target", "all", "--port", str(port or 8080)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+            pid_file.write_text(str(proc.pid))
+        _wait_ready(base_url)
     _ensure_demo_account(base_url)
     service_token = _demo_service_token(cfg)
-    typer.echo(
-        json.dumps(
-            {
-                "base_url": base_url,
-                "console": f"{base_url}/console",
-                "docs": f"{base_url}/docs",
-                "demo_login": {"email": DEMO_EMAIL, "password": DEMO_PASSWORD},
-                # for POST /api/usage/events, as a platform service would (README: "Reporting usage")
-                "demo_service_token": service_token,
-                "logs": str(STATE_DIR / "logs"),
-                "clickhouse_analyst": cfg.analyst_dsns(),
-                "clickhouse_play": f"http://127.0.0.1:{cfg.clickhouse_http_port}/play",
-            },
-            indent=2,
-        )
-    )
+    shown: dict[str, object] = {
+        "base_url": base_url,
+        "console": f"{base_url}/console",
+        "docs": f"{base_url}/docs",
+        "demo_login": {"email": DEMO_EMAIL, "password": DEMO_PASSWORD},
+        # for POST /api/usage/events, as a platform service would (README: "Reporting usage")
+        "demo_service_token": service_token,
+        "logs": str(STATE_DIR / ("split/logs" if split else "logs")),
+        "clickhouse_analyst": cfg.analyst_dsns(),
+        "clickhouse_play": f"http://127.0.0.1:{cfg.clickhouse_http_port}/play",
+    }
+    if split:
+        shown["docs"] = f"{shape.of('keys')[0].base_url}/docs"  # the ingress routes only the API and the console
+        shown["replicas"] = {r.name: r.base_url for r in shape.replicas}
+        shown["kafka_bootstrap"] = cfg.kafka_bootstrap
+    typer.echo(json.dumps(shown, indent=2))
 
 
 @app.command()
 def down() -> None:
-    """Stop Tollgate and the local stack."""
+    """Stop Tollgate (either shape) and the local stack."""
+    from services.runtime.host import split as split_shape
+
+    split_shape.stop(STATE_DIR / "split")
     stack.stop_pid_file(STATE_DIR / "tollgate.pid", "tollgate")
     stack.down(_config())
 

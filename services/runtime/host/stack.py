@@ -47,10 +47,28 @@ class StackConfig:
     # Database name patterns (`t_*`) the `tollgate` user may also create: per-test databases.
     clickhouse_extra_databases: tuple[str, ...] = ()
     clickhouse_extra_table_engines: tuple[str, ...] = ()  # for benchmarks only (Kafka)
+    # 1, or 3 for a cluster (`stack up --kafka-nodes 3`): node i listens on kafka_port + 2(i-1),
+    # its controller on controller_port + 2(i-1); topics get replication factor min(3, nodes).
+    kafka_nodes: int = 1
+
+    def kafka_node_port(self, node: int) -> int:
+        return self.kafka_port + 2 * (node - 1)
+
+    def kafka_controller_port(self, node: int) -> int:
+        return self.controller_port + 2 * (node - 1)
+
+    @property
+    def kafka_replication_factor(self) -> int:
+        return min(3, self.kafka_nodes)
+
+    @property
+    def kafka_min_insync_replicas(self) -> int:
+        # a majority of the replicas: with RF 3, an acked write survives the loss of any one broker
+        return self.kafka_replication_factor // 2 + 1
 
     @property
     def kafka_bootstrap(self) -> str:
-        return f"127.0.0.1:{self.kafka_port}"
+        return ",".join(f"127.0.0.1:{self.kafka_node_port(i)}" for i in range(1, self.kafka_nodes + 1))
 
     @property
     def database_url(self) -> str:
@@ -94,6 +112,7 @@ class StackConfig:
         """The settings (environment variables) that point Tollgate at this stack."""
         return {
             "KAFKA_BOOTSTRAP_SERVERS": self.kafka_bootstrap,
+            "KAFKA_REPLICATION_FACTOR": str(self.kafka_replication_factor),
             "DATABASE_URL": self.database_url,
             "CLICKHOUSE_DSN": self.clickhouse_dsn,
             "CLICKHOUSE_DATABASE": self.database,
@@ -116,7 +135,10 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # a killed child nobody reaped yet is a zombie: gone, though its pid still answers
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _read_pid(path: Path) -> int | None:
@@ -187,41 +209,106 @@ def _java_cmd(libs: Path, main: str, *args: str, heap: str = "512m") -> list[str
     ]
 
 
-def kafka_up(cfg: StackConfig) -> None:
-    run = cfg.state_dir / "kafka"
-    pid_file = run / "kafka.pid"
-    if _read_pid(pid_file):
-        _log(f"kafka already running on {cfg.kafka_bootstrap}")
-        return
-    libs = kafka_libs()
-    run.mkdir(parents=True, exist_ok=True)
-    data = run / "data"
-    props = run / "server.properties"
-    props.write_text(
-        (DEPLOY / "kafka-server.properties")
-        .read_text()
-        .format(port=cfg.kafka_port, controller_port=cfg.controller_port, log_dir=data)
-    )
-    if not (data / "meta.properties").exists():
-        subprocess.run(
-            _java_cmd(libs, "kafka.tools.StorageTool", "format", "-t", str(uuid.uuid4()), "-c", str(props), heap="256m"),
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-    with open(run / "kafka.log", "ab") as log:
-        proc = subprocess.Popen(
-            _java_cmd(libs, "kafka.Kafka", str(props), heap="1024m"), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    pid_file.write_text(str(proc.pid))
-    _wait_kafka(cfg, proc)
-    _log(f"kafka ready on {cfg.kafka_bootstrap}")
+def _kafka_run(cfg: StackConfig, node: int) -> Path:
+    # Node 1 keeps the one-node stack's folder, so a one-node state directory stays as it was.
+    return cfg.state_dir / ("kafka" if node == 1 else f"kafka-{node}")
 
 
-def _wait_kafka(cfg: StackConfig, proc: subprocess.Popen[bytes], timeout: float = 90) -> None:
+def kafka_pid_file(cfg: StackConfig, node: int = 1) -> Path:
+    return _kafka_run(cfg, node) / "kafka.pid"
+
+
+def _kafka_layout(cfg: StackConfig) -> str:
+    """The cluster id all nodes are formatted with; refuses a node count the data was not made for."""
+    layout_file = _kafka_run(cfg, 1) / "cluster.json"
+    try:
+        layout = json.loads(layout_file.read_text())
+    except FileNotFoundError:
+        # formatted before the cluster file existed: a one-node stack
+        formatted = (_kafka_run(cfg, 1) / "data" / "meta.properties").exists()
+        layout = {"nodes": 1 if formatted else cfg.kafka_nodes, "cluster_id": str(uuid.uuid4())}
+        layout_file.parent.mkdir(parents=True, exist_ok=True)
+        layout_file.write_text(json.dumps(layout))
+    if layout["nodes"] != cfg.kafka_nodes:
+        raise SystemExit(
+            f"the Kafka data in {cfg.state_dir} is for {layout['nodes']} node(s), not {cfg.kafka_nodes}: "
+            f"`tollgate stack down`, remove {cfg.state_dir}/kafka*, and start again"
+        )
+    return str(layout["cluster_id"])
+
+
+def recorded_kafka_nodes(state_dir: Path) -> int | None:
+    """How many Kafka nodes the stack in `state_dir` was made with (None: no Kafka yet)."""
+    try:
+        return int(json.loads((state_dir / "kafka" / "cluster.json").read_text())["nodes"])
+    except (FileNotFoundError, ValueError, KeyError):
+        return 1 if (state_dir / "kafka" / "data" / "meta.properties").exists() else None
+
+
+def kafka_up(cfg: StackConfig, node: int | None = None) -> None:
+    """Start every node of the cluster that is not running (or only `node`), then wait for them."""
+    cluster_id = _kafka_layout(cfg)
+    voters = ",".join(f"{i}@127.0.0.1:{cfg.kafka_controller_port(i)}" for i in range(1, cfg.kafka_nodes + 1))
+    # Each node runs in its own JVM; three 1 GB heaps would be a lot for a laptop.
+    heap = "1024m" if cfg.kafka_nodes == 1 else "512m"
+    started: list[tuple[int, subprocess.Popen[bytes]]] = []
+    for i in [node] if node is not None else range(1, cfg.kafka_nodes + 1):
+        run = _kafka_run(cfg, i)
+        if _read_pid(run / "kafka.pid"):
+            _log(f"kafka node {i} already running on 127.0.0.1:{cfg.kafka_node_port(i)}")
+            continue
+        libs = kafka_libs()
+        run.mkdir(parents=True, exist_ok=True)
+        data = run / "data"
+        props = run / "server.properties"
+        props.write_text(
+            (DEPLOY / "kafka-server.properties")
+            .read_text()
+            .format(
+                node_id=i,
+                voters=voters,
+                port=cfg.kafka_node_port(i),
+                controller_port=cfg.kafka_controller_port(i),
+                log_dir=data,
+                replication=cfg.kafka_replication_factor,
+                min_isr=cfg.kafka_min_insync_replicas,
+            )
+        )
+        if not (data / "meta.properties").exists():
+            subprocess.run(
+                _java_cmd(libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props), heap="256m"),
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+        with open(run / "kafka.log", "ab") as log:
+            proc = subprocess.Popen(
+                _java_cmd(libs, "kafka.Kafka", str(props), heap=heap),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        (run / "kafka.pid").write_text(str(proc.pid))
+        started.append((i, proc))
+    # A node of a cluster answers only once a quorum of controllers is up: wait after starting all.
+    for i, proc in started:
+        _wait_kafka(cfg, i, proc)
+        _log(f"kafka node {i} ready on 127.0.0.1:{cfg.kafka_node_port(i)}")
+
+
+def kafka_down(cfg: StackConfig) -> None:
+    # In parallel: a node stopping alone waits for a controller quorum the others would leave.
+    with ThreadPoolExecutor(max_workers=cfg.kafka_nodes) as pool:
+        for i in range(1, cfg.kafka_nodes + 1):
+            pool.submit(stop_pid_file, kafka_pid_file(cfg, i), "kafka" if cfg.kafka_nodes == 1 else f"kafka node {i}")
+
+
+def _wait_kafka(cfg: StackConfig, node: int, proc: subprocess.Popen[bytes], timeout: float = 90) -> None:
     from aiokafka.admin import AIOKafkaAdminClient
 
+    port = cfg.kafka_node_port(node)
+
     async def answers() -> bool:
-        admin = AIOKafkaAdminClient(bootstrap_servers=cfg.kafka_bootstrap, request_timeout_ms=3000)
+        admin = AIOKafkaAdminClient(bootstrap_servers=f"127.0.0.1:{port}", request_timeout_ms=3000)
         try:
             await admin.start()
             await admin.list_topics()
@@ -236,11 +323,11 @@ def _wait_kafka(cfg: StackConfig, proc: subprocess.Popen[bytes], timeout: float 
     with ThreadPoolExecutor(max_workers=1) as probe:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise SystemExit(f"kafka exited with {proc.returncode}; see {cfg.state_dir / 'kafka' / 'kafka.log'}")
-            if _port_open(cfg.kafka_port) and probe.submit(asyncio.run, answers()).result():
+                raise SystemExit(f"kafka exited with {proc.returncode}; see {_kafka_run(cfg, node) / 'kafka.log'}")
+            if _port_open(port) and probe.submit(asyncio.run, answers()).result():
                 return
             time.sleep(0.3)
-    raise SystemExit(f"kafka did not answer within {timeout:.0f}s")
+    raise SystemExit(f"kafka node {node} did not answer within {timeout:.0f}s")
 
 
 # ---- Postgres ------------------------------------------------------------------------------
@@ -453,12 +540,12 @@ def up(cfg: StackConfig) -> None:
 def down(cfg: StackConfig) -> None:
     stop_pid_file(cfg.state_dir.resolve() / "redis.pid", "redis")
     clickhouse_down(cfg)
-    stop_pid_file(cfg.state_dir / "kafka" / "kafka.pid", "kafka")
+    kafka_down(cfg)
     postgres_down(cfg)
 
 
 def status(cfg: StackConfig) -> dict[str, str]:
-    kafka = _read_pid(cfg.state_dir / "kafka" / "kafka.pid")
+    kafka = {i: _read_pid(kafka_pid_file(cfg, i)) for i in range(1, cfg.kafka_nodes + 1)}
     pg = _read_pid((cfg.state_dir / "postgres" / "data" / "postmaster.pid").resolve())
     _, ch_pid_file, ctl_file, _ = _clickhouse_files(cfg)
     ch = _read_pid(ch_pid_file)
@@ -467,8 +554,14 @@ def status(cfg: StackConfig) -> dict[str, str]:
         answers = "" if _clickhouse_answers(ctl_file) else ", NOT answering"
         ch_state = f"running (pid {ch}{answers}) on http://127.0.0.1:{cfg.clickhouse_http_port}, native {cfg.clickhouse_tcp_port}"
     rd = _read_pid(cfg.state_dir.resolve() / "redis.pid")
+    kafka_states = {
+        ("kafka" if cfg.kafka_nodes == 1 else f"kafka {i}"): f"running (pid {pid}) on 127.0.0.1:{cfg.kafka_node_port(i)}"
+        if pid
+        else "stopped"
+        for i, pid in kafka.items()
+    }
     return {
-        "kafka": f"running (pid {kafka}) on {cfg.kafka_bootstrap}" if kafka else "stopped",
+        **kafka_states,
         "postgres": f"running (pid {pg}) at {cfg.database_url}" if pg else "stopped",
         "clickhouse": ch_state,
         "redis": f"running (pid {rd}) at {cfg.redis_url}" if rd else "stopped",

@@ -38,7 +38,8 @@ PRODUCER_CONFIG: dict[str, Any] = {"enable_idempotence": False, "acks": "all"}
 def make_broker(settings: Settings) -> KafkaBroker:
     """The process's broker: a publish that returns is durable (acks=all)."""
     return KafkaBroker(
-        settings.kafka_bootstrap_servers,
+        # FastStream takes a string as ONE host; aiokafka itself splits "a:1,b:2" (a cluster's list).
+        [server.strip() for server in settings.kafka_bootstrap_servers.split(",")],
         **PRODUCER_CONFIG,
         linger_ms=5,
         # A publish the response waits on gives up after this, and the caller gets a 503.
@@ -54,14 +55,18 @@ async def ensure_topics(settings: Settings, topics: tuple[Topic, ...] = ALL_TOPI
     """Create the topics (with their partitions and configs) that do not exist yet."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
     await admin.start()
+    replication = settings.kafka_replication_factor
+    # Replicated, an acks=all write waits for a majority of the replicas (2 of 3): it survives the
+    # loss of any one broker, and the partition still takes writes while one broker is away.
+    durability = {"min.insync.replicas": str(replication // 2 + 1)} if replication > 1 else {}
     try:
         existing = set(await admin.list_topics())
         wanted = [
             NewTopic(
                 name=settings.topic(t.name),
                 num_partitions=t.partitions,
-                replication_factor=settings.kafka_replication_factor,
-                topic_configs=dict(t.config),
+                replication_factor=replication,
+                topic_configs={**durability, **dict(t.config)},
             )
             for t in topics
             if settings.topic(t.name) not in existing

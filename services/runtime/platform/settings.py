@@ -11,6 +11,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_file=None, extra="ignore", frozen=True)
 
     kafka_bootstrap_servers: str = "127.0.0.1:19092"
+    # Of the topics Tollgate creates: 1 on the one-node stack, 3 on a cluster (`stack up --kafka-nodes 3`
+    # sets it); above 1, topics also get min.insync.replicas = a majority.
     kafka_replication_factor: int = Field(default=1, ge=1)
     database_url: str = "postgresql://tollgate@127.0.0.1:15432/tollgate"
     # A ClickHouse server over HTTP; `tollgate up` sets it to the local stack's (with its password).
