@@ -1,7 +1,32 @@
 """Fakes of the ports the use cases take (cosmicpython's fakes): no I/O, so the unit suite runs
 every use case in milliseconds. One section per service; the shared ones first."""
 
+import copy
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+from contracts.alerts_api import Channel, Recipient
+from contracts.common import STOCK_RESOURCES, AlertMetric, Resource, Tier, UserType
+from contracts.events import AccountState, KeyState, QuotaState, UsageEvent
+from contracts.plans import catalogue
+from contracts.topics import Topic
+from services.alerts import domain as alerts_domain
+from services.alerts.store import Firing, Rule, RuleView
+from services.billing.domain import Idempotency, KeyReused
+from services.billing.payments import Charge
+from services.billing.store import AccountRow, InvoiceRow, OrderRow
+from services.geo.store import ProjectRow
+from services.metering.domain import NO_KEY, Cursor, GroupBy
+from services.metering.rollups import UsageRow, series_key
+from services.metering.store import ActivityFilter, CallRow, UsageQuery
+from services.quota.domain import EPOCH, Delta
+from services.quota.store import Line
 
 
 class FakeClock:
@@ -18,19 +43,6 @@ class FakeClock:
 
 
 # ---- billing ----
-import copy  # noqa: E402
-from collections.abc import AsyncIterator  # noqa: E402
-from contextlib import asynccontextmanager  # noqa: E402
-from decimal import Decimal  # noqa: E402
-from typing import Any  # noqa: E402
-from uuid import UUID  # noqa: E402
-
-from contracts.common import Tier, UserType  # noqa: E402
-from contracts.events import AccountState  # noqa: E402
-from contracts.topics import Topic  # noqa: E402
-from services.billing.domain import Idempotency, KeyReused  # noqa: E402
-from services.billing.payments import Charge  # noqa: E402
-from services.billing.store import AccountRow, InvoiceRow, OrderRow  # noqa: E402
 
 
 class FakeOutbox:
@@ -167,8 +179,6 @@ class FakeAccounts:
 
 
 # ---- geo ----
-from contracts.common import Resource  # noqa: E402
-from services.geo.store import ProjectRow  # noqa: E402
 
 
 class FakeGeoTx:
@@ -229,18 +239,9 @@ class FakeQuota:
 
     def period_end(self, now: datetime) -> datetime:
         return self.end
-# ---- quota ----
-import uuid  # noqa: E402
-from collections.abc import AsyncIterator, Iterable, Mapping  # noqa: E402
-from contextlib import asynccontextmanager  # noqa: E402
-from typing import Any  # noqa: E402
-from uuid import UUID  # noqa: E402
 
-from contracts.common import STOCK_RESOURCES, Resource, Tier  # noqa: E402
-from contracts.plans import catalogue  # noqa: E402
-from contracts.topics import Topic  # noqa: E402
-from services.quota.domain import EPOCH, Delta  # noqa: E402
-from services.quota.store import Line  # noqa: E402
+
+# ---- quota ----
 
 
 class FakeQuotaStore:
@@ -380,11 +381,6 @@ class FakePublisher:
 
 
 # ---- alerts ----
-from contracts.alerts_api import Channel, Recipient  # noqa: E402
-from contracts.common import AlertMetric  # noqa: E402
-from contracts.events import KeyState, QuotaState  # noqa: E402
-from services.alerts import domain as alerts_domain  # noqa: E402
-from services.alerts.store import Firing, Rule, RuleView  # noqa: E402
 
 
 class FakeAlertsStore:
@@ -580,15 +576,9 @@ class FakeDeliver:
 async def no_refusal(url: str) -> str | None:
     """webhook.creation_refusal for tests: every URL may be a target."""
     return None
-# ---- metering ----
-from collections.abc import AsyncIterator, Callable  # noqa: E402  (each section stands alone: the lead concatenates)
-from dataclasses import dataclass  # noqa: E402
-from uuid import UUID  # noqa: E402
 
-from contracts.events import UsageEvent  # noqa: E402
-from services.metering.domain import NO_KEY, Cursor, GroupBy  # noqa: E402
-from services.metering.rollups import UsageRow, series_key  # noqa: E402
-from services.metering.store import ActivityFilter, CallRow, UsageQuery  # noqa: E402
+
+# ---- metering ----
 
 
 class FakeIngestedIds:
