@@ -21,6 +21,7 @@ HTTP_LATENCY = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )
 MAX_REQUEST_ID = 128
+MAX_SERIES = 10_000  # (method, route, status) children kept at hand; routes are templates, so few
 
 
 def request_id_from(incoming: str) -> str:
@@ -33,6 +34,16 @@ def request_id_from(incoming: str) -> str:
 class RequestMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        # the histogram's child per label set: `labels()` per request costs more than `observe()`
+        self._series: dict[tuple[str, str, int], Histogram] = {}
+
+    def _observe(self, method: str, route: str, status: int, seconds: float) -> None:
+        series = self._series.get((method, route, status))
+        if series is None:
+            if len(self._series) >= MAX_SERIES:
+                self._series.clear()
+            series = self._series[(method, route, status)] = HTTP_LATENCY.labels(method, route, str(status))
+        series.observe(seconds)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -60,5 +71,5 @@ class RequestMiddleware:
             seconds = time.perf_counter() - context.started
             current_request_id.reset(token)
             route = getattr(scope.get("route"), "path", "unmatched")
-            HTTP_LATENCY.labels(scope["method"], route, str(status)).observe(seconds)
+            self._observe(scope["method"], route, status, seconds)
             context.finish(status, seconds)  # after the last byte left: e.g. the calls.v1 event
