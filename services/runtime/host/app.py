@@ -10,14 +10,14 @@ from fastapi import FastAPI
 
 from services.console import router as console_router
 from services.edge.body_limit import BodyLimitMiddleware
-from services.edge.component import Check, Component, Overrides, Runtime
+from services.edge.component import Component, Overrides, Runtime
 from services.edge.data_errors import install_data_error_handler
 from services.edge.edge import Edge
 from services.edge.errors import ERROR_RESPONSES, install_error_handlers
 from services.edge.middleware import RequestMiddleware
 from services.edge.openapi_security import install as install_openapi_security
 from services.edge.unavailable import install_unavailable_handlers
-from services.runtime.host.health import health_router
+from services.runtime.host.health import health_router, platform_checks
 from services.runtime.platform import postgres
 from services.runtime.platform.kafka import ensure_topics, make_broker
 from services.runtime.platform.settings import Settings, get_settings
@@ -64,7 +64,7 @@ def create_app(
                 await hook()
         await broker.start()
         # Everything built so far lives as long as the process: keep it out of the collector's
-        # full passes (they showed as 100+ ms pauses in the analytics queries' tail).
+        # full passes, whose pauses showed in the analytics queries' tail (BENCHMARKS.md, "metering").
         gc.freeze()
         try:
             yield
@@ -93,18 +93,7 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(RequestMiddleware)  # outermost: every response, even a 413, has an id
 
-    async def kafka_ready() -> bool:
-        return bool(await broker.ping(timeout=CHECK_TIMEOUT))
-
-    async def postgres_ready() -> bool:
-        async with pool.connection(timeout=CHECK_TIMEOUT) as conn:
-            await conn.execute("SELECT 1")
-        return True
-
-    async def edge_ready() -> bool:
-        return edge.is_ready()
-
-    checks: dict[str, Check] = {"kafka": kafka_ready, "postgres": postgres_ready, "edge": edge_ready}
+    checks = platform_checks(broker, pool, edge)
     for component in components:
         checks.update(component.checks)
     app.include_router(health_router(checks))
@@ -114,6 +103,3 @@ def create_app(
     app.include_router(console_router())  # every mode serves the console; it calls only the public API
     install_openapi_security(app)
     return app
-
-
-CHECK_TIMEOUT = 2.0
