@@ -31,7 +31,14 @@ def _settings() -> Settings:
     return Settings(kafka_bootstrap_servers="127.0.0.1:1", database_url="postgresql://u@h/d", session_secret="s")
 
 
+class Response:
+    def __init__(self, status: int, headers: dict[str, str], context: CallContext) -> None:
+        self.status, self.headers, self.context = status, headers, context
+
+
 class Served:
+    """An app with the edge as create_app mounts it (error handlers, body limit, the middleware)."""
+
     def __init__(self, max_buffer: int = 10_000) -> None:
         self.edge = Edge(_settings())
         self.edge.calls = CallRecorder(self.edge.settings, max_buffer=max_buffer)  # not started
@@ -80,7 +87,7 @@ class Served:
         async def echo(body: dict[str, Any]) -> dict[str, Any]:
             return body
 
-    async def get(self, path: str, headers: dict[str, str] | None = None, *, method: str = "GET", body: bytes = b"") -> Any:
+    async def get(self, path: str, headers: dict[str, str] | None = None, *, method: str = "GET", body: bytes = b"") -> Response:
         scope: dict[str, Any] = {
             "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
@@ -105,11 +112,6 @@ class Served:
 
     def calls(self) -> list[Call]:
         return self.edge.calls.lanes.take(100)
-
-
-class Response:
-    def __init__(self, status: int, headers: dict[str, str], context: CallContext) -> None:
-        self.status, self.headers, self.context = status, headers, context
 
 
 def _bearer(secret: str) -> dict[str, str]:
