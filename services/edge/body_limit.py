@@ -6,6 +6,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contracts.errors import ErrorCode
+from services.edge.context import CALL_CONTEXT, CallContext
 
 MAX_BODY_BYTES = 2 * 1024 * 1024  # 1,000 usage events fit with room to spare
 
@@ -55,7 +56,8 @@ class BodyLimitMiddleware:
                 await self._reject(scope, send)
 
     async def _reject(self, scope: Scope, send: Send) -> None:
-        request_id = str(scope.get("state", {}).get("request_id", ""))
+        context: CallContext | None = scope.get(CALL_CONTEXT)
+        request_id = context.request_id if context is not None else ""
         body = json.dumps(
             {
                 "error": {

@@ -217,9 +217,8 @@ class CallRecorder:
     up to `batch`), serialised, grouped by partition into aiokafka record batches and sent with
     one `send_batch` per partition batch: no per-message future, partitioner call or task switch.
     The linger is what the old producer's `linger_ms=20` already added to an event's way to Kafka;
-    measured in bench/edge.py, 5 ms gave batches of ~2-4 calls at ~1,000 calls/s and the
-    per-produce-request cost (here and in the broker, on the same 2 cores) showed in the edge's
-    latency; 20 ms cuts the requests fourfold. What Kafka did not acknowledge is sent again
+    a shorter one makes more, smaller produce requests whose cost shows in the edge's latency
+    (BENCHMARKS.md, "edge"). What Kafka did not acknowledge is sent again
     (same event ids: consumers drop a copy) after a growing pause, before anything new."""
 
     def __init__(

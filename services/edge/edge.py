@@ -9,7 +9,6 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from uuid import UUID
 
@@ -34,7 +33,8 @@ from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA, SERVICE_TOKENS, SES
 from services.edge import sessions
 from services.edge.admissions import SharedAdmissions
 from services.edge.calls import OVERLOADED, Call, CallRecorder, client_ip, parse_networks
-from services.edge.errors import RESPONSE_DONE, RESPONSE_HEADERS, ApiError
+from services.edge.context import CallContext, context_of
+from services.edge.errors import ApiError
 from services.edge.openapi_security import ADMIN_TOKEN, API_KEY, CONSOLE_SESSION, SERVICE_TOKEN, accepts
 from services.edge.principal import Principal
 from services.edge.projections import AccountProjection, KeyProjection, PlanLimits
@@ -54,44 +54,6 @@ ADMISSION_STORE_ERRORS = Counter(
     "tollgate_edge_admission_store_errors_total",
     "Shared api_calls admissions that failed in Redis (the call was judged by this process's own count)",
 )
-
-
-@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs a setattr call per field
-class _CallDone:
-    """The request's part of a calls.v1 event; called with (status, seconds, error code of a
-    refusal) once the response has been sent (RequestIdMiddleware), it hands the whole call to
-    the recorder: an admitted call on the place reserved for it, a refused one to its own lane,
-    anything else (503 `overloaded`) not at all."""
-
-    recorder: CallRecorder
-    at: datetime
-    account_id: UUID
-    api_key_id: UUID
-    method: str
-    path: str  # the route template, not the raw URL
-    ip: str
-    user_agent: str
-    reserved: bool = False  # admitted: a place in the admitted lane is held for this call
-
-    def __call__(self, status: int, seconds: float, error_code: str | None = None) -> None:
-        if not self.reserved and error_code is None:
-            return
-        call = Call(
-            self.at,
-            self.account_id,
-            self.api_key_id,
-            self.method,
-            self.path,
-            status,
-            self.ip,
-            self.user_agent,
-            round(seconds * 1000, 3),
-            error_code,
-        )
-        if self.reserved:
-            self.recorder.record(call)
-        else:
-            self.recorder.refuse(call)
 
 
 def _unauthorized(code: ErrorCode, message: str) -> ApiError:
@@ -241,22 +203,23 @@ class Edge:
         async def dependency(request: Request) -> Principal:
             now = datetime.now(UTC)
             principal = self.authenticate(request, now)
-            done = None
-            if principal.api_key_id is not None:
-                done = self._record_call(request, principal.account_id, principal.api_key_id, now)
-                await self._rate_limit(request, principal)
+            context = context_of(request.scope)
+            key_id = principal.api_key_id
+            if key_id is not None:
+                self._record_call(request, principal.account_id, key_id, now)
+                await self._rate_limit(context, principal.account_id, key_id)
             if console_only and not principal.is_console:
                 raise ApiError(403, ErrorCode.CONSOLE_SESSION_REQUIRED, "This call needs a console session, not an API key.")
             if permission is not None and not principal.can(permission):
                 raise ApiError(403, ErrorCode.PERMISSION_DENIED, f"Your roles lack the permission {permission.value}.")
-            if done is not None:
+            if key_id is not None:
                 # Admission: the call's event gets its place before the handler runs (or 503).
                 if not self.calls.reserve():
                     raise _overloaded()
-                done.reserved = True
+                context.reserved = True
             route = getattr(request.scope.get("route"), "path", None)
             await self.check_quota(principal, consumes, now, counted=counts_as_api_call(request.method, str(route)))
-            request.state.principal = principal
+            context.principal = principal
             return principal
 
         return accepts(dependency, CONSOLE_SESSION) if console_only else accepts(dependency, API_KEY, CONSOLE_SESSION)
@@ -306,49 +269,41 @@ class Edge:
             raise _unauthorized(ErrorCode.INVALID_SERVICE_TOKEN, "The service token is not valid.")
         return service
 
-    async def _rate_limit(self, request: Request, principal: Principal) -> None:
+    async def _rate_limit(self, context: CallContext, account_id: UUID, key_id: UUID) -> None:
         """429 when the account's or the key's bucket or window is exhausted; X-RateLimit-* on
-        every API-key response (RequestIdMiddleware adds them, to errors as well)."""
-        assert principal.api_key_id is not None
-        rate = self.plans.rate_limit(principal.account_id)
+        every API-key response (RequestMiddleware adds them, to errors as well)."""
+        rate = self.plans.rate_limit(account_id)
         limits = self._limits.get(rate)
         if limits is None:
             limits = self._limits[rate] = Limits.of(rate)
-        subjects = self._subjects.get(principal.api_key_id)
-        if subjects is None or subjects[0] != principal.account_id:
+        subjects = self._subjects.get(key_id)
+        if subjects is None or subjects[0] != account_id:
             if len(self._subjects) >= MAX_CACHED_SUBJECTS:
                 self._subjects.clear()
-            subjects = self._subjects[principal.api_key_id] = (
-                principal.account_id,
-                (f"a:{principal.account_id}", f"k:{principal.api_key_id}"),
-            )
+            subjects = self._subjects[key_id] = (account_id, (f"a:{account_id}", f"k:{key_id}"))
         decision = await self.limiter.hit(subjects[1], limits, time.time())
-        setattr(request.state, RESPONSE_HEADERS, decision.headers())
+        context.response_headers = decision.headers()
         if not decision.allowed:
             raise ApiError(429, ErrorCode.RATE_LIMITED, f"Too many requests; retry in {decision.retry_after_s} s.")
 
-    def _record_call(self, request: Request, account_id: UUID, api_key_id: UUID, now: datetime) -> _CallDone:
-        """Arrange a calls.v1 event for when the response has been sent (status and latency known)."""
-        state = request.scope.setdefault("state", {})  # RequestIdMiddleware's, which calls the done callback
-        previous = state.get(RESPONSE_DONE)
-        if isinstance(previous, _CallDone) and previous.reserved:  # a second edge dependency of one route
-            previous.reserved = False
-            self.calls.release()
+    def _record_call(self, request: Request, account_id: UUID, api_key_id: UUID, now: datetime) -> None:
+        """This request is an API key's call: its calls.v1 event is sent once the response has
+        (status and latency known; RequestMiddleware finishes the CallContext)."""
         path = getattr(request.scope.get("route"), "path", None) or request.url.path  # the URL only if no route
         client = request.scope.get("client")
         headers = request.headers
-        done = _CallDone(
-            self.calls,
+        call = Call(
             now,
             account_id,
             api_key_id,
             request.method,
             str(path),
+            0,  # status and latency: when the response has been sent
             client_ip(client[0] if client else "", headers.get("x-forwarded-for", ""), self._trusted),
             headers.get("user-agent", ""),
+            0.0,
         )
-        state[RESPONSE_DONE] = done
-        return done
+        context_of(request.scope).hold(self.calls, call)
 
     async def check_quota(self, principal: Principal, consumes: Resource | None, now: datetime, *, counted: bool = True) -> None:
         """403 insufficient_quota when a resource this call consumes is exhausted this period.

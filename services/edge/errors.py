@@ -1,16 +1,12 @@
-"""The contract's error body for every status >= 400, and the X-Request-ID on every response."""
+"""The contract's error body for every status >= 400 (its request id from the CallContext)."""
 
 import logging
-import secrets
-import time
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contracts.domain_errors import (
     Conflict,
@@ -22,16 +18,11 @@ from contracts.domain_errors import (
     Unauthenticated,
 )
 from contracts.errors import ErrorBody, ErrorCode, ErrorDetail
+from services.edge.context import CALL_CONTEXT, CallContext, context_of
 
 log = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "X-Request-ID"
-# Request-state slots the edge fills on the request path and RequestIdMiddleware honours.
-RESPONSE_HEADERS = "edge_response_headers"  # dict[str, str] added to the response, errors included
-RESPONSE_DONE = "edge_response_done"  # ResponseDone called with (status, seconds, code) once it is sent
-ERROR_CODE = "edge_error_code"  # the code of a refusal (401, 403, 429) answered with ApiError
-REFUSED_STATUSES = frozenset({401, 403, 429})
-ResponseDone = Callable[[int, float, str | None], None]
 _STATUS_CODES = {
     401: ErrorCode.MISSING_CREDENTIALS,
     403: ErrorCode.PERMISSION_DENIED,
@@ -53,6 +44,21 @@ DOMAIN_STATUSES: tuple[tuple[type[DomainError], int], ...] = (
     (Conflict, 409),
     (Invalid, 422),
 )
+
+
+_ERROR_STATUSES = {
+    401: "Missing, invalid, disabled or expired credentials",
+    403: "Not allowed: console session required, permission denied, or quota exhausted",
+    404: "Not found (also another account's objects)",
+    409: "Conflicts with the current state",
+    422: "The body or query is not valid; `details` lists the fields",
+    429: "Rate-limited; see Retry-After",
+    503: "A dependency is unavailable, or (`overloaded`) the edge cannot meter more calls; retry after Retry-After",
+}
+# Every error a route can answer uses the contract's body; documented on every operation.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text} for status, text in _ERROR_STATUSES.items()
+}
 
 
 def status_of(error: DomainError) -> int:
@@ -84,7 +90,8 @@ def not_found(what: str = "resource") -> ApiError:
 
 
 def request_id_of(request: Request) -> str:
-    return str(getattr(request.state, "request_id", "") or "")
+    context: CallContext | None = request.scope.get(CALL_CONTEXT)
+    return context.request_id if context is not None else ""
 
 
 def error_response(
@@ -108,16 +115,13 @@ def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        if exc.status in REFUSED_STATUSES:  # a refused call: its calls.v1 event carries the code
-            request.scope.setdefault("state", {})[ERROR_CODE] = exc.code.value
+        context_of(request.scope).error_code = exc.code.value  # a refusal's calls.v1 event carries it
         return error_response(request, exc.status, exc.code, exc.message, exc.details, exc.headers)
 
     @app.exception_handler(DomainError)
     async def _domain_error(request: Request, exc: DomainError) -> JSONResponse:
-        status = status_of(exc)
-        if status in REFUSED_STATUSES:
-            request.scope.setdefault("state", {})[ERROR_CODE] = exc.code.value
-        return error_response(request, status, exc.code, exc.message, exc.details)
+        context_of(request.scope).error_code = exc.code.value
+        return error_response(request, status_of(exc), exc.code, exc.message, exc.details)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -137,7 +141,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", extra={"request_id": request_id_of(request)})
-        # Starlette answers this one from its outermost middleware, outside RequestIdMiddleware: set the id here.
+        # Starlette answers this one from its outermost middleware, outside RequestMiddleware: set the id here.
         return error_response(
             request,
             500,
@@ -145,42 +149,3 @@ def install_error_handlers(app: FastAPI) -> None:
             "Something went wrong on our side.",
             headers={REQUEST_ID_HEADER: request_id_of(request)},
         )
-
-
-class RequestIdMiddleware:
-    """Pure ASGI (no BaseHTTPMiddleware overhead): accepts a sane incoming id or makes one."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        incoming = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), "")
-        request_id = (
-            incoming if 0 < len(incoming) <= 128 and incoming.isascii() and incoming.isprintable() else secrets.token_hex(12)
-        )
-        state = scope.setdefault("state", {})
-        state["request_id"] = request_id
-        started = time.perf_counter()
-        status = 500
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                headers = message.setdefault("headers", [])
-                headers.append((b"x-request-id", request_id.encode()))
-                # e.g. X-RateLimit-* that the edge decided for this call, on success and error alike
-                extra: dict[str, str] | None = state.get(RESPONSE_HEADERS)
-                if extra:
-                    headers.extend((k.lower().encode(), v.encode()) for k, v in extra.items())
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_id)
-        finally:
-            done: ResponseDone | None = state.get(RESPONSE_DONE)
-            if done is not None:  # after the last byte left: e.g. the edge's calls.v1 event
-                done(status, time.perf_counter() - started, state.get(ERROR_CODE) if status in REFUSED_STATUSES else None)

@@ -17,7 +17,8 @@ from contracts.errors import ErrorCode
 from contracts.events import KeyState
 from services.edge.calls import Call, CallLanes, CallRecorder
 from services.edge.edge import Edge
-from services.edge.errors import ApiError, RequestIdMiddleware, install_error_handlers
+from services.edge.errors import ApiError, install_error_handlers
+from services.edge.middleware import RequestMiddleware
 from services.edge.principal import Principal
 from services.runtime.platform.settings import Settings
 
@@ -161,7 +162,7 @@ def _app(max_buffer: int = 10_000) -> tuple[TestClient, Edge, uuid.UUID, dict[st
     edge.keys.remove(keys[DELETED])  # its tombstone
     app = FastAPI()
     install_error_handlers(app)
-    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(RequestMiddleware)
 
     @app.get("/read")
     async def read(principal: Annotated[Principal, Depends(edge.requires(Permission.PROJECTS_READ))]) -> dict[str, str]:

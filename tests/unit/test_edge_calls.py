@@ -15,8 +15,9 @@ from contracts.credentials import hash_secret
 from contracts.errors import ErrorCode
 from contracts.events import AccountState, KeyState, RateLimit
 from services.edge.calls import Call, CallRecorder, PartitionMap
+from services.edge.context import CALL_CONTEXT, CallContext
 from services.edge.edge import Edge
-from services.edge.errors import RESPONSE_DONE, RESPONSE_HEADERS, ApiError
+from services.edge.errors import ApiError
 from services.runtime.platform.settings import Settings
 
 SECRET = "sk-" + "x" * 40
@@ -65,10 +66,16 @@ def _edge(**extra: Any) -> tuple[Edge, uuid.UUID, uuid.UUID]:
 def _request(headers: dict[str, str], peer: str = "10.0.0.5") -> Request:
     scope = {
         "type": "http", "method": "GET", "path": "/api/geo/projects/42", "raw_path": b"/api/geo/projects/42",
-        "query_string": b"", "root_path": "", "scheme": "http", "server": ("t", 80), "client": (peer, 5000), "state": {},
+        "query_string": b"", "root_path": "", "scheme": "http", "server": ("t", 80), "client": (peer, 5000),
+        CALL_CONTEXT: CallContext("rid", 0.0),
         "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
     }  # fmt: skip
     return Request(scope)
+
+
+def _context(request: Request) -> CallContext:
+    context: CallContext = request.scope[CALL_CONTEXT]
+    return context
 
 
 async def test_an_api_key_call_hands_over_its_event_and_headers_once_the_response_is_sent():
@@ -81,12 +88,14 @@ async def test_an_api_key_call_hands_over_its_event_and_headers_once_the_respons
     request.scope["route"] = Route()
     principal = await edge.requires(Permission.PROJECTS_READ)(request)
     assert principal.account_id == account and principal.api_key_id == key
-    state = request.scope["state"]
-    assert state[RESPONSE_HEADERS]["X-RateLimit-Remaining"] == str(edge.plans.default.per_minute - 1)
+    context = _context(request)
+    assert context.principal is principal
+    assert context.response_headers is not None
+    assert context.response_headers["X-RateLimit-Remaining"] == str(edge.plans.default.per_minute - 1)
     assert edge.quota.pending_calls(account) == 1  # admitted, so counted
     assert len(edge.calls.lanes) == 0  # nothing yet: status and latency come with the response
     assert edge.calls.lanes.open == 1  # but its place is reserved
-    state[RESPONSE_DONE](204, 0.0123)
+    context.finish(204, 0.0123)
     (call,) = edge.calls.lanes.take(10)
     assert call.admitted and call.error_code is None
     assert (call.account_id, call.api_key_id, call.method, call.path, call.status) == (account, key, "GET", Route.path, 204)
@@ -104,11 +113,13 @@ async def test_a_rate_limited_call_still_becomes_an_event_and_is_not_admitted_to
     with pytest.raises(ApiError) as caught:
         await dependency(refused)
     assert caught.value.status == 429 and caught.value.code is ErrorCode.RATE_LIMITED
-    assert refused.scope["state"][RESPONSE_HEADERS]["Retry-After"] == "1000"
-    assert RESPONSE_DONE in refused.scope["state"]  # the 429 is a call too (quota ignores it)
+    context = _context(refused)
+    assert context.response_headers is not None and context.response_headers["Retry-After"] == "1000"
+    assert context.call is not None and not context.reserved  # the 429 is a call too (quota ignores it)
     assert edge.quota.pending_calls(account) == 1
     assert edge.calls.lanes.open == 1  # only the admitted call holds a place
-    refused.scope["state"][RESPONSE_DONE](429, 0.001, "rate_limited")
+    context.error_code = caught.value.code.value  # what the ApiError handler notes
+    context.finish(429, 0.001)
     (call,) = list(edge.calls.lanes.refused)
     assert (call.status, call.error_code, call.admitted) == (429, "rate_limited", False)
 
@@ -120,7 +131,8 @@ async def test_console_sessions_record_no_call_and_consume_no_api_calls():
     request = _request({"Authorization": f"Bearer {token}"})
     principal = await edge.requires(Permission.PROJECTS_READ)(request)
     assert principal.is_console
-    assert RESPONSE_DONE not in request.scope["state"] and RESPONSE_HEADERS not in request.scope["state"]
+    context = _context(request)
+    assert context.call is None and context.response_headers is None and context.principal is principal
     assert edge.quota.pending_calls(account) == 0
 
 

@@ -7,7 +7,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from psycopg_pool import PoolTimeout
 
-from services.edge.errors import RequestIdMiddleware, install_error_handlers
+from services.edge.errors import install_error_handlers
+from services.edge.middleware import RequestMiddleware
 from services.edge.unavailable import install_unavailable_handlers
 
 
@@ -26,7 +27,7 @@ def test_a_failing_dependency_is_a_retryable_503(error):
     app = FastAPI()
     install_error_handlers(app)
     install_unavailable_handlers(app)
-    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(RequestMiddleware)
 
     @app.get("/boom")
     async def boom() -> None:

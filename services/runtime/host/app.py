@@ -3,53 +3,26 @@
 import asyncio
 import gc
 import importlib
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI
-from prometheus_client import Histogram
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from contracts.errors import ErrorBody
 from services.console import router as console_router
 from services.edge.body_limit import BodyLimitMiddleware
-from services.edge.component import Check, Component, Overrides, Runtime
+from services.edge.component import Component, Overrides, Runtime
 from services.edge.data_errors import install_data_error_handler
 from services.edge.edge import Edge
-from services.edge.errors import RequestIdMiddleware, install_error_handlers
+from services.edge.errors import ERROR_RESPONSES, install_error_handlers
+from services.edge.middleware import RequestMiddleware
 from services.edge.openapi_security import install as install_openapi_security
 from services.edge.unavailable import install_unavailable_handlers
-from services.runtime.host.health import health_router
+from services.runtime.host.health import health_router, platform_checks
 from services.runtime.platform import postgres
 from services.runtime.platform.kafka import ensure_topics, make_broker
-from services.runtime.platform.logs import current_request_id
 from services.runtime.platform.settings import Settings, get_settings
 
 SERVICES: tuple[str, ...] = ("keys", "billing", "quota", "metering", "alerts", "geo")
-
-HTTP_LATENCY = Histogram(
-    "tollgate_http_request_seconds",
-    "HTTP request latency by route",
-    ["method", "route", "status"],
-    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
-)
-
-
-_ERROR_STATUSES = {
-    401: "Missing, invalid, disabled or expired credentials",
-    403: "Not allowed: console session required, permission denied, or quota exhausted",
-    404: "Not found (also another account's objects)",
-    409: "Conflicts with the current state",
-    422: "The body or query is not valid; `details` lists the fields",
-    429: "Rate-limited; see Retry-After",
-    503: "A dependency is unavailable, or (`overloaded`) the edge cannot meter more calls; retry after Retry-After",
-}
-# Every error a route can answer uses the contract's body; documented on every operation.
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": text} for status, text in _ERROR_STATUSES.items()
-}
 
 
 def expand_targets(targets: Sequence[str]) -> list[str]:
@@ -61,32 +34,6 @@ def expand_targets(targets: Sequence[str]) -> list[str]:
             if name not in names:
                 names.append(name)
     return names
-
-
-class _MetricsMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500
-        token = current_request_id.set(str(scope.get("state", {}).get("request_id", "")))
-
-        async def capture(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, capture)
-        finally:
-            current_request_id.reset(token)
-            route = getattr(scope.get("route"), "path", "unmatched")
-            HTTP_LATENCY.labels(scope["method"], route, str(status)).observe(time.perf_counter() - started)
 
 
 def create_app(
@@ -117,7 +64,7 @@ def create_app(
                 await hook()
         await broker.start()
         # Everything built so far lives as long as the process: keep it out of the collector's
-        # full passes (they showed as 100+ ms pauses in the analytics queries' tail).
+        # full passes, whose pauses showed in the analytics queries' tail (BENCHMARKS.md, "metering").
         gc.freeze()
         try:
             yield
@@ -144,21 +91,9 @@ def create_app(
     install_unavailable_handlers(app)
     install_data_error_handler(app)
     app.add_middleware(BodyLimitMiddleware)
-    app.add_middleware(_MetricsMiddleware)
-    app.add_middleware(RequestIdMiddleware)  # outermost: every response, even a 413, has an id
+    app.add_middleware(RequestMiddleware)  # outermost: every response, even a 413, has an id
 
-    async def kafka_ready() -> bool:
-        return bool(await broker.ping(timeout=CHECK_TIMEOUT))
-
-    async def postgres_ready() -> bool:
-        async with pool.connection(timeout=CHECK_TIMEOUT) as conn:
-            await conn.execute("SELECT 1")
-        return True
-
-    async def edge_ready() -> bool:
-        return edge.is_ready()
-
-    checks: dict[str, Check] = {"kafka": kafka_ready, "postgres": postgres_ready, "edge": edge_ready}
+    checks = platform_checks(broker, pool, edge)
     for component in components:
         checks.update(component.checks)
     app.include_router(health_router(checks))
@@ -168,6 +103,3 @@ def create_app(
     app.include_router(console_router())  # every mode serves the console; it calls only the public API
     install_openapi_security(app)
     return app
-
-
-CHECK_TIMEOUT = 2.0

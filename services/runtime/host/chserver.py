@@ -248,7 +248,7 @@ def serve(instance: Path, spec: ServerSpec) -> int:
         except Exception as exc:  # the engine usually reports on stderr and returns
             outcome.append(exc)
 
-    def on_term(signum: int, frame: object) -> None:
+    def on_term(_signum: int, _frame: object) -> None:
         if not stopping.is_set():
             stopping.set()
             threading.Thread(target=_kill_blocking_query, args=(spec,), daemon=True).start()

@@ -6,9 +6,12 @@ from collections.abc import Mapping
 
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
+from faststream.kafka import KafkaBroker
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from psycopg_pool import AsyncConnectionPool
 
 from services.edge.component import Check
+from services.edge.edge import Edge
 
 log = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 2.0
@@ -20,6 +23,23 @@ async def _run(check: Check) -> bool:
     except Exception:
         log.warning("readiness check failed", exc_info=True)
         return False
+
+
+def platform_checks(broker: KafkaBroker, pool: AsyncConnectionPool, edge: Edge) -> dict[str, Check]:
+    """What every process needs: Kafka, Postgres, and the edge's projections caught up."""
+
+    async def kafka() -> bool:
+        return bool(await broker.ping(timeout=CHECK_TIMEOUT_S))
+
+    async def postgres() -> bool:
+        async with pool.connection(timeout=CHECK_TIMEOUT_S) as conn:
+            await conn.execute("SELECT 1")
+        return True
+
+    async def edge_ready() -> bool:
+        return edge.is_ready()
+
+    return {"kafka": kafka, "postgres": postgres, "edge": edge_ready}
 
 
 def health_router(checks: Mapping[str, Check]) -> APIRouter:

@@ -20,8 +20,8 @@ Apply = Callable[[bytes | None, bytes | None], None]
 
 # How long the broker holds an idle fetch. Not a latency floor: the broker answers a waiting
 # fetch as soon as a record is appended (min bytes 1), so a toggle reaches every edge at once
-# whatever this is (measured: lag p50 ~3.6 ms at 20 ms and at 500 ms). It only sets how often
-# an idle follower asks again.
+# whatever this is (BENCHMARKS.md, "edge": the toggle lag). It only sets how often an idle
+# follower asks again.
 FETCH_MAX_WAIT_MS = 500
 
 
