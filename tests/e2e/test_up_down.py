@@ -23,11 +23,11 @@ def _pids(state: Path) -> list[int]:
 
 
 def _alive(pid: int) -> bool:
+    """Running: a zombie (exited, not yet reaped by the init process it was orphaned to) is not."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
         return False
-    return True
 
 
 def test_up_serves_every_dependency_ready_with_a_demo_login_and_down_leaves_no_process():
