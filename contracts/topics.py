@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 class Topic:
     name: str
     partitions: int
-    config: dict[str, str] = field(default_factory=dict)
+    config: dict[str, str] = field(default_factory=dict, hash=False)  # hashable: a Subscriber.batches key
 
     def prefixed(self, prefix: str) -> str:
         """The topic's name under a deployment prefix (tests isolate themselves this way)."""

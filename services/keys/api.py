@@ -1,6 +1,5 @@
 """HTTP routes of the keys service: accounts, console sessions, API keys, operator roles."""
 
-from datetime import UTC, datetime
 from typing import Annotated
 from uuid import UUID
 
@@ -13,7 +12,6 @@ from contracts.keys_api import (
     KeyCreateRequest,
     KeyItem,
     KeyList,
-    KeyListStatus,
     KeyToggled,
     LoginRequest,
     LoginResponse,
@@ -24,18 +22,15 @@ from contracts.keys_api import (
     UserTypeRequest,
 )
 from contracts.service_tokens_api import ServiceTokenCreated, ServiceTokenCreateRequest, ServiceTokenItem, ServiceTokenList
-from services.edge.calls import client_ip, parse_networks
-from services.edge.edge import Edge
-from services.edge.principal import Principal
-from services.keys import store
+from services.edge import Principal, Runtime, client_ip, parse_networks
 from services.keys.login_throttle import LoginThrottle
 from services.keys.service import KeysService
-from services.runtime.platform.settings import Settings
+from services.keys.store import Row
 
 CONSOLE = "Console only: an API key gets 403 `console_session_required`."
 
 
-def _account(row: store.Row) -> Account:
+def _account(row: Row) -> Account:
     return Account(
         id=row["id"],
         email=row["email"],
@@ -46,12 +41,11 @@ def _account(row: store.Row) -> Account:
     )
 
 
-def _item(row: store.Row, now: datetime) -> KeyItem:
-    expired = row["expires_at"] is not None and now >= row["expires_at"]
-    return KeyItem.model_validate({**row, "status": KeyListStatus.EXPIRED if expired else row["status"]})
+def _item(row: Row) -> KeyItem:
+    return KeyItem.model_validate(row)
 
 
-def _created(row: store.Row, secret: str) -> KeyCreated:
+def _created(row: Row, secret: str) -> KeyCreated:
     return KeyCreated(
         id=row["id"],
         name=row["name"],
@@ -63,12 +57,12 @@ def _created(row: store.Row, secret: str) -> KeyCreated:
     )
 
 
-def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
+def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
     api = APIRouter(tags=["keys"])
+    edge = runtime.edge
     console = edge.requires(console_only=True)
     console_keys_write = edge.requires(Permission.KEYS_WRITE, console_only=True)
-    throttle, trusted = LoginThrottle(), parse_networks(settings.trusted_proxies)
-
+    throttle, trusted = LoginThrottle(), parse_networks(runtime.settings.trusted_proxies)
     operator = edge.requires_operator()
 
     # ---- accounts ----------------------------------------------------------------------------
@@ -104,7 +98,8 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
         "`user_id` is the account id (until members exist an account has one user, its registering owner).",
     )
     async def logout(principal: Annotated[Principal, Depends(console)]) -> Response:
-        await service.logout(principal)
+        assert principal.session_id is not None  # a console-only route
+        await service.logout(principal.account_id, principal.session_id)
         return Response(status_code=204)
 
     @api.put(
@@ -146,9 +141,7 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
         "moves only on calls the key was admitted for (refused calls, which carry `error_code` on calls.v1, do not move it).",
     )
     async def list_keys(principal: Annotated[Principal, Depends(console)]) -> KeyList:
-        rows = await service.list_keys(principal.account_id)
-        now = datetime.now(UTC)
-        return KeyList(items=[_item(r, now) for r in rows])
+        return KeyList(items=[_item(r) for r in await service.list_keys(principal.account_id)])
 
     @api.post(
         "/api/api-keys/{key_id}/toggle",

@@ -1,42 +1,63 @@
-"""Pure rules of accounts and API keys: secrets, masks, states, rotation. No I/O."""
+"""Pure rules of accounts and API keys: states, rotation, listing, and the keys service's domain
+errors. No I/O. Secrets, masks and hashes come from contracts/credentials.py."""
 
-import secrets
 from datetime import datetime, timedelta
 from uuid import UUID
 
 from contracts.common import KeyStatus, Role, ServiceScope, UserType
-from contracts.credentials import API_KEY_PREFIX, SERVICE_TOKEN_PREFIX, hash_secret
+from contracts.domain_errors import Conflict, Forbidden, Invalid, Unauthenticated
+from contracts.errors import ErrorCode
 from contracts.events import AccountState, KeyState, ServiceTokenState, UserState
+from contracts.keys_api import KeyListStatus
 
-SECRET_BYTES = 36  # token_urlsafe(36): 48 URL-safe characters, 288 bits from the OS CSPRNG
 OWNER_ROLES: tuple[Role, ...] = (Role.OWNER,)
 
 
-def new_secret() -> str:
-    return API_KEY_PREFIX + secrets.token_urlsafe(SECRET_BYTES)
+# ---- domain errors (services/edge/errors.py maps each base to its status) ------------------------
+class InvalidCredentials(Unauthenticated):
+    def __init__(self) -> None:
+        super().__init__("The e-mail or the password is wrong.", code=ErrorCode.INVALID_CREDENTIALS)
 
 
-def new_service_token() -> str:
-    """`st-` + 48 URL-safe characters (288 bits), like an API key's secret."""
-    return SERVICE_TOKEN_PREFIX + secrets.token_urlsafe(SECRET_BYTES)
+class EmailTaken(Conflict):
+    def __init__(self) -> None:
+        super().__init__("An account with this e-mail already exists.")
 
 
-def mask(secret: str) -> str:
-    """`sk-` + first 4 + `...` + last 4 characters of the secret part."""
-    body = secret.removeprefix(API_KEY_PREFIX)
-    return f"{API_KEY_PREFIX}{body[:4]}...{body[-4:]}"
+class WrongCurrentPassword(Forbidden):
+    def __init__(self) -> None:
+        super().__init__("The current password is wrong.")
 
 
-def digest(secret: str) -> str:
-    return hash_secret(secret)
+class UserTypePlanMismatch(Conflict):
+    def __init__(self) -> None:
+        super().__init__(
+            "An individual user cannot be on the enterprise plan; change the plan first.",
+            code=ErrorCode.USER_TYPE_PLAN_MISMATCH,
+        )
 
 
+class InvalidField(Invalid):
+    """One field breaks a rule: the same body as a request that fails validation."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__("The request is not valid.", details=[{"field": field, "message": message, "type": "value_error"}])
+
+
+# ---- rules --------------------------------------------------------------------------------------
 def normalize_email(email: str) -> str:
     return email.strip().lower()
 
 
 def toggled(status: KeyStatus) -> KeyStatus:
     return KeyStatus.DISABLED if status == KeyStatus.ENABLED else KeyStatus.ENABLED
+
+
+def listed_status(status: KeyStatus, expires_at: datetime | None, now: datetime) -> KeyListStatus:
+    """`expired` once now >= expires_at, whatever the stored enabled/disabled state."""
+    if expires_at is not None and now >= expires_at:
+        return KeyListStatus.EXPIRED
+    return KeyListStatus(status.value)
 
 
 def rotation_expiry(current: datetime | None, now: datetime, grace_seconds: int) -> datetime:
