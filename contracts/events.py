@@ -86,6 +86,9 @@ class KeyState(Event):
     roles: list[Role]
     # Added for metering's activity log: `sk-` + first 4 + `...` + last 4 of the secret (API.md).
     masked_key: str | None = Field(default=None, max_length=64)
+    # (v2) The user who created the key: the key acts with that user's current users.v1 role
+    # (and dies with its removal). None in states published before members existed.
+    created_by: UUID | None = None
 
 
 # ---- accounts.v1 (compacted, key = account id) -- an extension: API.md is silent here ---------

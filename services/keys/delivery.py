@@ -47,8 +47,8 @@ class EdgeDelivery:
     def knows_account(self, account_id: UUID) -> bool:
         return self.edge.accounts.get(account_id) is not None
 
-    def issue_session(self, account_id: UUID, session_id: str, now: datetime) -> str:
-        return self.edge.issue_session(account_id, session_id, now)
+    def issue_session(self, account_id: UUID, session_id: str, now: datetime, user_id: UUID) -> str:
+        return self.edge.issue_session(account_id, session_id, now, user_id)
 
     def drain_service_token_uses(self) -> dict[UUID, datetime]:
         return self.edge.service_tokens.drain_uses()

@@ -2,6 +2,7 @@
 errors. No I/O. Secrets, masks and hashes come from contracts/credentials.py."""
 
 from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from contracts.common import KeyStatus, Role, ServiceScope, UserType
@@ -35,6 +36,21 @@ class UserTypePlanMismatch(Conflict):
             "An individual user cannot be on the enterprise plan; change the plan first.",
             code=ErrorCode.USER_TYPE_PLAN_MISMATCH,
         )
+
+
+class MemberEmailTaken(Conflict):
+    def __init__(self) -> None:
+        super().__init__("A user with this e-mail already exists.")
+
+
+class LastOwner(Conflict):
+    def __init__(self) -> None:
+        super().__init__("The account's last owner cannot be demoted or removed.", code=ErrorCode.LAST_OWNER)
+
+
+class NotYourKey(Forbidden):
+    def __init__(self) -> None:
+        super().__init__("A developer may change only the API keys it created.")
 
 
 class InvalidField(Invalid):
@@ -77,6 +93,7 @@ def key_state(
     now: datetime,
     masked_key: str | None = None,
     deleted: bool = False,
+    created_by: UUID | None = None,
 ) -> KeyState:
     return KeyState(
         time=now,
@@ -88,6 +105,7 @@ def key_state(
         roles=roles,
         masked_key=masked_key,
         deleted=deleted,
+        created_by=created_by,
     )
 
 
@@ -101,15 +119,33 @@ def service_token_state(
     return ServiceTokenState(time=now, token_id=token_id, name=name, hash=digest, scopes=scopes, revoked=revoked)
 
 
+def writes_any_key(roles: frozenset[Role]) -> bool:
+    """An owner writes every key of the account; a developer only the keys it created."""
+    return Role.OWNER in roles
+
+
 def user_role(account_roles: list[Role]) -> Role:
     """The one role of the account's registering user (users.v1 carries one role per user):
     owner if the account has it, else its first role."""
     return Role.OWNER if Role.OWNER in account_roles else account_roles[0]
 
 
-def user_state(*, account_id: UUID, roles: list[Role], sessions_not_before: datetime | None, now: datetime) -> UserState:
-    """Until members exist (a later issue) an account has one user, its registering owner, whose
-    user id is the account id."""
+def user_state(user: dict[str, Any], now: datetime) -> UserState:
+    """A keys.users row as its users.v1 state."""
     return UserState(
-        time=now, account_id=account_id, user_id=account_id, role=user_role(roles), sessions_not_before=sessions_not_before
+        time=now,
+        account_id=user["account_id"],
+        user_id=user["id"],
+        role=Role(user["role"]),
+        removed=user["removed_at"] is not None,
+        sessions_not_before=user["sessions_not_before"],
     )
+
+
+def check_keeps_an_owner(member: dict[str, Any], roles: list[Role], new_role: Role | None) -> None:
+    """LastOwner if demoting (new_role) or removing (None) `member` would leave the account,
+    whose live users have `roles`, without an owner."""
+    if member["role"] != Role.OWNER.value or new_role == Role.OWNER:
+        return
+    if sum(1 for r in roles if r == Role.OWNER) <= 1:
+        raise LastOwner()

@@ -57,7 +57,7 @@ class LocalEdge(Protocol):
 
     def knows_account(self, account_id: UUID) -> bool: ...
 
-    def issue_session(self, account_id: UUID, session_id: str, now: datetime) -> str: ...
+    def issue_session(self, account_id: UUID, session_id: str, now: datetime, user_id: UUID) -> str: ...
 
     def drain_service_token_uses(self) -> dict[UUID, datetime]: ...
 
@@ -98,10 +98,8 @@ class KeysService:
         await tx.publish(ACCOUNTS, str(row["id"]).encode(), state.model_dump_json().encode())
         changes.accounts.append(state)
 
-    async def _emit_user(self, tx: KeysTx, row: Row, now: datetime, changes: Changes) -> None:
-        state = domain.user_state(
-            account_id=row["id"], roles=[Role(r) for r in row["roles"]], sessions_not_before=row["sessions_not_before"], now=now
-        )
+    async def _emit_user(self, tx: KeysTx, user: Row, now: datetime, changes: Changes) -> None:
+        state = domain.user_state(user, now)
         await tx.publish(USERS, str(state.user_id).encode(), state.model_dump_json().encode())
         changes.users.append(state)
 
@@ -126,17 +124,31 @@ class KeysService:
                 user_type=body.user_type.value,
                 roles=[r.value for r in domain.OWNER_ROLES],
             )
-            if row is None:
-                raise EmailTaken()
+            # the registering user: the account's owner, whose user id is the account id
+            user = (
+                None
+                if row is None
+                else await tx.insert_user(
+                    user_id=row["id"],
+                    account_id=row["id"],
+                    email=row["email"],
+                    password_hash=password_hash,
+                    name=body.name,
+                    role=Role.OWNER.value,
+                    created_at=now,
+                )
+            )
+            if row is None or user is None:
+                raise EmailTaken()  # the transaction rolls back the account too
             await self._emit_account(tx, row, now, changes)
-            await self._emit_user(tx, row, now, changes)
+            await self._emit_user(tx, user, now, changes)
         await self.edge.deliver(changes)
-        return row
+        return {**row, "role": user["role"], "roles": [user["role"]]}  # as GET /api/account answers its user
 
     async def login(self, email: str, password: str) -> tuple[str, int]:
         """A console session token and its lifetime in seconds."""
         async with self.store.transaction() as tx:
-            row = await tx.account_by_email(domain.normalize_email(email))
+            row = await tx.user_by_email(domain.normalize_email(email))
         stored = row["password_hash"] if row is not None else self._dummy_hash
         try:
             await asyncio.to_thread(self.hasher.verify, stored, password)
@@ -147,29 +159,27 @@ class KeysService:
         if self.hasher.check_needs_rehash(stored):
             new_hash = await asyncio.to_thread(self.hasher.hash, password)
             async with self.store.transaction() as tx:
-                await tx.set_password_hash(row["id"], new_hash)
-        if not self.edge.knows_account(row["id"]):
-            await self.republish_account(row["id"])  # e.g. accounts.v1 was recreated: heal it
-        token = self.edge.issue_session(row["id"], secrets.token_urlsafe(16), self.clock())
+                await tx.set_user_password_hash(row["id"], new_hash)
+        if not self.edge.knows_account(row["account_id"]):
+            await self.republish_account(row["account_id"])  # e.g. accounts.v1 was recreated: heal it
+        token = self.edge.issue_session(row["account_id"], secrets.token_urlsafe(16), self.clock(), row["id"])
         return token, self.session_ttl_seconds
 
-    async def logout(self, account_id: UUID, session_id: str) -> None:
+    async def logout(self, account_id: UUID, user_id: UUID, session_id: str) -> None:
         """sessions.v1: the session is refused by every edge; this one already when we answer."""
         now = self.clock()
-        event = SessionRevoked(
-            time=now, account_id=account_id, session_id=session_id, user_id=account_id, revoked_at=now
-        )  # user id = account id (one user)
+        event = SessionRevoked(time=now, account_id=account_id, session_id=session_id, user_id=user_id, revoked_at=now)
         async with self.store.transaction() as tx:
             await tx.publish(SESSIONS, event.session_id.encode(), event.model_dump_json().encode())
         await self.edge.deliver(Changes(sessions=[event]))
 
-    async def change_password(self, account_id: UUID, current_password: str, new_password: str) -> None:
+    async def change_password(self, user_id: UUID, current_password: str, new_password: str) -> None:
         """A new password; users.v1 `sessions_not_before = now` ends every session of the user."""
         if hmac.compare_digest(current_password.encode(), new_password.encode()):
             raise InvalidField("new_password", "must differ from the current password")
         async with self.store.transaction() as tx:
-            row = await tx.account_by_id(account_id)
-        if row is None:
+            row = await tx.user_by_id(user_id)
+        if row is None or row["removed_at"] is not None:
             raise NotFound("account")
         try:
             await asyncio.to_thread(self.hasher.verify, row["password_hash"], current_password)
@@ -179,18 +189,22 @@ class KeysService:
         now = self.clock()
         changes = Changes()
         async with self.store.transaction() as tx:
-            updated = await tx.set_password(account_id, new_hash, now)
+            updated = await tx.set_user_password(user_id, new_hash, now)
             if updated is None:
                 raise NotFound("account")
             await self._emit_user(tx, updated, now, changes)
         await self.edge.deliver(changes)
 
-    async def account(self, account_id: UUID) -> Row:
+    async def account(self, account_id: UUID, user_id: UUID | None = None) -> Row:
+        """The account as its user sees it: that user's `role`, and `roles: [role]` for v1 clients."""
         async with self.store.transaction() as tx:
             row = await tx.account_by_id(account_id)
+            user = await tx.user_by_id(user_id or account_id)
         if row is None:
             raise NotFound("account")
-        return row
+        if user is None or user["account_id"] != account_id:
+            return row
+        return {**row, "role": user["role"], "roles": [user["role"]]}
 
     async def republish_account(self, account_id: UUID) -> None:
         changes = Changes()
@@ -230,9 +244,13 @@ class KeysService:
             if row is None:
                 raise NotFound("account")
             await self._emit_account(tx, row, now, changes)
-            await self._emit_user(tx, row, now, changes)
-            for key in await tx.live_keys_of(account_id):
-                await self._emit_key(tx, self._state(key, [Role(r) for r in unique], now), changes)
+            # the registering user's role (user id = account id); keys.v1 `roles` of its keys
+            role = domain.user_role([Role(r) for r in unique])
+            user = await tx.set_user_role(account_id, role.value)
+            if user is not None:
+                await self._emit_user(tx, user, now, changes)
+                for key in await tx.live_keys_created_by(account_id, account_id):
+                    await self._emit_key(tx, self._state(key, [role], now), changes)
         await self.edge.deliver(changes)
         return row
 
@@ -253,16 +271,30 @@ class KeysService:
             now=now,
             masked_key=row["masked_key"],  # metering's activity log shows it
             deleted=deleted,
+            created_by=row["created_by"],
         )
 
-    async def _roles(self, tx: KeysTx, account_id: UUID) -> list[Role]:
-        account = await tx.account_by_id(account_id)
-        if account is None:
+    async def _roles(self, tx: KeysTx, key: Row) -> list[Role]:
+        """keys.v1 `roles`: the creating user's current role."""
+        creator = await tx.user_by_id(key["created_by"] or key["account_id"])
+        if creator is None:
             raise NotFound("account")
-        return [Role(r) for r in account["roles"]]
+        return [Role(creator["role"])]
+
+    @staticmethod
+    def _check_may_write(key: Row, only_own: UUID | None) -> None:
+        if only_own is not None and key["created_by"] != only_own:
+            raise domain.NotYourKey()
 
     async def _insert_new_key(
-        self, tx: KeysTx, account_id: UUID, name: str, expires_at: datetime | None, now: datetime, changes: Changes
+        self,
+        tx: KeysTx,
+        account_id: UUID,
+        user_id: UUID,
+        name: str,
+        expires_at: datetime | None,
+        now: datetime,
+        changes: Changes,
     ) -> tuple[Row, str]:
         secret = new_api_key()
         row = await tx.insert_key(
@@ -274,18 +306,19 @@ class KeysService:
             status=KeyStatus.ENABLED.value,
             expires_at=expires_at,
             created_at=now,
+            created_by=user_id,
         )
-        await self._emit_key(tx, self._state(row, await self._roles(tx, account_id), now), changes)
+        await self._emit_key(tx, self._state(row, await self._roles(tx, row), now), changes)
         return row, secret
 
-    async def create_key(self, account_id: UUID, name: str, expires_at: datetime | None) -> tuple[Row, str]:
+    async def create_key(self, account_id: UUID, user_id: UUID, name: str, expires_at: datetime | None) -> tuple[Row, str]:
         """The new key's row and its secret (shown once; only its hash is stored)."""
         now = self.clock()
         if expires_at is not None and expires_at <= now:
             raise InvalidField("expires_at", "must be in the future")
         changes = Changes()
         async with self.store.transaction() as tx:
-            row, secret = await self._insert_new_key(tx, account_id, name, expires_at, now, changes)
+            row, secret = await self._insert_new_key(tx, account_id, user_id, name, expires_at, now, changes)
         await self.edge.deliver(changes)
         return row, secret
 
@@ -296,38 +329,45 @@ class KeysService:
         now = self.clock()
         return [{**r, "status": domain.listed_status(KeyStatus(r["status"]), r["expires_at"], now)} for r in rows]
 
-    async def toggle(self, account_id: UUID, key_id: UUID) -> Row:
+    async def toggle(self, account_id: UUID, key_id: UUID, *, only_own: UUID | None = None) -> Row:
+        """`only_own`: the developer's user id (it may write only the keys it created; 403 else)."""
         now = self.clock()
         changes = Changes()
         async with self.store.transaction() as tx:
             row = await tx.key_for_update(account_id, key_id)
             if row is None:
                 raise NotFound("API key")
+            self._check_may_write(row, only_own)
             row["status"] = domain.toggled(KeyStatus(row["status"])).value
             await tx.set_status(key_id, row["status"])
-            await self._emit_key(tx, self._state(row, await self._roles(tx, account_id), now), changes)
+            await self._emit_key(tx, self._state(row, await self._roles(tx, row), now), changes)
         await self.edge.deliver(changes)
         return row
 
-    async def delete(self, account_id: UUID, key_id: UUID) -> None:
+    async def delete(self, account_id: UUID, key_id: UUID, *, only_own: UUID | None = None) -> None:
         now = self.clock()
         changes = Changes()
         async with self.store.transaction() as tx:
             row = await tx.key_for_update(account_id, key_id)
             if row is None:
                 raise NotFound("API key")
+            self._check_may_write(row, only_own)
             await tx.mark_deleted(key_id, now)
-            await self._emit_key(tx, self._state(row, await self._roles(tx, account_id), now, deleted=True), changes)
+            await self._emit_key(tx, self._state(row, await self._roles(tx, row), now, deleted=True), changes)
         await self.edge.deliver(changes)
 
-    async def rotate(self, account_id: UUID, key_id: UUID, grace_seconds: int) -> tuple[Row, str]:
+    async def rotate(
+        self, account_id: UUID, user_id: UUID, key_id: UUID, grace_seconds: int, *, only_own: UUID | None = None
+    ) -> tuple[Row, str]:
+        """The new key (same name, created by `user_id`); the old one expires after the grace."""
         now = self.clock()
         changes = Changes()
         async with self.store.transaction() as tx:
             old = await tx.key_for_update(account_id, key_id)
             if old is None:
                 raise NotFound("API key")
-            roles = await self._roles(tx, account_id)
+            self._check_may_write(old, only_own)
+            roles = await self._roles(tx, old)
             if grace_seconds == 0:
                 await tx.mark_deleted(key_id, now)
                 await self._emit_key(tx, self._state(old, roles, now, deleted=True), changes)
@@ -335,7 +375,7 @@ class KeysService:
                 old["expires_at"] = domain.rotation_expiry(old["expires_at"], now, grace_seconds)
                 await tx.set_expiry(key_id, old["expires_at"], old["expires_at"])
                 await self._emit_key(tx, self._state(old, roles, now), changes)
-            row, secret = await self._insert_new_key(tx, account_id, old["name"], None, now, changes)
+            row, secret = await self._insert_new_key(tx, account_id, user_id, old["name"], None, now, changes)
         await self.edge.deliver(changes)
         return row, secret
 
@@ -346,11 +386,76 @@ class KeysService:
         async with self.store.transaction() as tx:
             for row in await tx.due_for_deletion(now):
                 await tx.mark_deleted(row["id"], now)
-                await self._emit_key(tx, self._state(row, await self._roles(tx, row["account_id"]), now, deleted=True), changes)
+                await self._emit_key(tx, self._state(row, await self._roles(tx, row), now, deleted=True), changes)
 
     async def note_calls(self, used: dict[UUID, datetime]) -> None:
         async with self.store.transaction() as tx:
             await tx.touch_last_used(used)
+
+    # ---- members (v2) ---------------------------------------------------------------------------
+    async def list_members(self, account_id: UUID) -> list[Row]:
+        async with self.store.transaction() as tx:
+            return await tx.members_of(account_id)
+
+    async def add_member(self, account_id: UUID, email: str, name: str, password: str, role: Role) -> Row:
+        password_hash = await asyncio.to_thread(self.hasher.hash, password)
+        now = self.clock()
+        changes = Changes()
+        async with self.store.transaction() as tx:
+            user = await tx.insert_user(
+                user_id=uuid4(),
+                account_id=account_id,
+                email=domain.normalize_email(email),
+                password_hash=password_hash,
+                name=name,
+                role=role.value,
+                created_at=now,
+            )
+            if user is None:
+                raise domain.MemberEmailTaken()
+            await self._emit_user(tx, user, now, changes)
+        await self.edge.deliver(changes)
+        return user
+
+    async def _member(self, tx: KeysTx, account_id: UUID, member_id: UUID) -> tuple[Row, list[Row]]:
+        """The member (another account's or a removed one: NotFound) and the account's live users, locked."""
+        members = await tx.members_for_update(account_id)
+        member = next((m for m in members if m["id"] == member_id), None)
+        if member is None:
+            raise NotFound("member")
+        return member, members
+
+    async def change_member_role(self, account_id: UUID, member_id: UUID, role: Role) -> Row:
+        """Effective at once on the member's sessions (users.v1) and keys (keys.v1 `roles`)."""
+        now = self.clock()
+        changes = Changes()
+        async with self.store.transaction() as tx:
+            member, members = await self._member(tx, account_id, member_id)
+            domain.check_keeps_an_owner(member, [Role(m["role"]) for m in members], role)
+            if member["role"] == role.value:
+                return member
+            user = await tx.set_user_role(member_id, role.value)
+            assert user is not None
+            await self._emit_user(tx, user, now, changes)
+            for key in await tx.live_keys_created_by(account_id, member_id):
+                await self._emit_key(tx, self._state(key, [role], now), changes)
+        await self.edge.deliver(changes)
+        return user
+
+    async def remove_member(self, account_id: UUID, member_id: UUID) -> None:
+        """The member's sessions end and keys die at once (users.v1 `removed`; its keys deleted)."""
+        now = self.clock()
+        changes = Changes()
+        async with self.store.transaction() as tx:
+            member, members = await self._member(tx, account_id, member_id)
+            domain.check_keeps_an_owner(member, [Role(m["role"]) for m in members], None)
+            user = await tx.remove_user(member_id, now)
+            assert user is not None
+            await self._emit_user(tx, user, now, changes)
+            for key in await tx.live_keys_created_by(account_id, member_id):
+                await tx.mark_deleted(key["id"], now)
+                await self._emit_key(tx, self._state(key, [Role(member["role"])], now, deleted=True), changes)
+        await self.edge.deliver(changes)
 
     # ---- service tokens (operator) -----------------------------------------------------------
     async def create_service_token(self, name: str, scopes: list[ServiceScope]) -> tuple[Row, str]:

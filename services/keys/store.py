@@ -18,7 +18,7 @@ from services.runtime.platform.outbox_relay import OutboxRelay
 Conn = AsyncConnection[DictRow]
 Row = dict[str, Any]
 
-_KEY_COLUMNS = "id, account_id, name, hash, masked_key, status, expires_at, delete_at, created_at, last_used_at"
+_KEY_COLUMNS = "id, account_id, name, hash, masked_key, status, expires_at, delete_at, created_at, last_used_at, created_by"
 _ST_COLUMNS = "id, name, hash, scopes, created_at, last_used_at, revoked_at"
 
 
@@ -93,6 +93,62 @@ class KeysTx:
             (plan, time, account_id, time),
         )
 
+    # ---- users (members, v2) ----------------------------------------------------------------------
+    async def insert_user(
+        self, *, user_id: UUID, account_id: UUID, email: str, password_hash: str, name: str, role: str, created_at: datetime
+    ) -> Row | None:
+        """The new user, or None if a live user has the e-mail (case-insensitive)."""
+        return await self._one(
+            """INSERT INTO keys.users (id, account_id, email, password_hash, name, role, created_at)
+               VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING *""",
+            (user_id, account_id, email, password_hash, name, role, created_at),
+        )
+
+    async def user_by_email(self, email: str) -> Row | None:
+        """The live user who logs in with this e-mail."""
+        return await self._one("SELECT * FROM keys.users WHERE lower(email) = lower(%s) AND removed_at IS NULL", (email,))
+
+    async def user_by_id(self, user_id: UUID) -> Row | None:
+        """The user, removed or not."""
+        return await self._one("SELECT * FROM keys.users WHERE id = %s", (user_id,))
+
+    async def set_user_password_hash(self, user_id: UUID, password_hash: str) -> None:
+        await self.conn.execute("UPDATE keys.users SET password_hash = %s WHERE id = %s", (password_hash, user_id))
+
+    async def set_user_password(self, user_id: UUID, password_hash: str, sessions_not_before: datetime) -> Row | None:
+        """A new password; every session of the user issued before `sessions_not_before` ends."""
+        return await self._one(
+            "UPDATE keys.users SET password_hash = %s, sessions_not_before = %s WHERE id = %s RETURNING *",
+            (password_hash, sessions_not_before, user_id),
+        )
+
+    async def members_of(self, account_id: UUID) -> list[Row]:
+        return await self._all(
+            "SELECT * FROM keys.users WHERE account_id = %s AND removed_at IS NULL ORDER BY created_at, id", (account_id,)
+        )
+
+    async def members_for_update(self, account_id: UUID) -> list[Row]:
+        """The account's live users, locked: concurrent role changes cannot both remove the last owner."""
+        return await self._all(
+            "SELECT * FROM keys.users WHERE account_id = %s AND removed_at IS NULL ORDER BY created_at, id FOR UPDATE",
+            (account_id,),
+        )
+
+    async def set_user_role(self, user_id: UUID, role: str) -> Row | None:
+        return await self._one("UPDATE keys.users SET role = %s WHERE id = %s RETURNING *", (role, user_id))
+
+    async def remove_user(self, user_id: UUID, now: datetime) -> Row | None:
+        return await self._one(
+            "UPDATE keys.users SET removed_at = %s, sessions_not_before = %s WHERE id = %s RETURNING *", (now, now, user_id)
+        )
+
+    async def live_keys_created_by(self, account_id: UUID, user_id: UUID) -> list[Row]:
+        return await self._all(
+            f"""SELECT {_KEY_COLUMNS} FROM keys.api_keys
+                WHERE account_id = %s AND created_by = %s AND deleted_at IS NULL FOR UPDATE""",
+            (account_id, user_id),
+        )
+
     # ---- API keys ---------------------------------------------------------------------------------
     async def insert_key(
         self,
@@ -105,11 +161,12 @@ class KeysTx:
         status: str,
         expires_at: datetime | None,
         created_at: datetime,
+        created_by: UUID,
     ) -> Row:
         row = await self._one(
-            f"""INSERT INTO keys.api_keys (id, account_id, name, hash, masked_key, status, expires_at, created_at)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING {_KEY_COLUMNS}""",
-            (key_id, account_id, name, digest, masked_key, status, expires_at, created_at),
+            f"""INSERT INTO keys.api_keys (id, account_id, name, hash, masked_key, status, expires_at, created_at, created_by)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {_KEY_COLUMNS}""",
+            (key_id, account_id, name, digest, masked_key, status, expires_at, created_at, created_by),
         )
         assert row is not None
         return row

@@ -38,6 +38,7 @@ _KEY_COLUMNS = (
     "delete_at",
     "created_at",
     "last_used_at",
+    "created_by",
 )
 
 
@@ -49,15 +50,16 @@ class FakeKeysStore:
         self.accounts: dict[UUID, dict[str, Any]] = {}
         self.keys: dict[UUID, dict[str, Any]] = {}
         self.tokens: dict[UUID, dict[str, Any]] = {}
+        self.users: dict[UUID, dict[str, Any]] = {}
         self.outbox: list[tuple[str, bytes, bytes | None]] = []  # (topic, key, value) committed or in flight
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator["FakeKeysStore"]:
-        saved = copy.deepcopy((self.accounts, self.keys, self.tokens, self.outbox))
+        saved = copy.deepcopy((self.accounts, self.keys, self.tokens, self.users, self.outbox))
         try:
             yield self
         except BaseException:
-            self.accounts, self.keys, self.tokens, self.outbox = saved
+            self.accounts, self.keys, self.tokens, self.users, self.outbox = saved
             raise
 
     async def publish(self, topic: Topic, key: bytes, value: bytes | None) -> None:
@@ -114,6 +116,62 @@ class FakeKeysStore:
         if row is not None and (row["plan_time"] is None or row["plan_time"] < time):
             row.update(plan=plan, plan_time=time)
 
+    # ---- users
+    async def insert_user(
+        self, *, user_id: UUID, account_id: UUID, email: str, password_hash: str, name: str, role: str, created_at: datetime
+    ) -> dict[str, Any] | None:
+        if any(u["email"].lower() == email.lower() and u["removed_at"] is None for u in self.users.values()):
+            return None
+        self.users[user_id] = {
+            "id": user_id,
+            "account_id": account_id,
+            "email": email,
+            "password_hash": password_hash,
+            "name": name,
+            "role": role,
+            "sessions_not_before": None,
+            "created_at": created_at,
+            "removed_at": None,
+        }
+        return dict(self.users[user_id])
+
+    async def user_by_email(self, email: str) -> dict[str, Any] | None:
+        found = (u for u in self.users.values() if u["email"].lower() == email.lower() and u["removed_at"] is None)
+        return next((dict(u) for u in found), None)
+
+    async def user_by_id(self, user_id: UUID) -> dict[str, Any] | None:
+        row = self.users.get(user_id)
+        return None if row is None else dict(row)
+
+    async def set_user_password_hash(self, user_id: UUID, password_hash: str) -> None:
+        self.users[user_id]["password_hash"] = password_hash
+
+    async def set_user_password(self, user_id: UUID, password_hash: str, sessions_not_before: datetime) -> dict[str, Any] | None:
+        return await self._update_user(user_id, password_hash=password_hash, sessions_not_before=sessions_not_before)
+
+    async def _update_user(self, user_id: UUID, **values: Any) -> dict[str, Any] | None:
+        row = self.users.get(user_id)
+        if row is None:
+            return None
+        row.update(values)
+        return dict(row)
+
+    async def members_of(self, account_id: UUID) -> list[dict[str, Any]]:
+        live = [u for u in self.users.values() if u["account_id"] == account_id and u["removed_at"] is None]
+        return [dict(u) for u in sorted(live, key=lambda u: (u["created_at"], str(u["id"])))]
+
+    async def members_for_update(self, account_id: UUID) -> list[dict[str, Any]]:
+        return await self.members_of(account_id)
+
+    async def set_user_role(self, user_id: UUID, role: str) -> dict[str, Any] | None:
+        return await self._update_user(user_id, role=role)
+
+    async def remove_user(self, user_id: UUID, now: datetime) -> dict[str, Any] | None:
+        return await self._update_user(user_id, removed_at=now, sessions_not_before=now)
+
+    async def live_keys_created_by(self, account_id: UUID, user_id: UUID) -> list[dict[str, Any]]:
+        return [self._key(k) for k in self._live(account_id) if k["created_by"] == user_id]
+
     # ---- API keys
     @staticmethod
     def _key(row: dict[str, Any]) -> dict[str, Any]:
@@ -134,8 +192,10 @@ class FakeKeysStore:
         status: str,
         expires_at: datetime | None,
         created_at: datetime,
+        created_by: UUID,
     ) -> dict[str, Any]:
         self.keys[key_id] = {
+            "created_by": created_by,
             "id": key_id,
             "account_id": account_id,
             "name": name,
@@ -232,8 +292,8 @@ class FakeLocalEdge:
     def knows_account(self, account_id: UUID) -> bool:
         return account_id in self.accounts
 
-    def issue_session(self, account_id: UUID, session_id: str, now: datetime) -> str:
-        return f"tg1.{account_id}.{session_id}"
+    def issue_session(self, account_id: UUID, session_id: str, now: datetime, user_id: UUID) -> str:
+        return f"tg1.{account_id}.{user_id}.{session_id}"
 
     def drain_service_token_uses(self) -> dict[UUID, datetime]:
         used, self.uses = self.uses, {}

@@ -77,7 +77,7 @@ async def test_a_taken_email_is_a_conflict_and_writes_nothing(world: World):
 async def test_login_with_the_right_password_issues_a_session(world: World):
     account_id = await world.register()
     token, ttl = await world.service.login("ADA@example.com", PASSWORD)
-    assert token.startswith(f"tg1.{account_id}.") and ttl == 3600
+    assert token.startswith(f"tg1.{account_id}.{account_id}.") and ttl == 3600
 
 
 async def test_login_with_a_wrong_password_or_an_unknown_email_is_invalid_credentials(world: World):
@@ -114,7 +114,7 @@ async def test_the_throttle_counts_wrong_passwords_and_then_refuses_even_the_rig
 
 async def test_logout_publishes_the_revoked_session_and_delivers_it(world: World):
     account_id = await world.register()
-    await world.service.logout(account_id, "sid-1")
+    await world.service.logout(account_id, account_id, "sid-1")
     [event] = world.events("sessions.v1")
     assert event["session_id"] == "sid-1" and event["user_id"] == str(account_id)
     assert world.edge.delivered[-1].sessions[0].session_id == "sid-1"
@@ -167,8 +167,8 @@ async def test_an_enterprise_account_cannot_become_individual(world: World):
 
 async def test_operator_roles_reach_the_account_its_user_and_every_live_key(world: World):
     account_id = await world.register()
-    await world.service.create_key(account_id, "a", None)
-    await world.service.create_key(account_id, "b", None)
+    await world.service.create_key(account_id, account_id, "a", None)
+    await world.service.create_key(account_id, account_id, "b", None)
     world.store.outbox.clear()
     row = await world.service.set_roles(account_id, [Role.VIEWER, Role.VIEWER])
     assert row["roles"] == ["viewer"]
@@ -182,7 +182,7 @@ async def test_operator_roles_reach_the_account_its_user_and_every_live_key(worl
 # ---- API keys ---------------------------------------------------------------------------------
 async def test_create_a_key_stores_only_its_hash_and_publishes_its_state(world: World):
     account_id = await world.register()
-    row, secret = await world.service.create_key(account_id, "ci", None)
+    row, secret = await world.service.create_key(account_id, account_id, "ci", None)
     assert secret.startswith("sk-") and row["hash"] == hash_secret(secret) and secret not in str(world.store.keys)
     assert row["masked_key"] == f"sk-{secret[3:7]}...{secret[-4:]}"
     [state] = world.events("keys.v1")
@@ -194,20 +194,20 @@ async def test_create_a_key_stores_only_its_hash_and_publishes_its_state(world: 
 async def test_create_a_key_with_an_expiry_in_the_future_only(world: World):
     account_id = await world.register()
     later = world.clock.now + timedelta(days=1)
-    row, _ = await world.service.create_key(account_id, "temp", later)
+    row, _ = await world.service.create_key(account_id, account_id, "temp", later)
     assert row["expires_at"] == later and world.events("keys.v1")[0]["expires_at"] is not None
     with pytest.raises(Invalid) as caught:
-        await world.service.create_key(account_id, "past", world.clock.now)
+        await world.service.create_key(account_id, account_id, "past", world.clock.now)
     assert caught.value.details[0]["field"] == "expires_at"
 
 
 async def test_the_list_shows_enabled_disabled_and_expired(world: World):
     account_id = await world.register()
-    on, _ = await world.service.create_key(account_id, "on", None)
+    on, _ = await world.service.create_key(account_id, account_id, "on", None)
     world.clock.advance(seconds=1)
-    off, _ = await world.service.create_key(account_id, "off", None)
+    off, _ = await world.service.create_key(account_id, account_id, "off", None)
     world.clock.advance(seconds=1)
-    soon, _ = await world.service.create_key(account_id, "soon", world.clock.now + timedelta(minutes=1))
+    soon, _ = await world.service.create_key(account_id, account_id, "soon", world.clock.now + timedelta(minutes=1))
     await world.service.toggle(account_id, off["id"])
     world.clock.advance(minutes=1)  # now == expires_at: expired
     listed = {r["name"]: r["status"] for r in await world.service.list_keys(account_id)}
@@ -218,7 +218,7 @@ async def test_the_list_shows_enabled_disabled_and_expired(world: World):
 
 async def test_toggle_flips_and_publishes(world: World):
     account_id = await world.register()
-    row, _ = await world.service.create_key(account_id, "k", None)
+    row, _ = await world.service.create_key(account_id, account_id, "k", None)
     assert (await world.service.toggle(account_id, row["id"]))["status"] == "disabled"
     assert (await world.service.toggle(account_id, row["id"]))["status"] == "enabled"
     assert [e["status"] for e in world.events("keys.v1")] == ["enabled", "disabled", "enabled"]
@@ -226,7 +226,7 @@ async def test_toggle_flips_and_publishes(world: World):
 
 async def test_delete_publishes_the_deleted_state_and_a_tombstone(world: World):
     account_id = await world.register()
-    row, _ = await world.service.create_key(account_id, "k", None)
+    row, _ = await world.service.create_key(account_id, account_id, "k", None)
     await world.service.delete(account_id, row["id"])
     assert await world.service.list_keys(account_id) == []
     assert world.events("keys.v1")[-2]["deleted"] is True and world.events("keys.v1")[-1] is None
@@ -236,8 +236,8 @@ async def test_delete_publishes_the_deleted_state_and_a_tombstone(world: World):
 
 async def test_rotation_with_grace_keeps_the_old_key_until_then_and_the_sweep_deletes_it(world: World):
     account_id = await world.register()
-    old, _ = await world.service.create_key(account_id, "prod", None)
-    new, secret = await world.service.rotate(account_id, old["id"], 60)
+    old, _ = await world.service.create_key(account_id, account_id, "prod", None)
+    new, secret = await world.service.rotate(account_id, account_id, old["id"], 60)
     assert new["name"] == "prod" and new["expires_at"] is None and new["hash"] == hash_secret(secret)
     end = world.clock.now + timedelta(seconds=60)
     assert world.store.keys[old["id"]]["expires_at"] == end == world.store.keys[old["id"]]["delete_at"]
@@ -251,8 +251,8 @@ async def test_rotation_with_grace_keeps_the_old_key_until_then_and_the_sweep_de
 
 async def test_rotation_with_no_grace_deletes_the_old_key_at_once(world: World):
     account_id = await world.register()
-    old, _ = await world.service.create_key(account_id, "prod", None)
-    new, _ = await world.service.rotate(account_id, old["id"], 0)
+    old, _ = await world.service.create_key(account_id, account_id, "prod", None)
+    new, _ = await world.service.rotate(account_id, account_id, old["id"], 0)
     assert [r["id"] for r in await world.service.list_keys(account_id)] == [new["id"]]
     states = world.events("keys.v1")
     assert states[1]["deleted"] is True and states[2] is None and states[3]["key_id"] == str(new["id"])
@@ -261,12 +261,12 @@ async def test_rotation_with_no_grace_deletes_the_old_key_at_once(world: World):
 async def test_another_accounts_key_is_not_found_for_every_write(world: World):
     mine = await world.register("a@example.com")
     theirs = await world.register("b@example.com")
-    row, _ = await world.service.create_key(theirs, "theirs", None)
+    row, _ = await world.service.create_key(theirs, theirs, "theirs", None)
     before = list(world.store.outbox)
     for call in (
         world.service.toggle(mine, row["id"]),
         world.service.delete(mine, row["id"]),
-        world.service.rotate(mine, row["id"], 60),
+        world.service.rotate(mine, mine, row["id"], 60),
     ):
         with pytest.raises(NotFound) as caught:
             await call
@@ -276,7 +276,7 @@ async def test_another_accounts_key_is_not_found_for_every_write(world: World):
 
 async def test_calls_move_last_used_at_forward_only(world: World):
     account_id = await world.register()
-    row, _ = await world.service.create_key(account_id, "k", None)
+    row, _ = await world.service.create_key(account_id, account_id, "k", None)
     later = world.clock.now + timedelta(minutes=1)
     await world.service.note_calls({row["id"]: later})
     await world.service.note_calls({row["id"]: world.clock.now})
@@ -319,17 +319,17 @@ async def test_service_token_uses_are_written_and_kept_when_the_write_fails(worl
 # ---- every state change writes its outbox event ----------------------------------------------
 async def test_every_state_change_writes_its_outbox_event(world: World):
     account_id = await world.register()
-    key, _ = await world.service.create_key(account_id, "k", None)
+    key, _ = await world.service.create_key(account_id, account_id, "k", None)
     token, _ = await world.service.create_service_token("gw", [ServiceScope.USAGE_WRITE])
     changes = {
         "register": (lambda: world.register("other@example.com"), "accounts.v1"),
-        "logout": (lambda: world.service.logout(account_id, "s"), "sessions.v1"),
+        "logout": (lambda: world.service.logout(account_id, account_id, "s"), "sessions.v1"),
         "password": (lambda: world.service.change_password(account_id, PASSWORD, "a new password"), "users.v1"),
         "user type": (lambda: world.service.change_user_type(account_id, UserType.ENTERPRISE), "billing.v1"),
         "roles": (lambda: world.service.set_roles(account_id, [Role.OWNER]), "accounts.v1"),
-        "create": (lambda: world.service.create_key(account_id, "k2", None), "keys.v1"),
+        "create": (lambda: world.service.create_key(account_id, account_id, "k2", None), "keys.v1"),
         "toggle": (lambda: world.service.toggle(account_id, key["id"]), "keys.v1"),
-        "rotate": (lambda: world.service.rotate(account_id, key["id"], 0), "keys.v1"),
+        "rotate": (lambda: world.service.rotate(account_id, account_id, key["id"], 0), "keys.v1"),
         "token": (lambda: world.service.create_service_token("gw2", [ServiceScope.USAGE_WRITE]), "service-tokens.v1"),
         "revoke": (lambda: world.service.revoke_service_token(token["id"]), "service-tokens.v1"),
     }
@@ -343,3 +343,118 @@ async def test_every_state_change_writes_its_outbox_event(world: World):
     before = len(world.events("keys.v1"))
     await world.service.delete(account_id, new_key["id"])
     assert len(world.events("keys.v1")) == before + 2
+
+
+# ---- members (v2) -----------------------------------------------------------------------------
+async def test_members_add_list_change_role_remove(world: World):
+    account_id = await world.register()
+    world.clock.advance(seconds=1)
+    dev = await world.service.add_member(account_id, "Dev@Example.com", "Dev", "dev password", Role.DEVELOPER)
+    assert dev["email"] == "dev@example.com" and dev["role"] == "developer" and dev["account_id"] == account_id
+    assert world.events("users.v1")[-1] == {**world.events("users.v1")[-1], "user_id": str(dev["id"]), "role": "developer"}
+    assert [m["role"] for m in await world.service.list_members(account_id)] == ["owner", "developer"]
+    token, _ = await world.service.login("dev@example.com", "dev password")
+    assert token.startswith(f"tg1.{account_id}.{dev['id']}.")
+    key, _ = await world.service.create_key(account_id, dev["id"], "dev key", None)
+    assert world.events("keys.v1")[-1]["roles"] == ["developer"] and world.events("keys.v1")[-1]["created_by"] == str(dev["id"])
+
+    changed = await world.service.change_member_role(account_id, dev["id"], Role.VIEWER)
+    assert changed["role"] == "viewer" and world.events("users.v1")[-1]["role"] == "viewer"
+    assert world.events("keys.v1")[-1]["roles"] == ["viewer"]  # its keys act with its current role
+
+    await world.service.remove_member(account_id, dev["id"])
+    user = world.events("users.v1")[-1]
+    assert user["removed"] is True and user["sessions_not_before"] is not None
+    assert world.events("keys.v1")[-2]["deleted"] is True and world.events("keys.v1")[-1] is None
+    assert key["id"] not in [k["id"] for k in await world.service.list_keys(account_id)]
+    assert [m["role"] for m in await world.service.list_members(account_id)] == ["owner"]
+    with pytest.raises(InvalidCredentials):
+        await world.service.login("dev@example.com", "dev password")
+
+
+async def test_a_taken_email_is_a_conflict_for_members_and_accounts(world: World):
+    account_id = await world.register()
+    with pytest.raises(Conflict) as caught:
+        await world.service.add_member(account_id, "ADA@example.com", "Ada 2", "a password", Role.VIEWER)
+    assert caught.value.code == ErrorCode.CONFLICT
+    await world.service.add_member(account_id, "bob@example.com", "Bob", "a password", Role.VIEWER)
+    with pytest.raises(EmailTaken):
+        await world.register("bob@example.com")
+    assert len(world.store.accounts) == 1  # the account of the refused registration rolled back
+
+
+async def test_the_last_owner_can_be_neither_demoted_nor_removed(world: World):
+    account_id = await world.register()
+    for call in (
+        lambda: world.service.change_member_role(account_id, account_id, Role.DEVELOPER),
+        lambda: world.service.remove_member(account_id, account_id),
+    ):
+        with pytest.raises(Conflict) as caught:
+            await call()
+        assert caught.value.code == ErrorCode.LAST_OWNER
+    second = await world.service.add_member(account_id, "own2@example.com", "Own 2", "a password", Role.OWNER)
+    await world.service.change_member_role(account_id, account_id, Role.DEVELOPER)  # another owner remains
+    with pytest.raises(Conflict):
+        await world.service.remove_member(account_id, second["id"])
+
+
+async def test_another_accounts_member_is_not_found(world: World):
+    mine = await world.register("a@example.com")
+    theirs = await world.register("b@example.com")
+    member = await world.service.add_member(theirs, "m@example.com", "M", "a password", Role.VIEWER)
+    for call in (
+        lambda: world.service.change_member_role(mine, member["id"], Role.OWNER),
+        lambda: world.service.remove_member(mine, member["id"]),
+    ):
+        with pytest.raises(NotFound) as caught:
+            await call()
+        assert caught.value.message == "The member does not exist."
+    assert world.store.users[member["id"]]["role"] == "viewer"
+
+
+async def test_a_developer_writes_only_the_keys_it_created(world: World):
+    account_id = await world.register()
+    dev = await world.service.add_member(account_id, "dev@example.com", "Dev", "dev password", Role.DEVELOPER)
+    owners, _ = await world.service.create_key(account_id, account_id, "owner's", None)
+    own, _ = await world.service.create_key(account_id, dev["id"], "dev's", None)
+    for call in (
+        lambda: world.service.toggle(account_id, owners["id"], only_own=dev["id"]),
+        lambda: world.service.delete(account_id, owners["id"], only_own=dev["id"]),
+        lambda: world.service.rotate(account_id, dev["id"], owners["id"], 0, only_own=dev["id"]),
+    ):
+        with pytest.raises(Forbidden):
+            await call()
+    assert (await world.service.toggle(account_id, own["id"], only_own=dev["id"]))["status"] == "disabled"
+    await world.service.toggle(account_id, own["id"])  # the owner writes every key
+
+
+async def test_get_account_answers_for_the_calling_user(world: World):
+    account_id = await world.register()
+    dev = await world.service.add_member(account_id, "dev@example.com", "Dev", "dev password", Role.DEVELOPER)
+    mine = await world.service.account(account_id, dev["id"])
+    assert mine["role"] == "developer" and mine["roles"] == ["developer"]
+    assert (await world.service.account(account_id, account_id))["roles"] == ["owner"]
+
+
+def test_the_role_permission_table_is_api_mds():
+    from contracts.common import ROLE_PERMISSIONS, Permission
+
+    reads = {p for p in Permission if p.value.endswith(":read")}
+    assert ROLE_PERMISSIONS[Role.OWNER] == set(Permission)
+    assert ROLE_PERMISSIONS[Role.DEVELOPER] == {
+        Permission.KEYS_WRITE,
+        Permission.USAGE_READ,
+        Permission.QUOTA_READ,
+        Permission.ALERTS_READ,
+        Permission.ALERTS_WRITE,
+        Permission.ACTIVITY_READ,
+        Permission.PROJECTS_READ,
+        Permission.PROJECTS_WRITE,
+        Permission.BILLING_READ,
+    }
+    assert ROLE_PERMISSIONS[Role.BILLING] == reads | {Permission.BILLING_WRITE}
+    assert (
+        Permission.AUDIT_READ in ROLE_PERMISSIONS[Role.BILLING] and Permission.MEMBERS_WRITE not in ROLE_PERMISSIONS[Role.BILLING]
+    )
+    assert ROLE_PERMISSIONS[Role.VIEWER] == reads - {Permission.AUDIT_READ}
+    assert all(Permission.MEMBERS_WRITE not in ROLE_PERMISSIONS[r] for r in Role if r != Role.OWNER)
