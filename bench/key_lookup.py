@@ -21,11 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.stats import ratio_line
 from contracts.common import KeyStatus, Role
-from contracts.credentials import hash_secret
+from contracts.credentials import hash_secret, new_api_key
 from contracts.events import KeyState
 from services.edge.edge import Edge
 from services.edge.errors import ApiError
-from services.keys.domain import new_secret
 from services.runtime.platform.settings import Settings
 
 BATCH = 50
@@ -35,7 +34,7 @@ def _load(edge: Edge, count: int) -> str:
     now = datetime.now(UTC)
     secret = ""
     for _ in range(count):
-        secret = new_secret()
+        secret = new_api_key()
         edge.keys.apply(
             KeyState(
                 time=now,
@@ -67,7 +66,7 @@ def main() -> None:
     edge = Edge(Settings())
     real = _load(edge, args.keys)
     body = real.removeprefix("sk-")
-    other = new_secret()
+    other = new_api_key()
     guesses = {
         "unrelated": other,
         "first half right": "sk-" + body[: len(body) // 2] + other[3 + len(body) // 2 :],

@@ -30,7 +30,11 @@ class UserType(StrEnum):
 
 
 class Role(StrEnum):
+    """(v2) A user's role in its account (API.md, "Members"): one per user."""
+
     OWNER = "owner"
+    DEVELOPER = "developer"
+    BILLING = "billing"
     VIEWER = "viewer"
 
 
@@ -56,11 +60,30 @@ class Permission(StrEnum):
     ACTIVITY_READ = "activity:read"
     PROJECTS_READ = "projects:read"
     PROJECTS_WRITE = "projects:write"
+    MEMBERS_WRITE = "members:write"  # (v2)
+    AUDIT_READ = "audit:read"  # (v2)
 
 
+_READS = frozenset(p for p in Permission if p.value.endswith(":read"))
+# API.md, "Members (v2)", exactly. A developer's keys:write covers only the keys it created
+# (the keys service checks that); an owner's covers every key of the account.
 ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
     Role.OWNER: frozenset(Permission),
-    Role.VIEWER: frozenset(p for p in Permission if p.value.endswith(":read")),
+    Role.DEVELOPER: frozenset(
+        {
+            Permission.KEYS_WRITE,
+            Permission.USAGE_READ,
+            Permission.QUOTA_READ,
+            Permission.ALERTS_READ,
+            Permission.ALERTS_WRITE,
+            Permission.ACTIVITY_READ,
+            Permission.PROJECTS_READ,
+            Permission.PROJECTS_WRITE,
+            Permission.BILLING_READ,
+        }
+    ),
+    Role.BILLING: _READS | {Permission.BILLING_WRITE},
+    Role.VIEWER: _READS - {Permission.AUDIT_READ},
 }
 
 

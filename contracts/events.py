@@ -86,8 +86,9 @@ class KeyState(Event):
     roles: list[Role]
     # Added for metering's activity log: `sk-` + first 4 + `...` + last 4 of the secret (API.md).
     masked_key: str | None = Field(default=None, max_length=64)
-    # (v2) For alerts' rotation reminder (a key older than 90 days): when the key was made, and by
-    # which user (optional: events of older publishers lack them).
+    # (v2) When the key was made (alerts' rotation reminder: older than 90 days) and the user who
+    # made it: the key acts with that user's current users.v1 role and dies with its removal.
+    # None in states published before these existed.
     created_at: AwareDatetime | None = None
     created_by: UUID | None = None
 

@@ -32,6 +32,9 @@ class Account(BaseModel):
     user_type: UserType
     roles: list[Role]
     plan: Tier
+    # (v2) The calling user's role (`roles` is `[role]` then, for v1 clients); absent on the
+    # operator's roles call, which answers for the account.
+    role: Role | None = None
 
 
 class LoginRequest(_In):
@@ -93,6 +96,7 @@ class KeyItem(BaseModel):
     expires_at: AwareDatetime | None
     created_at: AwareDatetime
     last_used_at: AwareDatetime | None
+    created_by: UUID | None = None  # (v2) the user who created it
 
 
 class KeyList(BaseModel):
@@ -106,6 +110,30 @@ class KeyToggled(BaseModel):
 
 class RotateRequest(_In):
     grace_seconds: int = Field(ge=0, le=MAX_GRACE_SECONDS)
+
+
+# ---- members (v2) -----------------------------------------------------------------------------
+class Member(BaseModel):
+    id: UUID
+    email: str
+    name: str
+    role: Role
+    created_at: AwareDatetime
+
+
+class MemberList(BaseModel):
+    items: list[Member]
+
+
+class MemberCreateRequest(_In):
+    email: Email
+    name: Name
+    password: str = Field(min_length=8, max_length=1024)
+    role: Role
+
+
+class MemberRoleRequest(_In):
+    role: Role
 
 
 # ---- GEO projects ---------------------------------------------------------------------------------

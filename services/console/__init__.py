@@ -14,7 +14,7 @@ from services.edge.errors import not_found
 
 STATIC = Path(__file__).resolve().parent / "static"
 # Client-side routes: each serves the same page, so links in e-mails and notifications work.
-PAGES = frozenset({"signin", "register", "keys", "quota", "usage", "alerts", "plan"})
+PAGES = frozenset({"signin", "register", "keys", "quota", "usage", "alerts", "plan", "members"})
 
 _MEDIA_TYPES = {
     ".html": "text/html; charset=utf-8",

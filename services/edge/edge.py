@@ -111,7 +111,7 @@ class Edge:
         # key id -> (its account, its rate-limit subjects): no string formatting per call
         self._subjects: dict[UUID, tuple[UUID, tuple[str, str]]] = {}
         # key id -> (key state, account state, principal built from them)
-        self._principals: dict[UUID, tuple[KeyState, AccountState | None, Principal]] = {}
+        self._principals: dict[UUID, tuple[KeyState, AccountState | UserState | None, Principal]] = {}
         self._trusted = parse_networks(settings.trusted_proxies)
         self._secret = settings.session_secret.get_secret_value().encode()
         self._follower = TopicFollower(
@@ -180,15 +180,16 @@ class Edge:
             self.revoked_sessions.apply(SessionRevoked.model_validate(json.loads(value)), datetime.now(UTC))
 
     # ---- session tokens ------------------------------------------------------------------
-    def issue_session(self, account_id: UUID, session_id: str, now: datetime) -> str:
+    def issue_session(self, account_id: UUID, session_id: str, now: datetime, user_id: UUID | None = None) -> str:
+        user = user_id or account_id  # the registering user's id is the account id
         expires = int(now.timestamp()) + self.settings.session_ttl_seconds
         # Never "before" the user's known sessions_not_before: a login right after a password
         # change answered by a replica whose clock is a little behind is not refused.
         issued_at = now.timestamp()
-        user = self.users.get(account_id)  # until members exist, user id = account id
-        if user is not None and user.sessions_not_before is not None:
-            issued_at = max(issued_at, user.sessions_not_before.timestamp())
-        return sessions.issue(self._secret, sessions.SessionClaims(account_id, session_id, expires, issued_at))
+        state = self.users.get(user)
+        if state is not None and state.sessions_not_before is not None:
+            issued_at = max(issued_at, state.sessions_not_before.timestamp())
+        return sessions.issue(self._secret, sessions.SessionClaims(account_id, session_id, expires, issued_at, user))
 
     # ---- the request path ----------------------------------------------------------------
     def requires(
@@ -363,14 +364,16 @@ class Edge:
         except sessions.InvalidSession:
             raise _unauthorized(ErrorCode.INVALID_SESSION, "The console session is invalid or has expired.") from None
         account = self.accounts.get(claims.account_id)
-        # logged out (sessions.v1), or issued before the user's password change (users.v1)
-        # (until members exist, user id = account id)
-        revoked = (claims.account_id, claims.session_id) in self.revoked_sessions
-        ended = revoked or self.users.ended(claims.account_id, claims.issued_at)
+        # logged out (sessions.v1), or issued before the user's password change or removal (users.v1)
+        user_id = claims.user
+        revoked = (user_id, claims.session_id) in self.revoked_sessions
+        ended = revoked or self.users.ended(user_id, claims.issued_at)
         if account is None or ended:
             raise _unauthorized(ErrorCode.INVALID_SESSION, "The console session is invalid or has expired.")
-        roles = frozenset(Role(r) for r in account.roles)
-        return Principal(account_id=account.account_id, roles=roles, session_id=claims.session_id)
+        # The user's current role (users.v1); the account's roles until its users.v1 state is known.
+        user = self.users.get(user_id)
+        roles = frozenset({user.role}) if user is not None else frozenset(Role(r) for r in account.roles)
+        return Principal(account_id=account.account_id, roles=roles, session_id=claims.session_id, user_id=user_id)
 
     def _authenticate_key(self, secret: str, now: datetime, request: Request) -> Principal:
         # A dict lookup by SHA-256: timing does not depend on how much of a guess is right.
@@ -387,15 +390,25 @@ class Edge:
         if state.expires_at is not None and now >= state.expires_at:
             self._record_call(request, state.account_id, state.key_id, now)
             raise _unauthorized(ErrorCode.API_KEY_EXPIRED, "The API key has expired.")
-        account = self.accounts.get(state.account_id)
-        # The principal of a key is a function of the two (immutable) states it was built from:
-        # reuse it while both are the very objects the projections still hold.
+        # A key acts with its creator's current role (users.v1) and dies with the creator's removal;
+        # a key from before members (no creator) with the account's roles (accounts.v1).
+        creator = self.users.get(state.created_by) if state.created_by is not None else None
+        if creator is not None and creator.removed:
+            self._record_call(request, state.account_id, state.key_id, now)
+            raise _unauthorized(ErrorCode.INVALID_API_KEY, "The API key is not valid.")
+        account = None if creator is not None else self.accounts.get(state.account_id)
+        # The principal of a key is a function of the (immutable) states it was built from:
+        # reuse it while they are the very objects the projections still hold.
+        source = creator if creator is not None else account
         cached = self._principals.get(state.key_id)
-        if cached is not None and cached[0] is state and cached[1] is account:
+        if cached is not None and cached[0] is state and cached[1] is source:
             return cached[2]
-        roles = account.roles if account is not None else state.roles
-        principal = Principal(account_id=state.account_id, roles=frozenset(Role(r) for r in roles), api_key_id=state.key_id)
+        if creator is not None:
+            roles = frozenset({creator.role})
+        else:
+            roles = frozenset(Role(r) for r in (account.roles if account is not None else state.roles))
+        principal = Principal(account_id=state.account_id, roles=roles, api_key_id=state.key_id, user_id=state.created_by)
         if len(self._principals) >= MAX_CACHED_SUBJECTS:
             self._principals.clear()
-        self._principals[state.key_id] = (state, account, principal)
+        self._principals[state.key_id] = (state, source, principal)
         return principal

@@ -12,6 +12,8 @@ class Principal:
     roles: frozenset[Role]
     api_key_id: UUID | None = None  # None for a console session
     session_id: str | None = None  # the console session's id (logout revokes it)
+    # The user acting: the session's user, or the key's creator (None: a key from before members)
+    user_id: UUID | None = None
 
     @property
     def is_console(self) -> bool:

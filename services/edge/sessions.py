@@ -1,6 +1,8 @@
 """Console session tokens: stateless, HMAC-signed, expiring; never start with `sk-`.
 
-`tg1.<payload>.<signature>` where payload is base64url JSON `{sub, sid, iat, exp}`. Any replica of
+`tg1.<payload>.<signature>` where payload is base64url JSON `{sub, uid, sid, iat, exp}` (`uid`, the
+user, since members: absent in older tokens, where the user is the account's registering one, whose
+id is the account id). Any replica of
 any service verifies them with the shared secret; no network hop. Roles are not in the token:
 the edge takes the account's *current* roles from its account projection. `iat` (issue time,
 unix seconds with microseconds) lets the edge refuse sessions issued before a password change
@@ -27,6 +29,11 @@ class SessionClaims:
     # unix seconds, microsecond precision (a login right after a password change is not "before" it);
     # 0 = "long ago": refused by any sessions_not_before
     issued_at: float = 0.0
+    user_id: UUID | None = None  # None: the account's registering user (user id = account id)
+
+    @property
+    def user(self) -> UUID:
+        return self.user_id or self.account_id
 
 
 class InvalidSession(Exception):
@@ -47,6 +54,8 @@ def _sign(secret: bytes, payload: str) -> str:
 
 def issue(secret: bytes, claims: SessionClaims) -> str:
     body = {"sub": str(claims.account_id), "sid": claims.session_id, "iat": round(claims.issued_at, 6), "exp": claims.expires_at}
+    if claims.user_id is not None:
+        body["uid"] = str(claims.user_id)
     payload = _b64(json.dumps(body).encode())
     return f"{PREFIX}.{payload}.{_sign(secret, payload)}"
 
@@ -61,7 +70,9 @@ def verify(secret: bytes, token: str, now: datetime) -> SessionClaims:
         raise InvalidSession("bad signature")
     try:
         body = json.loads(_unb64(payload))
-        claims = SessionClaims(UUID(body["sub"]), str(body["sid"]), int(body["exp"]), float(body["iat"]))
+        account_id = UUID(body["sub"])
+        user_id = UUID(body["uid"]) if "uid" in body else None
+        claims = SessionClaims(account_id, str(body["sid"]), int(body["exp"]), float(body["iat"]), user_id)
     except (ValueError, KeyError, TypeError) as exc:
         raise InvalidSession("malformed session payload") from exc
     if now.timestamp() >= claims.expires_at:

@@ -1,6 +1,5 @@
 """HTTP routes of the keys service: accounts, console sessions, API keys, operator roles."""
 
-from datetime import UTC, datetime
 from typing import Annotated
 from uuid import UUID
 
@@ -13,10 +12,13 @@ from contracts.keys_api import (
     KeyCreateRequest,
     KeyItem,
     KeyList,
-    KeyListStatus,
     KeyToggled,
     LoginRequest,
     LoginResponse,
+    Member,
+    MemberCreateRequest,
+    MemberList,
+    MemberRoleRequest,
     PasswordChangeRequest,
     RegisterRequest,
     RolesRequest,
@@ -24,18 +26,16 @@ from contracts.keys_api import (
     UserTypeRequest,
 )
 from contracts.service_tokens_api import ServiceTokenCreated, ServiceTokenCreateRequest, ServiceTokenItem, ServiceTokenList
-from services.edge.calls import client_ip, parse_networks
-from services.edge.edge import Edge
-from services.edge.principal import Principal
-from services.keys import store
+from services.edge import Principal, Runtime, client_ip, parse_networks
+from services.keys import domain
 from services.keys.login_throttle import LoginThrottle
 from services.keys.service import KeysService
-from services.runtime.platform.settings import Settings
+from services.keys.store import Row
 
 CONSOLE = "Console only: an API key gets 403 `console_session_required`."
 
 
-def _account(row: store.Row) -> Account:
+def _account(row: Row) -> Account:
     return Account(
         id=row["id"],
         email=row["email"],
@@ -43,15 +43,25 @@ def _account(row: store.Row) -> Account:
         user_type=UserType(row["user_type"]),
         roles=row["roles"],
         plan=Tier(row["plan"]),
+        role=row.get("role"),
     )
 
 
-def _item(row: store.Row, now: datetime) -> KeyItem:
-    expired = row["expires_at"] is not None and now >= row["expires_at"]
-    return KeyItem.model_validate({**row, "status": KeyListStatus.EXPIRED if expired else row["status"]})
+def _user(principal: Principal) -> UUID:
+    """The acting user (a session from before members: the registering user, id = account id)."""
+    return principal.user_id or principal.account_id
 
 
-def _created(row: store.Row, secret: str) -> KeyCreated:
+def _only_own(principal: Principal) -> UUID | None:
+    """A developer writes only the keys it created; an owner every key of the account."""
+    return None if domain.writes_any_key(principal.roles) else _user(principal)
+
+
+def _item(row: Row) -> KeyItem:
+    return KeyItem.model_validate(row)
+
+
+def _created(row: Row, secret: str) -> KeyCreated:
     return KeyCreated(
         id=row["id"],
         name=row["name"],
@@ -63,21 +73,21 @@ def _created(row: store.Row, secret: str) -> KeyCreated:
     )
 
 
-def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
+def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
     api = APIRouter(tags=["keys"])
+    edge = runtime.edge
     console = edge.requires(console_only=True)
     console_keys_write = edge.requires(Permission.KEYS_WRITE, console_only=True)
-    throttle, trusted = LoginThrottle(), parse_networks(settings.trusted_proxies)
-
+    throttle, trusted = LoginThrottle(), parse_networks(runtime.settings.trusted_proxies)
     operator = edge.requires_operator()
 
     # ---- accounts ----------------------------------------------------------------------------
     @api.post(
         "/api/auth/register",
         status_code=201,
-        description="Creates an account (roles `[owner]`, plan `free`). Extension: 409 `conflict` if the e-mail is taken. "
-        "Until members exist an account has one user, its registering owner, whose user id is the account id: "
-        "its users.v1 state (role `owner`) is published here.",
+        description="Creates an account (roles `[owner]`, plan `free`) and its registering user, its `owner`, whose "
+        "user id is the account id (its users.v1 state is published here). Extension: 409 `conflict` if any user "
+        "(a member of any account too) has the e-mail.",
     )
     async def register(body: RegisterRequest) -> Account:
         return _account(await service.register(body))
@@ -101,10 +111,11 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
         description=CONSOLE + " Ends this console session: publishes `session_revoked` to sessions.v1 and answers "
         "after Kafka has it and this process refuses the session (401 `invalid_session`); every other replica "
         "refuses it within milliseconds. A second logout with the same session is therefore 401. The event's "
-        "`user_id` is the account id (until members exist an account has one user, its registering owner).",
+        "`user_id` is the session's user.",
     )
     async def logout(principal: Annotated[Principal, Depends(console)]) -> Response:
-        await service.logout(principal)
+        assert principal.session_id is not None  # a console-only route
+        await service.logout(principal.account_id, _user(principal), principal.session_id)
         return Response(status_code=204)
 
     @api.put(
@@ -114,16 +125,20 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
         description=CONSOLE + " Changes the password (argon2, as at login) and ends every session of the user, "
         "this one included, on every replica at once (users.v1 `sessions_not_before` = now; log in again). "
         "403 `permission_denied` if `current_password` is wrong; 422 if `new_password` is shorter than 8 or "
-        "longer than 1024 characters (the registration rule) or equals the current one. Until members exist "
-        "an account has one user, its registering owner, whose user id is the account id.",
+        "longer than 1024 characters (the registration rule) or equals the current one. The calling user's "
+        "password only; the account's other members keep theirs.",
     )
     async def put_password(body: PasswordChangeRequest, principal: Annotated[Principal, Depends(console)]) -> Response:
-        await service.change_password(principal.account_id, body.current_password, body.new_password)
+        await service.change_password(_user(principal), body.current_password, body.new_password)
         return Response(status_code=204)
 
-    @api.get("/api/account", description=CONSOLE)
+    @api.get(
+        "/api/account",
+        description=CONSOLE + " The account as the calling user sees it: `role` is that user's role (v2) and "
+        "`roles` is `[role]` for v1 clients.",
+    )
     async def get_account(principal: Annotated[Principal, Depends(console)]) -> Account:
-        return _account(await service.account(principal.account_id))
+        return _account(await service.account(principal.account_id, _user(principal)))
 
     @api.put(
         "/api/account/user-type",
@@ -136,7 +151,7 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
     # ---- API keys ------------------------------------------------------------------------------
     @api.post("/api/api-keys", status_code=201, description=CONSOLE + " Needs `keys:write`. `expires_at` must be in the future.")
     async def create_key(body: KeyCreateRequest, principal: Annotated[Principal, Depends(console_keys_write)]) -> KeyCreated:
-        row, secret = await service.create_key(principal.account_id, body.name, body.expires_at)
+        row, secret = await service.create_key(principal.account_id, _user(principal), body.name, body.expires_at)
         return _created(row, secret)
 
     @api.get(
@@ -146,16 +161,14 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
         "moves only on calls the key was admitted for (refused calls, which carry `error_code` on calls.v1, do not move it).",
     )
     async def list_keys(principal: Annotated[Principal, Depends(console)]) -> KeyList:
-        rows = await service.list_keys(principal.account_id)
-        now = datetime.now(UTC)
-        return KeyList(items=[_item(r, now) for r in rows])
+        return KeyList(items=[_item(r) for r in await service.list_keys(principal.account_id)])
 
     @api.post(
         "/api/api-keys/{key_id}/toggle",
         description=CONSOLE + " Answers after the new state is in Kafka and in force in this process.",
     )
     async def toggle_key(key_id: UUID, principal: Annotated[Principal, Depends(console_keys_write)]) -> KeyToggled:
-        row = await service.toggle(principal.account_id, key_id)
+        row = await service.toggle(principal.account_id, key_id, only_own=_only_own(principal))
         return KeyToggled(id=row["id"], status=row["status"])
 
     @api.delete(
@@ -165,7 +178,7 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
         description=CONSOLE + " Answers after the deletion is in Kafka and in force in this process.",
     )
     async def delete_key(key_id: UUID, principal: Annotated[Principal, Depends(console_keys_write)]) -> Response:
-        await service.delete(principal.account_id, key_id)
+        await service.delete(principal.account_id, key_id, only_own=_only_own(principal))
         return Response(status_code=204)
 
     @api.post(
@@ -177,15 +190,68 @@ def router(service: KeysService, edge: Edge, settings: Settings) -> APIRouter:
     async def rotate_key(
         key_id: UUID, body: RotateRequest, principal: Annotated[Principal, Depends(console_keys_write)]
     ) -> KeyCreated:
-        row, secret = await service.rotate(principal.account_id, key_id, body.grace_seconds)
+        row, secret = await service.rotate(
+            principal.account_id, _user(principal), key_id, body.grace_seconds, only_own=_only_own(principal)
+        )
         return _created(row, secret)
+
+    # ---- members (v2) ---------------------------------------------------------------------------
+    members_write = edge.requires(Permission.MEMBERS_WRITE, console_only=True)
+    MEMBERS = (
+        " Roles (API.md, Members): `owner` (everything, every key, members), `developer` (`keys:write` on the keys "
+        "it created, others' keys 403; usage, quota, alerts, activity, projects, `billing:read`), `billing` (every read, "
+        "`billing:write`, `audit:read`), `viewer` (every read but `audit:read`). Another account's member id is 404."
+    )
+
+    @api.get(
+        "/api/account/members",
+        description=CONSOLE + " The account's users (removed ones are gone), oldest first; any role may list." + MEMBERS,
+    )
+    async def list_members(principal: Annotated[Principal, Depends(console)]) -> MemberList:
+        return MemberList(items=[Member.model_validate(m) for m in await service.list_members(principal.account_id)])
+
+    @api.post(
+        "/api/account/members",
+        status_code=201,
+        description=CONSOLE + " Owner only (`members:write`, else 403 `permission_denied`): adds a user who logs in "
+        "with this e-mail and password. 409 `conflict` if a user already has the e-mail; 422 `validation_error` "
+        "for an unknown role." + MEMBERS,
+    )
+    async def add_member(body: MemberCreateRequest, principal: Annotated[Principal, Depends(members_write)]) -> Member:
+        row = await service.add_member(principal.account_id, body.email, body.name, body.password, body.role)
+        return Member.model_validate(row)
+
+    @api.put(
+        "/api/account/members/{member_id}/role",
+        description=CONSOLE + " Owner only (`members:write`): the member's new role, in force on its sessions and "
+        "its keys (which act with their creator's current role) when this answers, and on every replica within "
+        "milliseconds (users.v1, keys.v1). 409 `last_owner` when it would demote the account's last owner; "
+        "422 for an unknown role." + MEMBERS,
+    )
+    async def put_member_role(
+        member_id: UUID, body: MemberRoleRequest, principal: Annotated[Principal, Depends(members_write)]
+    ) -> Member:
+        return Member.model_validate(await service.change_member_role(principal.account_id, member_id, body.role))
+
+    @api.delete(
+        "/api/account/members/{member_id}",
+        status_code=204,
+        response_class=Response,
+        description=CONSOLE + " Owner only (`members:write`): removes the user; its sessions (401 `invalid_session`) "
+        "and its keys (deleted: 401 `invalid_api_key`) die at once on every replica. 409 `last_owner` for the "
+        "account's last owner." + MEMBERS,
+    )
+    async def delete_member(member_id: UUID, principal: Annotated[Principal, Depends(members_write)]) -> Response:
+        await service.remove_member(principal.account_id, member_id)
+        return Response(status_code=204)
 
     # ---- operator ------------------------------------------------------------------------------
     @api.put(
         "/api/admin/accounts/{account_id}/roles",
         dependencies=[Depends(operator)],
         description="Extension (operator): sets an account's roles with `Authorization: Bearer <ADMIN_TOKEN>`; "
-        "404 while ADMIN_TOKEN is unset. Takes effect on the console and every key of the account at once.",
+        "404 while ADMIN_TOKEN is unset. Also sets the role of the account's registering user (owner if listed, "
+        "else the first), in force on that user's sessions and keys at once; other members keep theirs.",
     )
     async def put_roles(account_id: UUID, body: RolesRequest) -> Account:
         return _account(await service.set_roles(account_id, body.roles))

@@ -2,19 +2,30 @@
 
 from pathlib import Path
 
-from services.edge.component import Component, Runtime
-from services.keys.api import router
-from services.keys.consumers import subscribers
+from services.edge import Component, Runtime
+from services.keys import api, consumers
+from services.keys.delivery import EdgeDelivery
 from services.keys.service import KeysService
+from services.keys.store import KeysStore
+from services.runtime.platform.outbox_relay import OutboxRelay
 
 
 def build(runtime: Runtime) -> Component:
-    service = KeysService(runtime.pool, runtime.settings, runtime.edge)
+    async def tick() -> None:
+        await service.tick()
+
+    relay = OutboxRelay(runtime.pool, runtime.settings, "keys", on_tick=tick)
+    service = KeysService(
+        KeysStore(runtime.pool, relay),
+        EdgeDelivery(relay, runtime.edge, runtime.clock),
+        runtime.clock,
+        session_ttl_seconds=runtime.settings.session_ttl_seconds,
+    )
     return Component(
         name="keys",
-        router=router(service, runtime.edge, runtime.settings),
-        subscribers=subscribers(service, runtime.broker, runtime.settings),
+        router=api.build_router(runtime, service),
+        subscribers=consumers.build_router(service, runtime.broker, runtime.settings),
         migrations=Path(__file__).parent / "migrations",
-        on_start=[service.relay.start],
-        on_stop=[service.relay.stop],
+        on_start=[relay.start],
+        on_stop=[relay.stop],
     )

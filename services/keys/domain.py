@@ -1,42 +1,79 @@
-"""Pure rules of accounts and API keys: secrets, masks, states, rotation. No I/O."""
+"""Pure rules of accounts and API keys: states, rotation, listing, and the keys service's domain
+errors. No I/O. Secrets, masks and hashes come from contracts/credentials.py."""
 
-import secrets
 from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from contracts.common import KeyStatus, Role, ServiceScope, UserType
-from contracts.credentials import API_KEY_PREFIX, SERVICE_TOKEN_PREFIX, hash_secret
+from contracts.domain_errors import Conflict, Forbidden, Invalid, Unauthenticated
+from contracts.errors import ErrorCode
 from contracts.events import AccountState, KeyState, ServiceTokenState, UserState
+from contracts.keys_api import KeyListStatus
 
-SECRET_BYTES = 36  # token_urlsafe(36): 48 URL-safe characters, 288 bits from the OS CSPRNG
 OWNER_ROLES: tuple[Role, ...] = (Role.OWNER,)
 
 
-def new_secret() -> str:
-    return API_KEY_PREFIX + secrets.token_urlsafe(SECRET_BYTES)
+# ---- domain errors (services/edge/errors.py maps each base to its status) ------------------------
+class InvalidCredentials(Unauthenticated):
+    def __init__(self) -> None:
+        super().__init__("The e-mail or the password is wrong.", code=ErrorCode.INVALID_CREDENTIALS)
 
 
-def new_service_token() -> str:
-    """`st-` + 48 URL-safe characters (288 bits), like an API key's secret."""
-    return SERVICE_TOKEN_PREFIX + secrets.token_urlsafe(SECRET_BYTES)
+class EmailTaken(Conflict):
+    def __init__(self) -> None:
+        super().__init__("An account with this e-mail already exists.")
 
 
-def mask(secret: str) -> str:
-    """`sk-` + first 4 + `...` + last 4 characters of the secret part."""
-    body = secret.removeprefix(API_KEY_PREFIX)
-    return f"{API_KEY_PREFIX}{body[:4]}...{body[-4:]}"
+class WrongCurrentPassword(Forbidden):
+    def __init__(self) -> None:
+        super().__init__("The current password is wrong.")
 
 
-def digest(secret: str) -> str:
-    return hash_secret(secret)
+class UserTypePlanMismatch(Conflict):
+    def __init__(self) -> None:
+        super().__init__(
+            "An individual user cannot be on the enterprise plan; change the plan first.",
+            code=ErrorCode.USER_TYPE_PLAN_MISMATCH,
+        )
 
 
+class MemberEmailTaken(Conflict):
+    def __init__(self) -> None:
+        super().__init__("A user with this e-mail already exists.")
+
+
+class LastOwner(Conflict):
+    def __init__(self) -> None:
+        super().__init__("The account's last owner cannot be demoted or removed.", code=ErrorCode.LAST_OWNER)
+
+
+class NotYourKey(Forbidden):
+    def __init__(self) -> None:
+        super().__init__("A developer may change only the API keys it created.")
+
+
+class InvalidField(Invalid):
+    """One field breaks a rule: the same body as a request that fails validation."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__("The request is not valid.", details=[{"field": field, "message": message, "type": "value_error"}])
+
+
+# ---- rules --------------------------------------------------------------------------------------
 def normalize_email(email: str) -> str:
     return email.strip().lower()
 
 
 def toggled(status: KeyStatus) -> KeyStatus:
     return KeyStatus.DISABLED if status == KeyStatus.ENABLED else KeyStatus.ENABLED
+
+
+def listed_status(status: KeyStatus, expires_at: datetime | None, now: datetime) -> KeyListStatus:
+    """`expired` once now >= expires_at, whatever the stored enabled/disabled state."""
+    if expires_at is not None and now >= expires_at:
+        return KeyListStatus.EXPIRED
+    return KeyListStatus(status.value)
 
 
 def rotation_expiry(current: datetime | None, now: datetime, grace_seconds: int) -> datetime:
@@ -56,6 +93,8 @@ def key_state(
     now: datetime,
     masked_key: str | None = None,
     deleted: bool = False,
+    created_at: datetime | None = None,
+    created_by: UUID | None = None,
 ) -> KeyState:
     return KeyState(
         time=now,
@@ -67,6 +106,8 @@ def key_state(
         roles=roles,
         masked_key=masked_key,
         deleted=deleted,
+        created_at=created_at,
+        created_by=created_by,
     )
 
 
@@ -80,15 +121,33 @@ def service_token_state(
     return ServiceTokenState(time=now, token_id=token_id, name=name, hash=digest, scopes=scopes, revoked=revoked)
 
 
+def writes_any_key(roles: frozenset[Role]) -> bool:
+    """An owner writes every key of the account; a developer only the keys it created."""
+    return Role.OWNER in roles
+
+
 def user_role(account_roles: list[Role]) -> Role:
     """The one role of the account's registering user (users.v1 carries one role per user):
     owner if the account has it, else its first role."""
     return Role.OWNER if Role.OWNER in account_roles else account_roles[0]
 
 
-def user_state(*, account_id: UUID, roles: list[Role], sessions_not_before: datetime | None, now: datetime) -> UserState:
-    """Until members exist (a later issue) an account has one user, its registering owner, whose
-    user id is the account id."""
+def user_state(user: dict[str, Any], now: datetime) -> UserState:
+    """A keys.users row as its users.v1 state."""
     return UserState(
-        time=now, account_id=account_id, user_id=account_id, role=user_role(roles), sessions_not_before=sessions_not_before
+        time=now,
+        account_id=user["account_id"],
+        user_id=user["id"],
+        role=Role(user["role"]),
+        removed=user["removed_at"] is not None,
+        sessions_not_before=user["sessions_not_before"],
     )
+
+
+def check_keeps_an_owner(member: dict[str, Any], roles: list[Role], new_role: Role | None) -> None:
+    """LastOwner if demoting (new_role) or removing (None) `member` would leave the account,
+    whose live users have `roles`, without an owner."""
+    if member["role"] != Role.OWNER.value or new_role == Role.OWNER:
+        return
+    if sum(1 for r in roles if r == Role.OWNER) <= 1:
+        raise LastOwner()

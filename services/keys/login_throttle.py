@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from contracts.domain_errors import DomainError
 from contracts.errors import ErrorCode
-from services.edge.errors import ApiError
+from services.edge import ApiError
 from services.keys.domain import normalize_email
 
 EMAIL_LIMIT = 10  # failures per e-mail within the window
@@ -104,7 +105,7 @@ class LoginThrottle:
         self._ips.add(ip, now)
         try:
             yield
-        except ApiError as exc:
+        except (ApiError, DomainError) as exc:
             if exc.code != ErrorCode.INVALID_CREDENTIALS:
                 self._forgive(subject, ip, now)
             raise

@@ -7,13 +7,14 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 from uuid import UUID
 
 from psycopg_pool import AsyncConnectionPool
 
 from contracts.common import ServiceScope
-from services.keys import service_tokens, store
+from services.keys import service_tokens
+from services.keys.store import KeysStore, KeysTx, Row
 from services.runtime.platform.kafka import ensure_topics
 from services.runtime.platform.outbox_relay import OutboxRelay
 from services.runtime.platform.postgres import apply_migrations, open_pool
@@ -28,7 +29,7 @@ class UnknownToken(LookupError):
     pass
 
 
-async def _run(settings: Settings, work: Callable[[store.Conn, OutboxRelay], Awaitable[T]]) -> T:
+async def _run(settings: Settings, work: Callable[[KeysTx], Awaitable[T]]) -> T:
     await asyncio.to_thread(apply_migrations, settings.database_url, "keys", MIGRATIONS)  # idempotent
     await ensure_topics(settings)  # a fresh stack: the outbox publishes to them
     pool: AsyncConnectionPool = open_pool(settings.database_url, max_size=2)
@@ -36,8 +37,8 @@ async def _run(settings: Settings, work: Callable[[store.Conn, OutboxRelay], Awa
     relay = OutboxRelay(pool, settings, "keys")
     try:
         await relay.start()
-        async with cast("AsyncConnectionPool[store.Conn]", pool).connection() as conn:
-            result = await work(conn, relay)
+        async with KeysStore(pool, relay).transaction() as tx:
+            result = await work(tx)
         # committed: now publish it (and whatever else of the keys outbox waits, in order)
         async with asyncio.timeout(FLUSH_TIMEOUT_S):
             while await relay.flush() > 0:
@@ -48,7 +49,7 @@ async def _run(settings: Settings, work: Callable[[store.Conn, OutboxRelay], Awa
         await pool.close()
 
 
-def _item(row: store.Row) -> dict[str, Any]:
+def _item(row: Row) -> dict[str, Any]:
     def iso(value: datetime | None) -> str | None:
         return None if value is None else value.isoformat()
 
@@ -63,23 +64,23 @@ def _item(row: store.Row) -> dict[str, Any]:
 
 
 async def create(settings: Settings, name: str, scopes: list[ServiceScope]) -> dict[str, str]:
-    async def work(conn: store.Conn, relay: OutboxRelay) -> dict[str, str]:
-        row, token, _ = await service_tokens.create(conn, relay, name, scopes, datetime.now(UTC))
+    async def work(tx: KeysTx) -> dict[str, str]:
+        row, token, _ = await service_tokens.create(tx, name, scopes, datetime.now(UTC))
         return {"id": str(row["id"]), "token": token}
 
     return await _run(settings, work)
 
 
 async def list_all(settings: Settings) -> list[dict[str, Any]]:
-    async def work(conn: store.Conn, _relay: OutboxRelay) -> list[dict[str, Any]]:
-        return [_item(r) for r in await service_tokens.list_all(conn)]
+    async def work(tx: KeysTx) -> list[dict[str, Any]]:
+        return [_item(r) for r in await tx.list_service_tokens()]
 
     return await _run(settings, work)
 
 
 async def revoke(settings: Settings, token_id: UUID) -> None:
-    async def work(conn: store.Conn, relay: OutboxRelay) -> None:
-        if await service_tokens.revoke(conn, relay, token_id, datetime.now(UTC)) is None:
+    async def work(tx: KeysTx) -> None:
+        if await service_tokens.revoke(tx, token_id, datetime.now(UTC)) is None:
             raise UnknownToken(str(token_id))
 
     await _run(settings, work)
@@ -88,7 +89,7 @@ async def revoke(settings: Settings, token_id: UUID) -> None:
 async def is_live(settings: Settings, token_id: UUID) -> bool:
     """Whether the token exists and is not revoked (`tollgate up` reuses its demo token then)."""
 
-    async def work(conn: store.Conn, _relay: OutboxRelay) -> bool:
-        return await store.service_token_is_live(conn, token_id)
+    async def work(tx: KeysTx) -> bool:
+        return await tx.service_token_is_live(token_id)
 
     return await _run(settings, work)

@@ -1,42 +1,39 @@
 """The keys service's use cases: each change commits with its outbox rows, then (for the calls
 that must take effect "at once") waits for the relay's Kafka ack and applies the new state to
-this process's edge, so the serving process already judges by it when the response leaves."""
+this process's edge (`LocalEdge.deliver`), so the serving process already judges by it when the
+response leaves. They raise domain errors (services/keys/domain.py) and know nothing of HTTP."""
 
 import asyncio
 import hmac
-import logging
 import secrets
 import time
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import cast
+from datetime import datetime
+from typing import Protocol
 from uuid import UUID, uuid4
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from psycopg_pool import AsyncConnectionPool
 
+from contracts.clock import Clock
 from contracts.common import KeyStatus, Role, ServiceScope, Tier, UserType
-from contracts.errors import ErrorCode
+from contracts.credentials import hash_secret, mask, new_api_key
+from contracts.domain_errors import NotFound
 from contracts.events import AccountState, KeyState, ServiceTokenState, SessionRevoked, UserState, UserTypeChanged
 from contracts.keys_api import RegisterRequest
 from contracts.plans import user_type_may_take
 from contracts.topics import ACCOUNTS, BILLING, KEYS, SESSIONS, USERS
-from services.edge.edge import Edge
-from services.edge.errors import ApiError, not_found
-from services.edge.principal import Principal
-from services.keys import domain, service_tokens, store
-from services.runtime.platform.outbox_relay import OutboxRelay
-from services.runtime.platform.settings import Settings
+from services.keys import domain, service_tokens
+from services.keys.domain import EmailTaken, InvalidCredentials, InvalidField, UserTypePlanMismatch, WrongCurrentPassword
+from services.keys.store import KeysTx, Row
 
-log = logging.getLogger(__name__)
-DELIVERY_TIMEOUT_S = 10.0
 # Service tokens' last_used_at is written at most this often (approximate to it, by design).
 SERVICE_TOKEN_USES_EVERY_S = 5.0
 
 
 @dataclass
-class _Changes:
+class Changes:
     """The states a transaction published, applied to this process's edge after delivery."""
 
     keys: list[KeyState] = field(default_factory=list)
@@ -46,79 +43,80 @@ class _Changes:
     sessions: list[SessionRevoked] = field(default_factory=list)
 
 
-def _invalid_login() -> ApiError:
-    return ApiError(401, ErrorCode.INVALID_CREDENTIALS, "The e-mail or the password is wrong.")
+class Store(Protocol):
+    """services/keys/store.py's KeysStore (tests: a fake in memory)."""
+
+    def transaction(self) -> AbstractAsyncContextManager[KeysTx]: ...
+
+
+class LocalEdge(Protocol):
+    """This process's edge, as the use cases see it (services/keys/delivery.py)."""
+
+    async def deliver(self, changes: Changes) -> None:
+        """Wait for Kafka's ack of the committed outbox rows, then make this process judge by them."""
+
+    def knows_account(self, account_id: UUID) -> bool: ...
+
+    def issue_session(self, account_id: UUID, session_id: str, now: datetime, user_id: UUID) -> str: ...
+
+    def drain_service_token_uses(self) -> dict[UUID, datetime]: ...
+
+    def note_service_token_use(self, token_id: UUID, at: datetime) -> None: ...
 
 
 class KeysService:
-    def __init__(self, pool: AsyncConnectionPool, settings: Settings, edge: Edge) -> None:
-        self.pool = cast("AsyncConnectionPool[store.Conn]", pool)  # the host opens it with dict rows
-        self.settings = settings
+    def __init__(
+        self,
+        store: Store,
+        edge: LocalEdge,
+        clock: Clock,
+        *,
+        session_ttl_seconds: int,
+        hasher: PasswordHasher | None = None,
+    ) -> None:
+        self.store = store
         self.edge = edge
-        self.relay = OutboxRelay(pool, settings, "keys", on_tick=self._tick)
+        self.clock = clock
+        self.session_ttl_seconds = session_ttl_seconds
         self._uses_written_at = time.monotonic()
-        self.hasher = PasswordHasher()
+        self.hasher = hasher or PasswordHasher()
         # Verified against when the e-mail is unknown, so both failures cost the same time.
         self._dummy_hash = self.hasher.hash(secrets.token_urlsafe(16))
 
     # ---- publishing ------------------------------------------------------------------------
-    async def _emit_key(self, conn: store.Conn, state: KeyState, changes: _Changes) -> None:
+    async def _emit_key(self, tx: KeysTx, state: KeyState, changes: Changes) -> None:
         key = str(state.key_id).encode()
-        await self.relay.add(conn, KEYS, key, state.model_dump_json().encode())
+        await tx.publish(KEYS, key, state.model_dump_json().encode())
         if state.deleted:
-            await self.relay.add(conn, KEYS, key, None)  # tombstone: compaction forgets the key
+            await tx.publish(KEYS, key, None)  # tombstone: compaction forgets the key
         changes.keys.append(state)
 
-    async def _emit_account(self, conn: store.Conn, row: store.Row, now: datetime, changes: _Changes) -> None:
+    async def _emit_account(self, tx: KeysTx, row: Row, now: datetime, changes: Changes) -> None:
         state = domain.account_state(
             account_id=row["id"], roles=[Role(r) for r in row["roles"]], user_type=UserType(row["user_type"]), now=now
         )
-        await self.relay.add(conn, ACCOUNTS, str(row["id"]).encode(), state.model_dump_json().encode())
+        await tx.publish(ACCOUNTS, str(row["id"]).encode(), state.model_dump_json().encode())
         changes.accounts.append(state)
 
-    async def _emit_user(self, conn: store.Conn, row: store.Row, now: datetime, changes: _Changes) -> None:
-        state = domain.user_state(
-            account_id=row["id"], roles=[Role(r) for r in row["roles"]], sessions_not_before=row["sessions_not_before"], now=now
-        )
-        await self.relay.add(conn, USERS, str(state.user_id).encode(), state.model_dump_json().encode())
+    async def _emit_user(self, tx: KeysTx, user: Row, now: datetime, changes: Changes) -> None:
+        state = domain.user_state(user, now)
+        await tx.publish(USERS, str(state.user_id).encode(), state.model_dump_json().encode())
         changes.users.append(state)
 
-    async def _deliver(self, changes: _Changes) -> None:
-        """Wait for Kafka's ack of the committed rows, then make this process judge by them."""
-        try:
-            async with asyncio.timeout(DELIVERY_TIMEOUT_S):
-                while await self.relay.flush() > 0:
-                    pass
-        except Exception as exc:
-            log.warning("outbox delivery delayed; the relay will retry", exc_info=True)
-            raise ApiError(
-                503, ErrorCode.SERVICE_UNAVAILABLE, "The change is saved but not yet in effect everywhere; it will be shortly."
-            ) from exc
-        for account in changes.accounts:
-            self.edge.accounts.apply(account)
-        for key in changes.keys:
-            self.edge.keys.apply(key)
-        for token in changes.service_tokens:
-            self.edge.service_tokens.apply(token)
-        for user in changes.users:
-            self.edge.users.apply(user)
-        for revoked in changes.sessions:
-            self.edge.revoked_sessions.apply(revoked, datetime.now(UTC))
-
-    async def _tick(self) -> None:
+    async def tick(self) -> None:
+        """The outbox relay's periodic work: rotated keys past their grace, service tokens' uses."""
         await self.sweep_rotated()
         if time.monotonic() - self._uses_written_at >= SERVICE_TOKEN_USES_EVERY_S:
             self._uses_written_at = time.monotonic()
             await self.write_service_token_uses()
 
     # ---- accounts ----------------------------------------------------------------------------
-    async def register(self, body: RegisterRequest) -> store.Row:
+    async def register(self, body: RegisterRequest) -> Row:
         password_hash = await asyncio.to_thread(self.hasher.hash, body.password)
-        now = datetime.now(UTC)
-        changes = _Changes()
-        async with self.pool.connection() as conn:
-            row = await store.insert_account(
-                conn,
+        now = self.clock()
+        changes = Changes()
+        async with self.store.transaction() as tx:
+            row = await tx.insert_account(
                 account_id=uuid4(),
                 email=domain.normalize_email(body.email),
                 password_hash=password_hash,
@@ -126,138 +124,143 @@ class KeysService:
                 user_type=body.user_type.value,
                 roles=[r.value for r in domain.OWNER_ROLES],
             )
-            if row is None:
-                raise ApiError(409, ErrorCode.CONFLICT, "An account with this e-mail already exists.")
-            await self._emit_account(conn, row, now, changes)
-            await self._emit_user(conn, row, now, changes)
-        await self._deliver(changes)
-        return row
+            # the registering user: the account's owner, whose user id is the account id
+            user = (
+                None
+                if row is None
+                else await tx.insert_user(
+                    user_id=row["id"],
+                    account_id=row["id"],
+                    email=row["email"],
+                    password_hash=password_hash,
+                    name=body.name,
+                    role=Role.OWNER.value,
+                    created_at=now,
+                )
+            )
+            if row is None or user is None:
+                raise EmailTaken()  # the transaction rolls back the account too
+            await self._emit_account(tx, row, now, changes)
+            await self._emit_user(tx, user, now, changes)
+        await self.edge.deliver(changes)
+        return {**row, "role": user["role"], "roles": [user["role"]]}  # as GET /api/account answers its user
 
     async def login(self, email: str, password: str) -> tuple[str, int]:
-        async with self.pool.connection() as conn:
-            row = await store.account_by_email(conn, domain.normalize_email(email))
+        """A console session token and its lifetime in seconds."""
+        async with self.store.transaction() as tx:
+            row = await tx.user_by_email(domain.normalize_email(email))
         stored = row["password_hash"] if row is not None else self._dummy_hash
         try:
             await asyncio.to_thread(self.hasher.verify, stored, password)
         except (VerificationError, InvalidHashError):
-            raise _invalid_login() from None
+            raise InvalidCredentials() from None
         if row is None:
-            raise _invalid_login()
+            raise InvalidCredentials()
         if self.hasher.check_needs_rehash(stored):
             new_hash = await asyncio.to_thread(self.hasher.hash, password)
-            async with self.pool.connection() as conn:
-                await store.set_password_hash(conn, row["id"], new_hash)
-        if self.edge.accounts.get(row["id"]) is None:
-            await self.republish_account(row["id"])  # e.g. accounts.v1 was recreated: heal it
-        now = datetime.now(UTC)
-        token = self.edge.issue_session(row["id"], secrets.token_urlsafe(16), now)
-        return token, self.settings.session_ttl_seconds
+            async with self.store.transaction() as tx:
+                await tx.set_user_password_hash(row["id"], new_hash)
+        if not self.edge.knows_account(row["account_id"]):
+            await self.republish_account(row["account_id"])  # e.g. accounts.v1 was recreated: heal it
+        token = self.edge.issue_session(row["account_id"], secrets.token_urlsafe(16), self.clock(), row["id"])
+        return token, self.session_ttl_seconds
 
-    async def logout(self, principal: Principal) -> None:
+    async def logout(self, account_id: UUID, user_id: UUID, session_id: str) -> None:
         """sessions.v1: the session is refused by every edge; this one already when we answer."""
-        assert principal.session_id is not None  # a console-only route
-        now = datetime.now(UTC)
-        event = SessionRevoked(
-            time=now,
-            account_id=principal.account_id,
-            session_id=principal.session_id,
-            user_id=principal.account_id,
-            revoked_at=now,
-        )  # user id = account id (one user)
-        changes = _Changes(sessions=[event])
-        async with self.pool.connection() as conn:
-            await self.relay.add(conn, SESSIONS, event.session_id.encode(), event.model_dump_json().encode())
-        await self._deliver(changes)
+        now = self.clock()
+        event = SessionRevoked(time=now, account_id=account_id, session_id=session_id, user_id=user_id, revoked_at=now)
+        async with self.store.transaction() as tx:
+            await tx.publish(SESSIONS, event.session_id.encode(), event.model_dump_json().encode())
+        await self.edge.deliver(Changes(sessions=[event]))
 
-    async def change_password(self, account_id: UUID, current_password: str, new_password: str) -> None:
+    async def change_password(self, user_id: UUID, current_password: str, new_password: str) -> None:
         """A new password; users.v1 `sessions_not_before = now` ends every session of the user."""
         if hmac.compare_digest(current_password.encode(), new_password.encode()):
-            raise ApiError(
-                422,
-                ErrorCode.VALIDATION_ERROR,
-                "The request is not valid.",
-                details=[{"field": "new_password", "message": "must differ from the current password", "type": "value_error"}],
-            )
-        async with self.pool.connection() as conn:
-            row = await store.account_by_id(conn, account_id)
-        if row is None:
-            raise not_found("account")
+            raise InvalidField("new_password", "must differ from the current password")
+        async with self.store.transaction() as tx:
+            row = await tx.user_by_id(user_id)
+        if row is None or row["removed_at"] is not None:
+            raise NotFound("account")
         try:
             await asyncio.to_thread(self.hasher.verify, row["password_hash"], current_password)
         except (VerificationError, InvalidHashError):
-            raise ApiError(403, ErrorCode.PERMISSION_DENIED, "The current password is wrong.") from None
+            raise WrongCurrentPassword() from None
         new_hash = await asyncio.to_thread(self.hasher.hash, new_password)
-        now = datetime.now(UTC)
-        changes = _Changes()
-        async with self.pool.connection() as conn:
-            updated = await store.set_password(conn, account_id, new_hash, now)
+        now = self.clock()
+        changes = Changes()
+        async with self.store.transaction() as tx:
+            updated = await tx.set_user_password(user_id, new_hash, now)
             if updated is None:
-                raise not_found("account")
-            await self._emit_user(conn, updated, now, changes)
-        await self._deliver(changes)
+                raise NotFound("account")
+            await self._emit_user(tx, updated, now, changes)
+        await self.edge.deliver(changes)
 
-    async def account(self, account_id: UUID) -> store.Row:
-        async with self.pool.connection() as conn:
-            row = await store.account_by_id(conn, account_id)
+    async def account(self, account_id: UUID, user_id: UUID | None = None) -> Row:
+        """The account as its user sees it: that user's `role`, and `roles: [role]` for v1 clients."""
+        async with self.store.transaction() as tx:
+            row = await tx.account_by_id(account_id)
+            user = await tx.user_by_id(user_id or account_id)
         if row is None:
-            raise not_found("account")
-        return row
+            raise NotFound("account")
+        if user is None or user["account_id"] != account_id:
+            return row
+        return {**row, "role": user["role"], "roles": [user["role"]]}
 
     async def republish_account(self, account_id: UUID) -> None:
-        changes = _Changes()
-        async with self.pool.connection() as conn:
-            row = await store.account_by_id(conn, account_id)
+        changes = Changes()
+        async with self.store.transaction() as tx:
+            row = await tx.account_by_id(account_id)
             if row is None:
                 return
-            await self._emit_account(conn, row, datetime.now(UTC), changes)
-        await self._deliver(changes)
+            await self._emit_account(tx, row, self.clock(), changes)
+        await self.edge.deliver(changes)
 
-    async def change_user_type(self, account_id: UUID, user_type: UserType) -> store.Row:
-        now = datetime.now(UTC)
-        changes = _Changes()
-        async with self.pool.connection() as conn:
-            current = await store.account_by_id(conn, account_id, for_update=True)
+    async def change_user_type(self, account_id: UUID, user_type: UserType) -> Row:
+        now = self.clock()
+        changes = Changes()
+        async with self.store.transaction() as tx:
+            current = await tx.account_by_id(account_id, for_update=True)
             if current is None:
-                raise not_found("account")
+                raise NotFound("account")
             if not user_type_may_take(user_type, Tier(current["plan"])):
-                raise ApiError(
-                    409,
-                    ErrorCode.USER_TYPE_PLAN_MISMATCH,
-                    "An individual user cannot be on the enterprise plan; change the plan first.",
-                )
+                raise UserTypePlanMismatch()
             if current["user_type"] == user_type.value:
                 return current
-            row = await store.set_user_type(conn, account_id, user_type.value)
+            row = await tx.set_user_type(account_id, user_type.value)
             assert row is not None
-            await self._emit_account(conn, row, now, changes)
+            await self._emit_account(tx, row, now, changes)
             event = UserTypeChanged(time=now, account_id=account_id, user_type=user_type)
-            await self.relay.add(conn, BILLING, str(account_id).encode(), event.model_dump_json().encode())
-        await self._deliver(changes)
+            await tx.publish(BILLING, str(account_id).encode(), event.model_dump_json().encode())
+        await self.edge.deliver(changes)
         return row
 
-    async def set_roles(self, account_id: UUID, roles: list[Role]) -> store.Row:
+    async def set_roles(self, account_id: UUID, roles: list[Role]) -> Row:
         """Operator call: new roles for the account and every live key of it, at once."""
-        now = datetime.now(UTC)
-        changes = _Changes()
+        now = self.clock()
+        changes = Changes()
         unique = [r.value for r in Role if r in roles]
-        async with self.pool.connection() as conn:
-            row = await store.set_roles(conn, account_id, unique)
+        async with self.store.transaction() as tx:
+            row = await tx.set_roles(account_id, unique)
             if row is None:
-                raise not_found("account")
-            await self._emit_account(conn, row, now, changes)
-            await self._emit_user(conn, row, now, changes)
-            for key in await store.live_keys_of(conn, account_id):
-                await self._emit_key(conn, self._state(key, [Role(r) for r in unique], now), changes)
-        await self._deliver(changes)
+                raise NotFound("account")
+            await self._emit_account(tx, row, now, changes)
+            # the registering user's role (user id = account id); keys.v1 `roles` of its keys
+            role = domain.user_role([Role(r) for r in unique])
+            user = await tx.set_user_role(account_id, role.value)
+            if user is not None:
+                await self._emit_user(tx, user, now, changes)
+                for key in await tx.live_keys_created_by(account_id, account_id):
+                    await self._emit_key(tx, self._state(key, [role], now), changes)
+        await self.edge.deliver(changes)
         return row
 
     async def set_plan(self, account_id: UUID, plan: Tier, time: datetime) -> None:
-        async with self.pool.connection() as conn:
-            await store.set_plan(conn, account_id, plan.value, time)
+        async with self.store.transaction() as tx:
+            await tx.set_plan(account_id, plan.value, time)
 
     # ---- API keys ------------------------------------------------------------------------------
     @staticmethod
-    def _state(row: store.Row, roles: list[Role], now: datetime, *, deleted: bool = False) -> KeyState:
+    def _state(row: Row, roles: list[Role], now: datetime, *, deleted: bool = False) -> KeyState:
         return domain.key_state(
             key_id=row["id"],
             account_id=row["account_id"],
@@ -268,141 +271,221 @@ class KeysService:
             now=now,
             masked_key=row["masked_key"],  # metering's activity log shows it
             deleted=deleted,
-        ).model_copy(update={"created_at": row.get("created_at")})  # alerts' rotation reminder (keys.v1)
+            created_at=row["created_at"],  # alerts' rotation reminder (keys.v1)
+            created_by=row["created_by"],
+        )
 
-    async def _roles(self, conn: store.Conn, account_id: UUID) -> list[Role]:
-        account = await store.account_by_id(conn, account_id)
-        if account is None:
-            raise not_found("account")
-        return [Role(r) for r in account["roles"]]
+    async def _roles(self, tx: KeysTx, key: Row) -> list[Role]:
+        """keys.v1 `roles`: the creating user's current role."""
+        creator = await tx.user_by_id(key["created_by"] or key["account_id"])
+        if creator is None:
+            raise NotFound("account")
+        return [Role(creator["role"])]
+
+    @staticmethod
+    def _check_may_write(key: Row, only_own: UUID | None) -> None:
+        if only_own is not None and key["created_by"] != only_own:
+            raise domain.NotYourKey()
 
     async def _insert_new_key(
-        self, conn: store.Conn, account_id: UUID, name: str, expires_at: datetime | None, now: datetime, changes: _Changes
-    ) -> tuple[store.Row, str]:
-        secret = domain.new_secret()
-        row = await store.insert_key(
-            conn,
+        self,
+        tx: KeysTx,
+        account_id: UUID,
+        user_id: UUID,
+        name: str,
+        expires_at: datetime | None,
+        now: datetime,
+        changes: Changes,
+    ) -> tuple[Row, str]:
+        secret = new_api_key()
+        row = await tx.insert_key(
             key_id=uuid4(),
             account_id=account_id,
             name=name,
-            digest=domain.digest(secret),
-            masked_key=domain.mask(secret),
+            digest=hash_secret(secret),
+            masked_key=mask(secret),
             status=KeyStatus.ENABLED.value,
             expires_at=expires_at,
             created_at=now,
+            created_by=user_id,
         )
-        await self._emit_key(conn, self._state(row, await self._roles(conn, account_id), now), changes)
+        await self._emit_key(tx, self._state(row, await self._roles(tx, row), now), changes)
         return row, secret
 
-    async def create_key(self, account_id: UUID, name: str, expires_at: datetime | None) -> tuple[store.Row, str]:
-        now = datetime.now(UTC)
+    async def create_key(self, account_id: UUID, user_id: UUID, name: str, expires_at: datetime | None) -> tuple[Row, str]:
+        """The new key's row and its secret (shown once; only its hash is stored)."""
+        now = self.clock()
         if expires_at is not None and expires_at <= now:
-            raise ApiError(
-                422,
-                ErrorCode.VALIDATION_ERROR,
-                "The request is not valid.",
-                details=[{"field": "expires_at", "message": "must be in the future", "type": "value_error"}],
-            )
-        changes = _Changes()
-        async with self.pool.connection() as conn:
-            row, secret = await self._insert_new_key(conn, account_id, name, expires_at, now, changes)
-        await self._deliver(changes)
+            raise InvalidField("expires_at", "must be in the future")
+        changes = Changes()
+        async with self.store.transaction() as tx:
+            row, secret = await self._insert_new_key(tx, account_id, user_id, name, expires_at, now, changes)
+        await self.edge.deliver(changes)
         return row, secret
 
-    async def list_keys(self, account_id: UUID) -> list[store.Row]:
-        async with self.pool.connection() as conn:
-            return await store.list_keys(conn, account_id)
+    async def list_keys(self, account_id: UUID) -> list[Row]:
+        """Live keys, oldest first; `status` is the listed one (`expired` computed now)."""
+        async with self.store.transaction() as tx:
+            rows = await tx.list_keys(account_id)
+        now = self.clock()
+        return [{**r, "status": domain.listed_status(KeyStatus(r["status"]), r["expires_at"], now)} for r in rows]
 
-    async def toggle(self, account_id: UUID, key_id: UUID) -> store.Row:
-        now = datetime.now(UTC)
-        changes = _Changes()
-        async with self.pool.connection() as conn:
-            row = await store.key_for_update(conn, account_id, key_id)
+    async def toggle(self, account_id: UUID, key_id: UUID, *, only_own: UUID | None = None) -> Row:
+        """`only_own`: the developer's user id (it may write only the keys it created; 403 else)."""
+        now = self.clock()
+        changes = Changes()
+        async with self.store.transaction() as tx:
+            row = await tx.key_for_update(account_id, key_id)
             if row is None:
-                raise not_found("API key")
+                raise NotFound("API key")
+            self._check_may_write(row, only_own)
             row["status"] = domain.toggled(KeyStatus(row["status"])).value
-            await store.set_status(conn, key_id, row["status"])
-            await self._emit_key(conn, self._state(row, await self._roles(conn, account_id), now), changes)
-        await self._deliver(changes)
+            await tx.set_status(key_id, row["status"])
+            await self._emit_key(tx, self._state(row, await self._roles(tx, row), now), changes)
+        await self.edge.deliver(changes)
         return row
 
-    async def delete(self, account_id: UUID, key_id: UUID) -> None:
-        now = datetime.now(UTC)
-        changes = _Changes()
-        async with self.pool.connection() as conn:
-            row = await store.key_for_update(conn, account_id, key_id)
+    async def delete(self, account_id: UUID, key_id: UUID, *, only_own: UUID | None = None) -> None:
+        now = self.clock()
+        changes = Changes()
+        async with self.store.transaction() as tx:
+            row = await tx.key_for_update(account_id, key_id)
             if row is None:
-                raise not_found("API key")
-            await store.mark_deleted(conn, key_id, now)
-            await self._emit_key(conn, self._state(row, await self._roles(conn, account_id), now, deleted=True), changes)
-        await self._deliver(changes)
+                raise NotFound("API key")
+            self._check_may_write(row, only_own)
+            await tx.mark_deleted(key_id, now)
+            await self._emit_key(tx, self._state(row, await self._roles(tx, row), now, deleted=True), changes)
+        await self.edge.deliver(changes)
 
-    async def rotate(self, account_id: UUID, key_id: UUID, grace_seconds: int) -> tuple[store.Row, str]:
-        now = datetime.now(UTC)
-        changes = _Changes()
-        async with self.pool.connection() as conn:
-            old = await store.key_for_update(conn, account_id, key_id)
+    async def rotate(
+        self, account_id: UUID, user_id: UUID, key_id: UUID, grace_seconds: int, *, only_own: UUID | None = None
+    ) -> tuple[Row, str]:
+        """The new key (same name, created by `user_id`); the old one expires after the grace."""
+        now = self.clock()
+        changes = Changes()
+        async with self.store.transaction() as tx:
+            old = await tx.key_for_update(account_id, key_id)
             if old is None:
-                raise not_found("API key")
-            roles = await self._roles(conn, account_id)
+                raise NotFound("API key")
+            self._check_may_write(old, only_own)
+            roles = await self._roles(tx, old)
             if grace_seconds == 0:
-                await store.mark_deleted(conn, key_id, now)
-                await self._emit_key(conn, self._state(old, roles, now, deleted=True), changes)
+                await tx.mark_deleted(key_id, now)
+                await self._emit_key(tx, self._state(old, roles, now, deleted=True), changes)
             else:
                 old["expires_at"] = domain.rotation_expiry(old["expires_at"], now, grace_seconds)
-                await store.set_expiry(conn, key_id, old["expires_at"], old["expires_at"])
-                await self._emit_key(conn, self._state(old, roles, now), changes)
-            row, secret = await self._insert_new_key(conn, account_id, old["name"], None, now, changes)
-        await self._deliver(changes)
+                await tx.set_expiry(key_id, old["expires_at"], old["expires_at"])
+                await self._emit_key(tx, self._state(old, roles, now), changes)
+            row, secret = await self._insert_new_key(tx, account_id, user_id, old["name"], None, now, changes)
+        await self.edge.deliver(changes)
         return row, secret
 
     async def sweep_rotated(self) -> None:
         """Delete for good the rotated keys whose grace period is over (the relay then sends)."""
-        now = datetime.now(UTC)
-        changes = _Changes()
-        async with self.pool.connection() as conn:
-            for row in await store.due_for_deletion(conn, now):
-                await store.mark_deleted(conn, row["id"], now)
-                await self._emit_key(
-                    conn, self._state(row, await self._roles(conn, row["account_id"]), now, deleted=True), changes
-                )
+        now = self.clock()
+        changes = Changes()
+        async with self.store.transaction() as tx:
+            for row in await tx.due_for_deletion(now):
+                await tx.mark_deleted(row["id"], now)
+                await self._emit_key(tx, self._state(row, await self._roles(tx, row), now, deleted=True), changes)
 
     async def note_calls(self, used: dict[UUID, datetime]) -> None:
-        async with self.pool.connection() as conn:
-            await store.touch_last_used(conn, used)
+        async with self.store.transaction() as tx:
+            await tx.touch_last_used(used)
+
+    # ---- members (v2) ---------------------------------------------------------------------------
+    async def list_members(self, account_id: UUID) -> list[Row]:
+        async with self.store.transaction() as tx:
+            return await tx.members_of(account_id)
+
+    async def add_member(self, account_id: UUID, email: str, name: str, password: str, role: Role) -> Row:
+        password_hash = await asyncio.to_thread(self.hasher.hash, password)
+        now = self.clock()
+        changes = Changes()
+        async with self.store.transaction() as tx:
+            user = await tx.insert_user(
+                user_id=uuid4(),
+                account_id=account_id,
+                email=domain.normalize_email(email),
+                password_hash=password_hash,
+                name=name,
+                role=role.value,
+                created_at=now,
+            )
+            if user is None:
+                raise domain.MemberEmailTaken()
+            await self._emit_user(tx, user, now, changes)
+        await self.edge.deliver(changes)
+        return user
+
+    async def _member(self, tx: KeysTx, account_id: UUID, member_id: UUID) -> tuple[Row, list[Row]]:
+        """The member (another account's or a removed one: NotFound) and the account's live users, locked."""
+        members = await tx.members_for_update(account_id)
+        member = next((m for m in members if m["id"] == member_id), None)
+        if member is None:
+            raise NotFound("member")
+        return member, members
+
+    async def change_member_role(self, account_id: UUID, member_id: UUID, role: Role) -> Row:
+        """Effective at once on the member's sessions (users.v1) and keys (keys.v1 `roles`)."""
+        now = self.clock()
+        changes = Changes()
+        async with self.store.transaction() as tx:
+            member, members = await self._member(tx, account_id, member_id)
+            domain.check_keeps_an_owner(member, [Role(m["role"]) for m in members], role)
+            if member["role"] == role.value:
+                return member
+            user = await tx.set_user_role(member_id, role.value)
+            assert user is not None
+            await self._emit_user(tx, user, now, changes)
+            for key in await tx.live_keys_created_by(account_id, member_id):
+                await self._emit_key(tx, self._state(key, [role], now), changes)
+        await self.edge.deliver(changes)
+        return user
+
+    async def remove_member(self, account_id: UUID, member_id: UUID) -> None:
+        """The member's sessions end and keys die at once (users.v1 `removed`; its keys deleted)."""
+        now = self.clock()
+        changes = Changes()
+        async with self.store.transaction() as tx:
+            member, members = await self._member(tx, account_id, member_id)
+            domain.check_keeps_an_owner(member, [Role(m["role"]) for m in members], None)
+            user = await tx.remove_user(member_id, now)
+            assert user is not None
+            await self._emit_user(tx, user, now, changes)
+            for key in await tx.live_keys_created_by(account_id, member_id):
+                await tx.mark_deleted(key["id"], now)
+                await self._emit_key(tx, self._state(key, [Role(member["role"])], now, deleted=True), changes)
+        await self.edge.deliver(changes)
 
     # ---- service tokens (operator) -----------------------------------------------------------
-    async def create_service_token(self, name: str, scopes: list[ServiceScope]) -> tuple[store.Row, str]:
-        changes = _Changes()
-        async with self.pool.connection() as conn:
-            row, token, state = await service_tokens.create(conn, self.relay, name, scopes, datetime.now(UTC))
-            changes.service_tokens.append(state)
-        await self._deliver(changes)
+    async def create_service_token(self, name: str, scopes: list[ServiceScope]) -> tuple[Row, str]:
+        async with self.store.transaction() as tx:
+            row, token, state = await service_tokens.create(tx, name, scopes, self.clock())
+        await self.edge.deliver(Changes(service_tokens=[state]))
         return row, token
 
-    async def list_service_tokens(self) -> list[store.Row]:
-        async with self.pool.connection() as conn:
-            return await service_tokens.list_all(conn)
+    async def list_service_tokens(self) -> list[Row]:
+        async with self.store.transaction() as tx:
+            return await tx.list_service_tokens()
 
     async def revoke_service_token(self, token_id: UUID) -> None:
         """Answers after the revocation is in Kafka and in force in this process."""
-        changes = _Changes()
-        async with self.pool.connection() as conn:
-            state = await service_tokens.revoke(conn, self.relay, token_id, datetime.now(UTC))
+        async with self.store.transaction() as tx:
+            state = await service_tokens.revoke(tx, token_id, self.clock())
             if state is None:
-                raise not_found("service token")
-            changes.service_tokens.append(state)
-        await self._deliver(changes)
+                raise NotFound("service token")
+        await self.edge.deliver(Changes(service_tokens=[state]))
 
     async def write_service_token_uses(self) -> None:
         """The uses this process's edge noted, in one UPDATE (kept for the next try if it fails)."""
-        used = self.edge.service_tokens.drain_uses()
+        used = self.edge.drain_service_token_uses()
         if not used:
             return
         try:
-            async with self.pool.connection() as conn:
-                await store.touch_service_tokens(conn, used)
+            async with self.store.transaction() as tx:
+                await tx.touch_service_tokens(used)
         except Exception:
             for token_id, at in used.items():
-                self.edge.service_tokens.note_use(token_id, at)
+                self.edge.note_service_token_use(token_id, at)
             raise

@@ -1,209 +1,263 @@
-"""Postgres adapter of the keys service (schema `keys`). Every function runs in the caller's
-transaction; the caller commits together with its outbox rows."""
+"""Postgres adapter of the keys service (schema `keys`): ALL its SQL. A use case opens one
+`transaction()` and gets a `KeysTx`: every method runs in it, and `publish` queues an outbox row
+in it, so the change and its events commit together (the relay sends them to Kafka after)."""
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow
+from psycopg_pool import AsyncConnectionPool
+
+from contracts.topics import Topic
+from services.runtime.platform.outbox_relay import OutboxRelay
 
 Conn = AsyncConnection[DictRow]
 Row = dict[str, Any]
 
-_KEY_COLUMNS = "id, account_id, name, hash, masked_key, status, expires_at, delete_at, created_at, last_used_at"
-
-
-async def _one(conn: Conn, query: str, params: tuple[Any, ...]) -> Row | None:
-    cur = await conn.execute(query, params)
-    return await cur.fetchone()
-
-
-async def _all(conn: Conn, query: str, params: tuple[Any, ...]) -> list[Row]:
-    cur = await conn.execute(query, params)
-    return await cur.fetchall()
-
-
-# ---- accounts ---------------------------------------------------------------------------------
-async def insert_account(
-    conn: Conn, *, account_id: UUID, email: str, password_hash: str, name: str, user_type: str, roles: list[str]
-) -> Row | None:
-    """The new account, or None if the e-mail is taken (case-insensitive)."""
-    return await _one(
-        conn,
-        """INSERT INTO keys.accounts (id, email, password_hash, name, user_type, roles)
-           VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING *""",
-        (account_id, email, password_hash, name, user_type, roles),
-    )
-
-
-async def account_by_email(conn: Conn, email: str) -> Row | None:
-    return await _one(conn, "SELECT * FROM keys.accounts WHERE lower(email) = lower(%s)", (email,))
-
-
-async def account_by_id(conn: Conn, account_id: UUID, *, for_update: bool = False) -> Row | None:
-    lock = " FOR UPDATE" if for_update else ""
-    return await _one(conn, "SELECT * FROM keys.accounts WHERE id = %s" + lock, (account_id,))
-
-
-async def set_password_hash(conn: Conn, account_id: UUID, password_hash: str) -> None:
-    await conn.execute("UPDATE keys.accounts SET password_hash = %s WHERE id = %s", (password_hash, account_id))
-
-
-async def set_password(conn: Conn, account_id: UUID, password_hash: str, sessions_not_before: datetime) -> Row | None:
-    """A new password; every session issued before `sessions_not_before` ends."""
-    return await _one(
-        conn,
-        "UPDATE keys.accounts SET password_hash = %s, sessions_not_before = %s WHERE id = %s RETURNING *",
-        (password_hash, sessions_not_before, account_id),
-    )
-
-
-async def set_user_type(conn: Conn, account_id: UUID, user_type: str) -> Row | None:
-    return await _one(conn, "UPDATE keys.accounts SET user_type = %s WHERE id = %s RETURNING *", (user_type, account_id))
-
-
-async def set_roles(conn: Conn, account_id: UUID, roles: list[str]) -> Row | None:
-    return await _one(conn, "UPDATE keys.accounts SET roles = %s WHERE id = %s RETURNING *", (roles, account_id))
-
-
-async def set_plan(conn: Conn, account_id: UUID, plan: str, time: datetime) -> None:
-    """Newest plan wins; a redelivered or older event changes nothing."""
-    await conn.execute(
-        """UPDATE keys.accounts SET plan = %s, plan_time = %s
-           WHERE id = %s AND (plan_time IS NULL OR plan_time < %s)""",
-        (plan, time, account_id, time),
-    )
-
-
-# ---- API keys ---------------------------------------------------------------------------------
-async def insert_key(
-    conn: Conn,
-    *,
-    key_id: UUID,
-    account_id: UUID,
-    name: str,
-    digest: str,
-    masked_key: str,
-    status: str,
-    expires_at: datetime | None,
-    created_at: datetime,
-) -> Row:
-    row = await _one(
-        conn,
-        f"""INSERT INTO keys.api_keys (id, account_id, name, hash, masked_key, status, expires_at, created_at)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING {_KEY_COLUMNS}""",
-        (key_id, account_id, name, digest, masked_key, status, expires_at, created_at),
-    )
-    assert row is not None
-    return row
-
-
-async def key_for_update(conn: Conn, account_id: UUID, key_id: UUID) -> Row | None:
-    """A live key of this account, locked; None for unknown, deleted or another account's key."""
-    return await _one(
-        conn,
-        f"""SELECT {_KEY_COLUMNS} FROM keys.api_keys
-            WHERE id = %s AND account_id = %s AND deleted_at IS NULL FOR UPDATE""",
-        (key_id, account_id),
-    )
-
-
-async def list_keys(conn: Conn, account_id: UUID) -> list[Row]:
-    return await _all(
-        conn,
-        f"""SELECT {_KEY_COLUMNS} FROM keys.api_keys
-            WHERE account_id = %s AND deleted_at IS NULL ORDER BY created_at, id""",
-        (account_id,),
-    )
-
-
-async def live_keys_of(conn: Conn, account_id: UUID) -> list[Row]:
-    return await _all(
-        conn,
-        f"SELECT {_KEY_COLUMNS} FROM keys.api_keys WHERE account_id = %s AND deleted_at IS NULL FOR UPDATE",
-        (account_id,),
-    )
-
-
-async def set_status(conn: Conn, key_id: UUID, status: str) -> None:
-    await conn.execute("UPDATE keys.api_keys SET status = %s WHERE id = %s", (status, key_id))
-
-
-async def set_expiry(conn: Conn, key_id: UUID, expires_at: datetime, delete_at: datetime) -> None:
-    await conn.execute("UPDATE keys.api_keys SET expires_at = %s, delete_at = %s WHERE id = %s", (expires_at, delete_at, key_id))
-
-
-async def mark_deleted(conn: Conn, key_id: UUID, now: datetime) -> None:
-    await conn.execute("UPDATE keys.api_keys SET deleted_at = %s WHERE id = %s", (now, key_id))
-
-
-async def due_for_deletion(conn: Conn, now: datetime, limit: int = 200) -> list[Row]:
-    """Rotated keys whose grace period is over, locked (replicas skip each other's)."""
-    return await _all(
-        conn,
-        f"""SELECT {_KEY_COLUMNS} FROM keys.api_keys
-            WHERE deleted_at IS NULL AND delete_at <= %s ORDER BY delete_at LIMIT %s FOR UPDATE SKIP LOCKED""",
-        (now, limit),
-    )
-
-
-async def touch_last_used(conn: Conn, used: dict[UUID, datetime]) -> None:
-    """One statement for a whole batch of calls; never moves last_used_at backwards."""
-    if not used:
-        return
-    ids = list(used)
-    await conn.execute(
-        """UPDATE keys.api_keys AS k SET last_used_at = GREATEST(k.last_used_at, u.t)
-           FROM unnest(%s::uuid[], %s::timestamptz[]) AS u(id, t) WHERE k.id = u.id""",
-        (ids, [used[i] for i in ids]),
-    )
-
-
-# ---- service tokens (v2) ------------------------------------------------------------------------
+_KEY_COLUMNS = "id, account_id, name, hash, masked_key, status, expires_at, delete_at, created_at, last_used_at, created_by"
 _ST_COLUMNS = "id, name, hash, scopes, created_at, last_used_at, revoked_at"
 
 
-async def insert_service_token(
-    conn: Conn, *, token_id: UUID, name: str, digest: str, scopes: list[str], created_at: datetime
-) -> Row:
-    row = await _one(
-        conn,
-        f"""INSERT INTO keys.service_tokens (id, name, hash, scopes, created_at)
-            VALUES (%s, %s, %s, %s, %s) RETURNING {_ST_COLUMNS}""",
-        (token_id, name, digest, scopes, created_at),
-    )
-    assert row is not None
-    return row
+class KeysStore:
+    def __init__(self, pool: AsyncConnectionPool, relay: OutboxRelay) -> None:
+        self._pool = cast("AsyncConnectionPool[Conn]", pool)  # the host opens it with dict rows
+        self._relay = relay
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator["KeysTx"]:
+        """One transaction: committed when the block ends, rolled back if it raises."""
+        async with self._pool.connection() as conn:
+            yield KeysTx(conn, self._relay)
 
 
-async def list_service_tokens(conn: Conn) -> list[Row]:
-    return await _all(conn, f"SELECT {_ST_COLUMNS} FROM keys.service_tokens ORDER BY created_at, id", ())
+class KeysTx:
+    def __init__(self, conn: Conn, relay: OutboxRelay) -> None:
+        self.conn = conn
+        self._relay = relay
 
+    async def _one(self, query: str, params: tuple[Any, ...]) -> Row | None:
+        cur = await self.conn.execute(query, params)
+        return await cur.fetchone()
 
-async def service_token_is_live(conn: Conn, token_id: UUID) -> bool:
-    """Whether the token exists and is not revoked."""
-    live = await _one(conn, "SELECT 1 AS live FROM keys.service_tokens WHERE id = %s AND revoked_at IS NULL", (token_id,))
-    return live is not None
+    async def _all(self, query: str, params: tuple[Any, ...]) -> list[Row]:
+        cur = await self.conn.execute(query, params)
+        return await cur.fetchall()
 
+    async def publish(self, topic: Topic, key: bytes, value: bytes | None) -> None:
+        """An outbox row in this transaction (None: a tombstone)."""
+        await self._relay.add(self.conn, topic, key, value)
 
-async def revoke_service_token(conn: Conn, token_id: UUID, now: datetime) -> Row | None:
-    """The token, revoked now (or when it first was: revoking twice changes nothing); None if unknown."""
-    return await _one(
-        conn,
-        f"""UPDATE keys.service_tokens SET revoked_at = COALESCE(revoked_at, %s)
-            WHERE id = %s RETURNING {_ST_COLUMNS}""",
-        (now, token_id),
-    )
+    # ---- accounts ---------------------------------------------------------------------------------
+    async def insert_account(
+        self, *, account_id: UUID, email: str, password_hash: str, name: str, user_type: str, roles: list[str]
+    ) -> Row | None:
+        """The new account, or None if the e-mail is taken (case-insensitive)."""
+        return await self._one(
+            """INSERT INTO keys.accounts (id, email, password_hash, name, user_type, roles)
+               VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING *""",
+            (account_id, email, password_hash, name, user_type, roles),
+        )
 
+    async def account_by_email(self, email: str) -> Row | None:
+        return await self._one("SELECT * FROM keys.accounts WHERE lower(email) = lower(%s)", (email,))
 
-async def touch_service_tokens(conn: Conn, used: dict[UUID, datetime]) -> None:
-    """One statement per batch of uses; never moves last_used_at backwards."""
-    if not used:
-        return
-    ids = list(used)
-    await conn.execute(
-        """UPDATE keys.service_tokens AS t SET last_used_at = GREATEST(t.last_used_at, u.t)
-           FROM unnest(%s::uuid[], %s::timestamptz[]) AS u(id, t) WHERE t.id = u.id""",
-        (ids, [used[i] for i in ids]),
-    )
+    async def account_by_id(self, account_id: UUID, *, for_update: bool = False) -> Row | None:
+        lock = " FOR UPDATE" if for_update else ""
+        return await self._one("SELECT * FROM keys.accounts WHERE id = %s" + lock, (account_id,))
+
+    async def set_password_hash(self, account_id: UUID, password_hash: str) -> None:
+        await self.conn.execute("UPDATE keys.accounts SET password_hash = %s WHERE id = %s", (password_hash, account_id))
+
+    async def set_password(self, account_id: UUID, password_hash: str, sessions_not_before: datetime) -> Row | None:
+        """A new password; every session issued before `sessions_not_before` ends."""
+        return await self._one(
+            "UPDATE keys.accounts SET password_hash = %s, sessions_not_before = %s WHERE id = %s RETURNING *",
+            (password_hash, sessions_not_before, account_id),
+        )
+
+    async def set_user_type(self, account_id: UUID, user_type: str) -> Row | None:
+        return await self._one("UPDATE keys.accounts SET user_type = %s WHERE id = %s RETURNING *", (user_type, account_id))
+
+    async def set_roles(self, account_id: UUID, roles: list[str]) -> Row | None:
+        return await self._one("UPDATE keys.accounts SET roles = %s WHERE id = %s RETURNING *", (roles, account_id))
+
+    async def set_plan(self, account_id: UUID, plan: str, time: datetime) -> None:
+        """Newest plan wins; a redelivered or older event changes nothing."""
+        await self.conn.execute(
+            """UPDATE keys.accounts SET plan = %s, plan_time = %s
+               WHERE id = %s AND (plan_time IS NULL OR plan_time < %s)""",
+            (plan, time, account_id, time),
+        )
+
+    # ---- users (members, v2) ----------------------------------------------------------------------
+    async def insert_user(
+        self, *, user_id: UUID, account_id: UUID, email: str, password_hash: str, name: str, role: str, created_at: datetime
+    ) -> Row | None:
+        """The new user, or None if a live user has the e-mail (case-insensitive)."""
+        return await self._one(
+            """INSERT INTO keys.users (id, account_id, email, password_hash, name, role, created_at)
+               VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING *""",
+            (user_id, account_id, email, password_hash, name, role, created_at),
+        )
+
+    async def user_by_email(self, email: str) -> Row | None:
+        """The live user who logs in with this e-mail."""
+        return await self._one("SELECT * FROM keys.users WHERE lower(email) = lower(%s) AND removed_at IS NULL", (email,))
+
+    async def user_by_id(self, user_id: UUID) -> Row | None:
+        """The user, removed or not."""
+        return await self._one("SELECT * FROM keys.users WHERE id = %s", (user_id,))
+
+    async def set_user_password_hash(self, user_id: UUID, password_hash: str) -> None:
+        await self.conn.execute("UPDATE keys.users SET password_hash = %s WHERE id = %s", (password_hash, user_id))
+
+    async def set_user_password(self, user_id: UUID, password_hash: str, sessions_not_before: datetime) -> Row | None:
+        """A new password; every session of the user issued before `sessions_not_before` ends."""
+        return await self._one(
+            "UPDATE keys.users SET password_hash = %s, sessions_not_before = %s WHERE id = %s RETURNING *",
+            (password_hash, sessions_not_before, user_id),
+        )
+
+    async def members_of(self, account_id: UUID) -> list[Row]:
+        return await self._all(
+            "SELECT * FROM keys.users WHERE account_id = %s AND removed_at IS NULL ORDER BY created_at, id", (account_id,)
+        )
+
+    async def members_for_update(self, account_id: UUID) -> list[Row]:
+        """The account's live users, locked: concurrent role changes cannot both remove the last owner."""
+        return await self._all(
+            "SELECT * FROM keys.users WHERE account_id = %s AND removed_at IS NULL ORDER BY created_at, id FOR UPDATE",
+            (account_id,),
+        )
+
+    async def set_user_role(self, user_id: UUID, role: str) -> Row | None:
+        return await self._one("UPDATE keys.users SET role = %s WHERE id = %s RETURNING *", (role, user_id))
+
+    async def remove_user(self, user_id: UUID, now: datetime) -> Row | None:
+        return await self._one(
+            "UPDATE keys.users SET removed_at = %s, sessions_not_before = %s WHERE id = %s RETURNING *", (now, now, user_id)
+        )
+
+    async def live_keys_created_by(self, account_id: UUID, user_id: UUID) -> list[Row]:
+        return await self._all(
+            f"""SELECT {_KEY_COLUMNS} FROM keys.api_keys
+                WHERE account_id = %s AND created_by = %s AND deleted_at IS NULL FOR UPDATE""",
+            (account_id, user_id),
+        )
+
+    # ---- API keys ---------------------------------------------------------------------------------
+    async def insert_key(
+        self,
+        *,
+        key_id: UUID,
+        account_id: UUID,
+        name: str,
+        digest: str,
+        masked_key: str,
+        status: str,
+        expires_at: datetime | None,
+        created_at: datetime,
+        created_by: UUID,
+    ) -> Row:
+        row = await self._one(
+            f"""INSERT INTO keys.api_keys (id, account_id, name, hash, masked_key, status, expires_at, created_at, created_by)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {_KEY_COLUMNS}""",
+            (key_id, account_id, name, digest, masked_key, status, expires_at, created_at, created_by),
+        )
+        assert row is not None
+        return row
+
+    async def key_for_update(self, account_id: UUID, key_id: UUID) -> Row | None:
+        """A live key of this account, locked; None for unknown, deleted or another account's key."""
+        return await self._one(
+            f"""SELECT {_KEY_COLUMNS} FROM keys.api_keys
+                WHERE id = %s AND account_id = %s AND deleted_at IS NULL FOR UPDATE""",
+            (key_id, account_id),
+        )
+
+    async def list_keys(self, account_id: UUID) -> list[Row]:
+        return await self._all(
+            f"""SELECT {_KEY_COLUMNS} FROM keys.api_keys
+                WHERE account_id = %s AND deleted_at IS NULL ORDER BY created_at, id""",
+            (account_id,),
+        )
+
+    async def live_keys_of(self, account_id: UUID) -> list[Row]:
+        return await self._all(
+            f"SELECT {_KEY_COLUMNS} FROM keys.api_keys WHERE account_id = %s AND deleted_at IS NULL FOR UPDATE",
+            (account_id,),
+        )
+
+    async def set_status(self, key_id: UUID, status: str) -> None:
+        await self.conn.execute("UPDATE keys.api_keys SET status = %s WHERE id = %s", (status, key_id))
+
+    async def set_expiry(self, key_id: UUID, expires_at: datetime, delete_at: datetime) -> None:
+        await self.conn.execute(
+            "UPDATE keys.api_keys SET expires_at = %s, delete_at = %s WHERE id = %s", (expires_at, delete_at, key_id)
+        )
+
+    async def mark_deleted(self, key_id: UUID, now: datetime) -> None:
+        await self.conn.execute("UPDATE keys.api_keys SET deleted_at = %s WHERE id = %s", (now, key_id))
+
+    async def due_for_deletion(self, now: datetime, limit: int = 200) -> list[Row]:
+        """Rotated keys whose grace period is over, locked (replicas skip each other's)."""
+        return await self._all(
+            f"""SELECT {_KEY_COLUMNS} FROM keys.api_keys
+                WHERE deleted_at IS NULL AND delete_at <= %s ORDER BY delete_at LIMIT %s FOR UPDATE SKIP LOCKED""",
+            (now, limit),
+        )
+
+    async def touch_last_used(self, used: dict[UUID, datetime]) -> None:
+        """One statement for a whole batch of calls; never moves last_used_at backwards."""
+        if not used:
+            return
+        ids = list(used)
+        await self.conn.execute(
+            """UPDATE keys.api_keys AS k SET last_used_at = GREATEST(k.last_used_at, u.t)
+               FROM unnest(%s::uuid[], %s::timestamptz[]) AS u(id, t) WHERE k.id = u.id""",
+            (ids, [used[i] for i in ids]),
+        )
+
+    # ---- service tokens (v2) ------------------------------------------------------------------------
+
+    async def insert_service_token(
+        self, *, token_id: UUID, name: str, digest: str, scopes: list[str], created_at: datetime
+    ) -> Row:
+        row = await self._one(
+            f"""INSERT INTO keys.service_tokens (id, name, hash, scopes, created_at)
+                VALUES (%s, %s, %s, %s, %s) RETURNING {_ST_COLUMNS}""",
+            (token_id, name, digest, scopes, created_at),
+        )
+        assert row is not None
+        return row
+
+    async def list_service_tokens(self) -> list[Row]:
+        return await self._all(f"SELECT {_ST_COLUMNS} FROM keys.service_tokens ORDER BY created_at, id", ())
+
+    async def service_token_is_live(self, token_id: UUID) -> bool:
+        """Whether the token exists and is not revoked."""
+        live = await self._one("SELECT 1 AS live FROM keys.service_tokens WHERE id = %s AND revoked_at IS NULL", (token_id,))
+        return live is not None
+
+    async def revoke_service_token(self, token_id: UUID, now: datetime) -> Row | None:
+        """The token, revoked now (or when it first was: revoking twice changes nothing); None if unknown."""
+        return await self._one(
+            f"""UPDATE keys.service_tokens SET revoked_at = COALESCE(revoked_at, %s)
+                WHERE id = %s RETURNING {_ST_COLUMNS}""",
+            (now, token_id),
+        )
+
+    async def touch_service_tokens(self, used: dict[UUID, datetime]) -> None:
+        """One statement per batch of uses; never moves last_used_at backwards."""
+        if not used:
+            return
+        ids = list(used)
+        await self.conn.execute(
+            """UPDATE keys.service_tokens AS t SET last_used_at = GREATEST(t.last_used_at, u.t)
+               FROM unnest(%s::uuid[], %s::timestamptz[]) AS u(id, t) WHERE t.id = u.id""",
+            (ids, [used[i] for i in ids]),
+        )

@@ -19,12 +19,11 @@ import pytest
 from starlette.requests import Request
 
 from contracts.common import KeyStatus, Role
-from contracts.credentials import hash_secret
+from contracts.credentials import hash_secret, new_api_key
 from contracts.events import KeyState
 from services.edge.edge import Edge
 from services.edge.errors import ApiError
 from services.edge.projections import KeyProjection
-from services.keys.domain import new_secret
 from services.runtime.platform.settings import Settings
 
 SERVICES = Path(__file__).resolve().parents[2] / "services"
@@ -66,7 +65,7 @@ def test_the_presented_key_is_used_only_through_its_sha256():
 
 def test_the_projection_is_a_dict_keyed_by_digest_and_a_near_miss_finds_nothing(monkeypatch):
     projection = KeyProjection()
-    real = new_secret()
+    real = new_api_key()
     state = KeyState(
         time=datetime.now(UTC),
         account_id=uuid.uuid4(),

@@ -19,6 +19,8 @@ CONSOLE_ONLY = {
     "/api/billing/orders/{order_id}/pay",
     "/api/billing/orders/{order_id}",
     "/api/billing/orders/{order_id}/invoice",
+    "/api/account/members/{member_id}/role",
+    "/api/account/members/{member_id}",
 }
 # method, path template -> (which of A's objects, body)
 BY_ID: dict[tuple[str, str], tuple[str, dict | None]] = {
@@ -32,6 +34,8 @@ BY_ID: dict[tuple[str, str], tuple[str, dict | None]] = {
     ("GET", "/api/ai/usage/alert/{rule_id}/deliveries"): ("rule", None),
     ("POST", "/api/notifications/{notification_id}/read"): ("notification", None),
     ("DELETE", "/api/geo/projects/{project_id}"): ("project", None),
+    ("PUT", "/api/account/members/{member_id}/role"): ("member", {"role": "owner"}),
+    ("DELETE", "/api/account/members/{member_id}"): ("member", None),
 }
 OPERATOR = ("PUT", "/api/admin/accounts/{account_id}/roles")
 SERVICE_TOKEN_REVOKE = ("DELETE", "/api/admin/service-tokens/{token_id}")  # operator too, not the tenant's
@@ -52,6 +56,14 @@ async def _objects_of(client, settings, a: Account) -> dict[str, str]:
     order = await client.post("/api/billing/orders", json={"kind": "plan_upgrade", "plan": "basic"}, headers=a.headers)
     project = await client.post("/api/geo/projects", json={"name": "a's project"}, headers=a.headers)
     assert (rule.status_code, order.status_code, project.status_code) == (201, 201, 201), (rule.text, order.text, project.text)
+    member_body = {
+        "email": f"m{uuid.uuid4().hex[:10]}@example.com",
+        "name": "a's member",
+        "password": "a member password",
+        "role": "viewer",
+    }
+    member = await client.post("/api/account/members", json=member_body, headers=a.headers)
+    assert member.status_code == 201, member.text
     usage = {
         "time": datetime.now(UTC).isoformat(),
         "account_id": a.id,
@@ -80,6 +92,7 @@ async def _objects_of(client, settings, a: Account) -> dict[str, str]:
         "rule": rule.json()["id"],
         "order": order.json()["id"],
         "project": project.json()["id"],
+        "member": member.json()["id"],
         "notification": await eventually(notification, what="A's notification"),
     }
     await eventually(activity, what="A's activity log")
@@ -144,6 +157,7 @@ async def test_every_object_of_one_account_is_invisible_to_another(app_client, s
     seen_by_b = ""
     for path in (
         "/api/account",
+        "/api/account/members",
         "/api/api-keys",
         "/api/ai/usage/alert",
         "/api/notifications",
@@ -158,7 +172,7 @@ async def test_every_object_of_one_account_is_invisible_to_another(app_client, s
         listed = await client.get(path, headers=b.headers)
         assert listed.status_code == 200, (path, listed.text)
         seen_by_b += listed.text
-    for kind in ("key", "rule", "order", "project", "notification"):
+    for kind in ("key", "rule", "order", "project", "notification", "member"):
         assert objects[kind] not in seen_by_b, kind
     assert a.id not in seen_by_b and a.email not in seen_by_b
     overview = (await client.get("/api/ai/usage/overview?range=today", headers=b.headers)).json()
@@ -169,6 +183,8 @@ async def test_every_object_of_one_account_is_invisible_to_another(app_client, s
     assert (await client.get("/api/geo/projects", headers=bearer(objects["secret"]))).status_code == 200  # key still enabled
     assert objects["rule"] in (await client.get("/api/ai/usage/alert", headers=a.headers)).text
     assert objects["project"] in (await client.get("/api/geo/projects", headers=a.headers)).text
+    members = (await client.get("/api/account/members", headers=a.headers)).json()["items"]
+    assert [m["role"] for m in members if m["id"] == objects["member"]] == ["viewer"]
     notifications = (await client.get("/api/notifications", headers=a.headers)).json()["items"]
     assert [n["read"] for n in notifications if n["id"] == objects["notification"]] == [False]
     paid = await client.post(f"/api/billing/orders/{objects['order']}/pay", headers=a.headers)

@@ -4,6 +4,7 @@ import { clear, errorBox, h } from "./dom.js";
 import * as alertsPage from "./page-alerts.js";
 import * as authPage from "./page-auth.js";
 import * as keysPage from "./page-keys.js";
+import * as membersPage from "./page-members.js";
 import * as planPage from "./page-plan.js";
 import * as quotaPage from "./page-quota.js";
 import * as usagePage from "./page-usage.js";
@@ -16,6 +17,7 @@ const PAGES = {
   usage: usagePage,
   alerts: alertsPage,
   plan: planPage,
+  members: membersPage,
 };
 const PUBLIC = new Set(["signin", "register"]);
 const DEFAULT = "keys";
