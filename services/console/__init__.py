@@ -10,7 +10,7 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import FileResponse, RedirectResponse
 
-from services.edge.errors import not_found
+from services.edge import not_found
 
 STATIC = Path(__file__).resolve().parent / "static"
 # Client-side routes: each serves the same page, so links in e-mails and notifications work.

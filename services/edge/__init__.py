@@ -6,7 +6,7 @@ Services use only what is exported here; everything else in this package is the 
 from services.edge.calls import client_ip, parse_networks
 from services.edge.component import Component, Overrides, Runtime
 from services.edge.edge import Edge
-from services.edge.errors import ApiError
+from services.edge.errors import ApiError, not_found
 from services.edge.openapi_security import accepts
 from services.edge.principal import Principal
 from services.edge.projections import AccountProjection
@@ -23,5 +23,6 @@ __all__ = [
     "ServicePrincipal",
     "accepts",
     "client_ip",
+    "not_found",
     "parse_networks",
 ]
