@@ -2,9 +2,12 @@
 
 import hashlib
 import secrets
+from datetime import datetime, timedelta
 
 API_KEY_PREFIX = "sk-"
 SERVICE_TOKEN_PREFIX = "st-"  # noqa: S105 - a platform service's token prefix, not a secret
+# A key older than this is due for rotation (the seed's advice: rotate every 90 days).
+ROTATION_AGE = timedelta(days=90)
 SECRET_BYTES = 36  # token_urlsafe(36): 48 URL-safe characters, 288 bits from the OS CSPRNG
 
 
@@ -26,3 +29,8 @@ def mask(secret: str) -> str:
 def hash_secret(secret: str) -> str:
     """The only form in which an API key or a service token is stored, logged or published."""
     return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def rotation_due(created_at: datetime | None, now: datetime) -> bool:
+    """A key older than 90 days is due for rotation (a key of unknown age never is)."""
+    return created_at is not None and now - created_at > ROTATION_AGE

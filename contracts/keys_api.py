@@ -97,6 +97,7 @@ class KeyItem(BaseModel):
     created_at: AwareDatetime
     last_used_at: AwareDatetime | None
     created_by: UUID | None = None  # (v2) the user who created it
+    rotation_due: bool = Field(default=False, description="(v2) Older than 90 days: rotate it (create a new key, move, delete).")
 
 
 class KeyList(BaseModel):

@@ -2,7 +2,6 @@
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from uuid import UUID
 
@@ -186,13 +185,7 @@ class AlertMessage:
 
 
 # ---- the rotation reminder (v2) -----------------------------------------------------------------
-ROTATION_AGE = timedelta(days=90)
 ROTATION_TITLE = "Rotate this key"
-
-
-def rotation_due(created_at: datetime | None, now: datetime) -> bool:
-    """A key older than 90 days is due for rotation (a key of unknown age never is)."""
-    return created_at is not None and now - created_at > ROTATION_AGE
 
 
 def rotation_message(masked_key: str | None) -> str:

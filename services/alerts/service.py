@@ -22,6 +22,7 @@ from contracts.alerts_api import (
 )
 from contracts.clock import Clock
 from contracts.common import Resource
+from contracts.credentials import ROTATION_AGE, rotation_due
 from contracts.domain_errors import Invalid, NotFound
 from contracts.events import KeyState, QuotaState, QuotaThresholdCrossed
 from contracts.period import period_of
@@ -169,8 +170,8 @@ class AlertsService:
     async def _remind(self, tx: AlertsTx, key_id: UUID | None = None, limit: int = 500) -> int:
         now = self._clock()
         posted = 0
-        for key in await tx.keys_unreminded(now - domain.ROTATION_AGE, limit, key_id):
-            if domain.rotation_due(key["created_at"], now) and await tx.add_rotation_notification(
+        for key in await tx.keys_unreminded(now - ROTATION_AGE, limit, key_id):
+            if rotation_due(key["created_at"], now) and await tx.add_rotation_notification(
                 key["key_id"],
                 key["account_id"],
                 key["created_by"],

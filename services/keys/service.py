@@ -18,7 +18,7 @@ from argon2.exceptions import InvalidHashError, VerificationError
 
 from contracts.clock import Clock
 from contracts.common import KeyStatus, Role, ServiceScope, Tier, UserType
-from contracts.credentials import hash_secret, mask, new_api_key
+from contracts.credentials import hash_secret, mask, new_api_key, rotation_due
 from contracts.domain_errors import NotFound
 from contracts.events import AccountState, KeyState, ServiceTokenState, SessionRevoked, UserState, UserTypeChanged
 from contracts.keys_api import RegisterRequest
@@ -328,7 +328,14 @@ class KeysService:
         async with self.store.transaction() as tx:
             rows = await tx.list_keys(account_id)
         now = self.clock()
-        return [{**r, "status": domain.listed_status(KeyStatus(r["status"]), r["expires_at"], now)} for r in rows]
+        return [
+            {
+                **r,
+                "status": domain.listed_status(KeyStatus(r["status"]), r["expires_at"], now),
+                "rotation_due": rotation_due(r["created_at"], now),
+            }
+            for r in rows
+        ]
 
     async def toggle(self, account_id: UUID, key_id: UUID, *, only_own: UUID | None = None) -> Row:
         """`only_own`: the developer's user id (it may write only the keys it created; 403 else)."""
