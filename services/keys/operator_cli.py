@@ -5,7 +5,7 @@ force on every replica within milliseconds) when the command returns."""
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 from uuid import UUID
@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 from contracts.common import ServiceScope
 from services.keys import service_tokens
 from services.keys.store import KeysStore, KeysTx, Row
+from services.runtime.platform.clock import system_clock
 from services.runtime.platform.kafka import ensure_topics
 from services.runtime.platform.outbox_relay import OutboxRelay
 from services.runtime.platform.postgres import apply_migrations, open_pool
@@ -65,7 +66,7 @@ def _item(row: Row) -> dict[str, Any]:
 
 async def create(settings: Settings, name: str, scopes: list[ServiceScope]) -> dict[str, str]:
     async def work(tx: KeysTx) -> dict[str, str]:
-        row, token, _ = await service_tokens.create(tx, name, scopes, datetime.now(UTC))
+        row, token, _ = await service_tokens.create(tx, name, scopes, system_clock())
         return {"id": str(row["id"]), "token": token}
 
     return await _run(settings, work)
@@ -80,7 +81,7 @@ async def list_all(settings: Settings) -> list[dict[str, Any]]:
 
 async def revoke(settings: Settings, token_id: UUID) -> None:
     async def work(tx: KeysTx) -> None:
-        if await service_tokens.revoke(tx, token_id, datetime.now(UTC)) is None:
+        if await service_tokens.revoke(tx, token_id, system_clock()) is None:
             raise UnknownToken(str(token_id))
 
     await _run(settings, work)
