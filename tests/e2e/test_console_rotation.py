@@ -1,7 +1,9 @@
 """(v2) The rotation reminder in a real browser against a real `tollgate serve`: a key older than
 90 days shows up in the notifications as "Rotate this key", with a link that opens the keys page
-on that key. The key's age comes from keys.v1 (its state republished here with a creation time 91
-days back, as a key made then would carry). Screenshots go to artifacts/screenshots/."""
+on that key, where it is flagged "Rotation due"; a key that expires shows a countdown. The key's
+age comes from keys.v1 for alerts (its state republished here with a creation time 91 days back,
+as a key made then would carry) and from the keys service's own row for the list (set back as
+well). Screenshots go to artifacts/screenshots/."""
 
 import asyncio
 import uuid
@@ -9,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import httpx
+import psycopg
 import pytest
 from playwright.sync_api import Browser, expect
 
@@ -52,6 +55,12 @@ def test_the_reminder_to_rotate_an_old_key_links_to_the_key(server: ServeProcess
     )
     with ThreadPoolExecutor(1) as thread:  # the test's own event loop is running: publish beside it
         thread.submit(asyncio.run, publish(settings, KEYS.name, [state], key=lambda e: str(e.key_id))).result()
+    with psycopg.connect(settings.database_url, autocommit=True) as conn:
+        conn.execute("UPDATE keys.api_keys SET created_at = %s WHERE id = %s", (state.created_at, state.key_id))
+    expiring = api.post(
+        "/api/api-keys", json={"name": "trial", "expires_at": (now + timedelta(days=3, hours=1)).isoformat()}, headers=console
+    )
+    assert expiring.status_code == 201, expiring.text
 
     for viewport in (LAPTOP, PHONE):
         context = browser.new_context(viewport=viewport, base_url=base)
@@ -85,6 +94,12 @@ def test_the_reminder_to_rotate_an_old_key_links_to_the_key(server: ServeProcess
         shot(page, "alerts-rotation")
         link.click()
         expect(page.get_by_role("heading", level=1)).to_have_text("API keys", timeout=WAIT_MS)
-        expect(page.locator(f'#keys-table tr[data-key-id="{key["id"]}"]')).to_contain_text("legacy server")
+        old_row = page.locator(f'#keys-table tr[data-key-id="{key["id"]}"]')
+        expect(old_row).to_contain_text("legacy server")
+        expect(old_row.locator(".status-rotation")).to_have_text("Rotation due")
+        trial_row = page.locator(f'#keys-table tr[data-key-id="{expiring.json()["id"]}"]')
+        expect(trial_row.locator(".countdown")).to_have_text("(in 3 days)")
+        expect(trial_row.locator(".status-rotation")).to_have_count(0)
+        shot(page, "keys-rotation-due")
         assert page_errors == []
         context.close()

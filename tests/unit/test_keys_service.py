@@ -216,6 +216,17 @@ async def test_the_list_shows_enabled_disabled_and_expired(world: World):
     assert [r["id"] for r in await world.service.list_keys(account_id)] == [on["id"], off["id"], soon["id"]]
 
 
+async def test_a_key_older_than_90_days_is_listed_as_rotation_due(world: World):
+    account_id = await world.register()
+    await world.service.create_key(account_id, account_id, "old", None)
+    world.clock.advance(days=90)
+    assert [r["rotation_due"] for r in await world.service.list_keys(account_id)] == [False]  # exactly 90 days: not yet
+    await world.service.create_key(account_id, account_id, "young", None)
+    world.clock.advance(seconds=1)
+    listed = {r["name"]: r["rotation_due"] for r in await world.service.list_keys(account_id)}
+    assert listed == {"old": True, "young": False}
+
+
 async def test_toggle_flips_and_publishes(world: World):
     account_id = await world.register()
     row, _ = await world.service.create_key(account_id, account_id, "k", None)

@@ -69,6 +69,13 @@ export function date(iso) {
   return new Date(iso).toLocaleDateString(undefined, { dateStyle: "medium" });
 }
 
+/** "in 3 days", "in 5 hours", "in 12 minutes": how long until `iso` (a key's expiry). */
+export function countdown(iso, now = new Date()) {
+  const minutes = Math.max(0, Math.round((new Date(iso) - now) / 60000));
+  const [n, unit] = minutes >= 2880 ? [Math.floor(minutes / 1440), "day"] : minutes >= 120 ? [Math.floor(minutes / 60), "hour"] : [minutes, "minute"];
+  return `in ${n} ${unit}${n === 1 ? "" : "s"}`;
+}
+
 export function titleCase(s) {
   return s ? s.charAt(0).toUpperCase() + s.slice(1) : s;
 }

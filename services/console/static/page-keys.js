@@ -1,7 +1,7 @@
 // API keys (personal centre): list masked, create (full key shown once), toggle, rotate, delete.
 import { del, get, post } from "./api.js";
 import { busy, confirmDialog, errorBox, field, h, nextId, select, shownOncePanel } from "./dom.js";
-import { dateTime, titleCase } from "./format.js";
+import { countdown, dateTime, titleCase } from "./format.js";
 
 const GRACE = [
   ["0", "No grace: the old key stops now"],
@@ -47,6 +47,18 @@ export async function render(container, ctx) {
     }
   }
 
+  // Older than 90 days: the seed's advice is to rotate it (the alerts page also has one reminder).
+  function rotationDue(key) {
+    if (!key.rotation_due || key.status === "expired") return "";
+    return h("span", { class: "status status-rotation", title: "Older than 90 days: rotate it" }, "Rotation due");
+  }
+
+  function expiry(key) {
+    if (!key.expires_at) return "Never";
+    if (key.status === "expired") return dateTime(key.expires_at);
+    return h("span", {}, dateTime(key.expires_at), " ", h("small", { class: "countdown" }, `(${countdown(key.expires_at)})`));
+  }
+
   function row(key) {
     const status = h("span", { class: `status status-${key.status}` }, titleCase(key.status));
     const toggle = h(
@@ -90,8 +102,8 @@ export async function render(container, ctx) {
       { dataset: { keyId: key.id } },
       h("td", { "data-label": "Name" }, key.name),
       h("td", { "data-label": "Key" }, h("code", {}, key.masked_key)),
-      h("td", { "data-label": "Status" }, status),
-      h("td", { "data-label": "Expires" }, key.expires_at ? dateTime(key.expires_at) : "Never"),
+      h("td", { "data-label": "Status" }, status, rotationDue(key)),
+      h("td", { "data-label": "Expires" }, expiry(key)),
       h("td", { "data-label": "Last used" }, key.last_used_at ? dateTime(key.last_used_at) : "Never"),
       h("td", { "data-label": "Created" }, dateTime(key.created_at)),
       h("td", { class: "row-actions" }, toggle, rotate, remove),
