@@ -17,6 +17,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from contracts.topics import USAGE
+from services.metering.consumers import SINK_EVENTS
 from services.runtime.host import stack
 from services.runtime.host.chserver import ServerSpec
 from services.runtime.platform import clickhouse
@@ -130,6 +131,10 @@ async def test_server_stopped_under_load_readyz_says_so_offsets_wait_and_the_sin
     records = [(topic, key, e.model_dump_json().encode(), stamp(e)) for e in events]
     table = f"{settings.clickhouse_database}.usage_events"
 
+    def sink_counts() -> dict[str, float]:  # this process's sink: to tell a dead letter from a lost write
+        return {o: SINK_EVENTS.labels(USAGE.name, o)._value.get() for o in ("inserted", "duplicate", "dead_lettered")}
+
+    before = sink_counts()
     async with running_app(settings, targets=("metering",)) as (_, client):
         assert (await client.get("/readyz")).status_code == 200
         producing = asyncio.create_task(produce(settings, records[:20_000]))
@@ -161,7 +166,8 @@ async def test_server_stopped_under_load_readyz_says_so_offsets_wait_and_the_sin
         rows, ids = ch.query(f"SELECT count(), uniqExact(id) FROM {table}").result_rows[0]
     finally:
         ch.close()
-    assert (rows, ids) == (len(events), len(events))  # nothing lost, nothing twice
+    counted = {o: n - before[o] for o, n in sink_counts().items()}
+    assert (rows, ids) == (len(events), len(events)), counted  # nothing lost, nothing twice
 
 
 def test_native_protocol_serves_the_app_and_the_read_only_analyst(own_server):
