@@ -2,27 +2,15 @@
 second (the contract's bound; the lag is measured in bench/revocation.py), and a password change
 answered by one ends every session of the user on both."""
 
-import time
-
 import httpx
 import pytest
 
 from tests.integration.test_keys_api import PASSWORD, bearer, code
 from tests.support.apps import ServeProcess
+from tests.support.propagation import refused_within
 
 pytestmark = pytest.mark.integration
 NEW_PASSWORD = "another good passphrase"
-
-
-async def _refused_within(client: httpx.AsyncClient, token: str, deadline_s: float) -> float:
-    """Seconds until `client`'s process refuses the session (polled as fast as it answers)."""
-    started = time.perf_counter()
-    while True:
-        response = await client.get("/api/account", headers=bearer(token))
-        if response.status_code == 401 and code(response) == "invalid_session":
-            return time.perf_counter() - started
-        assert response.status_code == 200, response.text
-        assert time.perf_counter() - started < deadline_s, f"still accepted after {deadline_s} s"
 
 
 async def test_logout_and_password_change_are_seen_by_a_second_process(settings):
@@ -51,7 +39,7 @@ async def test_logout_and_password_change_are_seen_by_a_second_process(settings)
                 assert (await on_a.post("/api/auth/logout", headers=bearer(token))).status_code == 204
                 now_a = await on_a.get("/api/account", headers=bearer(token))
                 assert (now_a.status_code, code(now_a)) == (401, "invalid_session")
-                lags.append(await _refused_within(on_b, token, deadline_s=1.0))
+                lags.append(await refused_within(on_b, "/api/account", bearer(token), "invalid_session", 1.0))
                 again = await on_b.post("/api/auth/logout", headers=bearer(token))
                 assert (again.status_code, code(again)) == (401, "invalid_session")
             print(f"logout-to-refusal lag on the other process: {[round(x * 1000, 1) for x in lags]} ms")
@@ -70,7 +58,7 @@ async def test_logout_and_password_change_are_seen_by_a_second_process(settings)
             for token in sessions:
                 refused = await on_b.get("/api/account", headers=bearer(token))
                 assert (refused.status_code, code(refused)) == (401, "invalid_session")
-                await _refused_within(on_a, token, deadline_s=1.0)
+                await refused_within(on_a, "/api/account", bearer(token), "invalid_session", 1.0)
             # the new password works on both, at once, and the old one on neither
             for client in (on_a, on_b):
                 assert code(await client.post("/api/auth/login", json={"email": email, "password": PASSWORD})) == (
