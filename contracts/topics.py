@@ -17,8 +17,14 @@ class Topic:
 
 COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0", "segment.ms": "3600000"}
 
-USAGE = Topic("usage.v1", partitions=6)
-CALLS = Topic("calls.v1", partitions=6)
+# The metered facts are kept by size, never by time. Kafka's time retention counts from each
+# record's own timestamp, and a backfill of history is stamped with its history's time (the usage
+# rules judge an event against its record's timestamp): a partition holding only such records
+# would be deleted at the broker's next retention check, perhaps before a lagging consumer read
+# it, and a consumer reset to the earliest offset would skip it without a word.
+METERED = {"retention.ms": "-1", "retention.bytes": str(8 * 1024**3)}  # per partition
+USAGE = Topic("usage.v1", partitions=6, config=METERED)
+CALLS = Topic("calls.v1", partitions=6, config=METERED)
 KEYS = Topic("keys.v1", partitions=3, config=COMPACTED)
 ACCOUNTS = Topic("accounts.v1", partitions=3, config=COMPACTED)
 QUOTA = Topic("quota.v1", partitions=6, config=COMPACTED)
