@@ -18,7 +18,8 @@ never reads: measurably slower (BENCHMARKS.md, metering round 4).
 import asyncio
 import logging
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
 from prometheus_client import Counter
 
 from contracts.events import CallEvent, UsageEvent
@@ -43,6 +44,7 @@ class TopicSink:
 
     def __init__(self, runtime: Runtime, topic: Topic, group: str, pipeline: WritePipeline) -> None:
         self.topic = runtime.settings.topic(topic.name)
+        self.topic_name = topic.name
         self.group = runtime.settings.group(group)
         self.pipeline = pipeline
         self._bootstrap = runtime.settings.kafka_bootstrap_servers
@@ -66,7 +68,9 @@ class TopicSink:
             group_id=self.group,
             client_id="tollgate-metering-sink",
             enable_auto_commit=False,  # the pipeline commits each batch's own offsets after its write
-            auto_offset_reset="earliest",
+            # Not "earliest": that would also skip, without a word, records Kafka deleted before
+            # this group read them. The sink starts a new group at the beginning and counts a gap.
+            auto_offset_reset="none",
             max_partition_fetch_bytes=8 * 1024 * 1024,
         )
         consumer.subscribe([self.topic], listener=DrainOnRevoke(self.pipeline))
@@ -90,10 +94,35 @@ class TopicSink:
 
     async def _hand_on_next_batch(self, consumer: AIOKafkaConsumer) -> None:
         # A call of its own, so the records are not kept alive (by a loop variable) during the next fetch.
-        fetched = await consumer.getmany(timeout_ms=BATCH_TIMEOUT_MS, max_records=MAX_RECORDS)
+        try:
+            fetched = await consumer.getmany(timeout_ms=BATCH_TIMEOUT_MS, max_records=MAX_RECORDS)
+        except NoOffsetForPartitionError as new:  # the group's first read of this partition
+            await consumer.seek_to_beginning(new.args[0])
+            return
+        except OffsetOutOfRangeError as gone:
+            await self._skip_deleted(consumer, gone.args[0])
+            return
         epoch = self.pipeline.epoch  # before any await: the batch belongs to this assignment
         if fetched:
             await self.pipeline.submit(consumer, fetched, epoch)
+
+    async def _skip_deleted(self, consumer: AIOKafkaConsumer, positions: dict[TopicPartition, int]) -> None:
+        """Kafka no longer has the records at these positions (its retention deleted them unread, or
+        the partition was truncated). Nothing can bring them back: count them as lost, loudly, and
+        go on from the oldest record kept (re-reading some is harmless: the write de-duplicates)."""
+        oldest = await consumer.beginning_offsets(list(positions))
+        for tp, position in positions.items():
+            lost = oldest[tp] - position
+            if lost > 0:
+                SINK_EVENTS.labels(self.topic_name, "lost").inc(lost)
+                log.error(
+                    "metering sink: Kafka deleted %d records of %s before they were read (offsets %d-%d)",
+                    lost,
+                    tp,
+                    position,
+                    oldest[tp] - 1,
+                )
+        await consumer.seek_to_beginning(*positions)
 
     async def _rejoin(self) -> AIOKafkaConsumer:
         while True:

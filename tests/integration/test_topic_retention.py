@@ -1,4 +1,5 @@
-"""The metered facts outlive the broker's retention check, however old their records' timestamps.
+"""The metered facts outlive the broker's retention check, however old their records' timestamps,
+and records Kafka deleted before the sink read them are counted as lost, never skipped in silence.
 
 A backfill of history is stamped with its history's time. Kafka's time retention counts from
 the record's timestamp, so on a topic kept by time such records are gone at the next check (the
@@ -8,12 +9,19 @@ shows the check ran while the test waited.
 """
 
 import time
+import uuid
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+from aiokafka.structs import OffsetAndMetadata
 
 from contracts.topics import CALLS, QUOTA_THRESHOLDS, USAGE
+from services.metering.consumers import SINK_EVENTS
+from services.runtime.platform import clickhouse
 from services.runtime.platform.kafka import ensure_topics
+from tests.integration.test_metering_sink import stamp, usage
+from tests.support.apps import running_app
 from tests.support.metering import wait_until
 
 pytestmark = pytest.mark.integration
@@ -46,3 +54,47 @@ async def test_records_stamped_long_ago_stay_on_the_metered_topics(settings):
         assert await consumer.end_offsets(metered) == {tp: 10 for tp in metered}
     finally:
         await consumer.stop()
+
+
+async def test_the_sink_counts_records_deleted_before_it_read_them_and_goes_on(settings):
+    """Partition 0: the group had read 3 records when Kafka deleted the first 6 (3 lost).
+    Partition 1: the group never read it (it starts at the oldest record kept: none lost)."""
+    await ensure_topics(settings, (USAGE,))
+    topic, group = settings.topic(USAGE.name), settings.group("metering.usage")
+    p0, p1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    events = [usage(uuid.uuid4(), n) for n in range(20)]
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, acks="all")
+    await producer.start()
+    try:
+        for n, event in enumerate(events):
+            await producer.send_and_wait(topic, event.model_dump_json().encode(), partition=n // 10, timestamp_ms=stamp(event))
+    finally:
+        await producer.stop()
+    reader = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap_servers, group_id=group, enable_auto_commit=False)
+    await reader.start()
+    try:
+        reader.assign([p0])
+        await reader.commit({p0: OffsetAndMetadata(3, "")})
+    finally:
+        await reader.stop()
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.delete_records({p0: RecordsToDelete(6), p1: RecordsToDelete(6)})
+    finally:
+        await admin.close()
+
+    lost_before = SINK_EVENTS.labels(USAGE.name, "lost")._value.get()
+    table = f"{settings.clickhouse_database}.usage_events"
+    async with running_app(settings, targets=("metering",)):  # started: its tables exist
+        ch = clickhouse.connect(settings.clickhouse_dsn)
+        kept = sorted(str(e.id) for e in events[6:10] + events[16:])
+
+        async def all_kept_written() -> bool:
+            return sorted(str(row[0]) for row in ch.query(f"SELECT id FROM {table}").result_rows) == kept
+
+        try:
+            await wait_until(all_kept_written, timeout=60, interval=0.2)
+        finally:
+            ch.close()
+    assert SINK_EVENTS.labels(USAGE.name, "lost")._value.get() - lost_before == 3
