@@ -29,7 +29,6 @@ from services.metering.store import ActivityFilter, CallRow, UsageQuery
 from services.quota.domain import EPOCH, Delta
 from services.quota.store import Line
 
-
 # The caller of every write in the unit tests (a console session from a documentation address).
 ACTOR = AuditContext(user_id=UUID("00000000-0000-4000-8000-0000000000a1"), ip="203.0.113.9", user_agent="unit-test")
 

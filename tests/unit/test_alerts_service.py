@@ -12,7 +12,7 @@ from contracts.common import AlertMetric, KeyStatus, Resource, Role
 from contracts.domain_errors import Invalid, NotFound
 from contracts.events import KeyState, QuotaState, QuotaThresholdCrossed
 from services.alerts.service import AlertsService
-from tests.unit.fakes import ACTOR, FakeAlertsStore, FakeClock, FakeDeliver, audit_entries, no_refusal
+from tests.unit.fakes import ACTOR, FakeAlertsStore, FakeClock, FakeDeliver, no_refusal
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from contracts.events import AccountState
 from contracts.period import period_bounds
 from services.billing import domain
 from services.billing.service import BillingService
-from tests.unit.fakes import ACTOR, FakeAccounts, FakeBillingStore, FakeClock, FakeOutbox, FakePaymentProvider, audit_entries
+from tests.unit.fakes import ACTOR, FakeAccounts, FakeBillingStore, FakeClock, FakeOutbox, FakePaymentProvider
 
 TZ = ZoneInfo("UTC")
 NOW = datetime(2026, 11, 11, 0, 0, tzinfo=UTC)  # 20 of November's 30 days left

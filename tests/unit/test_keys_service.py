@@ -17,7 +17,7 @@ from services.edge import ApiError
 from services.keys.domain import EmailTaken, InvalidCredentials, UserTypePlanMismatch, WrongCurrentPassword
 from services.keys.login_throttle import Limit, LoginThrottle
 from services.keys.service import KeysService
-from tests.unit.fakes import ACTOR, FakeClock, FakeKeysStore, FakeLocalEdge, audit_entries
+from tests.unit.fakes import ACTOR, FakeClock, FakeKeysStore, FakeLocalEdge
 
 PASSWORD = "correct horse battery"
 
