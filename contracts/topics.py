@@ -39,6 +39,9 @@ BILLING = Topic("billing.v1", partitions=3, config={"retention.ms": "-1"})
 SERVICE_TOKENS = Topic("service-tokens.v1", partitions=1, config=COMPACTED)
 USERS = Topic("users.v1", partitions=3, config=COMPACTED)
 SESSIONS = Topic("sessions.v1", partitions=3, config={"retention.ms": str(7 * 24 * 3600 * 1000)})
+# (v2) One audit entry per event (contracts/audit.py), from every service's outbox to the keys
+# service's table; keyed by account, so one account's entries stay in order.
+AUDIT = Topic("audit.v1", partitions=3)
 
 ALL_TOPICS: tuple[Topic, ...] = (
     USAGE,
@@ -51,6 +54,7 @@ ALL_TOPICS: tuple[Topic, ...] = (
     SERVICE_TOKENS,
     USERS,
     SESSIONS,
+    AUDIT,
 )
 
 

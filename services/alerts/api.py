@@ -3,7 +3,7 @@
 from typing import Annotated
 from uuid import UUID
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from contracts.alerts_api import DeliveryList, NotificationList, NotificationOut, RuleCreated, RuleIn, RuleList
 from contracts.common import Permission
@@ -37,8 +37,8 @@ def build_router(runtime: Runtime, service: AlertsService) -> APIRouter:
     can_write = Depends(edge.requires(Permission.ALERTS_WRITE))
 
     @router.post("/api/ai/usage/alert", status_code=201, response_model=RuleCreated, description=RULE_DESCRIPTION)
-    async def create_rule(body: RuleIn, principal: Principal = can_write) -> RuleCreated:
-        return await service.create_rule(principal.account_id, body)
+    async def create_rule(body: RuleIn, request: Request, principal: Principal = can_write) -> RuleCreated:
+        return await service.create_rule(principal.account_id, body, audit=edge.audit_context(request, principal))
 
     @router.get(
         "/api/ai/usage/alert",
@@ -51,8 +51,8 @@ def build_router(runtime: Runtime, service: AlertsService) -> APIRouter:
         return await service.list_rules(principal.account_id)
 
     @router.delete("/api/ai/usage/alert/{rule_id}", status_code=204, response_class=Response)
-    async def delete_rule(rule_id: UUID, principal: Principal = can_write) -> Response:
-        await service.delete_rule(principal.account_id, rule_id)
+    async def delete_rule(rule_id: UUID, request: Request, principal: Principal = can_write) -> Response:
+        await service.delete_rule(principal.account_id, rule_id, audit=edge.audit_context(request, principal))
         return Response(status_code=204)
 
     @router.get(

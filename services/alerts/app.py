@@ -11,6 +11,7 @@ from services.alerts.service import AlertsService
 from services.alerts.store import AlertsStore
 from services.alerts.webhook import Backoff, WebhookSender
 from services.edge import Component, Runtime
+from services.runtime.platform.outbox_relay import OutboxRelay
 from services.runtime.platform.periodic import Periodic
 
 log = logging.getLogger(__name__)
@@ -31,8 +32,9 @@ def build(runtime: Runtime) -> Component:
         webhook_backoff=backoff,
     )
 
+    relay = OutboxRelay(runtime.pool, settings, "alerts")  # the audit.v1 entries of rule writes
     service = AlertsService(
-        AlertsStore(runtime.pool),
+        AlertsStore(runtime.pool, relay),
         runtime.clock,
         settings.tz,
         check_target=partial(webhook.creation_refusal, allow_private=settings.webhook_allow_private_targets),
@@ -51,6 +53,7 @@ def build(runtime: Runtime) -> Component:
     async def stop() -> None:
         await reminders.stop()
         await dispatcher.stop()
+        await relay.stop()
         await sms.close()
         await webhooks.close()
 
@@ -59,7 +62,7 @@ def build(runtime: Runtime) -> Component:
         router=api.build_router(runtime, service),
         subscribers=consumers.build_router(service, runtime.broker, settings),
         migrations=Path(__file__).parent / "migrations",
-        on_start=[dispatcher.start, reminders.start],
+        on_start=[relay.start, dispatcher.start, reminders.start],
         on_stop=[stop],
     )
     return component

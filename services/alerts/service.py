@@ -5,6 +5,7 @@ a crash from there on leaves them pending for the dispatcher's sweep."""
 
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict
+from typing import Any
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
@@ -20,12 +21,14 @@ from contracts.alerts_api import (
     RuleOut,
     WebhookRecipient,
 )
+from contracts.audit import AuditAction, AuditContext
 from contracts.clock import Clock
 from contracts.common import Resource
 from contracts.credentials import ROTATION_AGE, rotation_due
 from contracts.domain_errors import Invalid, NotFound
 from contracts.events import KeyState, QuotaState, QuotaThresholdCrossed
 from contracts.period import period_of
+from contracts.topics import AUDIT
 from services.alerts import domain, webhook
 from services.alerts.store import AlertsStore, AlertsTx, Firing, Row, RuleView
 
@@ -93,7 +96,7 @@ class AlertsService:
         return period_of(self._clock(), self._tz)
 
     # ---- rules ---------------------------------------------------------------------------------
-    async def create_rule(self, account_id: UUID, body: RuleIn) -> RuleCreated:
+    async def create_rule(self, account_id: UUID, body: RuleIn, *, audit: AuditContext) -> RuleCreated:
         """A new rule; one whose threshold is already passed this period fires once, now."""
         problems = domain.validate_rule(account_id, body.channels, body.recipients)
         if not problems:
@@ -111,6 +114,12 @@ class AlertsService:
             ):
                 delivery_ids = await tx.record_firing(Firing(rule, period, state["used"], state["total"], "creation"))
             views = await tx.list_rules(account_id, period, rule_id=rule.id)
+            details = {
+                "metric": rule.metric.value,
+                "threshold_pct": rule.threshold_pct,
+                "channels": [c.value for c in rule.channels],
+            }
+            await self._audit(tx, audit, account_id, AuditAction.ALERT_RULE_CREATED, rule.id, details)
         self._deliver(delivery_ids)
         return RuleCreated(**_rule_out(views[0]).model_dump(), webhook_secret=secret)
 
@@ -128,10 +137,18 @@ class AlertsService:
             views = await tx.list_rules(account_id, self._period())
         return RuleList(rules=[_rule_out(v) for v in views])
 
-    async def delete_rule(self, account_id: UUID, rule_id: UUID) -> None:
+    async def delete_rule(self, account_id: UUID, rule_id: UUID, *, audit: AuditContext) -> None:
         async with self._store.transaction() as tx:
             if not await tx.delete_rule(account_id, rule_id):
                 raise NotFound("alert rule")
+            await self._audit(tx, audit, account_id, AuditAction.ALERT_RULE_DELETED, rule_id, {})
+
+    async def _audit(
+        self, tx: AlertsTx, audit: AuditContext, account_id: UUID, action: AuditAction, rule_id: UUID, details: dict[str, Any]
+    ) -> None:
+        """The write's audit.v1 entry, in its transaction (the keys service stores it)."""
+        entry = audit.entry(account_id, self._clock(), action, "alert_rule", rule_id, **details)
+        await tx.publish(AUDIT, str(account_id).encode(), entry.model_dump_json().encode())
 
     async def deliveries(self, account_id: UUID, rule_id: UUID) -> DeliveryList:
         """The rule's delivery log (another account's rule: NotFound)."""

@@ -17,7 +17,9 @@ from pydantic import TypeAdapter
 from contracts.alerts_api import Channel, DeliveryStatus, Recipient
 from contracts.common import METRIC_RESOURCE, AlertMetric, Resource
 from contracts.events import KeyState, QuotaState
+from contracts.topics import Topic
 from services.alerts import domain
+from services.runtime.platform.outbox_relay import OutboxRelay
 
 Row = dict[str, Any]
 # Any: the shared pool is not typed by row factory (it makes dict rows, see runtime.postgres).
@@ -398,20 +400,26 @@ async def add_rotation_notification(
 
 # ---- the use cases' port -------------------------------------------------------------------------
 class AlertsStore:
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: AsyncConnectionPool, relay: OutboxRelay) -> None:
         self._pool = pool
+        self._relay = relay
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator["AlertsTx"]:
         async with self._pool.connection() as conn, conn.transaction():
-            yield AlertsTx(conn)
+            yield AlertsTx(conn, self._relay)
 
 
 class AlertsTx:
     """The statements of one transaction, as the use cases call them."""
 
-    def __init__(self, conn: Conn) -> None:
+    def __init__(self, conn: Conn, relay: OutboxRelay) -> None:
         self.conn = conn
+        self._relay = relay
+
+    async def publish(self, topic: Topic, key: bytes, value: bytes) -> None:
+        """An outbox row in this transaction (the relay sends it after the commit)."""
+        await self._relay.add(self.conn, topic, key, value)
 
     async def insert_rule(
         self,

@@ -56,6 +56,7 @@ def _wants_html(accept: str) -> bool:
 
 def build_router(runtime: Runtime, service: BillingService) -> APIRouter:
     router = APIRouter(tags=["billing"])
+    edge = runtime.edge
     reader = Depends(runtime.edge.requires(Permission.BILLING_READ))
     writer = Depends(runtime.edge.requires(Permission.BILLING_WRITE, console_only=True))
     console_reader = Depends(runtime.edge.requires(Permission.BILLING_READ, console_only=True))
@@ -121,11 +122,11 @@ def build_router(runtime: Runtime, service: BillingService) -> APIRouter:
         ),
     )
     async def create_order(
-        body: Annotated[OrderIn, Body()], idempotency_key: IdempotencyKey = None, principal: Principal = writer
+        body: Annotated[OrderIn, Body()], request: Request, idempotency_key: IdempotencyKey = None, principal: Principal = writer
     ) -> Order:
         assert isinstance(body, PlanUpgradeOrderIn | PackageOrderIn)
         idem = Idempotency.of(idempotency_key, "POST /api/billing/orders", "/api/billing/orders", body.model_dump(mode="json"))
-        return await service.create_order(principal.account_id, body, idem)
+        return await service.create_order(principal.account_id, body, idem, audit=edge.audit_context(request, principal))
 
     @router.post(
         "/api/billing/orders/{order_id}/pay",
@@ -136,10 +137,12 @@ def build_router(runtime: Runtime, service: BillingService) -> APIRouter:
             f"idempotency key, so a retried payment never charges twice. {RULE} {CONSOLE}"
         ),
     )
-    async def pay(order_id: UUID, idempotency_key: IdempotencyKey = None, principal: Principal = writer) -> Order:
+    async def pay(
+        order_id: UUID, request: Request, idempotency_key: IdempotencyKey = None, principal: Principal = writer
+    ) -> Order:
         path = f"/api/billing/orders/{order_id}/pay"
         idem = Idempotency.of(idempotency_key, "POST /api/billing/orders/{order_id}/pay", path)
-        return await service.pay(principal.account_id, order_id, idem)
+        return await service.pay(principal.account_id, order_id, idem, audit=edge.audit_context(request, principal))
 
     @router.post(
         "/api/billing/subscription/switch",
@@ -150,7 +153,7 @@ def build_router(runtime: Runtime, service: BillingService) -> APIRouter:
         ),
         responses={402: {"model": ErrorBody, "description": "An upgrade: pay the order in error.details.order"}},
     )
-    async def switch(body: SwitchIn, principal: Principal = writer) -> Subscription:
-        return await service.switch(principal.account_id, body.plan)
+    async def switch(body: SwitchIn, request: Request, principal: Principal = writer) -> Subscription:
+        return await service.switch(principal.account_id, body.plan, audit=edge.audit_context(request, principal))
 
     return router

@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo
 
 from aiokafka.errors import KafkaTimeoutError
 
+from contracts.audit import AuditAction, AuditContext
 from contracts.billing_api import (
     Invoice,
     Order,
@@ -32,7 +33,7 @@ from contracts.events import AccountState, PackagePurchased, PlanChanged, UserTy
 from contracts.period import bounds_of, period_bounds
 from contracts.plans import catalogue
 from contracts.quota_api import PeriodRange
-from contracts.topics import BILLING, Topic
+from contracts.topics import AUDIT, BILLING, Topic
 from services.billing import domain
 from services.billing.domain import BillingConflict, Idempotency, OrderToPay, SwitchKind
 from services.billing.payments import PaymentProvider
@@ -154,8 +155,23 @@ class BillingService:
         )
 
     # ---- commands -------------------------------------------------------------------------------
+    async def _audit(self, tx: Tx, audit: AuditContext, order: OrderRow, now: datetime, action: AuditAction) -> None:
+        """The write's audit.v1 entry, in its transaction (the keys service stores it)."""
+        details: dict[str, Any] = {"kind": order.kind, "amount": str(order.amount), "currency": order.currency}
+        if order.plan is not None:
+            details["plan"] = order.plan.value
+        if order.resource is not None:
+            details["package"] = {"resource": order.resource.value, "amount": order.quantity}
+        entry = audit.entry(order.account_id, now, action, "order", order.id, **details)
+        await self.outbox.add(tx.conn, AUDIT, str(order.account_id).encode(), entry.model_dump_json().encode())
+
     async def create_order(
-        self, account_id: UUID, body: PlanUpgradeOrderIn | PackageOrderIn, idem: Idempotency | None = None
+        self,
+        account_id: UUID,
+        body: PlanUpgradeOrderIn | PackageOrderIn,
+        idem: Idempotency | None = None,
+        *,
+        audit: AuditContext,
     ) -> Order:
         now = self.clock()
         period, start, end = bounds_of(now, self.tz)
@@ -174,6 +190,7 @@ class BillingService:
                 amount = domain.package_amount(body.package.resource, body.package.amount)
                 row = self._new_order(account_id, "quota_package", amount, period, now, package=body.package)
             await tx.insert_order(row)
+            await self._audit(tx, audit, row, now, AuditAction.ORDER_CREATED)
             out = self._out(row)
             if idem is not None:
                 await tx.remember_key(account_id, idem, 201, out.model_dump(mode="json"))
@@ -207,18 +224,18 @@ class BillingService:
             paid_at=None,
         )
 
-    async def pay(self, account_id: UUID, order_id: UUID, idem: Idempotency | None = None) -> Order:
+    async def pay(self, account_id: UUID, order_id: UUID, idem: Idempotency | None = None, *, audit: AuditContext) -> Order:
         async with self.store.transaction() as tx:
             if idem is not None and (stored := await tx.claim_key(account_id, idem)) is not None:
                 return Order.model_validate(stored)  # a retry: the first answer, nothing charged
-            paid, charged = await self._pay(tx, account_id, order_id)
+            paid, charged = await self._pay(tx, account_id, order_id, audit)
             if idem is not None:
                 await tx.remember_key(account_id, idem, 200, paid.model_dump(mode="json"))
         if charged:
             await self._deliver()
         return paid
 
-    async def _pay(self, tx: Tx, account_id: UUID, order_id: UUID) -> tuple[Order, bool]:
+    async def _pay(self, tx: Tx, account_id: UUID, order_id: UUID, audit: AuditContext) -> tuple[Order, bool]:
         """The paid order, and whether this call charged it (False: it was paid already)."""
         now = self.clock()
         period, _, _ = bounds_of(now, self.tz)
@@ -237,6 +254,7 @@ class BillingService:
                 raise BillingConflict("The plan changed since this order was made; create a new order.")
         charge = await self.provider.charge(order.id, account_id, order.amount, order.currency)
         await tx.mark_paid(order.id, now, charge.reference)
+        await self._audit(tx, audit, order, now, AuditAction.ORDER_PAID)
         await self._issue_invoice(tx, order.id, account, now)
         if order.kind == "plan_upgrade":
             assert order.plan is not None
@@ -263,7 +281,7 @@ class BillingService:
         number = await tx.take_invoice_number(issuer.id)
         await tx.insert_invoice(InvoiceRow(order_id, issuer.id, number, now, buyer))
 
-    async def switch(self, account_id: UUID, tier: Tier) -> Subscription:
+    async def switch(self, account_id: UUID, tier: Tier, *, audit: AuditContext) -> Subscription:
         now = self.clock()
         period, start, end = bounds_of(now, self.tz)
         plans = catalogue()
@@ -275,9 +293,20 @@ class BillingService:
             kind = domain.classify_switch(account.user_type, current, target, amount)
             if kind is SwitchKind.IMMEDIATE:
                 await self._change_plan(tx, account_id, account.plan, tier, now)
+                entry = audit.entry(
+                    account_id,
+                    now,
+                    AuditAction.PLAN_SWITCHED,
+                    "account",
+                    account_id,
+                    plan=tier.value,
+                    previous_plan=account.plan.value,
+                )
+                await self.outbox.add(tx.conn, AUDIT, str(account_id).encode(), entry.model_dump_json().encode())
             elif kind is SwitchKind.NEEDS_PAYMENT:
                 order = self._new_order(account_id, "plan_upgrade", amount, period, now, plan=tier, previous=account.plan)
                 await tx.insert_order(order)
+                await self._audit(tx, audit, order, now, AuditAction.ORDER_CREATED)
             user_type = account.user_type
         if order is not None:
             raise OrderToPay(self._out(order))

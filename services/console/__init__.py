@@ -14,7 +14,7 @@ from services.edge import not_found
 
 STATIC = Path(__file__).resolve().parent / "static"
 # Client-side routes: each serves the same page, so links in e-mails and notifications work.
-PAGES = frozenset({"signin", "register", "keys", "quota", "usage", "alerts", "plan", "members"})
+PAGES = frozenset({"signin", "register", "keys", "quota", "usage", "alerts", "plan", "members", "audit"})
 
 _MEDIA_TYPES = {
     ".html": "text/html; charset=utf-8",

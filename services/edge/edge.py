@@ -15,6 +15,7 @@ from uuid import UUID
 from fastapi import Request
 from prometheus_client import Counter
 
+from contracts.audit import AuditContext
 from contracts.common import Permission, Resource, Role, ServiceScope
 from contracts.credentials import API_KEY_PREFIX, SERVICE_TOKEN_PREFIX, hash_secret
 from contracts.errors import ErrorCode
@@ -259,6 +260,17 @@ class Edge:
                 raise ApiError(403, ErrorCode.PERMISSION_DENIED, "The admin token is not valid.")
 
         return accepts(dependency, ADMIN_TOKEN)
+
+    def audit_context(self, request: Request, principal: Principal | None) -> AuditContext:
+        """Who makes this write and from where, for its audit entry (None: the operator). A key's
+        user is its creator; a session or key from before members acts as the account's first user."""
+        client = request.scope.get("client")
+        ip = client_ip(client[0] if client else "", request.headers.get("x-forwarded-for", ""), self._trusted)
+        user_agent = request.headers.get("user-agent", "")
+        if principal is None:
+            return AuditContext(operator=True, ip=ip, user_agent=user_agent)
+        user_id = principal.user_id or principal.account_id
+        return AuditContext(user_id=user_id, api_key_id=principal.api_key_id, ip=ip, user_agent=user_agent)
 
     def _is_operator(self, token: str) -> bool:
         admin = self.settings.admin_token

@@ -3,8 +3,10 @@
 from typing import Annotated
 from uuid import UUID
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
+from pydantic import AwareDatetime
 
+from contracts.audit import AuditAction, AuditLog
 from contracts.common import Permission, Tier, UserType
 from contracts.keys_api import (
     Account,
@@ -113,9 +115,10 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         "refuses it within milliseconds. A second logout with the same session is therefore 401. The event's "
         "`user_id` is the session's user.",
     )
-    async def logout(principal: Annotated[Principal, Depends(console)]) -> Response:
+    async def logout(request: Request, principal: Annotated[Principal, Depends(console)]) -> Response:
         assert principal.session_id is not None  # a console-only route
-        await service.logout(principal.account_id, _user(principal), principal.session_id)
+        audit = edge.audit_context(request, principal)
+        await service.logout(principal.account_id, _user(principal), principal.session_id, audit=audit)
         return Response(status_code=204)
 
     @api.put(
@@ -128,8 +131,11 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         "longer than 1024 characters (the registration rule) or equals the current one. The calling user's "
         "password only; the account's other members keep theirs.",
     )
-    async def put_password(body: PasswordChangeRequest, principal: Annotated[Principal, Depends(console)]) -> Response:
-        await service.change_password(_user(principal), body.current_password, body.new_password)
+    async def put_password(
+        body: PasswordChangeRequest, request: Request, principal: Annotated[Principal, Depends(console)]
+    ) -> Response:
+        audit = edge.audit_context(request, principal)
+        await service.change_password(_user(principal), body.current_password, body.new_password, audit=audit)
         return Response(status_code=204)
 
     @api.get(
@@ -145,13 +151,19 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         description=CONSOLE + " Publishes `user_type_changed` to billing.v1. Extension: 409 `user_type_plan_mismatch` "
         "when an account on the enterprise plan asks to become `individual`.",
     )
-    async def put_user_type(body: UserTypeRequest, principal: Annotated[Principal, Depends(console)]) -> Account:
-        return _account(await service.change_user_type(principal.account_id, body.user_type))
+    async def put_user_type(
+        body: UserTypeRequest, request: Request, principal: Annotated[Principal, Depends(console)]
+    ) -> Account:
+        audit = edge.audit_context(request, principal)
+        return _account(await service.change_user_type(principal.account_id, body.user_type, audit=audit))
 
     # ---- API keys ------------------------------------------------------------------------------
     @api.post("/api/api-keys", status_code=201, description=CONSOLE + " Needs `keys:write`. `expires_at` must be in the future.")
-    async def create_key(body: KeyCreateRequest, principal: Annotated[Principal, Depends(console_keys_write)]) -> KeyCreated:
-        row, secret = await service.create_key(principal.account_id, _user(principal), body.name, body.expires_at)
+    async def create_key(
+        body: KeyCreateRequest, request: Request, principal: Annotated[Principal, Depends(console_keys_write)]
+    ) -> KeyCreated:
+        audit = edge.audit_context(request, principal)
+        row, secret = await service.create_key(principal.account_id, _user(principal), body.name, body.expires_at, audit=audit)
         return _created(row, secret)
 
     @api.get(
@@ -167,8 +179,11 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         "/api/api-keys/{key_id}/toggle",
         description=CONSOLE + " Answers after the new state is in Kafka and in force in this process.",
     )
-    async def toggle_key(key_id: UUID, principal: Annotated[Principal, Depends(console_keys_write)]) -> KeyToggled:
-        row = await service.toggle(principal.account_id, key_id, only_own=_only_own(principal))
+    async def toggle_key(
+        key_id: UUID, request: Request, principal: Annotated[Principal, Depends(console_keys_write)]
+    ) -> KeyToggled:
+        audit = edge.audit_context(request, principal)
+        row = await service.toggle(principal.account_id, key_id, audit=audit, only_own=_only_own(principal))
         return KeyToggled(id=row["id"], status=row["status"])
 
     @api.delete(
@@ -177,8 +192,11 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         response_class=Response,
         description=CONSOLE + " Answers after the deletion is in Kafka and in force in this process.",
     )
-    async def delete_key(key_id: UUID, principal: Annotated[Principal, Depends(console_keys_write)]) -> Response:
-        await service.delete(principal.account_id, key_id, only_own=_only_own(principal))
+    async def delete_key(
+        key_id: UUID, request: Request, principal: Annotated[Principal, Depends(console_keys_write)]
+    ) -> Response:
+        audit = edge.audit_context(request, principal)
+        await service.delete(principal.account_id, key_id, audit=audit, only_own=_only_own(principal))
         return Response(status_code=204)
 
     @api.post(
@@ -188,10 +206,15 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         "`grace_seconds` (never later than its own expiry) and is then deleted; 0 deletes it at once.",
     )
     async def rotate_key(
-        key_id: UUID, body: RotateRequest, principal: Annotated[Principal, Depends(console_keys_write)]
+        key_id: UUID, body: RotateRequest, request: Request, principal: Annotated[Principal, Depends(console_keys_write)]
     ) -> KeyCreated:
         row, secret = await service.rotate(
-            principal.account_id, _user(principal), key_id, body.grace_seconds, only_own=_only_own(principal)
+            principal.account_id,
+            _user(principal),
+            key_id,
+            body.grace_seconds,
+            audit=edge.audit_context(request, principal),
+            only_own=_only_own(principal),
         )
         return _created(row, secret)
 
@@ -217,8 +240,11 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         "with this e-mail and password. 409 `conflict` if a user already has the e-mail; 422 `validation_error` "
         "for an unknown role." + MEMBERS,
     )
-    async def add_member(body: MemberCreateRequest, principal: Annotated[Principal, Depends(members_write)]) -> Member:
-        row = await service.add_member(principal.account_id, body.email, body.name, body.password, body.role)
+    async def add_member(
+        body: MemberCreateRequest, request: Request, principal: Annotated[Principal, Depends(members_write)]
+    ) -> Member:
+        audit = edge.audit_context(request, principal)
+        row = await service.add_member(principal.account_id, body.email, body.name, body.password, body.role, audit=audit)
         return Member.model_validate(row)
 
     @api.put(
@@ -229,9 +255,10 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         "422 for an unknown role." + MEMBERS,
     )
     async def put_member_role(
-        member_id: UUID, body: MemberRoleRequest, principal: Annotated[Principal, Depends(members_write)]
+        member_id: UUID, body: MemberRoleRequest, request: Request, principal: Annotated[Principal, Depends(members_write)]
     ) -> Member:
-        return Member.model_validate(await service.change_member_role(principal.account_id, member_id, body.role))
+        audit = edge.audit_context(request, principal)
+        return Member.model_validate(await service.change_member_role(principal.account_id, member_id, body.role, audit=audit))
 
     @api.delete(
         "/api/account/members/{member_id}",
@@ -241,9 +268,33 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         "and its keys (deleted: 401 `invalid_api_key`) die at once on every replica. 409 `last_owner` for the "
         "account's last owner." + MEMBERS,
     )
-    async def delete_member(member_id: UUID, principal: Annotated[Principal, Depends(members_write)]) -> Response:
-        await service.remove_member(principal.account_id, member_id)
+    async def delete_member(
+        member_id: UUID, request: Request, principal: Annotated[Principal, Depends(members_write)]
+    ) -> Response:
+        await service.remove_member(principal.account_id, member_id, audit=edge.audit_context(request, principal))
         return Response(status_code=204)
+
+    # ---- the audit log (v2) ----------------------------------------------------------------------
+    audit_read = edge.requires(Permission.AUDIT_READ, console_only=True)
+
+    @api.get(
+        "/api/audit-log",
+        description=CONSOLE + " Needs `audit:read` (roles owner and billing; others 403 `permission_denied`). Every "
+        "console and operator write of the account, newest first: `actor` is `{user_id, email}` for a console "
+        "session, `{user_id, email, api_key_id}` for an API key (its creator) or `{operator: true}`. Filters: "
+        "`start` <= time < `end` (ISO 8601 with an offset; `start` must be before `end`) and `action`; "
+        "`next_cursor` (null on the last page) fetches the next page; an unknown cursor is 422. Entries are "
+        "append-only and arrive within about a second of the write (each service's outbox, then audit.v1).",
+    )
+    async def audit_log(
+        principal: Annotated[Principal, Depends(audit_read)],
+        start: AwareDatetime | None = None,
+        end: AwareDatetime | None = None,
+        action: AuditAction | None = None,
+        limit: Annotated[int, Query(ge=1, le=domain.AUDIT_PAGE_MAX)] = 50,
+        cursor: Annotated[str | None, Query(max_length=200)] = None,
+    ) -> AuditLog:
+        return await service.audit_log(principal.account_id, start=start, end=end, action=action, limit=limit, cursor=cursor)
 
     # ---- operator ------------------------------------------------------------------------------
     @api.put(
@@ -265,8 +316,8 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         "is stored and published (service-tokens.v1). Answers after the token is in force in this process; other "
         'replicas learn it within milliseconds. `scopes` defaults to `["usage:write"]`.',
     )
-    async def create_service_token(body: ServiceTokenCreateRequest) -> ServiceTokenCreated:
-        row, token = await service.create_service_token(body.name, body.scopes)
+    async def create_service_token(body: ServiceTokenCreateRequest, request: Request) -> ServiceTokenCreated:
+        row, token = await service.create_service_token(body.name, body.scopes, audit=edge.audit_context(request, None))
         return ServiceTokenCreated(
             id=row["id"], name=row["name"], scopes=row["scopes"], token=token, created_at=row["created_at"]
         )
@@ -289,8 +340,8 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         "the revocation is in Kafka and in force in this process; every other replica refuses it within milliseconds. "
         "Revoking a revoked token is a 204 again; an unknown id is 404.",
     )
-    async def revoke_service_token(token_id: UUID) -> Response:
-        await service.revoke_service_token(token_id)
+    async def revoke_service_token(token_id: UUID, request: Request) -> Response:
+        await service.revoke_service_token(token_id, audit=edge.audit_context(request, None))
         return Response(status_code=204)
 
     return api

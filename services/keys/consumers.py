@@ -1,5 +1,6 @@
-"""Subscribers of the keys service: the account's plan (billing.v1) for GET /api/account, and
-each key's last_used_at from calls.v1 (admitted calls only), in batches (one UPDATE per batch, off the request path)."""
+"""Subscribers of the keys service: the account's plan (billing.v1) for GET /api/account, each
+key's last_used_at from calls.v1 (admitted calls only), in batches (one UPDATE per batch, off the
+request path), and the audit log (audit.v1, written by every service's outbox)."""
 
 import asyncio
 from datetime import datetime
@@ -7,8 +8,9 @@ from uuid import UUID
 
 from faststream.kafka import KafkaBroker, KafkaRouter
 
+from contracts.audit import AuditRecorded
 from contracts.events import BILLING_EVENTS, BillingEvent, CallEvent, PlanChanged
-from contracts.topics import BILLING, CALLS
+from contracts.topics import AUDIT, BILLING, CALLS
 from services.keys.service import KeysService
 from services.runtime.platform.settings import Settings
 from services.runtime.platform.subscribe import Reading, Subscriber
@@ -36,6 +38,8 @@ def build_router(service: KeysService, broker: KafkaBroker, settings: Settings) 
         await asyncio.sleep(LAST_USED_EVERY_S)
 
     subscribe.each(BILLING, Reading(BILLING_EVENTS), group="keys.plans", handle=on_billing)
+    # every service's audit entries (their outboxes): stored once per event id, committed after the write
+    subscribe.each(AUDIT, Reading(AuditRecorded), group="keys.audit", handle=service.record_audit)
     subscribe.batches(
         {CALLS: Reading(CallEvent)}, group="keys.last-used", handle=on_calls, max_records=10_000, batch_timeout_ms=1000
     )

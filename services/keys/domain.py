@@ -1,10 +1,12 @@
 """Pure rules of accounts and API keys: states, rotation, listing, and the keys service's domain
 errors. No I/O. Secrets, masks and hashes come from contracts/credentials.py."""
 
+import base64
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from contracts.audit import AuditAction, AuditItem, AuditTarget, KeyActorOut, OperatorActorOut, UserActorOut
 from contracts.common import KeyStatus, Role, ServiceScope, UserType
 from contracts.domain_errors import Conflict, Forbidden, Invalid, Unauthenticated
 from contracts.errors import ErrorCode
@@ -151,3 +153,50 @@ def check_keeps_an_owner(member: dict[str, Any], roles: list[Role], new_role: Ro
         return
     if sum(1 for r in roles if r == Role.OWNER) <= 1:
         raise LastOwner()
+
+
+# ---- the audit log (v2) --------------------------------------------------------------------------
+AUDIT_PAGE_MAX = 200
+
+
+def encode_audit_cursor(time: datetime, entry_id: UUID) -> str:
+    """The keyset of a page's last entry, opaque to clients (as billing's order history)."""
+    raw = f"{time.isoformat()}|{entry_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_audit_cursor(cursor: str) -> tuple[datetime, UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        moment, entry_id = raw.split("|")
+        time = datetime.fromisoformat(moment)
+        if time.tzinfo is None:
+            raise ValueError("naive")
+        return time, UUID(entry_id)
+    except ValueError as exc:  # binascii.Error and UnicodeDecodeError are ValueErrors too
+        raise InvalidField("cursor", "is not one this API gave; start again without it") from exc
+
+
+def check_audit_range(start: datetime | None, end: datetime | None) -> None:
+    if start is not None and end is not None and start >= end:
+        raise InvalidField("start", "must be before end")
+
+
+def audit_item(row: dict[str, Any]) -> AuditItem:
+    """A stored entry as the API shows it: the operator, a user's API key, or a user's session."""
+    actor: KeyActorOut | UserActorOut | OperatorActorOut
+    if row["actor_operator"] or row["actor_user_id"] is None:
+        actor = OperatorActorOut()
+    elif row["actor_api_key_id"] is not None:
+        actor = KeyActorOut(user_id=row["actor_user_id"], email=row["actor_email"], api_key_id=row["actor_api_key_id"])
+    else:
+        actor = UserActorOut(user_id=row["actor_user_id"], email=row["actor_email"])
+    return AuditItem(
+        time=row["time"],
+        actor=actor,
+        action=AuditAction(row["action"]),
+        target=AuditTarget(type=row["target_type"], id=row["target_id"]),
+        ip=row["ip"],
+        user_agent=row["user_agent"],
+        details=row["details"],
+    )

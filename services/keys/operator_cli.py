@@ -12,6 +12,7 @@ from uuid import UUID
 
 from psycopg_pool import AsyncConnectionPool
 
+from contracts.audit import OPERATOR_CLI
 from contracts.common import ServiceScope
 from services.keys import service_tokens
 from services.keys.store import KeysStore, KeysTx, Row
@@ -66,7 +67,7 @@ def _item(row: Row) -> dict[str, Any]:
 
 async def create(settings: Settings, name: str, scopes: list[ServiceScope]) -> dict[str, str]:
     async def work(tx: KeysTx) -> dict[str, str]:
-        row, token, _ = await service_tokens.create(tx, name, scopes, system_clock())
+        row, token, _ = await service_tokens.create(tx, name, scopes, system_clock(), OPERATOR_CLI)
         return {"id": str(row["id"]), "token": token}
 
     return await _run(settings, work)
@@ -81,7 +82,7 @@ async def list_all(settings: Settings) -> list[dict[str, Any]]:
 
 async def revoke(settings: Settings, token_id: UUID) -> None:
     async def work(tx: KeysTx) -> None:
-        if await service_tokens.revoke(tx, token_id, system_clock()) is None:
+        if await service_tokens.revoke(tx, token_id, system_clock(), OPERATOR_CLI) is None:
             raise UnknownToken(str(token_id))
 
     await _run(settings, work)

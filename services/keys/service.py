@@ -16,6 +16,7 @@ from uuid import UUID, uuid4
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from contracts.audit import AuditAction, AuditContext, AuditLog, AuditRecorded
 from contracts.clock import Clock
 from contracts.common import KeyStatus, Role, ServiceScope, Tier, UserType
 from contracts.credentials import hash_secret, mask, new_api_key, rotation_due
@@ -23,7 +24,7 @@ from contracts.domain_errors import NotFound
 from contracts.events import AccountState, KeyState, ServiceTokenState, SessionRevoked, UserState, UserTypeChanged
 from contracts.keys_api import RegisterRequest
 from contracts.plans import user_type_may_take
-from contracts.topics import ACCOUNTS, BILLING, KEYS, SESSIONS, USERS
+from contracts.topics import ACCOUNTS, AUDIT, BILLING, KEYS, SESSIONS, USERS
 from services.keys import domain, service_tokens
 from services.keys.domain import EmailTaken, InvalidCredentials, InvalidField, UserTypePlanMismatch, WrongCurrentPassword
 from services.keys.store import KeysTx, Row
@@ -103,6 +104,20 @@ class KeysService:
         await tx.publish(USERS, str(state.user_id).encode(), state.model_dump_json().encode())
         changes.users.append(state)
 
+    @staticmethod
+    async def _audit(
+        tx: KeysTx,
+        audit: AuditContext,
+        account_id: UUID,
+        now: datetime,
+        action: AuditAction,
+        target: tuple[str, UUID | str],
+        **details: object,
+    ) -> None:
+        """The write's audit.v1 entry, in the write's own transaction (keyed by account: in order)."""
+        entry = audit.entry(account_id, now, action, target[0], target[1], **details)
+        await tx.publish(AUDIT, str(account_id).encode(), entry.model_dump_json().encode())
+
     async def tick(self) -> None:
         """The outbox relay's periodic work: rotated keys past their grace, service tokens' uses."""
         await self.sweep_rotated()
@@ -165,15 +180,16 @@ class KeysService:
         token = self.edge.issue_session(row["account_id"], secrets.token_urlsafe(16), self.clock(), row["id"])
         return token, self.session_ttl_seconds
 
-    async def logout(self, account_id: UUID, user_id: UUID, session_id: str) -> None:
+    async def logout(self, account_id: UUID, user_id: UUID, session_id: str, *, audit: AuditContext) -> None:
         """sessions.v1: the session is refused by every edge; this one already when we answer."""
         now = self.clock()
         event = SessionRevoked(time=now, account_id=account_id, session_id=session_id, user_id=user_id, revoked_at=now)
         async with self.store.transaction() as tx:
             await tx.publish(SESSIONS, event.session_id.encode(), event.model_dump_json().encode())
+            await self._audit(tx, audit, account_id, now, AuditAction.SESSION_LOGOUT, ("user", user_id))
         await self.edge.deliver(Changes(sessions=[event]))
 
-    async def change_password(self, user_id: UUID, current_password: str, new_password: str) -> None:
+    async def change_password(self, user_id: UUID, current_password: str, new_password: str, *, audit: AuditContext) -> None:
         """A new password; users.v1 `sessions_not_before = now` ends every session of the user."""
         if hmac.compare_digest(current_password.encode(), new_password.encode()):
             raise InvalidField("new_password", "must differ from the current password")
@@ -193,6 +209,7 @@ class KeysService:
             if updated is None:
                 raise NotFound("account")
             await self._emit_user(tx, updated, now, changes)
+            await self._audit(tx, audit, updated["account_id"], now, AuditAction.PASSWORD_CHANGED, ("user", user_id))
         await self.edge.deliver(changes)
 
     async def account(self, account_id: UUID, user_id: UUID | None = None) -> Row:
@@ -215,7 +232,7 @@ class KeysService:
             await self._emit_account(tx, row, self.clock(), changes)
         await self.edge.deliver(changes)
 
-    async def change_user_type(self, account_id: UUID, user_type: UserType) -> Row:
+    async def change_user_type(self, account_id: UUID, user_type: UserType, *, audit: AuditContext) -> Row:
         now = self.clock()
         changes = Changes()
         async with self.store.transaction() as tx:
@@ -231,6 +248,16 @@ class KeysService:
             await self._emit_account(tx, row, now, changes)
             event = UserTypeChanged(time=now, account_id=account_id, user_type=user_type)
             await tx.publish(BILLING, str(account_id).encode(), event.model_dump_json().encode())
+            await self._audit(
+                tx,
+                audit,
+                account_id,
+                now,
+                AuditAction.USER_TYPE_CHANGED,
+                ("account", account_id),
+                user_type=user_type.value,
+                previous_user_type=current["user_type"],
+            )
         await self.edge.deliver(changes)
         return row
 
@@ -312,7 +339,9 @@ class KeysService:
         await self._emit_key(tx, self._state(row, await self._roles(tx, row), now), changes)
         return row, secret
 
-    async def create_key(self, account_id: UUID, user_id: UUID, name: str, expires_at: datetime | None) -> tuple[Row, str]:
+    async def create_key(
+        self, account_id: UUID, user_id: UUID, name: str, expires_at: datetime | None, *, audit: AuditContext
+    ) -> tuple[Row, str]:
         """The new key's row and its secret (shown once; only its hash is stored)."""
         now = self.clock()
         if expires_at is not None and expires_at <= now:
@@ -320,6 +349,7 @@ class KeysService:
         changes = Changes()
         async with self.store.transaction() as tx:
             row, secret = await self._insert_new_key(tx, account_id, user_id, name, expires_at, now, changes)
+            await self._audit(tx, audit, account_id, now, AuditAction.API_KEY_CREATED, ("api_key", row["id"]), name=name)
         await self.edge.deliver(changes)
         return row, secret
 
@@ -337,7 +367,7 @@ class KeysService:
             for r in rows
         ]
 
-    async def toggle(self, account_id: UUID, key_id: UUID, *, only_own: UUID | None = None) -> Row:
+    async def toggle(self, account_id: UUID, key_id: UUID, *, audit: AuditContext, only_own: UUID | None = None) -> Row:
         """`only_own`: the developer's user id (it may write only the keys it created; 403 else)."""
         now = self.clock()
         changes = Changes()
@@ -349,10 +379,11 @@ class KeysService:
             row["status"] = domain.toggled(KeyStatus(row["status"])).value
             await tx.set_status(key_id, row["status"])
             await self._emit_key(tx, self._state(row, await self._roles(tx, row), now), changes)
+            await self._audit(tx, audit, account_id, now, AuditAction.API_KEY_TOGGLED, ("api_key", key_id), status=row["status"])
         await self.edge.deliver(changes)
         return row
 
-    async def delete(self, account_id: UUID, key_id: UUID, *, only_own: UUID | None = None) -> None:
+    async def delete(self, account_id: UUID, key_id: UUID, *, audit: AuditContext, only_own: UUID | None = None) -> None:
         now = self.clock()
         changes = Changes()
         async with self.store.transaction() as tx:
@@ -362,10 +393,18 @@ class KeysService:
             self._check_may_write(row, only_own)
             await tx.mark_deleted(key_id, now)
             await self._emit_key(tx, self._state(row, await self._roles(tx, row), now, deleted=True), changes)
+            await self._audit(tx, audit, account_id, now, AuditAction.API_KEY_DELETED, ("api_key", key_id), name=row["name"])
         await self.edge.deliver(changes)
 
     async def rotate(
-        self, account_id: UUID, user_id: UUID, key_id: UUID, grace_seconds: int, *, only_own: UUID | None = None
+        self,
+        account_id: UUID,
+        user_id: UUID,
+        key_id: UUID,
+        grace_seconds: int,
+        *,
+        audit: AuditContext,
+        only_own: UUID | None = None,
     ) -> tuple[Row, str]:
         """The new key (same name, created by `user_id`); the old one expires after the grace."""
         now = self.clock()
@@ -384,6 +423,16 @@ class KeysService:
                 await tx.set_expiry(key_id, old["expires_at"], old["expires_at"])
                 await self._emit_key(tx, self._state(old, roles, now), changes)
             row, secret = await self._insert_new_key(tx, account_id, user_id, old["name"], None, now, changes)
+            await self._audit(
+                tx,
+                audit,
+                account_id,
+                now,
+                AuditAction.API_KEY_ROTATED,
+                ("api_key", key_id),
+                new_key_id=str(row["id"]),
+                grace_seconds=grace_seconds,
+            )
         await self.edge.deliver(changes)
         return row, secret
 
@@ -405,7 +454,7 @@ class KeysService:
         async with self.store.transaction() as tx:
             return await tx.members_of(account_id)
 
-    async def add_member(self, account_id: UUID, email: str, name: str, password: str, role: Role) -> Row:
+    async def add_member(self, account_id: UUID, email: str, name: str, password: str, role: Role, *, audit: AuditContext) -> Row:
         password_hash = await asyncio.to_thread(self.hasher.hash, password)
         now = self.clock()
         changes = Changes()
@@ -422,6 +471,9 @@ class KeysService:
             if user is None:
                 raise domain.MemberEmailTaken()
             await self._emit_user(tx, user, now, changes)
+            await self._audit(
+                tx, audit, account_id, now, AuditAction.MEMBER_ADDED, ("user", user["id"]), email=user["email"], role=role.value
+            )
         await self.edge.deliver(changes)
         return user
 
@@ -433,7 +485,7 @@ class KeysService:
             raise NotFound("member")
         return member, members
 
-    async def change_member_role(self, account_id: UUID, member_id: UUID, role: Role) -> Row:
+    async def change_member_role(self, account_id: UUID, member_id: UUID, role: Role, *, audit: AuditContext) -> Row:
         """Effective at once on the member's sessions (users.v1) and keys (keys.v1 `roles`)."""
         now = self.clock()
         changes = Changes()
@@ -445,12 +497,22 @@ class KeysService:
             user = await tx.set_user_role(member_id, role.value)
             assert user is not None
             await self._emit_user(tx, user, now, changes)
+            await self._audit(
+                tx,
+                audit,
+                account_id,
+                now,
+                AuditAction.MEMBER_ROLE_CHANGED,
+                ("user", member_id),
+                role=role.value,
+                previous_role=member["role"],
+            )
             for key in await tx.live_keys_created_by(account_id, member_id):
                 await self._emit_key(tx, self._state(key, [role], now), changes)
         await self.edge.deliver(changes)
         return user
 
-    async def remove_member(self, account_id: UUID, member_id: UUID) -> None:
+    async def remove_member(self, account_id: UUID, member_id: UUID, *, audit: AuditContext) -> None:
         """The member's sessions end and keys die at once (users.v1 `removed`; its keys deleted)."""
         now = self.clock()
         changes = Changes()
@@ -460,15 +522,16 @@ class KeysService:
             user = await tx.remove_user(member_id, now)
             assert user is not None
             await self._emit_user(tx, user, now, changes)
+            await self._audit(tx, audit, account_id, now, AuditAction.MEMBER_REMOVED, ("user", member_id), email=user["email"])
             for key in await tx.live_keys_created_by(account_id, member_id):
                 await tx.mark_deleted(key["id"], now)
                 await self._emit_key(tx, self._state(key, [Role(member["role"])], now, deleted=True), changes)
         await self.edge.deliver(changes)
 
     # ---- service tokens (operator) -----------------------------------------------------------
-    async def create_service_token(self, name: str, scopes: list[ServiceScope]) -> tuple[Row, str]:
+    async def create_service_token(self, name: str, scopes: list[ServiceScope], *, audit: AuditContext) -> tuple[Row, str]:
         async with self.store.transaction() as tx:
-            row, token, state = await service_tokens.create(tx, name, scopes, self.clock())
+            row, token, state = await service_tokens.create(tx, name, scopes, self.clock(), audit)
         await self.edge.deliver(Changes(service_tokens=[state]))
         return row, token
 
@@ -476,10 +539,10 @@ class KeysService:
         async with self.store.transaction() as tx:
             return await tx.list_service_tokens()
 
-    async def revoke_service_token(self, token_id: UUID) -> None:
+    async def revoke_service_token(self, token_id: UUID, *, audit: AuditContext) -> None:
         """Answers after the revocation is in Kafka and in force in this process."""
         async with self.store.transaction() as tx:
-            state = await service_tokens.revoke(tx, token_id, self.clock())
+            state = await service_tokens.revoke(tx, token_id, self.clock(), audit)
             if state is None:
                 raise NotFound("service token")
         await self.edge.deliver(Changes(service_tokens=[state]))
@@ -496,3 +559,33 @@ class KeysService:
             for token_id, at in used.items():
                 self.edge.note_service_token_use(token_id, at)
             raise
+
+    # ---- the audit log (v2) ---------------------------------------------------------------------
+    async def record_audit(self, event: AuditRecorded) -> None:
+        """One audit.v1 event into the log; a redelivered one (same id) changes nothing."""
+        async with self.store.transaction() as tx:
+            await tx.insert_audit_entry(event)
+
+    async def audit_log(
+        self,
+        account_id: UUID,
+        *,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        action: AuditAction | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> AuditLog:
+        """The account's entries in [start, end), newest first, a page of `limit` (keyset cursor)."""
+        domain.check_audit_range(start, end)
+        before = domain.decode_audit_cursor(cursor) if cursor else None
+        async with self.store.transaction() as tx:
+            rows = await tx.audit_entries(
+                account_id, start=start, end=end, action=action.value if action else None, before=before, limit=limit + 1
+            )
+        page = rows[:limit]
+        more = len(rows) > limit
+        return AuditLog(
+            items=[domain.audit_item(r) for r in page],
+            next_cursor=domain.encode_audit_cursor(page[-1]["time"], page[-1]["id"]) if more else None,
+        )

@@ -10,8 +10,10 @@ from uuid import UUID
 
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from contracts.audit import AuditRecorded
 from contracts.topics import Topic
 from services.runtime.platform.outbox_relay import OutboxRelay
 
@@ -43,7 +45,7 @@ class KeysTx:
         cur = await self.conn.execute(query, params)
         return await cur.fetchone()
 
-    async def _all(self, query: str, params: tuple[Any, ...]) -> list[Row]:
+    async def _all(self, query: str, params: tuple[Any, ...] | dict[str, Any]) -> list[Row]:
         cur = await self.conn.execute(query, params)
         return await cur.fetchall()
 
@@ -260,4 +262,62 @@ class KeysTx:
             """UPDATE keys.service_tokens AS t SET last_used_at = GREATEST(t.last_used_at, u.t)
                FROM unnest(%s::uuid[], %s::timestamptz[]) AS u(id, t) WHERE t.id = u.id""",
             (ids, [used[i] for i in ids]),
+        )
+
+    # ---- the audit log (v2) -------------------------------------------------------------------------
+    async def insert_audit_entry(self, event: AuditRecorded) -> bool:
+        """Store one audit.v1 event with its actor's e-mail as of now; False if its id is stored already."""
+        actor = event.actor
+        row = await self._one(
+            """INSERT INTO keys.audit_log (id, account_id, time, actor_user_id, actor_email, actor_api_key_id,
+                   actor_operator, action, target_type, target_id, ip, user_agent, details)
+               VALUES (%s, %s, %s, %s, (SELECT email FROM keys.users WHERE id = %s), %s, %s, %s, %s, %s, %s, %s, %s)
+               ON CONFLICT (id) DO NOTHING RETURNING id""",
+            (
+                event.id,
+                event.account_id,
+                event.time,
+                actor.user_id,
+                actor.user_id,
+                actor.api_key_id,
+                actor.operator,
+                event.action.value,
+                event.target.type,
+                event.target.id,
+                event.ip,
+                event.user_agent,
+                Jsonb(event.details),
+            ),
+        )
+        return row is not None
+
+    async def audit_entries(
+        self,
+        account_id: UUID,
+        *,
+        start: datetime | None,
+        end: datetime | None,
+        action: str | None,
+        before: tuple[datetime, UUID] | None,
+        limit: int,
+    ) -> list[Row]:
+        """Newest first, by keyset: the entries strictly before `before` (time, id), in [start, end)."""
+        cursor_time, cursor_id = before if before is not None else (None, None)
+        return await self._all(
+            """SELECT * FROM keys.audit_log
+               WHERE account_id = %(account)s
+                 AND (%(start)s::timestamptz IS NULL OR time >= %(start)s)
+                 AND (%(end)s::timestamptz IS NULL OR time < %(end)s)
+                 AND (%(action)s::text IS NULL OR action = %(action)s)
+                 AND (%(ct)s::timestamptz IS NULL OR (time, id) < (%(ct)s, %(cid)s::uuid))
+               ORDER BY time DESC, id DESC LIMIT %(limit)s""",
+            {
+                "account": account_id,
+                "start": start,
+                "end": end,
+                "action": action,
+                "ct": cursor_time,
+                "cid": cursor_id,
+                "limit": limit,
+            },
         )

@@ -170,7 +170,13 @@ async def test_every_object_of_one_account_is_invisible_to_another(app_client, s
             await client.post("/api/usage/events", json={"events": [foreign]}, headers=credentials), 403, "permission_denied"
         )
     seen_by_b = ""
+
+    async def in_as_audit_log() -> bool:  # (v2) A's entries are stored before B looks for them
+        return objects["rule"] in (await client.get("/api/audit-log", headers=a.headers)).text
+
+    await eventually(in_as_audit_log, what="A's audit entries")
     for path in (
+        "/api/audit-log",
         "/api/account",
         "/api/account/members",
         "/api/api-keys",

@@ -27,7 +27,7 @@ async def _counts(conn: psycopg.AsyncConnection, schema: str) -> dict[tuple[str,
     return {(topic, unsent): n for topic, unsent, n in await cur.fetchall()}
 
 
-@pytest.mark.parametrize("schema", ["keys", "billing", "geo"])
+@pytest.mark.parametrize("schema", ["keys", "billing", "geo", "alerts"])
 async def test_the_relay_deletes_only_rows_sent_longer_ago_than_the_retention(settings, pool, schema):
     settings = settings.model_copy(update={"outbox_retention_seconds": HOUR, "prune_interval_seconds": 0.1})
     table = sql.Identifier(schema, "outbox")

@@ -12,6 +12,7 @@ from typing import Any
 from uuid import UUID
 
 from contracts.alerts_api import Channel, Recipient
+from contracts.audit import AuditContext, AuditRecorded
 from contracts.common import STOCK_RESOURCES, AlertMetric, Resource, Tier, UserType
 from contracts.events import AccountState, KeyState, QuotaState, UsageEvent
 from contracts.plans import catalogue
@@ -27,6 +28,14 @@ from services.metering.rollups import UsageRow, series_key
 from services.metering.store import ActivityFilter, CallRow, UsageQuery
 from services.quota.domain import EPOCH, Delta
 from services.quota.store import Line
+
+# The caller of every write in the unit tests (a console session from a documentation address).
+ACTOR = AuditContext(user_id=UUID("00000000-0000-4000-8000-0000000000a1"), ip="203.0.113.9", user_agent="unit-test")
+
+
+def audit_entries(outbox: Iterable[tuple[str, bytes, bytes | None]]) -> list[AuditRecorded]:
+    """The audit.v1 entries among a fake's outbox rows (topic, key, value), in order."""
+    return [AuditRecorded.model_validate_json(v) for t, _k, v in outbox if t == "audit.v1" and v is not None]
 
 
 class FakeClock:
@@ -394,6 +403,7 @@ class FakeAlertsStore:
         self.deliveries: dict[UUID, dict[str, Any]] = {}
         self.notifications: dict[UUID, dict[str, Any]] = {}
         self.keys: dict[UUID, dict[str, Any]] = {}
+        self.outbox: list[tuple[str, bytes, bytes | None]] = []  # (topic, key, value), rolled back with the rest
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator["FakeAlertsStore"]:
@@ -432,6 +442,9 @@ class FakeAlertsStore:
                 )
             )
         return views
+
+    async def publish(self, topic: Topic, key: bytes, value: bytes) -> None:
+        self.outbox.append((topic.name, key, value))
 
     async def delete_rule(self, account_id: UUID, rule_id: UUID) -> bool:
         if not await self.rule_exists(account_id, rule_id):
@@ -769,14 +782,15 @@ class FakeKeysStore:
         self.tokens: dict[UUID, dict[str, Any]] = {}
         self.users: dict[UUID, dict[str, Any]] = {}
         self.outbox: list[tuple[str, bytes, bytes | None]] = []  # (topic, key, value) committed or in flight
+        self.audit_log: dict[UUID, dict[str, Any]] = {}  # event id -> row, as keys.audit_log
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator["FakeKeysStore"]:
-        saved = copy.deepcopy((self.accounts, self.keys, self.tokens, self.users, self.outbox))
+        saved = copy.deepcopy((self.accounts, self.keys, self.tokens, self.users, self.outbox, self.audit_log))
         try:
             yield self
         except BaseException:
-            self.accounts, self.keys, self.tokens, self.users, self.outbox = saved
+            self.accounts, self.keys, self.tokens, self.users, self.outbox, self.audit_log = saved
             raise
 
     async def publish(self, topic: Topic, key: bytes, value: bytes | None) -> None:
@@ -992,6 +1006,50 @@ class FakeKeysStore:
             row = self.tokens.get(token_id)
             if row is not None and (row["last_used_at"] is None or row["last_used_at"] < at):
                 row["last_used_at"] = at
+
+    # ---- the audit log
+    async def insert_audit_entry(self, event: AuditRecorded) -> bool:
+        if event.id in self.audit_log:
+            return False
+        user = self.users.get(event.actor.user_id) if event.actor.user_id is not None else None
+        self.audit_log[event.id] = {
+            "id": event.id,
+            "account_id": event.account_id,
+            "time": event.time,
+            "actor_user_id": event.actor.user_id,
+            "actor_email": user["email"] if user is not None else None,
+            "actor_api_key_id": event.actor.api_key_id,
+            "actor_operator": event.actor.operator,
+            "action": event.action.value,
+            "target_type": event.target.type,
+            "target_id": event.target.id,
+            "ip": event.ip,
+            "user_agent": event.user_agent,
+            "details": copy.deepcopy(event.details),
+        }
+        return True
+
+    async def audit_entries(
+        self,
+        account_id: UUID,
+        *,
+        start: datetime | None,
+        end: datetime | None,
+        action: str | None,
+        before: tuple[datetime, UUID] | None,
+        limit: int,
+    ) -> list[dict[str, Any]]:
+        rows = [
+            r
+            for r in self.audit_log.values()
+            if r["account_id"] == account_id
+            and (start is None or r["time"] >= start)
+            and (end is None or r["time"] < end)
+            and (action is None or r["action"] == action)
+            and (before is None or (r["time"], str(r["id"])) < (before[0], str(before[1])))
+        ]
+        rows.sort(key=lambda r: (r["time"], str(r["id"])), reverse=True)
+        return [dict(r) for r in rows[:limit]]
 
 
 class FakeLocalEdge:

@@ -12,7 +12,7 @@ from contracts.common import AlertMetric, KeyStatus, Resource, Role
 from contracts.domain_errors import Invalid, NotFound
 from contracts.events import KeyState, QuotaState, QuotaThresholdCrossed
 from services.alerts.service import AlertsService
-from tests.unit.fakes import FakeAlertsStore, FakeClock, FakeDeliver, no_refusal
+from tests.unit.fakes import ACTOR, FakeAlertsStore, FakeClock, FakeDeliver, no_refusal
 
 
 @pytest.fixture
@@ -53,9 +53,9 @@ def crossed(account: uuid.UUID, pct: int, period: str = "2026-11") -> QuotaThres
 
 async def test_a_jump_from_50_to_95_fires_the_80_and_90_rules_once_per_period(service, store, clock, deliver):
     account = uuid.uuid4()
-    r80 = await service.create_rule(account, rule(80))
-    r90 = await service.create_rule(account, rule(90))
-    r99 = await service.create_rule(account, rule(99))
+    r80 = await service.create_rule(account, rule(80), audit=ACTOR)
+    r90 = await service.create_rule(account, rule(90), audit=ACTOR)
+    r99 = await service.create_rule(account, rule(99), audit=ACTOR)
     assert deliver.submitted == []  # nothing crossed at creation
 
     await service.fire_crossing(crossed(account, 50))
@@ -84,40 +84,40 @@ async def test_a_rule_whose_threshold_is_passed_this_period_fires_at_creation(se
     )
     await service.save_quota_state(state)
     await service.save_quota_state(state.model_copy(update={"used": 1, "time": datetime(2026, 11, 1, tzinfo=UTC)}))  # older
-    created = await service.create_rule(account, rule(80))
+    created = await service.create_rule(account, rule(80), audit=ACTOR)
     assert created.fired_this_period and len(deliver.submitted) == 1
     assert [f["cause"] for f in store.firings.values()] == ["creation"]
-    await service.create_rule(account, rule(90))  # 85% < 90%: not yet
+    await service.create_rule(account, rule(90), audit=ACTOR)  # 85% < 90%: not yet
     assert len(deliver.submitted) == 1
     # A flow's usage of an earlier period does not fire a rule created in the next one.
     clock.now = datetime(2026, 12, 2, tzinfo=UTC)
-    await service.create_rule(account, rule(50))
+    await service.create_rule(account, rule(50), audit=ACTOR)
     assert len(deliver.submitted) == 1
 
 
 async def test_rule_crud_and_another_accounts_rule_is_not_found(service):
     account, other = uuid.uuid4(), uuid.uuid4()
-    mine = await service.create_rule(account, rule(80, [Channel.EMAIL], [EmailRecipient(email="ops@example.com")]))
+    mine = await service.create_rule(account, rule(80, [Channel.EMAIL], [EmailRecipient(email="ops@example.com")]), audit=ACTOR)
     assert mine.webhook_secret is None and mine.failed_deliveries == 0
     hooked = await service.create_rule(
-        account, rule(90, [Channel.WEBHOOK], [WebhookRecipient(url="https://hooks.example.com/x")])
+        account, rule(90, [Channel.WEBHOOK], [WebhookRecipient(url="https://hooks.example.com/x")]), audit=ACTOR
     )
     assert hooked.webhook_secret
     assert [r.id for r in (await service.list_rules(account)).rules] == [mine.id, hooked.id]
     assert (await service.list_rules(other)).rules == []
 
     with pytest.raises(NotFound):
-        await service.delete_rule(other, mine.id)
+        await service.delete_rule(other, mine.id, audit=ACTOR)
     with pytest.raises(NotFound):
         await service.deliveries(other, mine.id)
     assert (await service.deliveries(account, mine.id)).items == []
-    await service.delete_rule(account, mine.id)
+    await service.delete_rule(account, mine.id, audit=ACTOR)
     with pytest.raises(NotFound):
-        await service.delete_rule(account, mine.id)
+        await service.delete_rule(account, mine.id, audit=ACTOR)
     assert [r.id for r in (await service.list_rules(account)).rules] == [hooked.id]
 
     with pytest.raises(Invalid) as invalid:  # email without an {email} recipient
-        await service.create_rule(account, rule(80, [Channel.EMAIL]))
+        await service.create_rule(account, rule(80, [Channel.EMAIL]), audit=ACTOR)
     assert invalid.value.details
 
 
@@ -127,14 +127,18 @@ async def test_a_refused_webhook_target_is_invalid(store, clock, deliver):
 
     service = AlertsService(store, clock, ZoneInfo("UTC"), refuse, deliver)  # type: ignore[arg-type]
     with pytest.raises(Invalid) as invalid:
-        await service.create_rule(uuid.uuid4(), rule(80, [Channel.WEBHOOK], [WebhookRecipient(url="http://10.0.0.1/")]))
+        await service.create_rule(
+            uuid.uuid4(), rule(80, [Channel.WEBHOOK], [WebhookRecipient(url="http://10.0.0.1/")]), audit=ACTOR
+        )
     assert invalid.value.details[0]["field"] == "recipients.0.url"
     assert store.rules == {}
 
 
 async def test_fired_deliveries_are_logged_per_rule(service):
     account = uuid.uuid4()
-    r80 = await service.create_rule(account, rule(80, [Channel.IN_SITE, Channel.EMAIL], [EmailRecipient(email="a@example.com")]))
+    r80 = await service.create_rule(
+        account, rule(80, [Channel.IN_SITE, Channel.EMAIL], [EmailRecipient(email="a@example.com")]), audit=ACTOR
+    )
     await service.fire_crossing(crossed(account, 81))
     log = (await service.deliveries(account, r80.id)).items
     assert sorted(d.channel.value for d in log) == ["email", "in_site"] and {d.attempt for d in log} == {0}

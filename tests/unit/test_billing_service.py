@@ -15,7 +15,7 @@ from contracts.events import AccountState
 from contracts.period import period_bounds
 from services.billing import domain
 from services.billing.service import BillingService
-from tests.unit.fakes import FakeAccounts, FakeBillingStore, FakeClock, FakeOutbox, FakePaymentProvider
+from tests.unit.fakes import ACTOR, FakeAccounts, FakeBillingStore, FakeClock, FakeOutbox, FakePaymentProvider
 
 TZ = ZoneInfo("UTC")
 NOW = datetime(2026, 11, 11, 0, 0, tzinfo=UTC)  # 20 of November's 30 days left
@@ -34,7 +34,7 @@ class World:
         self.account = uuid.uuid4()
 
     def event_types(self) -> list[str]:
-        return [json.loads(value or b"{}")["type"] for _, _, value in self.outbox.events]
+        return [json.loads(value or b"{}")["type"] for topic, _, value in self.outbox.events if topic == "billing.v1"]
 
     def enterprise(self) -> None:
         self.accounts.states[self.account] = AccountState(
@@ -48,85 +48,85 @@ def world() -> World:
 
 
 async def test_a_plan_upgrade_costs_the_price_difference_over_the_rest_of_the_period(world):
-    order = await world.service.create_order(world.account, BASIC)
+    order = await world.service.create_order(world.account, BASIC, audit=ACTOR)
     start, end = period_bounds("2026-11", TZ)
     assert order.status == "pending" and order.kind == "plan_upgrade" and order.previous_plan is Tier.FREE
     assert order.amount == (Decimal("9.90") * 20 / 30).quantize(Decimal("0.01")) == Decimal("6.60")
     assert (order.period.start, order.period.end) == (start, end)
-    assert world.provider.attempts == 0 and world.outbox.events == []
+    assert world.provider.attempts == 0 and world.event_types() == []
 
 
 async def test_a_quota_package_costs_its_units_times_the_unit_price(world):
-    order = await world.service.create_order(world.account, PACKAGE)
+    order = await world.service.create_order(world.account, PACKAGE, audit=ACTOR)
     assert order.amount == Decimal("3.00") and order.package == PACKAGE.package and order.currency == "USD"
 
 
 async def test_an_individual_account_cannot_order_or_switch_to_enterprise(world):
     enterprise = PlanUpgradeOrderIn(kind="plan_upgrade", plan=Tier.ENTERPRISE)
     with pytest.raises(domain.UserTypePlanMismatch) as ordered:
-        await world.service.create_order(world.account, enterprise)
+        await world.service.create_order(world.account, enterprise, audit=ACTOR)
     assert isinstance(ordered.value, Conflict) and ordered.value.code == "user_type_plan_mismatch"
     with pytest.raises(domain.UserTypePlanMismatch):
-        await world.service.switch(world.account, Tier.ENTERPRISE)
+        await world.service.switch(world.account, Tier.ENTERPRISE, audit=ACTOR)
     assert world.store.state.orders == {}
     world.enterprise()  # the edge's projection knows better than billing's row: it is used
-    assert (await world.service.create_order(world.account, enterprise)).plan is Tier.ENTERPRISE
+    assert (await world.service.create_order(world.account, enterprise, audit=ACTOR)).plan is Tier.ENTERPRISE
 
 
 async def test_an_order_to_a_cheaper_plan_is_a_conflict(world):
-    await world.service.switch(world.account, Tier.FREE)
+    await world.service.switch(world.account, Tier.FREE, audit=ACTOR)
     with pytest.raises(Conflict):
-        await world.service.create_order(world.account, PlanUpgradeOrderIn(kind="plan_upgrade", plan=Tier.FREE))
+        await world.service.create_order(world.account, PlanUpgradeOrderIn(kind="plan_upgrade", plan=Tier.FREE), audit=ACTOR)
 
 
 async def test_paying_charges_once_and_applies_the_effect(world):
-    upgrade = await world.service.create_order(world.account, BASIC)
-    paid = await world.service.pay(world.account, upgrade.id)
+    upgrade = await world.service.create_order(world.account, BASIC, audit=ACTOR)
+    paid = await world.service.pay(world.account, upgrade.id, audit=ACTOR)
     assert paid.status == "paid" and paid.paid_at == NOW
     assert world.store.state.accounts[world.account].plan is Tier.BASIC
     assert world.provider.charges == {upgrade.id: (Decimal("6.60"), "USD")}
     assert world.event_types() == ["plan_changed"] and world.outbox.flushes == 1
 
-    again = await world.service.pay(world.account, upgrade.id)
+    again = await world.service.pay(world.account, upgrade.id, audit=ACTOR)
     assert again == paid and world.provider.attempts == 1 and world.event_types() == ["plan_changed"]
 
-    package = await world.service.create_order(world.account, PACKAGE)
-    await world.service.pay(world.account, package.id)
+    package = await world.service.create_order(world.account, PACKAGE, audit=ACTOR)
+    await world.service.pay(world.account, package.id, audit=ACTOR)
     assert world.event_types() == ["plan_changed", "package_purchased"] and world.provider.attempts == 2
 
 
 async def test_another_accounts_order_is_not_found_and_a_stale_order_is_a_conflict(world):
-    order = await world.service.create_order(world.account, BASIC)
+    order = await world.service.create_order(world.account, BASIC, audit=ACTOR)
     with pytest.raises(NotFound):
-        await world.service.pay(uuid.uuid4(), order.id)
+        await world.service.pay(uuid.uuid4(), order.id, audit=ACTOR)
     world.clock.now = datetime(2026, 12, 2, tzinfo=UTC)  # the order's period is over
     with pytest.raises(Conflict):
-        await world.service.pay(world.account, order.id)
-    assert world.provider.attempts == 0 and world.outbox.events == []
+        await world.service.pay(world.account, order.id, audit=ACTOR)
+    assert world.provider.attempts == 0 and world.event_types() == []
 
 
 async def test_an_upgrade_by_switch_needs_a_paid_order_and_a_downgrade_does_not(world):
     with pytest.raises(PaymentRequired) as needed:
-        await world.service.switch(world.account, Tier.BASIC)
+        await world.service.switch(world.account, Tier.BASIC, audit=ACTOR)
     order = needed.value.details["order"]
     assert order["status"] == "pending" and order["amount"] == "6.60" and order["plan"] == "basic"
-    assert world.store.state.accounts[world.account].plan is Tier.FREE and world.outbox.events == []
+    assert world.store.state.accounts[world.account].plan is Tier.FREE and world.event_types() == []
 
-    await world.service.pay(world.account, uuid.UUID(order["id"]))
-    down = await world.service.switch(world.account, Tier.FREE)  # costs nothing: applied at once
+    await world.service.pay(world.account, uuid.UUID(order["id"]), audit=ACTOR)
+    down = await world.service.switch(world.account, Tier.FREE, audit=ACTOR)  # costs nothing: applied at once
     assert down.plan is Tier.FREE and world.store.state.accounts[world.account].plan is Tier.FREE
     assert world.event_types() == ["plan_changed", "plan_changed"] and world.provider.attempts == 1
 
 
 async def test_a_retried_request_replays_the_first_answer_and_a_reused_key_is_refused(world):
     key = domain.Idempotency.of("k1", "POST /api/billing/orders", "/api/billing/orders", PACKAGE.model_dump(mode="json"))
-    first = await world.service.create_order(world.account, PACKAGE, key)
-    assert await world.service.create_order(world.account, PACKAGE, key) == first
+    first = await world.service.create_order(world.account, PACKAGE, key, audit=ACTOR)
+    assert await world.service.create_order(world.account, PACKAGE, key, audit=ACTOR) == first
     assert len(world.store.state.orders) == 1
 
     other = domain.Idempotency.of("k1", "POST /api/billing/orders", "/api/billing/orders", BASIC.model_dump(mode="json"))
     with pytest.raises(domain.KeyReused) as reused:
-        await world.service.create_order(world.account, BASIC, other)
+        await world.service.create_order(world.account, BASIC, other, audit=ACTOR)
     assert isinstance(reused.value, Conflict) and reused.value.code == "idempotency_key_reused"
     assert len(world.store.state.orders) == 1
 
@@ -134,12 +134,12 @@ async def test_a_retried_request_replays_the_first_answer_and_a_reused_key_is_re
     bad = PackageOrderIn(kind="quota_package", package=Package(resource=Resource.AI_TOKENS, amount=15))
     k2 = domain.Idempotency.of("k2", "POST /api/billing/orders", "/api/billing/orders", PACKAGE.model_dump(mode="json"))
     with pytest.raises(domain.InvalidPackage):
-        await world.service.create_order(world.account, bad, k2)
-    assert (await world.service.create_order(world.account, PACKAGE, k2)).id != first.id
+        await world.service.create_order(world.account, bad, k2, audit=ACTOR)
+    assert (await world.service.create_order(world.account, PACKAGE, k2, audit=ACTOR)).id != first.id
 
     pay = domain.Idempotency.of("p1", "POST /api/billing/orders/{order_id}/pay", f"/api/billing/orders/{first.id}/pay")
-    paid = await world.service.pay(world.account, first.id, pay)
-    assert await world.service.pay(world.account, first.id, pay) == paid and world.provider.attempts == 1
+    paid = await world.service.pay(world.account, first.id, pay, audit=ACTOR)
+    assert await world.service.pay(world.account, first.id, pay, audit=ACTOR) == paid and world.provider.attempts == 1
 
 
 async def test_subscription_and_user_type_facts(world):
@@ -164,9 +164,9 @@ async def test_the_package_catalogue_lists_every_resource_with_its_unit_price(wo
 async def test_the_order_history_is_newest_first_by_keyset_and_only_the_accounts(world):
     made = []
     for _ in range(5):
-        made.append(await world.service.create_order(world.account, PACKAGE))
+        made.append(await world.service.create_order(world.account, PACKAGE, audit=ACTOR))
         world.clock.advance(minutes=1)
-    await world.service.create_order(uuid.uuid4(), PACKAGE)  # another account's: not listed
+    await world.service.create_order(uuid.uuid4(), PACKAGE, audit=ACTOR)  # another account's: not listed
     seen, cursor = [], None
     while True:
         page = await world.service.list_orders(world.account, 2, cursor)
@@ -183,17 +183,17 @@ async def test_the_order_history_is_newest_first_by_keyset_and_only_the_accounts
 
 
 async def test_a_paid_order_has_an_invoice_numbered_without_gaps(world):
-    first = await world.service.create_order(world.account, PACKAGE)
+    first = await world.service.create_order(world.account, PACKAGE, audit=ACTOR)
     with pytest.raises(Conflict):
         await world.service.invoice(world.account, first.id)  # pending: no invoice yet
-    await world.service.pay(world.account, first.id)
-    upgrade = await world.service.create_order(world.account, BASIC)
+    await world.service.pay(world.account, first.id, audit=ACTOR)
+    upgrade = await world.service.create_order(world.account, BASIC, audit=ACTOR)
     world.clock.now = datetime(2026, 12, 2, tzinfo=UTC)
     with pytest.raises(Conflict):  # a refused payment takes no number
-        await world.service.pay(world.account, upgrade.id)
+        await world.service.pay(world.account, upgrade.id, audit=ACTOR)
     world.clock.now = NOW
-    await world.service.pay(world.account, upgrade.id)
-    await world.service.pay(world.account, upgrade.id)  # paid already: no second invoice
+    await world.service.pay(world.account, upgrade.id, audit=ACTOR)
+    await world.service.pay(world.account, upgrade.id, audit=ACTOR)  # paid already: no second invoice
 
     one = await world.service.invoice(world.account, first.id)
     two = await world.service.invoice(world.account, upgrade.id)

@@ -18,6 +18,7 @@ from services.edge.calls import Call, CallRecorder, PartitionMap
 from services.edge.context import CALL_CONTEXT, CallContext
 from services.edge.edge import Edge
 from services.edge.errors import ApiError
+from services.edge.principal import Principal
 from services.runtime.platform.settings import Settings
 
 SECRET = "sk-" + "x" * 40
@@ -153,3 +154,18 @@ async def test_the_reused_principal_follows_a_role_change_and_a_toggle_at_once()
     with pytest.raises(ApiError) as caught:
         await dependency(_request({"Authorization": f"Bearer {SECRET}"}))
     assert caught.value.code is ErrorCode.API_KEY_DISABLED
+
+
+def test_the_audit_context_names_the_user_the_key_and_the_trusted_address():
+    edge, account, key = _edge(trusted_proxies=["10.0.0.0/8"])
+    user = uuid.uuid4()
+    request = _request({"X-Forwarded-For": "203.0.113.7, 10.1.1.1", "User-Agent": "sdk/1"})
+    by_key = edge.audit_context(request, Principal(account, frozenset({Role.OWNER}), api_key_id=key, user_id=user))
+    assert (by_key.user_id, by_key.api_key_id, by_key.operator) == (user, key, False)
+    assert (by_key.ip, by_key.user_agent) == ("203.0.113.7", "sdk/1")
+    # a session from before members acts as the registering user, whose id is the account's
+    old = edge.audit_context(request, Principal(account, frozenset({Role.OWNER}), session_id="s"))
+    assert (old.user_id, old.api_key_id) == (account, None)
+    operator = edge.audit_context(_request({"X-Forwarded-For": "203.0.113.7"}, peer="198.51.100.1"), None)
+    # an untrusted peer: its own address, whatever the header says
+    assert (operator.operator, operator.user_id, operator.ip) == (True, None, "198.51.100.1")

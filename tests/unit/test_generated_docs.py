@@ -28,7 +28,7 @@ def test_tollgate_docs_writes_openapi_and_asyncapi(docs):
 def test_every_subscriber_has_its_own_operation_in_asyncapi(docs):
     # Same-named handlers (every Subscriber handler is `on_message`) would overwrite each other.
     operations = set(json.loads((docs / "asyncapi.json").read_text())["operations"])
-    assert {"keys.plans", "quota.billing", "billing.user-types", "alerts.on_threshold"} <= operations
+    assert {"keys.plans", "keys.audit", "quota.billing", "billing.user-types", "alerts.on_threshold"} <= operations
 
 
 def test_every_operation_declares_the_credentials_it_takes(docs):
@@ -47,3 +47,11 @@ def test_every_operation_declares_the_credentials_it_takes(docs):
     assert schemes("/api/usage/events", "post") == {"ServiceToken"}
     assert schemes("/api/billing/plans", "get") == set()  # public
     assert schemes("/api/auth/login", "post") == set()
+    assert schemes("/api/audit-log", "get") == {"ConsoleSession"}
+
+
+def test_the_audit_log_route_has_its_response_model_and_filters(docs):
+    operation = json.loads((docs / "openapi.json").read_text())["paths"]["/api/audit-log"]["get"]
+    assert operation["responses"]["200"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/AuditLog"}
+    assert {p["name"] for p in operation["parameters"]} == {"start", "end", "action", "limit", "cursor"}
+    assert "audit:read" in operation["description"]

@@ -17,7 +17,7 @@ from services.edge import ApiError
 from services.keys.domain import EmailTaken, InvalidCredentials, UserTypePlanMismatch, WrongCurrentPassword
 from services.keys.login_throttle import Limit, LoginThrottle
 from services.keys.service import KeysService
-from tests.unit.fakes import FakeClock, FakeKeysStore, FakeLocalEdge
+from tests.unit.fakes import ACTOR, FakeClock, FakeKeysStore, FakeLocalEdge
 
 PASSWORD = "correct horse battery"
 
@@ -114,7 +114,7 @@ async def test_the_throttle_counts_wrong_passwords_and_then_refuses_even_the_rig
 
 async def test_logout_publishes_the_revoked_session_and_delivers_it(world: World):
     account_id = await world.register()
-    await world.service.logout(account_id, account_id, "sid-1")
+    await world.service.logout(account_id, account_id, "sid-1", audit=ACTOR)
     [event] = world.events("sessions.v1")
     assert event["session_id"] == "sid-1" and event["user_id"] == str(account_id)
     assert world.edge.delivered[-1].sessions[0].session_id == "sid-1"
@@ -123,7 +123,7 @@ async def test_logout_publishes_the_revoked_session_and_delivers_it(world: World
 async def test_a_password_change_ends_every_session_from_now(world: World):
     account_id = await world.register()
     world.clock.advance(minutes=5)
-    await world.service.change_password(account_id, PASSWORD, "a new password")
+    await world.service.change_password(account_id, PASSWORD, "a new password", audit=ACTOR)
     user = world.events("users.v1")[-1]
     assert user["sessions_not_before"].startswith(world.clock.now.isoformat()[:19])
     await world.service.login("ada@example.com", "a new password")
@@ -134,10 +134,10 @@ async def test_a_password_change_ends_every_session_from_now(world: World):
 async def test_a_password_change_refuses_a_wrong_current_or_an_unchanged_password(world: World):
     account_id = await world.register()
     with pytest.raises(WrongCurrentPassword) as wrong:
-        await world.service.change_password(account_id, "not it", "a new password")
+        await world.service.change_password(account_id, "not it", "a new password", audit=ACTOR)
     assert isinstance(wrong.value, Forbidden) and wrong.value.message == "The current password is wrong."
     with pytest.raises(Invalid) as same:
-        await world.service.change_password(account_id, PASSWORD, PASSWORD)
+        await world.service.change_password(account_id, PASSWORD, PASSWORD, audit=ACTOR)
     assert same.value.details == [
         {"field": "new_password", "message": "must differ from the current password", "type": "value_error"}
     ]
@@ -149,7 +149,7 @@ async def test_account_and_user_type(world: World):
     assert (await world.service.account(account_id))["email"] == "ada@example.com"
     with pytest.raises(NotFound):
         await world.service.account(uuid4())
-    row = await world.service.change_user_type(account_id, UserType.ENTERPRISE)
+    row = await world.service.change_user_type(account_id, UserType.ENTERPRISE, audit=ACTOR)
     assert row["user_type"] == "enterprise"
     [changed] = world.events("billing.v1")
     assert changed["type"] == "user_type_changed" and changed["user_type"] == "enterprise"
@@ -158,17 +158,17 @@ async def test_account_and_user_type(world: World):
 
 async def test_an_enterprise_account_cannot_become_individual(world: World):
     account_id = await world.register()
-    await world.service.change_user_type(account_id, UserType.ENTERPRISE)
+    await world.service.change_user_type(account_id, UserType.ENTERPRISE, audit=ACTOR)
     await world.service.set_plan(account_id, Tier.ENTERPRISE, world.clock.now)
     with pytest.raises(UserTypePlanMismatch) as caught:
-        await world.service.change_user_type(account_id, UserType.INDIVIDUAL)
+        await world.service.change_user_type(account_id, UserType.INDIVIDUAL, audit=ACTOR)
     assert caught.value.code == ErrorCode.USER_TYPE_PLAN_MISMATCH
 
 
 async def test_operator_roles_reach_the_account_its_user_and_every_live_key(world: World):
     account_id = await world.register()
-    await world.service.create_key(account_id, account_id, "a", None)
-    await world.service.create_key(account_id, account_id, "b", None)
+    await world.service.create_key(account_id, account_id, "a", None, audit=ACTOR)
+    await world.service.create_key(account_id, account_id, "b", None, audit=ACTOR)
     world.store.outbox.clear()
     row = await world.service.set_roles(account_id, [Role.VIEWER, Role.VIEWER])
     assert row["roles"] == ["viewer"]
@@ -182,7 +182,7 @@ async def test_operator_roles_reach_the_account_its_user_and_every_live_key(worl
 # ---- API keys ---------------------------------------------------------------------------------
 async def test_create_a_key_stores_only_its_hash_and_publishes_its_state(world: World):
     account_id = await world.register()
-    row, secret = await world.service.create_key(account_id, account_id, "ci", None)
+    row, secret = await world.service.create_key(account_id, account_id, "ci", None, audit=ACTOR)
     assert secret.startswith("sk-") and row["hash"] == hash_secret(secret) and secret not in str(world.store.keys)
     assert row["masked_key"] == f"sk-{secret[3:7]}...{secret[-4:]}"
     [state] = world.events("keys.v1")
@@ -194,21 +194,21 @@ async def test_create_a_key_stores_only_its_hash_and_publishes_its_state(world: 
 async def test_create_a_key_with_an_expiry_in_the_future_only(world: World):
     account_id = await world.register()
     later = world.clock.now + timedelta(days=1)
-    row, _ = await world.service.create_key(account_id, account_id, "temp", later)
+    row, _ = await world.service.create_key(account_id, account_id, "temp", later, audit=ACTOR)
     assert row["expires_at"] == later and world.events("keys.v1")[0]["expires_at"] is not None
     with pytest.raises(Invalid) as caught:
-        await world.service.create_key(account_id, account_id, "past", world.clock.now)
+        await world.service.create_key(account_id, account_id, "past", world.clock.now, audit=ACTOR)
     assert caught.value.details[0]["field"] == "expires_at"
 
 
 async def test_the_list_shows_enabled_disabled_and_expired(world: World):
     account_id = await world.register()
-    on, _ = await world.service.create_key(account_id, account_id, "on", None)
+    on, _ = await world.service.create_key(account_id, account_id, "on", None, audit=ACTOR)
     world.clock.advance(seconds=1)
-    off, _ = await world.service.create_key(account_id, account_id, "off", None)
+    off, _ = await world.service.create_key(account_id, account_id, "off", None, audit=ACTOR)
     world.clock.advance(seconds=1)
-    soon, _ = await world.service.create_key(account_id, account_id, "soon", world.clock.now + timedelta(minutes=1))
-    await world.service.toggle(account_id, off["id"])
+    soon, _ = await world.service.create_key(account_id, account_id, "soon", world.clock.now + timedelta(minutes=1), audit=ACTOR)
+    await world.service.toggle(account_id, off["id"], audit=ACTOR)
     world.clock.advance(minutes=1)  # now == expires_at: expired
     listed = {r["name"]: r["status"] for r in await world.service.list_keys(account_id)}
     assert listed == {"on": KeyListStatus.ENABLED, "off": KeyListStatus.DISABLED, "soon": KeyListStatus.EXPIRED}
@@ -218,10 +218,10 @@ async def test_the_list_shows_enabled_disabled_and_expired(world: World):
 
 async def test_a_key_older_than_90_days_is_listed_as_rotation_due(world: World):
     account_id = await world.register()
-    await world.service.create_key(account_id, account_id, "old", None)
+    await world.service.create_key(account_id, account_id, "old", None, audit=ACTOR)
     world.clock.advance(days=90)
     assert [r["rotation_due"] for r in await world.service.list_keys(account_id)] == [False]  # exactly 90 days: not yet
-    await world.service.create_key(account_id, account_id, "young", None)
+    await world.service.create_key(account_id, account_id, "young", None, audit=ACTOR)
     world.clock.advance(seconds=1)
     listed = {r["name"]: r["rotation_due"] for r in await world.service.list_keys(account_id)}
     assert listed == {"old": True, "young": False}
@@ -229,26 +229,26 @@ async def test_a_key_older_than_90_days_is_listed_as_rotation_due(world: World):
 
 async def test_toggle_flips_and_publishes(world: World):
     account_id = await world.register()
-    row, _ = await world.service.create_key(account_id, account_id, "k", None)
-    assert (await world.service.toggle(account_id, row["id"]))["status"] == "disabled"
-    assert (await world.service.toggle(account_id, row["id"]))["status"] == "enabled"
+    row, _ = await world.service.create_key(account_id, account_id, "k", None, audit=ACTOR)
+    assert (await world.service.toggle(account_id, row["id"], audit=ACTOR))["status"] == "disabled"
+    assert (await world.service.toggle(account_id, row["id"], audit=ACTOR))["status"] == "enabled"
     assert [e["status"] for e in world.events("keys.v1")] == ["enabled", "disabled", "enabled"]
 
 
 async def test_delete_publishes_the_deleted_state_and_a_tombstone(world: World):
     account_id = await world.register()
-    row, _ = await world.service.create_key(account_id, account_id, "k", None)
-    await world.service.delete(account_id, row["id"])
+    row, _ = await world.service.create_key(account_id, account_id, "k", None, audit=ACTOR)
+    await world.service.delete(account_id, row["id"], audit=ACTOR)
     assert await world.service.list_keys(account_id) == []
     assert world.events("keys.v1")[-2]["deleted"] is True and world.events("keys.v1")[-1] is None
     with pytest.raises(NotFound):
-        await world.service.delete(account_id, row["id"])
+        await world.service.delete(account_id, row["id"], audit=ACTOR)
 
 
 async def test_rotation_with_grace_keeps_the_old_key_until_then_and_the_sweep_deletes_it(world: World):
     account_id = await world.register()
-    old, _ = await world.service.create_key(account_id, account_id, "prod", None)
-    new, secret = await world.service.rotate(account_id, account_id, old["id"], 60)
+    old, _ = await world.service.create_key(account_id, account_id, "prod", None, audit=ACTOR)
+    new, secret = await world.service.rotate(account_id, account_id, old["id"], 60, audit=ACTOR)
     assert new["name"] == "prod" and new["expires_at"] is None and new["hash"] == hash_secret(secret)
     end = world.clock.now + timedelta(seconds=60)
     assert world.store.keys[old["id"]]["expires_at"] == end == world.store.keys[old["id"]]["delete_at"]
@@ -262,8 +262,8 @@ async def test_rotation_with_grace_keeps_the_old_key_until_then_and_the_sweep_de
 
 async def test_rotation_with_no_grace_deletes_the_old_key_at_once(world: World):
     account_id = await world.register()
-    old, _ = await world.service.create_key(account_id, account_id, "prod", None)
-    new, _ = await world.service.rotate(account_id, account_id, old["id"], 0)
+    old, _ = await world.service.create_key(account_id, account_id, "prod", None, audit=ACTOR)
+    new, _ = await world.service.rotate(account_id, account_id, old["id"], 0, audit=ACTOR)
     assert [r["id"] for r in await world.service.list_keys(account_id)] == [new["id"]]
     states = world.events("keys.v1")
     assert states[1]["deleted"] is True and states[2] is None and states[3]["key_id"] == str(new["id"])
@@ -272,12 +272,12 @@ async def test_rotation_with_no_grace_deletes_the_old_key_at_once(world: World):
 async def test_another_accounts_key_is_not_found_for_every_write(world: World):
     mine = await world.register("a@example.com")
     theirs = await world.register("b@example.com")
-    row, _ = await world.service.create_key(theirs, theirs, "theirs", None)
+    row, _ = await world.service.create_key(theirs, theirs, "theirs", None, audit=ACTOR)
     before = list(world.store.outbox)
     for call in (
-        world.service.toggle(mine, row["id"]),
-        world.service.delete(mine, row["id"]),
-        world.service.rotate(mine, mine, row["id"], 60),
+        world.service.toggle(mine, row["id"], audit=ACTOR),
+        world.service.delete(mine, row["id"], audit=ACTOR),
+        world.service.rotate(mine, mine, row["id"], 60, audit=ACTOR),
     ):
         with pytest.raises(NotFound) as caught:
             await call
@@ -287,7 +287,7 @@ async def test_another_accounts_key_is_not_found_for_every_write(world: World):
 
 async def test_calls_move_last_used_at_forward_only(world: World):
     account_id = await world.register()
-    row, _ = await world.service.create_key(account_id, account_id, "k", None)
+    row, _ = await world.service.create_key(account_id, account_id, "k", None, audit=ACTOR)
     later = world.clock.now + timedelta(minutes=1)
     await world.service.note_calls({row["id"]: later})
     await world.service.note_calls({row["id"]: world.clock.now})
@@ -296,23 +296,25 @@ async def test_calls_move_last_used_at_forward_only(world: World):
 
 # ---- service tokens ---------------------------------------------------------------------------
 async def test_service_tokens_create_list_revoke(world: World):
-    row, token = await world.service.create_service_token("gateway", [ServiceScope.USAGE_WRITE, ServiceScope.USAGE_WRITE])
+    row, token = await world.service.create_service_token(
+        "gateway", [ServiceScope.USAGE_WRITE, ServiceScope.USAGE_WRITE], audit=ACTOR
+    )
     assert token.startswith("st-") and row["hash"] == hash_secret(token) and row["scopes"] == ["usage:write"]
     [state] = world.events("service-tokens.v1")
     assert state["hash"] == hash_secret(token) and state["revoked"] is False and token not in json.dumps(state)
     assert [t["id"] for t in await world.service.list_service_tokens()] == [row["id"]]
-    await world.service.revoke_service_token(row["id"])
+    await world.service.revoke_service_token(row["id"], audit=ACTOR)
     assert world.events("service-tokens.v1")[-2]["revoked"] is True and world.events("service-tokens.v1")[-1] is None
     assert world.edge.delivered[-1].service_tokens[0].revoked is True
     listed = await world.service.list_service_tokens()
     assert listed[0]["revoked_at"] == world.clock.now
     with pytest.raises(NotFound) as caught:
-        await world.service.revoke_service_token(uuid4())
+        await world.service.revoke_service_token(uuid4(), audit=ACTOR)
     assert caught.value.message == "The service token does not exist."
 
 
 async def test_service_token_uses_are_written_and_kept_when_the_write_fails(world: World):
-    row, _ = await world.service.create_service_token("gateway", [ServiceScope.USAGE_WRITE])
+    row, _ = await world.service.create_service_token("gateway", [ServiceScope.USAGE_WRITE], audit=ACTOR)
     world.edge.note_service_token_use(row["id"], world.clock.now)
     await world.service.write_service_token_uses()
     assert world.store.tokens[row["id"]]["last_used_at"] == world.clock.now
@@ -330,19 +332,22 @@ async def test_service_token_uses_are_written_and_kept_when_the_write_fails(worl
 # ---- every state change writes its outbox event ----------------------------------------------
 async def test_every_state_change_writes_its_outbox_event(world: World):
     account_id = await world.register()
-    key, _ = await world.service.create_key(account_id, account_id, "k", None)
-    token, _ = await world.service.create_service_token("gw", [ServiceScope.USAGE_WRITE])
+    key, _ = await world.service.create_key(account_id, account_id, "k", None, audit=ACTOR)
+    token, _ = await world.service.create_service_token("gw", [ServiceScope.USAGE_WRITE], audit=ACTOR)
     changes = {
         "register": (lambda: world.register("other@example.com"), "accounts.v1"),
-        "logout": (lambda: world.service.logout(account_id, account_id, "s"), "sessions.v1"),
-        "password": (lambda: world.service.change_password(account_id, PASSWORD, "a new password"), "users.v1"),
-        "user type": (lambda: world.service.change_user_type(account_id, UserType.ENTERPRISE), "billing.v1"),
+        "logout": (lambda: world.service.logout(account_id, account_id, "s", audit=ACTOR), "sessions.v1"),
+        "password": (lambda: world.service.change_password(account_id, PASSWORD, "a new password", audit=ACTOR), "users.v1"),
+        "user type": (lambda: world.service.change_user_type(account_id, UserType.ENTERPRISE, audit=ACTOR), "billing.v1"),
         "roles": (lambda: world.service.set_roles(account_id, [Role.OWNER]), "accounts.v1"),
-        "create": (lambda: world.service.create_key(account_id, account_id, "k2", None), "keys.v1"),
-        "toggle": (lambda: world.service.toggle(account_id, key["id"]), "keys.v1"),
-        "rotate": (lambda: world.service.rotate(account_id, account_id, key["id"], 0), "keys.v1"),
-        "token": (lambda: world.service.create_service_token("gw2", [ServiceScope.USAGE_WRITE]), "service-tokens.v1"),
-        "revoke": (lambda: world.service.revoke_service_token(token["id"]), "service-tokens.v1"),
+        "create": (lambda: world.service.create_key(account_id, account_id, "k2", None, audit=ACTOR), "keys.v1"),
+        "toggle": (lambda: world.service.toggle(account_id, key["id"], audit=ACTOR), "keys.v1"),
+        "rotate": (lambda: world.service.rotate(account_id, account_id, key["id"], 0, audit=ACTOR), "keys.v1"),
+        "token": (
+            lambda: world.service.create_service_token("gw2", [ServiceScope.USAGE_WRITE], audit=ACTOR),
+            "service-tokens.v1",
+        ),
+        "revoke": (lambda: world.service.revoke_service_token(token["id"], audit=ACTOR), "service-tokens.v1"),
     }
     for name, (call, topic) in changes.items():
         before = len(world.events(topic))
@@ -352,7 +357,7 @@ async def test_every_state_change_writes_its_outbox_event(world: World):
         assert len(world.edge.delivered) == deliveries + 1, name  # delivered before answering
     new_key = (await world.service.list_keys(account_id))[0]
     before = len(world.events("keys.v1"))
-    await world.service.delete(account_id, new_key["id"])
+    await world.service.delete(account_id, new_key["id"], audit=ACTOR)
     assert len(world.events("keys.v1")) == before + 2
 
 
@@ -360,20 +365,20 @@ async def test_every_state_change_writes_its_outbox_event(world: World):
 async def test_members_add_list_change_role_remove(world: World):
     account_id = await world.register()
     world.clock.advance(seconds=1)
-    dev = await world.service.add_member(account_id, "Dev@Example.com", "Dev", "dev password", Role.DEVELOPER)
+    dev = await world.service.add_member(account_id, "Dev@Example.com", "Dev", "dev password", Role.DEVELOPER, audit=ACTOR)
     assert dev["email"] == "dev@example.com" and dev["role"] == "developer" and dev["account_id"] == account_id
     assert world.events("users.v1")[-1] == {**world.events("users.v1")[-1], "user_id": str(dev["id"]), "role": "developer"}
     assert [m["role"] for m in await world.service.list_members(account_id)] == ["owner", "developer"]
     token, _ = await world.service.login("dev@example.com", "dev password")
     assert token.startswith(f"tg1.{account_id}.{dev['id']}.")
-    key, _ = await world.service.create_key(account_id, dev["id"], "dev key", None)
+    key, _ = await world.service.create_key(account_id, dev["id"], "dev key", None, audit=ACTOR)
     assert world.events("keys.v1")[-1]["roles"] == ["developer"] and world.events("keys.v1")[-1]["created_by"] == str(dev["id"])
 
-    changed = await world.service.change_member_role(account_id, dev["id"], Role.VIEWER)
+    changed = await world.service.change_member_role(account_id, dev["id"], Role.VIEWER, audit=ACTOR)
     assert changed["role"] == "viewer" and world.events("users.v1")[-1]["role"] == "viewer"
     assert world.events("keys.v1")[-1]["roles"] == ["viewer"]  # its keys act with its current role
 
-    await world.service.remove_member(account_id, dev["id"])
+    await world.service.remove_member(account_id, dev["id"], audit=ACTOR)
     user = world.events("users.v1")[-1]
     assert user["removed"] is True and user["sessions_not_before"] is not None
     assert world.events("keys.v1")[-2]["deleted"] is True and world.events("keys.v1")[-1] is None
@@ -386,9 +391,9 @@ async def test_members_add_list_change_role_remove(world: World):
 async def test_a_taken_email_is_a_conflict_for_members_and_accounts(world: World):
     account_id = await world.register()
     with pytest.raises(Conflict) as caught:
-        await world.service.add_member(account_id, "ADA@example.com", "Ada 2", "a password", Role.VIEWER)
+        await world.service.add_member(account_id, "ADA@example.com", "Ada 2", "a password", Role.VIEWER, audit=ACTOR)
     assert caught.value.code == ErrorCode.CONFLICT
-    await world.service.add_member(account_id, "bob@example.com", "Bob", "a password", Role.VIEWER)
+    await world.service.add_member(account_id, "bob@example.com", "Bob", "a password", Role.VIEWER, audit=ACTOR)
     with pytest.raises(EmailTaken):
         await world.register("bob@example.com")
     assert len(world.store.accounts) == 1  # the account of the refused registration rolled back
@@ -397,25 +402,25 @@ async def test_a_taken_email_is_a_conflict_for_members_and_accounts(world: World
 async def test_the_last_owner_can_be_neither_demoted_nor_removed(world: World):
     account_id = await world.register()
     for call in (
-        lambda: world.service.change_member_role(account_id, account_id, Role.DEVELOPER),
-        lambda: world.service.remove_member(account_id, account_id),
+        lambda: world.service.change_member_role(account_id, account_id, Role.DEVELOPER, audit=ACTOR),
+        lambda: world.service.remove_member(account_id, account_id, audit=ACTOR),
     ):
         with pytest.raises(Conflict) as caught:
             await call()
         assert caught.value.code == ErrorCode.LAST_OWNER
-    second = await world.service.add_member(account_id, "own2@example.com", "Own 2", "a password", Role.OWNER)
-    await world.service.change_member_role(account_id, account_id, Role.DEVELOPER)  # another owner remains
+    second = await world.service.add_member(account_id, "own2@example.com", "Own 2", "a password", Role.OWNER, audit=ACTOR)
+    await world.service.change_member_role(account_id, account_id, Role.DEVELOPER, audit=ACTOR)  # another owner remains
     with pytest.raises(Conflict):
-        await world.service.remove_member(account_id, second["id"])
+        await world.service.remove_member(account_id, second["id"], audit=ACTOR)
 
 
 async def test_another_accounts_member_is_not_found(world: World):
     mine = await world.register("a@example.com")
     theirs = await world.register("b@example.com")
-    member = await world.service.add_member(theirs, "m@example.com", "M", "a password", Role.VIEWER)
+    member = await world.service.add_member(theirs, "m@example.com", "M", "a password", Role.VIEWER, audit=ACTOR)
     for call in (
-        lambda: world.service.change_member_role(mine, member["id"], Role.OWNER),
-        lambda: world.service.remove_member(mine, member["id"]),
+        lambda: world.service.change_member_role(mine, member["id"], Role.OWNER, audit=ACTOR),
+        lambda: world.service.remove_member(mine, member["id"], audit=ACTOR),
     ):
         with pytest.raises(NotFound) as caught:
             await call()
@@ -425,23 +430,23 @@ async def test_another_accounts_member_is_not_found(world: World):
 
 async def test_a_developer_writes_only_the_keys_it_created(world: World):
     account_id = await world.register()
-    dev = await world.service.add_member(account_id, "dev@example.com", "Dev", "dev password", Role.DEVELOPER)
-    owners, _ = await world.service.create_key(account_id, account_id, "owner's", None)
-    own, _ = await world.service.create_key(account_id, dev["id"], "dev's", None)
+    dev = await world.service.add_member(account_id, "dev@example.com", "Dev", "dev password", Role.DEVELOPER, audit=ACTOR)
+    owners, _ = await world.service.create_key(account_id, account_id, "owner's", None, audit=ACTOR)
+    own, _ = await world.service.create_key(account_id, dev["id"], "dev's", None, audit=ACTOR)
     for call in (
-        lambda: world.service.toggle(account_id, owners["id"], only_own=dev["id"]),
-        lambda: world.service.delete(account_id, owners["id"], only_own=dev["id"]),
-        lambda: world.service.rotate(account_id, dev["id"], owners["id"], 0, only_own=dev["id"]),
+        lambda: world.service.toggle(account_id, owners["id"], only_own=dev["id"], audit=ACTOR),
+        lambda: world.service.delete(account_id, owners["id"], only_own=dev["id"], audit=ACTOR),
+        lambda: world.service.rotate(account_id, dev["id"], owners["id"], 0, only_own=dev["id"], audit=ACTOR),
     ):
         with pytest.raises(Forbidden):
             await call()
-    assert (await world.service.toggle(account_id, own["id"], only_own=dev["id"]))["status"] == "disabled"
-    await world.service.toggle(account_id, own["id"])  # the owner writes every key
+    assert (await world.service.toggle(account_id, own["id"], only_own=dev["id"], audit=ACTOR))["status"] == "disabled"
+    await world.service.toggle(account_id, own["id"], audit=ACTOR)  # the owner writes every key
 
 
 async def test_get_account_answers_for_the_calling_user(world: World):
     account_id = await world.register()
-    dev = await world.service.add_member(account_id, "dev@example.com", "Dev", "dev password", Role.DEVELOPER)
+    dev = await world.service.add_member(account_id, "dev@example.com", "Dev", "dev password", Role.DEVELOPER, audit=ACTOR)
     mine = await world.service.account(account_id, dev["id"])
     assert mine["role"] == "developer" and mine["roles"] == ["developer"]
     assert (await world.service.account(account_id, account_id))["roles"] == ["owner"]

@@ -2,6 +2,7 @@
 import { ApiError, get, post, session } from "./api.js";
 import { clear, errorBox, h } from "./dom.js";
 import * as alertsPage from "./page-alerts.js";
+import * as auditPage from "./page-audit.js";
 import * as authPage from "./page-auth.js";
 import * as keysPage from "./page-keys.js";
 import * as membersPage from "./page-members.js";
@@ -18,6 +19,7 @@ const PAGES = {
   alerts: alertsPage,
   plan: planPage,
   members: membersPage,
+  audit: auditPage,
 };
 const PUBLIC = new Set(["signin", "register"]);
 const DEFAULT = "keys";
@@ -56,6 +58,8 @@ function parseLocation() {
 async function loadAccount() {
   state.account = await get("/api/account");
   document.getElementById("whoami-name").textContent = `${state.account.name} · ${state.account.plan}`;
+  // Only owners and billing members may read the audit log: the others do not see the link.
+  document.getElementById("nav-audit").hidden = !auditPage.canRead(state.account);
   return state.account;
 }
 
