@@ -39,6 +39,9 @@ class AuditAction(StrEnum):
     ALERT_RULE_DELETED = "alert_rule.deleted"
     SERVICE_TOKEN_CREATED = "service_token.created"  # noqa: S105 - an action name
     SERVICE_TOKEN_REVOKED = "service_token.revoked"  # noqa: S105 - an action name
+    # Beyond the contract's list, which says every operator write is recorded: the operator's
+    # PUT /api/admin/accounts/{id}/roles, in that account's own log.
+    ACCOUNT_ROLES_CHANGED = "account.roles_changed"
 
 
 class AuditActor(BaseModel):

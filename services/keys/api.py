@@ -304,8 +304,8 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         "404 while ADMIN_TOKEN is unset. Also sets the role of the account's registering user (owner if listed, "
         "else the first), in force on that user's sessions and keys at once; other members keep theirs.",
     )
-    async def put_roles(account_id: UUID, body: RolesRequest) -> Account:
-        return _account(await service.set_roles(account_id, body.roles))
+    async def put_roles(account_id: UUID, body: RolesRequest, request: Request) -> Account:
+        return _account(await service.set_roles(account_id, body.roles, audit=edge.audit_context(request, None)))
 
     @api.post(
         "/api/admin/service-tokens",

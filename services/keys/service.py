@@ -261,15 +261,29 @@ class KeysService:
         await self.edge.deliver(changes)
         return row
 
-    async def set_roles(self, account_id: UUID, roles: list[Role]) -> Row:
+    async def set_roles(self, account_id: UUID, roles: list[Role], *, audit: AuditContext) -> Row:
         """Operator call: new roles for the account and every live key of it, at once."""
         now = self.clock()
         changes = Changes()
         unique = [r.value for r in Role if r in roles]
         async with self.store.transaction() as tx:
-            row = await tx.set_roles(account_id, unique)
-            if row is None:
+            current = await tx.account_by_id(account_id, for_update=True)
+            if current is None:
                 raise NotFound("account")
+            row = await tx.set_roles(account_id, unique)
+            assert row is not None
+            if list(current["roles"]) != unique:
+                target = ("account", account_id)
+                await self._audit(
+                    tx,
+                    audit,
+                    account_id,
+                    now,
+                    AuditAction.ACCOUNT_ROLES_CHANGED,
+                    target,
+                    roles=unique,
+                    previous_roles=list(current["roles"]),
+                )
             await self._emit_account(tx, row, now, changes)
             # the registering user's role (user id = account id); keys.v1 `roles` of its keys
             role = domain.user_role([Role(r) for r in unique])

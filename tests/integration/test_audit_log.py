@@ -120,6 +120,8 @@ async def test_every_write_is_recorded_once_with_its_actor_target_and_address(cl
     token = (await client.post("/api/admin/service-tokens", json={"name": "gw"}, headers=admin)).json()
     assert (await client.delete(f"/api/admin/service-tokens/{token['id']}", headers=admin)).status_code == 204
     assert (await client.delete(f"/api/admin/service-tokens/{token['id']}", headers=admin)).status_code == 204  # no second entry
+    roles = await client.put(f"/api/admin/accounts/{me}/roles", json={"roles": ["owner", "billing"]}, headers=admin)
+    assert roles.status_code == 200
 
     expected = [
         "api_key.created",
@@ -140,11 +142,19 @@ async def test_every_write_is_recorded_once_with_its_actor_target_and_address(cl
         "alert_rule.deleted",
         "password.changed",
         "session.logout",
+        "account.roles_changed",
     ]
     items = await entries(client, owner, len(expected))
     assert sorted(i["action"] for i in items) == sorted(expected)
     assert [i["time"] for i in items] == sorted((i["time"] for i in items), reverse=True)
-    by_console = [i for i in items if not i["action"].startswith("alert_rule.")]
+    [by_operator] = [i for i in items if i["action"] == "account.roles_changed"]
+    assert (by_operator["actor"], by_operator["target"], by_operator["user_agent"]) == (
+        {"operator": True},
+        {"type": "account", "id": me},
+        "ops-cli",
+    )
+    assert by_operator["details"] == {"roles": ["owner", "billing"], "previous_roles": ["owner"]}
+    by_console = [i for i in items if i["action"] not in ("account.roles_changed", "alert_rule.created", "alert_rule.deleted")]
     assert {(i["actor"]["user_id"], i["actor"]["email"], i["ip"], i["user_agent"]) for i in by_console} == {
         (me, account["email"], CLIENT_IP, UA)
     }

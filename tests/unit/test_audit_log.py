@@ -184,6 +184,22 @@ async def test_a_bad_cursor_or_range_is_invalid(keys: Keys):
         await keys.service.audit_log(account, start=now, end=now)
 
 
+async def test_the_operators_roles_change_is_in_the_accounts_own_log_and_a_no_change_is_not(keys: Keys):
+    account = await keys.register()
+    operator = AuditContext(operator=True, user_agent="ops-cli")
+    await keys.service.set_roles(account, [Role.OWNER, Role.BILLING], audit=operator)
+    await keys.service.set_roles(account, [Role.BILLING, Role.OWNER], audit=operator)  # the same roles: no entry
+    [entry] = audit_entries(keys.store.outbox)
+    assert (entry.account_id, entry.action, entry.actor.operator, entry.user_agent) == (
+        account,
+        A.ACCOUNT_ROLES_CHANGED,
+        True,
+        "ops-cli",
+    )
+    assert (entry.target.type, entry.target.id) == ("account", str(account))
+    assert entry.details == {"roles": ["owner", "billing"], "previous_roles": ["owner"]}
+
+
 async def test_the_operators_entry_shows_only_operator():
     from services.keys.domain import audit_item
 

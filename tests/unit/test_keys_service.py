@@ -8,6 +8,7 @@ from uuid import UUID, uuid4
 import pytest
 from argon2 import PasswordHasher
 
+from contracts.audit import AuditContext
 from contracts.common import Role, ServiceScope, Tier, UserType
 from contracts.credentials import hash_secret
 from contracts.domain_errors import Conflict, Forbidden, Invalid, NotFound, Unauthenticated
@@ -18,6 +19,8 @@ from services.keys.domain import EmailTaken, InvalidCredentials, UserTypePlanMis
 from services.keys.login_throttle import Limit, LoginThrottle
 from services.keys.service import KeysService
 from tests.unit.fakes import ACTOR, FakeClock, FakeKeysStore, FakeLocalEdge
+
+OPERATOR = AuditContext(operator=True)
 
 PASSWORD = "correct horse battery"
 
@@ -170,13 +173,13 @@ async def test_operator_roles_reach_the_account_its_user_and_every_live_key(worl
     await world.service.create_key(account_id, account_id, "a", None, audit=ACTOR)
     await world.service.create_key(account_id, account_id, "b", None, audit=ACTOR)
     world.store.outbox.clear()
-    row = await world.service.set_roles(account_id, [Role.VIEWER, Role.VIEWER])
+    row = await world.service.set_roles(account_id, [Role.VIEWER, Role.VIEWER], audit=OPERATOR)
     assert row["roles"] == ["viewer"]
     assert world.events("accounts.v1")[0]["roles"] == ["viewer"]
     assert world.events("users.v1")[0]["role"] == "viewer"
     assert [k["roles"] for k in world.events("keys.v1")] == [["viewer"], ["viewer"]]
     with pytest.raises(NotFound):
-        await world.service.set_roles(uuid4(), [Role.OWNER])
+        await world.service.set_roles(uuid4(), [Role.OWNER], audit=OPERATOR)
 
 
 # ---- API keys ---------------------------------------------------------------------------------
@@ -339,7 +342,7 @@ async def test_every_state_change_writes_its_outbox_event(world: World):
         "logout": (lambda: world.service.logout(account_id, account_id, "s", audit=ACTOR), "sessions.v1"),
         "password": (lambda: world.service.change_password(account_id, PASSWORD, "a new password", audit=ACTOR), "users.v1"),
         "user type": (lambda: world.service.change_user_type(account_id, UserType.ENTERPRISE, audit=ACTOR), "billing.v1"),
-        "roles": (lambda: world.service.set_roles(account_id, [Role.OWNER]), "accounts.v1"),
+        "roles": (lambda: world.service.set_roles(account_id, [Role.OWNER], audit=OPERATOR), "accounts.v1"),
         "create": (lambda: world.service.create_key(account_id, account_id, "k2", None, audit=ACTOR), "keys.v1"),
         "toggle": (lambda: world.service.toggle(account_id, key["id"], audit=ACTOR), "keys.v1"),
         "rotate": (lambda: world.service.rotate(account_id, account_id, key["id"], 0, audit=ACTOR), "keys.v1"),

@@ -20,6 +20,7 @@ export const ACTIONS = [
   ["password.changed", "Password changed"],
   ["alert_rule.created", "Alert rule created"],
   ["alert_rule.deleted", "Alert rule deleted"],
+  ["account.roles_changed", "Account roles changed (operator)"],
 ];
 const LABELS = new Map(ACTIONS);
 const READERS = new Set(["owner", "billing"]);
