@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 from fastapi import FastAPI
+from hypothesis import settings as hypothesis_settings
 from psycopg_pool import AsyncConnectionPool
 
 from services.runtime.platform.postgres import open_pool
@@ -14,6 +15,12 @@ from tests.support import databases
 from tests.support.apps import running_app
 from tests.support.infra import Endpoints, delete_topics_with_prefix, drop_clickhouse_database, endpoints
 from tests.support.redis_server import running_redis
+
+# Property tests keep their example counts; they only stop writing an example database (the unit
+# suite does no I/O; a failure prints its example) and stop timing examples (a loaded machine is
+# not a bug, and a deadline miss re-runs the example).
+hypothesis_settings.register_profile("tollgate", deadline=None, database=None)
+hypothesis_settings.load_profile("tollgate")
 
 
 @pytest.fixture(scope="session")
