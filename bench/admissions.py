@@ -23,12 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
+from bench.support import bench_settings, endpoints
 from services.runtime.platform.settings import Settings
 from tests.integration.test_edge_admissions import UNLIMITED, publish_plan
 from tests.integration.test_keys_api import bearer, signup
-from tests.support import databases
 from tests.support.apps import ServeProcess
-from tests.support.infra import delete_topics_with_prefix, endpoints
 from tests.support.redis_server import running_redis
 
 TOTAL = 1000
@@ -100,20 +99,8 @@ async def main(callers: int) -> None:
     with endpoints() as infra, running_redis() as redis_url:
         results = {}
         for mode, redis in (("per-process", None), ("shared", redis_url)):
-            tag = uuid.uuid4().hex[:8]
-            template = databases.create_template(infra.database_url)
-            url = databases.clone(infra.database_url, template)
-            settings = Settings(
-                kafka_bootstrap_servers=infra.kafka_bootstrap, database_url=url, topic_prefix=f"bench{tag}.",
-                clickhouse_dsn=infra.clickhouse_dsn, clickhouse_database=f"b_{tag}",
-                session_secret=f"bench-{tag}", redis_url=redis,
-            )  # fmt: skip
-            try:
+            async with bench_settings(infra, redis_url=redis) as settings:
                 results[mode] = await one_mode(settings, callers)
-            finally:
-                databases.drop(infra.database_url, url)
-                databases.drop_template(infra.database_url, template)
-                await delete_topics_with_prefix(infra.kafka_bootstrap, settings.topic_prefix)
     print(f"{REPLICAS} serve processes, {callers} concurrent callers, one account with {TOTAL:,} api_calls:")
     for mode, (over, statuses) in results.items():
         print(f"  {mode:12s} admissions: used {TOTAL + over:,} -> {over:+,} calls over the total (statuses {statuses})")

@@ -26,6 +26,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 from bench.stats import percentile, ratio_line, summary_ms
+from bench.support import bench_settings, endpoints
 from contracts.alerts_api import Channel
 from contracts.common import AlertMetric, Resource
 from contracts.events import QuotaState, QuotaThresholdCrossed
@@ -33,9 +34,7 @@ from contracts.period import period_of
 from contracts.topics import QUOTA, QUOTA_THRESHOLDS
 from services.alerts import store
 from services.runtime.platform.settings import Settings
-from tests.support import databases
 from tests.support.apps import running_app
-from tests.support.infra import delete_topics_with_prefix, endpoints
 
 GOAL_P99_MS = 1000.0
 
@@ -91,18 +90,11 @@ async def bare_hop(settings: Settings, producer: AIOKafkaProducer, conn: AsyncCo
 
 async def main(accounts: int) -> None:
     with endpoints() as infra:
-        tag = uuid.uuid4().hex[:8]
-        template = databases.create_template(infra.database_url)
-        url = databases.clone(infra.database_url, template)
-        settings = Settings(
-            kafka_bootstrap_servers=infra.kafka_bootstrap, database_url=url, topic_prefix=f"bench{tag}.",
-            clickhouse_dsn=infra.clickhouse_dsn, clickhouse_database=f"b_{tag}",
-        )  # fmt: skip
-        try:
+        async with bench_settings(infra) as settings:
             async with running_app(settings, targets=("alerts",)):
                 producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, acks="all", linger_ms=1)
                 await producer.start()
-                conn = await AsyncConnection.connect(url, autocommit=True, row_factory=dict_row)
+                conn = await AsyncConnection.connect(settings.database_url, autocommit=True, row_factory=dict_row)
                 try:
                     await crossing_to_notification(settings, producer, conn, 5)  # warm up
                     latency = await crossing_to_notification(settings, producer, conn, accounts)
@@ -110,10 +102,6 @@ async def main(accounts: int) -> None:
                 finally:
                     await conn.close()
                     await producer.stop()
-        finally:
-            databases.drop(infra.database_url, url)
-            databases.drop_template(infra.database_url, template)
-            await delete_topics_with_prefix(infra.kafka_bootstrap, settings.topic_prefix)
     ms = [s * 1000 for s in latency]
     print(f"crossing-to-in-site notification (quota-thresholds.v1 -> alerts -> notification): {summary_ms(latency)}")
     print(f"baseline bare hop (quota.v1 -> alerts consumer -> Postgres row):                  {summary_ms(hop)}")

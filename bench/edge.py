@@ -32,6 +32,7 @@ from fastapi.dependencies.models import Dependant
 from faststream.kafka import KafkaBroker
 
 from bench.stats import percentile, ratio_line, summary_ms
+from bench.support import bench_settings, endpoints
 from contracts.common import Resource, Role, Tier
 from contracts.events import PlanChanged, QuotaState, RateLimit
 from contracts.period import period_of
@@ -39,9 +40,7 @@ from contracts.plans import catalogue
 from contracts.topics import BILLING, QUOTA
 from services.edge.principal import Principal
 from services.runtime.platform.settings import Settings
-from tests.support import databases
 from tests.support.apps import ServeProcess, running_app
-from tests.support.infra import delete_topics_with_prefix, endpoints
 
 PATH = "/api/geo/projects"
 PASSWORD = "bench-password-123"
@@ -205,20 +204,9 @@ async def toggle_lag(settings: Settings, toggles: int) -> list[float]:
 
 async def main(requests: int, rounds: int, toggles: int) -> None:
     with endpoints() as infra:
-        tag = uuid.uuid4().hex[:8]
-        template = databases.create_template(infra.database_url)
-        url = databases.clone(infra.database_url, template)
-        settings = Settings(
-            kafka_bootstrap_servers=infra.kafka_bootstrap, database_url=url, topic_prefix=f"bench{tag}.",
-            clickhouse_dsn=infra.clickhouse_dsn, clickhouse_database=f"b_{tag}", session_secret=f"bench-{tag}",
-        )  # fmt: skip
-        try:
+        async with bench_settings(infra) as settings:
             result = await throughput(settings, requests, rounds)
             lags = await toggle_lag(settings, toggles)
-        finally:
-            databases.drop(infra.database_url, url)
-            databases.drop_template(infra.database_url, template)
-            await delete_topics_with_prefix(infra.kafka_bootstrap, settings.topic_prefix)
     edge_rps = len(result["edge"]) / result["edge_s"]
     bare_rps = len(result["bare"]) / result["bare_s"]
     edge_ms = [s * 1000 for s in result["edge"]]

@@ -27,11 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx
 
 from bench.stats import percentile, ratio_line
+from bench.support import bench_settings, endpoints
 from services.runtime.platform.postgres import open_pool
-from services.runtime.platform.settings import Settings
-from tests.support import databases
 from tests.support.apps import ServeProcess
-from tests.support.infra import delete_topics_with_prefix, endpoints
 
 TOTAL = 3  # the free plan's geo_projects
 PASSWORD = "correct horse battery"
@@ -124,33 +122,24 @@ async def without_lock(database_url: str, creators: int, rounds: int) -> int:
 
 async def main(processes: int, creators: int, rounds: int) -> None:
     with endpoints() as infra:
-        tag = uuid.uuid4().hex[:8]
-        template = databases.create_template(infra.database_url)
-        url = databases.clone(infra.database_url, template)
-        settings = Settings(
-            kafka_bootstrap_servers=infra.kafka_bootstrap, database_url=url, topic_prefix=f"bench{tag}.",
-            clickhouse_dsn=infra.clickhouse_dsn, clickhouse_database=f"b_{tag}",
-        )  # fmt: skip
-        procs = [ServeProcess(settings, "keys,geo") for _ in range(processes)]
-        try:
-            for proc in procs:
-                proc.wait_ready()
-            limits = httpx.Limits(max_connections=creators, max_keepalive_connections=creators)
-            clients = [httpx.AsyncClient(base_url=p.base_url, timeout=60, limits=limits) for p in procs]
+        async with bench_settings(infra) as settings:
+            procs = [ServeProcess(settings, "keys,geo") for _ in range(processes)]
             try:
-                await plain_lists(clients, creators, 1)  # warm up
-                locked = await with_lock(clients, creators, rounds)
-                lists = await plain_lists(clients, creators, rounds)
+                for proc in procs:
+                    proc.wait_ready()
+                limits = httpx.Limits(max_connections=creators, max_keepalive_connections=creators)
+                clients = [httpx.AsyncClient(base_url=p.base_url, timeout=60, limits=limits) for p in procs]
+                try:
+                    await plain_lists(clients, creators, 1)  # warm up
+                    locked = await with_lock(clients, creators, rounds)
+                    lists = await plain_lists(clients, creators, rounds)
+                finally:
+                    for client in clients:
+                        await client.aclose()
+                unlocked = await without_lock(settings.database_url, creators, rounds)
             finally:
-                for client in clients:
-                    await client.aclose()
-            unlocked = await without_lock(url, creators, rounds)
-        finally:
-            for proc in procs:
-                proc.stop()
-            databases.drop(infra.database_url, url)
-            databases.drop_template(infra.database_url, template)
-            await delete_topics_with_prefix(infra.kafka_bootstrap, settings.topic_prefix)
+                for proc in procs:
+                    proc.stop()
     overshoot, answers, create_s, create_elapsed = locked
     list_s, list_elapsed = lists
     attempts = creators * rounds

@@ -26,15 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aiokafka import AIOKafkaProducer
 
 from bench.stats import percentile, ratio_line, summary_ms
+from bench.support import bench_settings, endpoints
 from contracts.common import Resource
 from contracts.events import CallEvent, QuotaState, UsageEvent
 from contracts.period import period_of
 from contracts.topics import CALLS, QUOTA, USAGE
 from services.edge.quota_gate import QuotaProjection
 from services.runtime.platform.settings import Settings
-from tests.support import databases
 from tests.support.apps import running_app
-from tests.support.infra import delete_topics_with_prefix, endpoints
 
 FREE_CALLS = 1000
 REMAINING = 100
@@ -120,14 +119,7 @@ async def overshoot(settings: Settings, gate: QuotaProjection, producer: AIOKafk
 
 async def main(accounts: int) -> None:
     with endpoints() as infra:
-        tag = uuid.uuid4().hex[:8]
-        template = databases.create_template(infra.database_url)
-        url = databases.clone(infra.database_url, template)
-        settings = Settings(
-            kafka_bootstrap_servers=infra.kafka_bootstrap, database_url=url, topic_prefix=f"bench{tag}.",
-            clickhouse_dsn=infra.clickhouse_dsn, clickhouse_database=f"b_{tag}",
-        )  # fmt: skip
-        try:
+        async with bench_settings(infra) as settings:
             async with running_app(settings, targets=("quota",)) as (app, _client):
                 gate: QuotaProjection = app.state.runtime.edge.quota
                 producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, acks="all", linger_ms=1)
@@ -140,10 +132,6 @@ async def main(accounts: int) -> None:
                     projection_only = await overshoot(settings, gate, producer, local_count=False)
                 finally:
                     await producer.stop()
-        finally:
-            databases.drop(infra.database_url, url)
-            databases.drop_template(infra.database_url, template)
-            await delete_topics_with_prefix(infra.kafka_bootstrap, settings.topic_prefix)
     ms = [s * 1000 for s in latency]
     print(f"event-to-block (usage.v1 -> quota -> quota.v1 -> edge): {summary_ms(latency)}")
     print(f"baseline bare Kafka hop (quota.v1 -> edge):            {summary_ms(hop)}")

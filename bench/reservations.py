@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg
 from aiokafka import AIOKafkaProducer
 
+from bench.support import bench_settings, endpoints
 from contracts.common import Resource
 from contracts.events import UsageEvent
 from contracts.topics import USAGE
@@ -36,9 +37,7 @@ from services.quota.app import quota_service
 from services.quota.domain import InsufficientQuota
 from services.quota.service import QuotaService
 from services.runtime.platform.settings import Settings
-from tests.support import databases
 from tests.support.apps import running_app
-from tests.support.infra import delete_topics_with_prefix, endpoints
 
 TOTAL = 100_000  # the free tier's ai_tokens
 HOLD = 5_000  # what a stream reserves: its max_tokens
@@ -104,14 +103,7 @@ async def run(
 
 async def main(streams: int) -> None:
     with endpoints() as infra:
-        tag = uuid.uuid4().hex[:8]
-        template = databases.create_template(infra.database_url)
-        url = databases.clone(infra.database_url, template)
-        settings = Settings(
-            kafka_bootstrap_servers=infra.kafka_bootstrap, database_url=url, topic_prefix=f"bench{tag}.",
-            clickhouse_dsn=infra.clickhouse_dsn, clickhouse_database=f"b_{tag}",
-        )  # fmt: skip
-        try:
+        async with bench_settings(infra) as settings:
             async with running_app(settings, targets=("quota",)) as (app, _client):
                 gate: QuotaProjection = app.state.runtime.edge.quota
                 quota = quota_service(app.state.runtime)
@@ -122,10 +114,6 @@ async def main(streams: int) -> None:
                     reserved, reserved_done = await run(settings, quota, gate, producer, streams, reserve=True)
                 finally:
                     await producer.stop()
-        finally:
-            databases.drop(infra.database_url, url)
-            databases.drop_template(infra.database_url, template)
-            await delete_topics_with_prefix(infra.kafka_bootstrap, settings.topic_prefix)
     print(f"{streams} concurrent streams against {TOTAL:,} ai_tokens (each reports 2,000-{HOLD:,} tokens after 20-80 ms):")
     modes = [("baseline, gate only (no reservations)", baseline, baseline_done)]
     modes.append((f"with reservations of {HOLD:,}", reserved, reserved_done))

@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import sys
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -25,10 +24,9 @@ import httpx
 
 from bench.edge import PASSWORD, PATH, signup
 from bench.stats import percentile, ratio_line
+from bench.support import bench_settings, endpoints
 from services.runtime.platform.settings import Settings
-from tests.support import databases
 from tests.support.apps import ServeProcess
-from tests.support.infra import delete_topics_with_prefix, endpoints
 
 
 async def _until(client: httpx.AsyncClient, headers: dict[str, str], status: int, code: str | None = None) -> None:
@@ -86,19 +84,8 @@ def _line(name: str, samples_s: list[float]) -> str:
 
 async def main(trials: int) -> None:
     with endpoints() as infra:
-        tag = uuid.uuid4().hex[:8]
-        template = databases.create_template(infra.database_url)
-        url = databases.clone(infra.database_url, template)
-        settings = Settings(
-            kafka_bootstrap_servers=infra.kafka_bootstrap, database_url=url, topic_prefix=f"bench{tag}.",
-            clickhouse_dsn=infra.clickhouse_dsn, clickhouse_database=f"b_{tag}", session_secret=f"bench-{tag}",
-        )  # fmt: skip
-        try:
+        async with bench_settings(infra) as settings:
             logout, toggle = await lags(settings, trials)
-        finally:
-            databases.drop(infra.database_url, url)
-            databases.drop_template(infra.database_url, template)
-            await delete_topics_with_prefix(infra.kafka_bootstrap, settings.topic_prefix)
     print(_line("logout -> refused on the other process", logout))
     print(_line("key toggle -> refused on the other process (baseline)", toggle))
     logout_ms = [s * 1000 for s in logout]

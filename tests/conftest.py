@@ -2,10 +2,12 @@
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 
 import httpx
 import pytest
 from fastapi import FastAPI
+from hypothesis import settings as hypothesis_settings
 from psycopg_pool import AsyncConnectionPool
 
 from services.runtime.platform.postgres import open_pool
@@ -14,6 +16,12 @@ from tests.support import databases
 from tests.support.apps import running_app
 from tests.support.infra import Endpoints, delete_topics_with_prefix, drop_clickhouse_database, endpoints
 from tests.support.redis_server import running_redis
+
+# Property tests keep their example counts; they only stop writing an example database (the unit
+# suite does no I/O; a failure prints its example) and stop timing examples (a loaded machine is
+# not a bug, and a deadline miss re-runs the example).
+hypothesis_settings.register_profile("tollgate", deadline=None, database=None)
+hypothesis_settings.load_profile("tollgate")
 
 
 @pytest.fixture(scope="session")
@@ -36,23 +44,32 @@ def database_url(infra: Endpoints, template_db: str) -> Iterator[str]:
     databases.drop(infra.database_url, url)
 
 
+@asynccontextmanager
+async def own_settings(infra: Endpoints, database_url: str) -> AsyncIterator[Settings]:
+    """Settings of their own: unique topics, consumer groups and CH database on `database_url`.
+    The topics are deleted afterwards so the one broker does not pile up partitions."""
+    tag = uuid.uuid4().hex[:10]
+    try:
+        yield Settings(
+            kafka_bootstrap_servers=infra.kafka_bootstrap,
+            database_url=database_url,
+            clickhouse_dsn=infra.clickhouse_dsn,
+            clickhouse_database=f"t_{tag}",
+            redis_url=infra.redis_url,
+            topic_prefix=f"t{tag}.",
+            session_secret=f"test-secret-{tag}",
+            admin_token=f"admin-{tag}",
+        )
+    finally:
+        await delete_topics_with_prefix(infra.kafka_bootstrap, f"t{tag}.")
+        drop_clickhouse_database(infra.clickhouse_dsn, f"t_{tag}")
+
+
 @pytest.fixture
 async def settings(infra: Endpoints, database_url: str) -> AsyncIterator[Settings]:
-    """Settings of a test of its own: unique topics, consumer groups, database and CH database.
-    The test's topics are deleted afterwards so the one broker does not pile up partitions."""
-    tag = uuid.uuid4().hex[:10]
-    yield Settings(
-        kafka_bootstrap_servers=infra.kafka_bootstrap,
-        database_url=database_url,
-        clickhouse_dsn=infra.clickhouse_dsn,
-        clickhouse_database=f"t_{tag}",
-        redis_url=infra.redis_url,
-        topic_prefix=f"t{tag}.",
-        session_secret=f"test-secret-{tag}",
-        admin_token=f"admin-{tag}",
-    )
-    await delete_topics_with_prefix(infra.kafka_bootstrap, f"t{tag}.")
-    drop_clickhouse_database(infra.clickhouse_dsn, f"t_{tag}")
+    """Settings of a test of its own (own_settings on the test's own database)."""
+    async with own_settings(infra, database_url) as own:
+        yield own
 
 
 @pytest.fixture
@@ -65,6 +82,18 @@ async def app_client(settings: Settings) -> AsyncIterator[tuple[FastAPI, httpx.A
 @pytest.fixture
 async def client(app_client: tuple[FastAPI, httpx.AsyncClient]) -> httpx.AsyncClient:
     return app_client[1]
+
+
+@pytest.fixture(scope="module")
+async def module_client(infra: Endpoints, template_db: str) -> AsyncIterator[httpx.AsyncClient]:
+    """The whole platform started once for a module whose tests need only its HTTP API and make
+    their own accounts (a module opts in by overriding `client` with it): one start, not one per test."""
+    url = databases.clone(infra.database_url, template_db)
+    try:
+        async with own_settings(infra, url) as settings, running_app(settings) as (_app, client):
+            yield client
+    finally:
+        databases.drop(infra.database_url, url)
 
 
 @pytest.fixture

@@ -11,10 +11,10 @@ from services.metering.analytics import Analytics
 from services.metering.api import build_router
 from services.metering.consumers import Sink
 from services.metering.ingest import Ingest
-from services.metering.ingested import IngestedIds, ingested_events_pruner
 from services.metering.keymasks import KeyMasks
-from services.metering.store import MeteringStore
+from services.metering.store import IngestedIds, MeteringStore
 from services.metering.usage_topic import UsageTopic
+from services.runtime.platform.pruner import Pruner
 from services.runtime.platform.topic_follower import TopicFollower
 
 
@@ -27,7 +27,15 @@ def build(runtime: Runtime) -> Component:
     ingest = Ingest(IngestedIds(runtime.pool), UsageTopic(runtime).publish, runtime.clock)
     analytics = Analytics(store, price_table, masks.get, runtime.clock, settings.platform_timezone)
     sink = Sink(runtime, store)
-    pruner = ingested_events_pruner(runtime)
+    window = Pruner(  # forgets the idempotency window's ids (store.IngestedIds)
+        runtime.pool,
+        "metering",
+        "ingested_events",
+        key="id",
+        column="received_at",
+        keep_s=settings.usage_idempotency_window_seconds,
+        interval_s=settings.prune_interval_seconds,
+    )
 
     async def start() -> None:
         await asyncio.to_thread(store.open)  # connect and apply the ClickHouse DDL
@@ -43,8 +51,8 @@ def build(runtime: Runtime) -> Component:
         name="metering",
         router=build_router(runtime, ingest, analytics),
         migrations=Path(__file__).with_name("migrations"),
-        on_start=[start, pruner.start],
+        on_start=[start, window.start],
         before_consumers_stop=[sink.close],
-        on_stop=[stop, pruner.stop],
+        on_stop=[stop, window.stop],
         checks={"clickhouse": store.ping},
     )

@@ -25,7 +25,7 @@ from services.metering.validation import Rules, judge
 
 
 class IngestedIds(Protocol):
-    """The idempotency window's ids (services/metering/ingested.py)."""
+    """The idempotency window's ids (store.IngestedIds)."""
 
     async def known(self, ids: list[UUID]) -> set[UUID]: ...
 

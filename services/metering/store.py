@@ -1,4 +1,5 @@
-"""Metering's ClickHouse adapter: migrations, de-duplicated batch inserts, rollup and log reads.
+"""All of metering's SQL: the ClickHouse history (migrations, de-duplicated batch inserts, rollup
+and log reads) and, in Postgres, the idempotency window of POST /api/usage/events.
 
 clickhouse-connect is synchronous (its HTTP calls release the GIL while they wait), so every
 call runs in a worker thread. Clients are opened once at start:
@@ -20,7 +21,10 @@ from uuid import UUID
 import clickhouse_connect.common
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
 
+from contracts.events import UsageEvent
 from services.metering import sink_tables
 from services.metering.domain import NO_KEY, NO_KEY_SERIES, TOTAL_KEY, Cursor, GroupBy
 from services.metering.prices import PriceTable
@@ -393,3 +397,34 @@ def _usage_row(row: Sequence[Any]) -> UsageRow:
     key = row[8] if len(row) > 8 else None
     last_time = datetime.fromtimestamp(last / 1000, UTC) if last else None
     return UsageRow(datetime.fromtimestamp(b, UTC), provider, model, int(n), int(i), int(o), int(t), key, last_time)
+
+
+# ---- Postgres: the idempotency window --------------------------------------------------------------
+class IngestedIds:
+    """The ids POST /api/usage/events accepted, in `metering.ingested_events`.
+
+    The endpoint answers a re-sent id as a duplicate while the table holds it: at least
+    USAGE_IDEMPOTENCY_WINDOW_SECONDS, at most one prune interval more (the pruner in app.py).
+    After that the id is accepted and published again, and the sink still drops it as the same
+    event (same id, account and hour; docs/clickhouse.md), as quota does (`quota.processed_events`).
+    """
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self.pool = pool
+
+    async def known(self, ids: list[UUID]) -> set[UUID]:
+        async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+            await cur.execute("SELECT id FROM metering.ingested_events WHERE id = ANY(%s)", [ids])
+            return {row["id"] for row in await cur.fetchall()}
+
+    async def remember(self, events: list[UsageEvent]) -> int:
+        """Record the events' ids; how many were not recorded yet (a concurrent request may have won)."""
+        if not events:
+            return 0
+        async with self.pool.connection() as conn, conn.cursor() as cur:
+            await cur.execute(
+                "INSERT INTO metering.ingested_events (id, account_id) SELECT * FROM unnest(%s::uuid[], %s::uuid[]) "
+                "ON CONFLICT (id) DO NOTHING RETURNING id",
+                [[e.id for e in events], [e.account_id for e in events]],
+            )
+            return len(await cur.fetchall())

@@ -1,8 +1,15 @@
 """Hostile HTTP input is bounded and answered with a 4xx in the contract's body, never a 5xx."""
 
+import httpx
 import pytest
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def client(module_client: httpx.AsyncClient) -> httpx.AsyncClient:
+    """Stateless HTTP checks: one platform for the module (conftest.module_client)."""
+    return module_client
 
 
 def _is_contract_error(response, status: int, code: str) -> None:

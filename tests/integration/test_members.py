@@ -20,6 +20,12 @@ MEMBERS = "/api/account/members"
 GEO = "/api/geo/projects"
 
 
+@pytest.fixture
+def client(module_client: httpx.AsyncClient) -> httpx.AsyncClient:
+    """Each test signs up accounts of its own: one platform for the module (conftest.module_client)."""
+    return module_client
+
+
 def _email() -> str:
     return f"m{uuid.uuid4().hex[:10]}@example.com"
 

@@ -595,7 +595,7 @@ async def no_refusal(url: str) -> str | None:
 
 
 class FakeIngestedIds:
-    """The idempotency window (services/metering/ingested.py) as a set."""
+    """The idempotency window (services/metering/store.py, IngestedIds) as a set."""
 
     def __init__(self) -> None:
         self.ids: set[UUID] = set()
