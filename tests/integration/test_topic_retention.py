@@ -13,10 +13,11 @@ import uuid
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.structs import OffsetAndMetadata
 
-from contracts.topics import CALLS, QUOTA_THRESHOLDS, USAGE
+from contracts.topics import CALLS, METERED, QUOTA_THRESHOLDS, USAGE
 from services.metering.consumers import SINK_EVENTS
 from services.runtime.platform import clickhouse
 from services.runtime.platform.kafka import ensure_topics
@@ -54,6 +55,22 @@ async def test_records_stamped_long_ago_stay_on_the_metered_topics(settings):
         assert await consumer.end_offsets(metered) == {tp: 10 for tp in metered}
     finally:
         await consumer.stop()
+
+
+async def test_a_metered_topic_an_older_version_made_is_brought_to_size_retention_keeping_other_settings(settings):
+    topic = settings.topic(USAGE.name)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    await admin.start()
+    try:
+        # as v1 made it (kept by time), with a setting of the operator's own
+        await admin.create_topics([NewTopic(topic, USAGE.partitions, 1, topic_configs={"max.message.bytes": "2000000"})])
+        await ensure_topics(settings, (USAGE,))
+        [response] = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+        [(_, _, _, _, entries)] = response.resources
+        overrides = {entry[0]: entry[1] for entry in entries if entry[3] == 1}  # set on the topic itself
+    finally:
+        await admin.close()
+    assert overrides == {**METERED, "max.message.bytes": "2000000"}
 
 
 async def test_the_sink_counts_records_deleted_before_it_read_them_and_goes_on(settings):

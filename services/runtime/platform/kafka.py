@@ -6,6 +6,7 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaTimeoutError, TopicAlreadyExistsError
 from faststream.kafka import KafkaBroker
 
@@ -52,7 +53,8 @@ def make_broker(settings: Settings) -> KafkaBroker:
 
 
 async def ensure_topics(settings: Settings, topics: tuple[Topic, ...] = ALL_TOPICS + ALL_DEAD_LETTER_TOPICS) -> None:
-    """Create the topics (with their partitions and configs) that do not exist yet."""
+    """Create the topics (with their partitions and configs) that do not exist yet, and bring the
+    configs of those that do up to what this version sets."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
     await admin.start()
     replication = settings.kafka_replication_factor
@@ -76,5 +78,30 @@ async def ensure_topics(settings: Settings, topics: tuple[Topic, ...] = ALL_TOPI
                 await admin.create_topics(wanted)
             except TopicAlreadyExistsError:
                 pass  # a replica starting at the same moment created it first
+        present = {settings.topic(t.name): {**durability, **dict(t.config)} for t in topics if settings.topic(t.name) in existing}
+        if present:
+            await _update_configs(admin, present)
     finally:
         await admin.close()
+
+
+DYNAMIC_TOPIC_CONFIG = 1  # a config's source: set on the topic itself (not a broker default)
+
+
+async def _update_configs(admin: AIOKafkaAdminClient, wanted: dict[str, dict[str, str]]) -> None:
+    """A topic created by an older version keeps the configs it was created with (e.g. usage.v1
+    kept by time, which can delete records before they are read): set the ones this version sets,
+    keeping any other per-topic setting an operator made. Kafka's AlterConfigs replaces a topic's
+    whole set, hence the read first."""
+    responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name) for name in wanted])
+    changed = []
+    for response in responses:
+        for error_code, _, _, name, entries in response.resources:
+            if error_code != 0 or name not in wanted:
+                continue
+            current = {entry[0]: entry[1] for entry in entries if entry[3] == DYNAMIC_TOPIC_CONFIG}
+            if any(current.get(key) != value for key, value in wanted[name].items()):
+                changed.append(ConfigResource(ConfigResourceType.TOPIC, name, configs={**current, **wanted[name]}))
+    if changed:
+        await admin.alter_configs(changed)
+        log.warning("topic configs brought up to date: %s", ", ".join(r.name for r in changed))
