@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-faults test-scale stop lint bench docs clean browser
+.PHONY: run test unit test-faults test-scale stop lint bench docs clean browser
 
 $(STAMP): pyproject.toml
 	./deploy/local/prereqs.sh
@@ -29,6 +29,9 @@ browser:  ## Debian chromium for the console's browser tests (Playwright's drive
 
 test: $(STAMP) browser lint  ## lint, type-check, and the suite on real Kafka, Postgres, ClickHouse and redis
 	$(BIN)/python -m pytest tests --ignore=tests/faults
+
+unit: $(STAMP)  ## the unit tests alone (pure, no I/O): the edit-test loop, properties at a quarter of their examples
+	$(BIN)/python -m pytest tests/unit -q --hypothesis-profile=quick
 
 test-faults: $(STAMP)  ## the slow fault suite (brokers stopped, processes killed) on a stack of its own
 	$(BIN)/python -m pytest tests/faults --ignore-glob='tests/faults/test_scale_*'

@@ -17,10 +17,12 @@ from tests.support.apps import running_app
 from tests.support.infra import Endpoints, delete_topics_with_prefix, drop_clickhouse_database, endpoints
 from tests.support.redis_server import running_redis
 
-# Property tests keep their example counts; they only stop writing an example database (the unit
-# suite does no I/O; a failure prints its example) and stop timing examples (a loaded machine is
-# not a bug, and a deadline miss re-runs the example).
+# Property tests write no example database (the unit suite does no I/O; a failure prints its
+# example) and time no example (a loaded machine is not a bug). `make test` runs each property
+# with its full example count; `make unit`, the edit-test loop, with a quarter of it
+# (--hypothesis-profile=quick): the same tests, less deep, in a few seconds.
 hypothesis_settings.register_profile("tollgate", deadline=None, database=None)
+hypothesis_settings.register_profile("quick", deadline=None, database=None, max_examples=25)
 hypothesis_settings.load_profile("tollgate")
 
 
