@@ -24,7 +24,7 @@ from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 
 from contracts.topics import Topic
-from services.runtime.platform.kafka import PRODUCER_CONFIG
+from services.runtime.platform.kafka import PRODUCER_CONFIG, STALE_PRODUCER_ERRORS, retire
 from services.runtime.platform.pruner import Pruner
 from services.runtime.platform.settings import Settings
 
@@ -83,10 +83,7 @@ class OutboxRelay:
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=self._settings.kafka_bootstrap_servers, linger_ms=0, **PRODUCER_CONFIG
-        )
-        await self._producer.start()
+        self._producer = await self._new_producer()
         self._task = asyncio.create_task(self._run(), name=f"relay:{self._lock_name}")
         await self._pruner.start()
 
@@ -120,10 +117,14 @@ class OutboxRelay:
                 await asyncio.sleep(self._interval)
 
     # ---- publishing --------------------------------------------------------------------------
+    async def _new_producer(self) -> AIOKafkaProducer:
+        producer = AIOKafkaProducer(bootstrap_servers=self._settings.kafka_bootstrap_servers, linger_ms=0, **PRODUCER_CONFIG)
+        await producer.start()
+        return producer
+
     async def flush(self) -> int:
         """Publish every unsent row (up to one batch) in order; returns how many were sent."""
-        producer = self._producer
-        if producer is None:
+        if self._producer is None:
             raise RuntimeError("the outbox relay is not started")
         async with self._local, self._pool.connection() as conn:
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self._lock_name,))
@@ -134,10 +135,19 @@ class OutboxRelay:
             rows = await cur.fetchall()
             if not rows:
                 return 0
+            producer = self._producer  # taken under the lock: a flush before this one may have replaced it
             pending = [
                 await producer.send(self._settings.topic(r["topic"]), value=_bytes(r["value"]), key=bytes(r["key"])) for r in rows
             ]
-            await asyncio.gather(*pending)  # every ack, in order per partition (idempotent producer)
+            # every ack, in order per partition (idempotent producer)
+            failures = [r for r in await asyncio.gather(*pending, return_exceptions=True) if isinstance(r, BaseException)]
+            if any(isinstance(failure, STALE_PRODUCER_ERRORS) for failure in failures):
+                # the rows stay unsent and go again, in order, through a new producer
+                log.warning("Kafka refused the %s relay's producer (sequence numbers); replacing it", self._lock_name)
+                self._producer = await self._new_producer()
+                retire(producer)
+            if failures:
+                raise failures[0]
             await conn.execute(
                 sql.SQL("UPDATE {} SET sent_at = now() WHERE seq = ANY(%s)").format(self._table), ([r["seq"] for r in rows],)
             )
