@@ -7,6 +7,11 @@ one relay at a time publish, so replicas never reorder a key's states. `flush()`
 wait until its own rows are in Kafka (it runs a pass after the caller's commit, which therefore
 sees the rows: they are either sent by this pass or were sent by the holder before it).
 
+Every replica's relay LISTENs on its outbox's channel, and `add` NOTIFYs it: a commit with rows
+wakes the relays at once, whoever wrote them (a process that crashed before its flush, a CLI).
+The relay's own pass every `interval_s` only stands in while the listener has lost Postgres, and
+runs the service's periodic `on_tick`; an idle relay costs no query more often than that.
+
 Sent rows are kept `OUTBOX_RETENTION_SECONDS` (what was published when, for debugging and audit),
 then deleted by the relay's pruner (services/runtime/platform/pruner.py): a task of its own, so a long
 delete never delays publishing, and apart from the publishing lock: it never touches an unsent row,
@@ -31,6 +36,7 @@ from services.runtime.platform.settings import Settings
 log = logging.getLogger(__name__)
 
 Hook = Callable[[], Awaitable[None]]
+RETRY_S = 0.5  # after a failed pass (Kafka or Postgres away)
 
 
 def _bytes(value: bytes | memoryview | None) -> bytes | None:
@@ -44,7 +50,7 @@ class OutboxRelay:
         settings: Settings,
         schema: str,
         *,
-        interval_s: float = 0.5,
+        interval_s: float = 5.0,
         batch: int = 500,
         on_tick: Hook | None = None,
     ) -> None:
@@ -52,13 +58,14 @@ class OutboxRelay:
         self._settings = settings
         self._table = sql.Identifier(schema, "outbox")
         self._lock_name = f"{schema}.outbox"
+        self._channel = f"{schema}_outbox"
         self._interval = interval_s
         self._batch = batch
         self._on_tick = on_tick
         self._local = asyncio.Lock()
         self._wake = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         # `sent_at < cutoff` is never true of an unsent row (NULL): only sent rows are deleted.
         self._pruner = Pruner(
             pool,
@@ -72,10 +79,14 @@ class OutboxRelay:
 
     # ---- writing, inside the caller's transaction --------------------------------------------
     async def add(self, conn: AsyncConnection[Any], topic: Topic, key: bytes, value: bytes | None) -> int:
-        """Queue an event inside the caller's transaction (the pool gives dict rows)."""
+        """Queue an event inside the caller's transaction (the pool gives dict rows); its commit
+        wakes every replica's relay (NOTIFY is delivered on commit, once per transaction)."""
         cur = await conn.execute(
-            sql.SQL("INSERT INTO {} (topic, key, value) VALUES (%s, %s, %s) RETURNING seq").format(self._table),
-            (topic.name, key, value),
+            sql.SQL(
+                "WITH added AS (INSERT INTO {} (topic, key, value) VALUES (%s, %s, %s) RETURNING seq) "
+                "SELECT seq, pg_notify(%s, '') FROM added"
+            ).format(self._table),
+            (topic.name, key, value, self._channel),
         )
         row = await cur.fetchone()
         assert row is not None
@@ -84,19 +95,37 @@ class OutboxRelay:
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         self._producer = await self._new_producer()
-        self._task = asyncio.create_task(self._run(), name=f"relay:{self._lock_name}")
+        self._tasks = [
+            asyncio.create_task(self._run(), name=f"relay:{self._lock_name}"),
+            asyncio.create_task(self._listen(), name=f"relay-listen:{self._lock_name}"),
+        ]
         await self._pruner.start()
 
     async def stop(self) -> None:
         await self._pruner.stop()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._producer is not None:
             await self._producer.stop()
 
     def wake(self) -> None:
         self._wake.set()
+
+    async def _listen(self) -> None:
+        """Wake the relay on every commit that added rows to this outbox, in any process."""
+        while True:
+            try:
+                async with await AsyncConnection.connect(self._settings.database_url, autocommit=True) as conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                    self._wake.set()  # rows committed while nobody listened
+                    async for _ in conn.notifies():
+                        self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # Postgres away: the relay's own pass every `interval_s` goes on
+                log.warning("outbox listener of %s lost Postgres; retrying", self._lock_name, exc_info=True)
+            await asyncio.sleep(RETRY_S)
 
     async def _run(self) -> None:
         while True:
@@ -114,7 +143,8 @@ class OutboxRelay:
                 raise
             except Exception:  # Kafka or Postgres away: the rows wait in the table
                 log.warning("outbox relay of %s failed; retrying", self._lock_name, exc_info=True)
-                await asyncio.sleep(self._interval)
+                await asyncio.sleep(RETRY_S)
+                self._wake.set()  # the rows are still there
 
     # ---- publishing --------------------------------------------------------------------------
     async def _new_producer(self) -> AIOKafkaProducer:
