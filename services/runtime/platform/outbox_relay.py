@@ -20,6 +20,7 @@ the only rows the publisher reads or writes. Every replica runs one; a try-lock 
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -128,6 +129,7 @@ class OutboxRelay:
             await asyncio.sleep(RETRY_S)
 
     async def _run(self) -> None:
+        ticked = time.monotonic()
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), self._interval)
@@ -135,7 +137,9 @@ class OutboxRelay:
                 pass
             self._wake.clear()
             try:
-                if self._on_tick is not None:
+                # every `interval_s`, however often commits wake the relay
+                if self._on_tick is not None and time.monotonic() - ticked >= self._interval:
+                    ticked = time.monotonic()
                     await self._on_tick()
                 while await self.flush() == self._batch:
                     pass
