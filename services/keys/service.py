@@ -104,7 +104,7 @@ class KeysService:
         changes.users.append(state)
 
     async def tick(self) -> None:
-        """The outbox relay's periodic work: rotated keys past their grace, service tokens' uses."""
+        """The periodic work (keys/app.py): rotated keys past their grace, service tokens' uses."""
         await self.sweep_rotated()
         if time.monotonic() - self._uses_written_at >= SERVICE_TOKEN_USES_EVERY_S:
             self._uses_written_at = time.monotonic()

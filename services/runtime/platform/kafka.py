@@ -41,8 +41,9 @@ async def within_publish_timeout(pending: Awaitable[T], seconds: float = PUBLISH
 # An idle consumer's pace, for every consumer. Not a latency floor: the broker answers a waiting
 # fetch as soon as a record is appended (fetch min bytes 1), and aiokafka's fetcher task wakes at
 # once for a fetch's answer, a seek or a new assignment. They only set how often an idle consumer
-# asks again and wakes up to look, i.e. an idle process's CPU (BENCHMARKS.md, "idle").
-IDLE_FETCH_WAIT_MS = 1000  # fetch_max_wait_ms: how long the broker holds a fetch with nothing to return
+# asks again and wakes up to look, i.e. an idle process's CPU (BENCHMARKS.md, "idle"). A fetch
+# wait must stay well under the broker's request_timeout_ms (5 s), which FastStream's consumers share.
+IDLE_FETCH_WAIT_MS = 2000  # fetch_max_wait_ms: how long the broker holds a fetch with nothing to return
 IDLE_WAKE_MS = 2000  # consumer_timeout_ms: the fetcher task's timer with a fetch in flight (aiokafka's: 200)
 
 

@@ -9,8 +9,8 @@ sees the rows: they are either sent by this pass or were sent by the holder befo
 
 Every replica's relay LISTENs on its outbox's channel, and `add` NOTIFYs it: a commit with rows
 wakes the relays at once, whoever wrote them (a process that crashed before its flush, a CLI).
-The relay's own pass every `interval_s` only stands in while the listener has lost Postgres, and
-runs the service's periodic `on_tick`; an idle relay costs no query more often than that.
+The relay's own pass every `interval_s` only stands in should a wake-up be missed: an idle relay
+costs no query more often than that.
 
 Sent rows are kept `OUTBOX_RETENTION_SECONDS` (what was published when, for debugging and audit),
 then deleted by the relay's pruner (services/runtime/platform/pruner.py): a task of its own, so a long
@@ -20,8 +20,6 @@ the only rows the publisher reads or writes. Every replica runs one; a try-lock 
 
 import asyncio
 import logging
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from aiokafka import AIOKafkaProducer
@@ -36,7 +34,6 @@ from services.runtime.platform.settings import Settings
 
 log = logging.getLogger(__name__)
 
-Hook = Callable[[], Awaitable[None]]
 RETRY_S = 0.5  # after a failed pass (Kafka or Postgres away)
 
 
@@ -51,9 +48,8 @@ class OutboxRelay:
         settings: Settings,
         schema: str,
         *,
-        interval_s: float = 5.0,
+        interval_s: float = 30.0,
         batch: int = 500,
-        on_tick: Hook | None = None,
     ) -> None:
         self._pool = cast("AsyncConnectionPool[AsyncConnection[DictRow]]", pool)  # dict rows
         self._settings = settings
@@ -62,7 +58,6 @@ class OutboxRelay:
         self._channel = f"{schema}_outbox"
         self._interval = interval_s
         self._batch = batch
-        self._on_tick = on_tick
         self._local = asyncio.Lock()
         self._wake = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
@@ -129,7 +124,6 @@ class OutboxRelay:
             await asyncio.sleep(RETRY_S)
 
     async def _run(self) -> None:
-        ticked = time.monotonic()
         while True:
             try:
                 await asyncio.wait_for(self._wake.wait(), self._interval)
@@ -137,10 +131,6 @@ class OutboxRelay:
                 pass
             self._wake.clear()
             try:
-                # every `interval_s`, however often commits wake the relay
-                if self._on_tick is not None and time.monotonic() - ticked >= self._interval:
-                    ticked = time.monotonic()
-                    await self._on_tick()
                 while await self.flush() == self._batch:
                     pass
             except asyncio.CancelledError:
