@@ -131,8 +131,7 @@ class OutboxRelay:
                 pass
             self._wake.clear()
             try:
-                while await self.flush() == self._batch:
-                    pass
+                await self.publish_committed()
             except asyncio.CancelledError:
                 raise
             except Exception:  # Kafka or Postgres away: the rows wait in the table
@@ -145,6 +144,13 @@ class OutboxRelay:
         producer = AIOKafkaProducer(bootstrap_servers=self._settings.kafka_bootstrap_servers, linger_ms=0, **PRODUCER_CONFIG)
         await producer.start()
         return producer
+
+    async def publish_committed(self) -> None:
+        """Publish every row committed before this call (the caller's own too). One pass that
+        found less than a batch left none behind: rows another holder of the lock was sending
+        are seen sent once it lets go, so a second pass would only cost a transaction."""
+        while await self.flush() == self._batch:
+            pass
 
     async def flush(self) -> int:
         """Publish every unsent row (up to one batch) in order; returns how many were sent."""
