@@ -112,7 +112,7 @@ class OutboxRelay:
         """Wake the relay on every commit that added rows to this outbox, in any process."""
         while True:
             try:
-                async with await AsyncConnection.connect(self._settings.database_url, autocommit=True) as conn:
+                async with await AsyncConnection.connect(self._settings.database_url, autocommit=True, connect_timeout=3) as conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
                     self._wake.set()  # rows committed while nobody listened
                     async for _ in conn.notifies():
