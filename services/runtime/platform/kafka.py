@@ -50,10 +50,11 @@ IDLE_WAKE_MS = 2000  # consumer_timeout_ms: the fetcher task's timer with a fetc
 # Producers are idempotent with acks=all: a retry inside the producer never writes a message
 # twice, and order per partition holds. aiokafka (0.14.0, the newest) has no remedy of its own for
 # a producer whose sequence numbers the broker refuses: a batch that expires while its partition
-# has no leader (a broker SIGKILLed, > request_timeout_ms until a new leader) has already taken its
-# sequence numbers, so every later batch to that partition fails with OutOfOrderSequenceNumber,
-# for good (aio-libs/aiokafka#1017); a broker that forgot the producer answers the same way. Java's
-# client bumps its epoch then; here the producer is replaced (a new producer id starts from 0).
+# has no leader (a broker SIGKILLed, > request_timeout_ms until a new leader) is given sequence
+# numbers as it is failed (MessageAccumulator.drain_by_nodes -> _pop_batch), so every later batch
+# to that partition fails with OutOfOrderSequenceNumber, for good (aio-libs/aiokafka#1017); a broker
+# that forgot the producer answers alike. Java's client bumps its epoch then; here the producer is
+# replaced (a new producer id starts from 0) and the caller sends again, as after any failure.
 PRODUCER_CONFIG: dict[str, Any] = {"enable_idempotence": True, "acks": "all"}
 STALE_PRODUCER_ERRORS = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch, ProducerFenced)
 _retiring: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps weak ones)
