@@ -27,7 +27,7 @@ from prometheus_client import Counter
 
 from contracts.events import CallEvent
 from contracts.topics import CALLS
-from services.runtime.platform.kafka import PRODUCER_CONFIG
+from services.runtime.platform.kafka import PRODUCER_CONFIG, STALE_PRODUCER_ERRORS, retire
 from services.runtime.platform.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -243,6 +243,7 @@ class CallRecorder:
         self._task: asyncio.Task[None] | None = None
         self._busy = False  # a batch is taken and not yet acknowledged
         self._in_flight: list[Call] = []
+        self._stale = False  # Kafka refused the producer: replace it before sending again
 
     def reserve(self) -> bool:
         """A place for one admitted call's event; False when the lane is full (answer 503)."""
@@ -266,11 +267,27 @@ class CallRecorder:
     async def start(self) -> None:
         # linger 0: the batches are made here. acks=all like every producer: a call counts
         # against api_calls, and acks=1 can lose an acknowledged one when a leader fails over.
-        self._producer = AIOKafkaProducer(
+        self._producer = await self._new_producer()
+        self._task = asyncio.create_task(self._run(self._producer), name="calls-producer")
+
+    async def _new_producer(self) -> AIOKafkaProducer:
+        producer = AIOKafkaProducer(
             bootstrap_servers=self._settings.kafka_bootstrap_servers, linger_ms=0, request_timeout_ms=10_000, **PRODUCER_CONFIG
         )
-        await self._producer.start()
-        self._task = asyncio.create_task(self._run(self._producer), name="calls-producer")
+        await producer.start()
+        return producer
+
+    async def _replaced(self, producer: AIOKafkaProducer) -> AIOKafkaProducer:
+        """A new producer for one Kafka refused (sequence numbers); the old one if none starts."""
+        log.warning("Kafka refused the call events' producer (sequence numbers); replacing it")
+        try:
+            fresh = await self._new_producer()
+        except Exception:  # Kafka away: the next refused send tries again
+            log.warning("could not start a new producer", exc_info=True)
+            return producer
+        retire(producer)
+        self._producer = fresh
+        return fresh
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -310,6 +327,9 @@ class CallRecorder:
                 except Exception:
                     log.warning("could not send %d call events", len(calls), exc_info=True)
                     failed = calls
+                if self._stale:
+                    self._stale = False
+                    producer = await self._replaced(producer)
                 done = len(calls) - len(failed)
                 if done:
                     SENT.inc(done)
@@ -343,6 +363,7 @@ class CallRecorder:
         for (_, members), result in zip(pending, results, strict=True):
             if isinstance(result, BaseException):
                 failed += members
+                self._stale |= isinstance(result, STALE_PRODUCER_ERRORS)
         return failed
 
     def _batches(self, producer: AIOKafkaProducer, calls: list[Call]) -> list[tuple[int, BatchBuilder, list[Call]]]:

@@ -1,31 +1,37 @@
 """Wiring of the keys service."""
 
+import logging
 from pathlib import Path
 
 from services.edge import Component, Runtime
 from services.keys import api, consumers
 from services.keys.delivery import EdgeDelivery
-from services.keys.service import KeysService
+from services.keys.service import SERVICE_TOKEN_USES_EVERY_S, KeysService
 from services.keys.store import KeysStore
 from services.runtime.platform.outbox_relay import OutboxRelay
+from services.runtime.platform.periodic import Periodic
+
+# Rotated keys past their grace are deleted within this (the edge refuses them from the exact
+# instant on anyway: their state carries the expiry); service tokens' uses are written as often.
+TICK_S = SERVICE_TOKEN_USES_EVERY_S
+
+log = logging.getLogger(__name__)
 
 
 def build(runtime: Runtime) -> Component:
-    async def tick() -> None:
-        await service.tick()
-
-    relay = OutboxRelay(runtime.pool, runtime.settings, "keys", on_tick=tick)
+    relay = OutboxRelay(runtime.pool, runtime.settings, "keys")
     service = KeysService(
         KeysStore(runtime.pool, relay),
         EdgeDelivery(relay, runtime.edge, runtime.clock),
         runtime.clock,
         session_ttl_seconds=runtime.settings.session_ttl_seconds,
     )
+    ticks = Periodic("keys:tick", TICK_S, service.tick, what="the keys' periodic work", log=log)
     return Component(
         name="keys",
         router=api.build_router(runtime, service),
         subscribers=consumers.build_router(service, runtime.broker, runtime.settings),
         migrations=Path(__file__).parent / "migrations",
-        on_start=[relay.start],
-        on_stop=[relay.stop],
+        on_start=[relay.start, ticks.start],
+        on_stop=[ticks.stop, relay.stop],
     )

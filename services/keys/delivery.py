@@ -26,8 +26,7 @@ class EdgeDelivery:
     async def deliver(self, changes: Changes) -> None:
         try:
             async with asyncio.timeout(DELIVERY_TIMEOUT_S):
-                while await self.relay.flush() > 0:
-                    pass
+                await self.relay.publish_committed()
         except Exception as exc:
             log.warning("outbox delivery delayed; the relay will retry", exc_info=True)
             raise ApiError(

@@ -43,8 +43,7 @@ async def _run(settings: Settings, work: Callable[[KeysTx], Awaitable[T]]) -> T:
             result = await work(tx)
         # committed: now publish it (and whatever else of the keys outbox waits, in order)
         async with asyncio.timeout(FLUSH_TIMEOUT_S):
-            while await relay.flush() > 0:
-                pass
+            await relay.publish_committed()
         return result
     finally:
         await relay.stop()

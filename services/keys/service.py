@@ -119,7 +119,7 @@ class KeysService:
         await tx.publish(AUDIT, str(account_id).encode(), entry.model_dump_json().encode())
 
     async def tick(self) -> None:
-        """The outbox relay's periodic work: rotated keys past their grace, service tokens' uses."""
+        """The periodic work (keys/app.py): rotated keys past their grace, service tokens' uses."""
         await self.sweep_rotated()
         if time.monotonic() - self._uses_written_at >= SERVICE_TOKEN_USES_EVERY_S:
             self._uses_written_at = time.monotonic()

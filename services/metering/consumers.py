@@ -1,7 +1,7 @@
 """The sink: usage.v1 and calls.v1 -> ClickHouse in batches, exactly once in effect.
 
 Each topic has its own aiokafka consumer (one consumer group per topic): a batch is whatever
-has arrived, up to `MAX_RECORDS` (count) or after `BATCH_TIMEOUT_MS` of waiting (time). The use
+has arrived, up to `MAX_RECORDS` (`getmany` returns as soon as there is any). The use
 case is `ingest.SinkWrite`: every raw message is validated against its contract model (malformed
 ones, events without an id, and usage events that break contracts/usage_rules.py, go to the
 dead-letter topic with the error, acknowledged before the batch is written); the valid messages'
@@ -29,12 +29,13 @@ from services.metering.ingest import SinkWrite, usage_rules
 from services.metering.pipeline import RETRY_DELAY_S, DrainOnRevoke, Records, WritePipeline
 from services.metering.store import MeteringStore
 from services.runtime.platform.deadletter import send_to_dead_letter
+from services.runtime.platform.kafka import IDLE_FETCH_WAIT_MS, IDLE_WAKE_MS
 
 log = logging.getLogger(__name__)
 
 # Large batches: the engine's cost per INSERT is mostly fixed (BENCHMARKS.md, metering round 3).
 MAX_RECORDS = 50_000
-BATCH_TIMEOUT_MS = 100
+IDLE_WAIT_MS = 2000  # how long `getmany` waits when nothing arrives; records end the wait at once
 
 SINK_EVENTS = Counter("tollgate_metering_sink_events_total", "Events handled by the metering sink", ["topic", "outcome"])
 
@@ -72,6 +73,8 @@ class TopicSink:
             # this group read them. The sink starts a new group at the beginning and counts a gap.
             auto_offset_reset="none",
             max_partition_fetch_bytes=8 * 1024 * 1024,
+            fetch_max_wait_ms=IDLE_FETCH_WAIT_MS,
+            consumer_timeout_ms=IDLE_WAKE_MS,
         )
         consumer.subscribe([self.topic], listener=DrainOnRevoke(self.pipeline))
         await consumer.start()
@@ -95,7 +98,7 @@ class TopicSink:
     async def _hand_on_next_batch(self, consumer: AIOKafkaConsumer) -> None:
         # A call of its own, so the records are not kept alive (by a loop variable) during the next fetch.
         try:
-            fetched = await consumer.getmany(timeout_ms=BATCH_TIMEOUT_MS, max_records=MAX_RECORDS)
+            fetched = await consumer.getmany(timeout_ms=IDLE_WAIT_MS, max_records=MAX_RECORDS)
         except NoOffsetForPartitionError as new:  # the group's first read of this partition
             await consumer.seek_to_beginning(new.args[0])
             return

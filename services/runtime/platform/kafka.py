@@ -2,12 +2,22 @@
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, TypeVar
 
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaTimeoutError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    InvalidProducerEpoch,
+    KafkaTimeoutError,
+    OutOfOrderSequenceNumber,
+    ProducerFenced,
+    TopicAlreadyExistsError,
+    UnknownProducerId,
+)
+from faststream import BaseMiddleware
 from faststream.kafka import KafkaBroker
 
 from contracts.topics import ALL_DEAD_LETTER_TOPICS, ALL_TOPICS, Topic
@@ -29,27 +39,104 @@ async def within_publish_timeout(pending: Awaitable[T], seconds: float = PUBLISH
         raise KafkaTimeoutError(f"no acknowledgement from Kafka within {seconds:.0f}s") from exc
 
 
-# Producers use acks=all but NOT Kafka's idempotent mode: aiokafka's idempotent sender dies for
-# good on OutOfOrderSequenceNumber once a broker outage expires a batch (the fault suite hit it).
-# A retry may then write a message twice, which changes nothing: every consumer is idempotent
-# on the event id. Order per partition still holds: aiokafka has one request in flight per broker.
-PRODUCER_CONFIG: dict[str, Any] = {"enable_idempotence": False, "acks": "all"}
+# An idle consumer's pace, for every consumer. Not a latency floor: the broker answers a waiting
+# fetch as soon as a record is appended (fetch min bytes 1), and aiokafka's fetcher task wakes at
+# once for a fetch's answer, a seek or a new assignment. They only set how often an idle consumer
+# asks again and wakes up to look, i.e. an idle process's CPU (BENCHMARKS.md, "idle"). A fetch
+# wait must stay well under the broker's request_timeout_ms (5 s), which FastStream's consumers share.
+IDLE_FETCH_WAIT_MS = 2000  # fetch_max_wait_ms: how long the broker holds a fetch with nothing to return
+IDLE_WAKE_MS = 2000  # consumer_timeout_ms: the fetcher task's timer with a fetch in flight (aiokafka's: 200)
+
+
+# Producers are idempotent with acks=all: a retry inside the producer never writes a message
+# twice, and order per partition holds. aiokafka (0.14.0, the newest) has no remedy of its own for
+# a producer whose sequence numbers the broker refuses: a batch that expires while its partition
+# has no leader (a broker SIGKILLed, > request_timeout_ms until a new leader) is given sequence
+# numbers as it is failed (MessageAccumulator.drain_by_nodes -> _pop_batch), so every later batch
+# to that partition fails with OutOfOrderSequenceNumber, for good (aio-libs/aiokafka#1017); a broker
+# that forgot the producer answers alike. Java's client bumps its epoch then; here the producer is
+# replaced (a new producer id starts from 0) and the caller sends again, as after any failure.
+PRODUCER_CONFIG: dict[str, Any] = {"enable_idempotence": True, "acks": "all"}
+STALE_PRODUCER_ERRORS = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerEpoch, ProducerFenced)
+_retiring: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps weak ones)
+
+
+def retire(producer: AIOKafkaProducer) -> None:
+    """Stop a replaced producer in the background: what it still holds is sent or fails (the
+    callers send that again through the new one); a broker that is away must not hold the caller."""
+    task = asyncio.create_task(producer.stop(), name="retire-producer")
+    _retiring.add(task)
+    task.add_done_callback(_retiring.discard)
+
+
+def _producer_config(settings: Settings) -> dict[str, Any]:
+    return {
+        # FastStream takes a string as ONE host; aiokafka itself splits "a:1,b:2" (a cluster's list).
+        "bootstrap_servers": [server.strip() for server in settings.kafka_bootstrap_servers.split(",")],
+        **PRODUCER_CONFIG,
+        "linger_ms": 5,
+        # A publish the response waits on gives up after this, and the caller gets a 503.
+        "request_timeout_ms": 5000,
+        "client_id": "tollgate",
+    }
+
+
+class _ProducerSwap:
+    """Replaces a broker's producer, once for all the publishes that saw it go stale."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.lock = asyncio.Lock()
+        self.holder: Any = None  # FastStream's producer holder, set once the broker exists
+
+    def current(self) -> Any:
+        return self.holder._producer  # FastStream keeps the aiokafka producer here; it has no swap of its own
+
+    async def replace(self, stale: Any) -> None:
+        async with self.lock:
+            if self.current() is not stale:
+                return  # another publish replaced it already
+            log.warning("Kafka refused the broker's producer (sequence numbers); replacing it")
+            fresh = AIOKafkaProducer(**self.config)
+            try:
+                await self.holder.connect(fresh, serializer=self.holder.serializer, codec=self.holder.codec)
+            except Exception:  # Kafka away: the next refused publish tries again
+                log.warning("could not start a new producer", exc_info=True)
+                retire(fresh)
+            else:
+                retire(stale.producer)
+
+
+class ReplaceStaleProducer(BaseMiddleware):
+    """On the broker's publishes: one that failed because Kafka refused the producer replaces the
+    producer and still fails (the caller sends again, as after any failed publish)."""
+
+    def __init__(self, msg: Any, /, *, context: Any, swap: _ProducerSwap) -> None:
+        super().__init__(msg, context=context)
+        self.swap = swap
+
+    async def publish_scope(self, call_next: Callable[[Any], Awaitable[Any]], cmd: Any) -> Any:
+        used = self.swap.current()
+        try:
+            return await call_next(cmd)
+        except STALE_PRODUCER_ERRORS:
+            await self.swap.replace(used)
+            raise
 
 
 def make_broker(settings: Settings) -> KafkaBroker:
     """The process's broker: a publish that returns is durable (acks=all)."""
-    return KafkaBroker(
-        # FastStream takes a string as ONE host; aiokafka itself splits "a:1,b:2" (a cluster's list).
-        [server.strip() for server in settings.kafka_bootstrap_servers.split(",")],
-        **PRODUCER_CONFIG,
-        linger_ms=5,
-        # A publish the response waits on gives up after this, and the caller gets a 503.
-        request_timeout_ms=5000,
-        client_id="tollgate",
+    config = _producer_config(settings)
+    swap = _ProducerSwap(config)
+    broker = KafkaBroker(
+        **config,
+        middlewares=[partial(ReplaceStaleProducer, swap=swap)],
         logger=log,
         # FastStream logs every message it handles; at INFO that is a line per event on hot paths.
         log_level=logging.DEBUG,
     )
+    swap.holder = broker.config.producer
+    return broker
 
 
 async def ensure_topics(settings: Settings, topics: tuple[Topic, ...] = ALL_TOPICS + ALL_DEAD_LETTER_TOPICS) -> None:

@@ -7,6 +7,11 @@ one relay at a time publish, so replicas never reorder a key's states. `flush()`
 wait until its own rows are in Kafka (it runs a pass after the caller's commit, which therefore
 sees the rows: they are either sent by this pass or were sent by the holder before it).
 
+Every replica's relay LISTENs on its outbox's channel, and `add` NOTIFYs it: a commit with rows
+wakes the relays at once, whoever wrote them (a process that crashed before its flush, a CLI).
+The relay's own pass every `interval_s` only stands in should a wake-up be missed: an idle relay
+costs no query more often than that.
+
 Sent rows are kept `OUTBOX_RETENTION_SECONDS` (what was published when, for debugging and audit),
 then deleted by the relay's pruner (services/runtime/platform/pruner.py): a task of its own, so a long
 delete never delays publishing, and apart from the publishing lock: it never touches an unsent row,
@@ -15,7 +20,6 @@ the only rows the publisher reads or writes. Every replica runs one; a try-lock 
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from aiokafka import AIOKafkaProducer
@@ -24,13 +28,13 @@ from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 
 from contracts.topics import Topic
-from services.runtime.platform.kafka import PRODUCER_CONFIG
+from services.runtime.platform.kafka import PRODUCER_CONFIG, STALE_PRODUCER_ERRORS, retire
 from services.runtime.platform.pruner import Pruner
 from services.runtime.platform.settings import Settings
 
 log = logging.getLogger(__name__)
 
-Hook = Callable[[], Awaitable[None]]
+RETRY_S = 0.5  # after a failed pass (Kafka or Postgres away)
 
 
 def _bytes(value: bytes | memoryview | None) -> bytes | None:
@@ -44,21 +48,20 @@ class OutboxRelay:
         settings: Settings,
         schema: str,
         *,
-        interval_s: float = 0.5,
+        interval_s: float = 30.0,
         batch: int = 500,
-        on_tick: Hook | None = None,
     ) -> None:
         self._pool = cast("AsyncConnectionPool[AsyncConnection[DictRow]]", pool)  # dict rows
         self._settings = settings
         self._table = sql.Identifier(schema, "outbox")
         self._lock_name = f"{schema}.outbox"
+        self._channel = f"{schema}_outbox"
         self._interval = interval_s
         self._batch = batch
-        self._on_tick = on_tick
         self._local = asyncio.Lock()
         self._wake = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         # `sent_at < cutoff` is never true of an unsent row (NULL): only sent rows are deleted.
         self._pruner = Pruner(
             pool,
@@ -72,10 +75,14 @@ class OutboxRelay:
 
     # ---- writing, inside the caller's transaction --------------------------------------------
     async def add(self, conn: AsyncConnection[Any], topic: Topic, key: bytes, value: bytes | None) -> int:
-        """Queue an event inside the caller's transaction (the pool gives dict rows)."""
+        """Queue an event inside the caller's transaction (the pool gives dict rows); its commit
+        wakes every replica's relay (NOTIFY is delivered on commit, once per transaction)."""
         cur = await conn.execute(
-            sql.SQL("INSERT INTO {} (topic, key, value) VALUES (%s, %s, %s) RETURNING seq").format(self._table),
-            (topic.name, key, value),
+            sql.SQL(
+                "WITH added AS (INSERT INTO {} (topic, key, value) VALUES (%s, %s, %s) RETURNING seq) "
+                "SELECT seq, pg_notify(%s, '') FROM added"
+            ).format(self._table),
+            (topic.name, key, value, self._channel),
         )
         row = await cur.fetchone()
         assert row is not None
@@ -83,23 +90,38 @@ class OutboxRelay:
 
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=self._settings.kafka_bootstrap_servers, linger_ms=0, **PRODUCER_CONFIG
-        )
-        await self._producer.start()
-        self._task = asyncio.create_task(self._run(), name=f"relay:{self._lock_name}")
+        self._producer = await self._new_producer()
+        self._tasks = [
+            asyncio.create_task(self._run(), name=f"relay:{self._lock_name}"),
+            asyncio.create_task(self._listen(), name=f"relay-listen:{self._lock_name}"),
+        ]
         await self._pruner.start()
 
     async def stop(self) -> None:
         await self._pruner.stop()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._producer is not None:
             await self._producer.stop()
 
     def wake(self) -> None:
         self._wake.set()
+
+    async def _listen(self) -> None:
+        """Wake the relay on every commit that added rows to this outbox, in any process."""
+        while True:
+            try:
+                async with await AsyncConnection.connect(self._settings.database_url, autocommit=True, connect_timeout=3) as conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                    self._wake.set()  # rows committed while nobody listened
+                    async for _ in conn.notifies():
+                        self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # Postgres away: the relay's own pass every `interval_s` goes on
+                log.warning("outbox listener of %s lost Postgres; retrying", self._lock_name, exc_info=True)
+            await asyncio.sleep(RETRY_S)
 
     async def _run(self) -> None:
         while True:
@@ -109,21 +131,30 @@ class OutboxRelay:
                 pass
             self._wake.clear()
             try:
-                if self._on_tick is not None:
-                    await self._on_tick()
-                while await self.flush() == self._batch:
-                    pass
+                await self.publish_committed()
             except asyncio.CancelledError:
                 raise
             except Exception:  # Kafka or Postgres away: the rows wait in the table
                 log.warning("outbox relay of %s failed; retrying", self._lock_name, exc_info=True)
-                await asyncio.sleep(self._interval)
+                await asyncio.sleep(RETRY_S)
+                self._wake.set()  # the rows are still there
 
     # ---- publishing --------------------------------------------------------------------------
+    async def _new_producer(self) -> AIOKafkaProducer:
+        producer = AIOKafkaProducer(bootstrap_servers=self._settings.kafka_bootstrap_servers, linger_ms=0, **PRODUCER_CONFIG)
+        await producer.start()
+        return producer
+
+    async def publish_committed(self) -> None:
+        """Publish every row committed before this call (the caller's own too). One pass that
+        found less than a batch left none behind: rows another holder of the lock was sending
+        are seen sent once it lets go, so a second pass would only cost a transaction."""
+        while await self.flush() == self._batch:
+            pass
+
     async def flush(self) -> int:
         """Publish every unsent row (up to one batch) in order; returns how many were sent."""
-        producer = self._producer
-        if producer is None:
+        if self._producer is None:
             raise RuntimeError("the outbox relay is not started")
         async with self._local, self._pool.connection() as conn:
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self._lock_name,))
@@ -134,10 +165,19 @@ class OutboxRelay:
             rows = await cur.fetchall()
             if not rows:
                 return 0
+            producer = self._producer  # taken under the lock: a flush before this one may have replaced it
             pending = [
                 await producer.send(self._settings.topic(r["topic"]), value=_bytes(r["value"]), key=bytes(r["key"])) for r in rows
             ]
-            await asyncio.gather(*pending)  # every ack, in order per partition (idempotent producer)
+            # every ack, in order per partition (idempotent producer)
+            failures = [r for r in await asyncio.gather(*pending, return_exceptions=True) if isinstance(r, BaseException)]
+            if any(isinstance(failure, STALE_PRODUCER_ERRORS) for failure in failures):
+                # the rows stay unsent and go again, in order, through a new producer
+                log.warning("Kafka refused the %s relay's producer (sequence numbers); replacing it", self._lock_name)
+                self._producer = await self._new_producer()
+                retire(producer)
+            if failures:
+                raise failures[0]
             await conn.execute(
                 sql.SQL("UPDATE {} SET sent_at = now() WHERE seq = ANY(%s)").format(self._table), ([r["seq"] for r in rows],)
             )

@@ -9,8 +9,7 @@ Every subscriber has the same skeleton, so it is written once here:
 - each record parsed into its contract model, or dead-lettered with the reason (malformed, or
   breaking a rule judged against the record's own timestamp) while the subscriber goes on;
 - compacted topics' tombstones (a record without a value) skipped;
-- idle fetches that wait 500 ms: the broker answers a waiting fetch as soon as a record lands, so
-  this is no latency floor; shorter waits only burn an idle process's CPU (BENCHMARKS.md, "idle").
+- the idle pace of every consumer (`kafka.IDLE_FETCH_WAIT_MS`, `kafka.IDLE_WAKE_MS`): no latency floor, an idle process's CPU.
 """
 
 from collections.abc import Awaitable, Callable, Mapping
@@ -25,10 +24,11 @@ from pydantic import TypeAdapter
 
 from contracts.topics import Topic
 from services.runtime.platform.deadletter import parse_or_dead_letter
+from services.runtime.platform.kafka import IDLE_FETCH_WAIT_MS, IDLE_WAKE_MS
 from services.runtime.platform.settings import Settings
 
 M = TypeVar("M")
-IDLE_FETCH_WAIT_MS = 500
+BATCH_TIMEOUT_MS = 500  # FastStream sleeps this long after an empty batch fetch
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ class Subscriber:
             title=title or group,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=IDLE_FETCH_WAIT_MS,
+            consumer_timeout_ms=IDLE_WAKE_MS,
             ack_policy=AckPolicy.NACK_ON_ERROR,
         )
         async def on_message(msg: KafkaMessage) -> None:
@@ -76,7 +77,7 @@ class Subscriber:
         handle: Callable[[list[M]], Awaitable[None]],
         title: str = "",
         max_records: int = 1000,
-        batch_timeout_ms: int = IDLE_FETCH_WAIT_MS,
+        batch_timeout_ms: int = BATCH_TIMEOUT_MS,
     ) -> None:
         """`handle` gets the valid events of one fetch from any of `readings`' topics, in
         offset order per partition; the whole batch is committed once it returns."""
@@ -91,6 +92,7 @@ class Subscriber:
             max_records=max_records,
             batch_timeout_ms=batch_timeout_ms,
             fetch_max_wait_ms=IDLE_FETCH_WAIT_MS,
+            consumer_timeout_ms=IDLE_WAKE_MS,
             ack_policy=AckPolicy.NACK_ON_ERROR,
         )
         async def on_batch(msg: KafkaMessage) -> None:

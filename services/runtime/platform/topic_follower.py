@@ -13,16 +13,17 @@ from collections.abc import Callable, Mapping
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from services.runtime.platform.kafka import IDLE_FETCH_WAIT_MS, IDLE_WAKE_MS
+
 log = logging.getLogger(__name__)
 
 Apply = Callable[[bytes | None, bytes | None], None]
 
 
-# How long the broker holds an idle fetch. Not a latency floor: the broker answers a waiting
-# fetch as soon as a record is appended (min bytes 1), so a toggle reaches every edge at once
-# whatever this is (BENCHMARKS.md, "edge": the toggle lag). It only sets how often an idle
-# follower asks again.
-FETCH_MAX_WAIT_MS = 500
+# How long `getmany` waits for records before the loop looks again: short while catching up (the
+# position may pass the start's end offsets without a record, e.g. compacted away), then long.
+# Records end the wait at once either way.
+CATCHING_UP_MS, CAUGHT_UP_MS = 200, 2000
 
 
 class TopicFollower:
@@ -40,7 +41,8 @@ class TopicFollower:
             bootstrap_servers=self._bootstrap,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+            fetch_max_wait_ms=IDLE_FETCH_WAIT_MS,
+            consumer_timeout_ms=IDLE_WAKE_MS,
         )
         await consumer.start()
         partitions = await self._partitions()
@@ -69,7 +71,8 @@ class TopicFollower:
             self.caught_up.set()
         while True:
             try:
-                batches = await consumer.getmany(timeout_ms=200, max_records=5000)
+                wait_ms = CAUGHT_UP_MS if self.caught_up.is_set() else CATCHING_UP_MS
+                batches = await consumer.getmany(timeout_ms=wait_ms, max_records=5000)
             except asyncio.CancelledError:
                 raise
             except Exception:  # the broker is away: keep serving what we have, retry

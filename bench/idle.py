@@ -1,0 +1,86 @@
+"""CPU of an idle `tollgate serve` (issue 18, item 5: <= 2% of a core, no busy polling).
+
+Starts `serve --target all` (or --targets) on the test stack (Kafka, Postgres, the ClickHouse
+server, redis; TEST_* env vars or the local test stack), waits for /readyz and a settle period,
+then reads the process's utime + stime from /proc/<pid>/stat over --seconds with no traffic.
+Baseline, same run: a bare Python process idling in asyncio for the same time (what the
+interpreter costs doing nothing).
+
+    .venv/bin/python bench/idle.py [--seconds 60] [--settle 10] [--targets all]
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from services.runtime.platform.settings import Settings
+from tests.support import databases
+from tests.support.apps import ServeProcess
+from tests.support.infra import delete_topics_with_prefix, endpoints
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of `pid` (its own threads; fields 14 and 15 of /proc/<pid>/stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "(comm) ": field 3 is index 0
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def share_of_a_core(pid: int, seconds: float) -> float:
+    before, started = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - before) / (time.monotonic() - started) * 100
+
+
+def bare_python(seconds: float) -> float:
+    idle = subprocess.Popen([sys.executable, "-c", "import asyncio; asyncio.run(asyncio.sleep(3600))"])
+    try:
+        time.sleep(1)
+        return share_of_a_core(idle.pid, seconds)
+    finally:
+        idle.kill()
+        idle.wait()
+
+
+def main(seconds: float, settle: float, targets: str) -> None:
+    import asyncio
+
+    with endpoints() as infra:
+        tag = uuid.uuid4().hex[:8]
+        template = databases.create_template(infra.database_url)
+        url = databases.clone(infra.database_url, template)
+        settings = Settings(
+            kafka_bootstrap_servers=infra.kafka_bootstrap, database_url=url, topic_prefix=f"bench{tag}.",
+            clickhouse_dsn=infra.clickhouse_dsn, clickhouse_database=f"b_{tag}", session_secret=f"bench-{tag}",
+            redis_url=infra.redis_url,
+        )  # fmt: skip
+        serve = ServeProcess(settings, targets)
+        try:
+            serve.wait_ready()
+            time.sleep(settle)
+            used = share_of_a_core(serve.proc.pid, seconds)
+        finally:
+            serve.stop()
+            databases.drop(infra.database_url, url)
+            databases.drop_template(infra.database_url, template)
+            asyncio.run(delete_topics_with_prefix(infra.kafka_bootstrap, settings.topic_prefix))
+    baseline = bare_python(seconds)
+    print(f"idle `serve --target {targets}` over {seconds:.0f} s: {used:.2f}% of a core (goal <= 2%)")
+    print(f"baseline, a bare asyncio process over {seconds:.0f} s: {baseline:.2f}% of a core")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--settle", type=float, default=10)
+    parser.add_argument("--targets", default="all")
+    args = parser.parse_args()
+    main(args.seconds, args.settle, args.targets)
