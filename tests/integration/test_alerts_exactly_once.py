@@ -16,6 +16,8 @@ from contracts.events import QuotaThresholdCrossed
 from services.alerts import store
 from services.alerts.service import record_crossing
 from services.runtime.platform.kafka import ensure_topics
+from services.runtime.platform.outbox_relay import OutboxRelay
+from services.runtime.platform.postgres import open_pool
 from tests.integration.test_alerts_helpers import (  # noqa: F401  (fixtures)
     SmsGateway,
     SmtpServer,
@@ -66,9 +68,11 @@ async def test_two_transactions_deciding_the_same_crossing_record_one_firing(set
         }
     )
 
+    relay = OutboxRelay(open_pool(settings.database_url), settings, "alerts")  # never started: deciding publishes nothing
+
     async def decide() -> list[uuid.UUID]:
         async with await AsyncConnection.connect(settings.database_url, row_factory=dict_row) as conn, conn.transaction():
-            ids = await record_crossing(store.AlertsTx(conn), event)
+            ids = await record_crossing(store.AlertsTx(conn, relay), event)
             await asyncio.sleep(0.2)  # hold the transaction open so the racer really overlaps
             return ids
 

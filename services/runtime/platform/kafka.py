@@ -39,12 +39,13 @@ async def within_publish_timeout(pending: Awaitable[T], seconds: float = PUBLISH
         raise KafkaTimeoutError(f"no acknowledgement from Kafka within {seconds:.0f}s") from exc
 
 
-# An idle consumer's pace, for every consumer. Not a latency floor: the broker answers a waiting
-# fetch as soon as a record is appended (fetch min bytes 1), and aiokafka's fetcher task wakes at
-# once for a fetch's answer, a seek or a new assignment. They only set how often an idle consumer
-# asks again and wakes up to look, i.e. an idle process's CPU (BENCHMARKS.md, "idle"). A fetch
-# wait must stay well under the broker's request_timeout_ms (5 s), which FastStream's consumers share.
-IDLE_FETCH_WAIT_MS = 2000  # fetch_max_wait_ms: how long the broker holds a fetch with nothing to return
+# An idle consumer's pace, for every consumer: how often it asks again and wakes up to look, i.e.
+# an idle process's CPU (BENCHMARKS.md, "idle"). In steady state neither is a latency floor (the
+# broker answers a waiting fetch as soon as a record is appended). The fetch wait is one after a
+# consumer joins, though: records for a partition whose position was set after the fetch in flight
+# was sent wait for that fetch to end. At 2 s that cost each test starting consumers ~1.5 s
+# (`make test` +3 min) for 1.8 % vs 3.7 % of a core idle, so the fetch wait stays at Kafka's 500 ms.
+IDLE_FETCH_WAIT_MS = 500  # fetch_max_wait_ms: how long the broker holds a fetch with nothing to return
 IDLE_WAKE_MS = 2000  # consumer_timeout_ms: the fetcher task's timer with a fetch in flight (aiokafka's: 200)
 
 
