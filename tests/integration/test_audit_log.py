@@ -17,12 +17,13 @@ from aiokafka import AIOKafkaProducer
 from contracts.audit import PLATFORM_ACCOUNT, AuditAction, AuditContext
 from contracts.topics import AUDIT
 from services.runtime.platform.settings import Settings
+from tests.conftest import own_settings
 from tests.integration.quota_helpers import eventually
 from tests.integration.test_keys_api import PASSWORD, bearer, code, new_key, signup
 from tests.integration.test_members import add, login
 from tests.support import databases
 from tests.support.apps import running_app
-from tests.support.infra import Endpoints, delete_topics_with_prefix, drop_clickhouse_database
+from tests.support.infra import Endpoints
 
 pytestmark = pytest.mark.integration
 AUDIT_LOG = "/api/audit-log"
@@ -36,26 +37,14 @@ def _from(headers: dict[str, str]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 async def platform(infra: Endpoints, template_db: str) -> AsyncIterator[tuple[Settings, httpx.AsyncClient]]:
-    tag = uuid.uuid4().hex[:10]
     database_url = databases.clone(infra.database_url, template_db)
-    settings = Settings(
-        kafka_bootstrap_servers=infra.kafka_bootstrap,
-        database_url=database_url,
-        clickhouse_dsn=infra.clickhouse_dsn,
-        clickhouse_database=f"t_{tag}",
-        redis_url=infra.redis_url,
-        topic_prefix=f"t{tag}.",
-        session_secret=f"test-secret-{tag}",
-        admin_token=f"admin-{tag}",
-        trusted_proxies=["127.0.0.0/8"],
-    )
     try:
-        async with running_app(settings) as (_, client):
-            yield settings, client
+        async with own_settings(infra, database_url) as own:
+            settings = own.model_copy(update={"trusted_proxies": ["127.0.0.0/8"]})
+            async with running_app(settings) as (_, client):
+                yield settings, client
     finally:
         databases.drop(infra.database_url, database_url)
-        await delete_topics_with_prefix(infra.kafka_bootstrap, f"t{tag}.")
-        drop_clickhouse_database(infra.clickhouse_dsn, f"t_{tag}")
 
 
 @pytest.fixture
