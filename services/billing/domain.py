@@ -4,7 +4,6 @@ Every path that can put an account on a tier (order creation, payment, switch) c
 `ensure_plan_allowed`, under the account's row lock, so no path and no race bypasses it.
 """
 
-import base64
 import hashlib
 import json
 import tomllib
@@ -17,6 +16,7 @@ from importlib import resources
 from typing import Any
 from uuid import UUID
 
+from contracts import keyset_cursor
 from contracts.billing_api import InvoiceLine, Order
 from contracts.common import Resource, Tier, UserType
 from contracts.domain_errors import Conflict, DomainError, Invalid, PaymentRequired
@@ -233,18 +233,11 @@ MAX_PAGE = 100
 
 
 def encode_cursor(created_at: datetime, order_id: UUID) -> str:
-    """The keyset of the last order on a page, opaque to clients."""
-    raw = f"{created_at.isoformat()}|{order_id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return keyset_cursor.encode(created_at, order_id)
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
     try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        moment, order_id = raw.split("|")
-        created_at = datetime.fromisoformat(moment)
-        if created_at.tzinfo is None:
-            raise ValueError("naive")
-        return created_at, UUID(order_id)
-    except ValueError as exc:  # binascii.Error and UnicodeDecodeError are ValueErrors too
+        return keyset_cursor.decode(cursor)
+    except ValueError as exc:
         raise Invalid("The cursor is not one this API gave; start again without it.") from exc

@@ -1,11 +1,11 @@
 """Pure rules of accounts and API keys: states, rotation, listing, and the keys service's domain
 errors. No I/O. Secrets, masks and hashes come from contracts/credentials.py."""
 
-import base64
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from contracts import keyset_cursor
 from contracts.audit import AuditAction, AuditItem, AuditTarget, KeyActorOut, OperatorActorOut, UserActorOut
 from contracts.common import KeyStatus, Role, ServiceScope, UserType
 from contracts.domain_errors import Conflict, Forbidden, Invalid, Unauthenticated
@@ -160,20 +160,13 @@ AUDIT_PAGE_MAX = 200
 
 
 def encode_audit_cursor(time: datetime, entry_id: UUID) -> str:
-    """The keyset of a page's last entry, opaque to clients (as billing's order history)."""
-    raw = f"{time.isoformat()}|{entry_id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return keyset_cursor.encode(time, entry_id)
 
 
 def decode_audit_cursor(cursor: str) -> tuple[datetime, UUID]:
     try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        moment, entry_id = raw.split("|")
-        time = datetime.fromisoformat(moment)
-        if time.tzinfo is None:
-            raise ValueError("naive")
-        return time, UUID(entry_id)
-    except ValueError as exc:  # binascii.Error and UnicodeDecodeError are ValueErrors too
+        return keyset_cursor.decode(cursor)
+    except ValueError as exc:
         raise InvalidField("cursor", "is not one this API gave; start again without it") from exc
 
 
