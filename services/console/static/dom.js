@@ -185,3 +185,23 @@ export function shownOncePanel({ secret, inputLabel, inputId, copyLabel, titleId
   });
   return panel;
 }
+
+/** A table paged by the API's keyset cursor: `load()` fills it anew, `load(true)` appends the next
+ *  page; "Load more" shows while there is one, the empty note when nothing matched. */
+export function cursorPaged({ fetchPage, line, tbody, more, empty, errors }) {
+  let cursor = null;
+  return async function load(append = false) {
+    errors.replaceChildren();
+    try {
+      const data = await fetchPage(append ? cursor : "");
+      const rows = data.items.map(line);
+      if (append) tbody.append(...rows);
+      else tbody.replaceChildren(...rows);
+      cursor = data.next_cursor || null;
+      more.hidden = !cursor;
+      empty.hidden = tbody.children.length > 0;
+    } catch (err) {
+      errors.append(errorBox(err));
+    }
+  };
+}

@@ -1,7 +1,7 @@
 // Audit log (v2): every console and operator write of the account, newest first, with filters
 // and paging. Only owners and billing members may read it (audit:read); others are told why.
 import { get } from "./api.js";
-import { errorBox, field, h, select } from "./dom.js";
+import { cursorPaged, field, h, select } from "./dom.js";
 import { dateTime, titleCase } from "./format.js";
 
 export const ACTIONS = [
@@ -62,7 +62,6 @@ export async function render(container, ctx) {
   const errors = h("div");
   const more = h("button", { type: "button", class: "secondary", hidden: true }, "Load more");
   const empty = h("p", { class: "muted", hidden: true }, "No entries match these filters.");
-  let cursor = null;
 
   const params = () => ({
     action: action.value,
@@ -85,20 +84,7 @@ export async function render(container, ctx) {
     );
   }
 
-  async function load(append = false) {
-    errors.replaceChildren();
-    try {
-      const data = await get("/api/audit-log", { ...params(), cursor: append ? cursor : "" });
-      const rows = data.items.map(line);
-      if (append) tbody.append(...rows);
-      else tbody.replaceChildren(...rows);
-      cursor = data.next_cursor || null;
-      more.hidden = !cursor;
-      empty.hidden = tbody.children.length > 0;
-    } catch (err) {
-      errors.append(errorBox(err));
-    }
-  }
+  const load = cursorPaged({ fetchPage: (cursor) => get("/api/audit-log", { ...params(), cursor }), line, tbody, more, empty, errors });
 
   form.addEventListener("submit", (event) => {
     event.preventDefault();

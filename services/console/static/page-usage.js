@@ -2,7 +2,7 @@
 // trend by hour/day/week compared by model, provider or key, per-provider table, activity log;
 // all of it for one API key or all, exportable as CSV, with unpriced usage said as such.
 import { download, get } from "./api.js";
-import { busy, errorBox, field, h, select } from "./dom.js";
+import { busy, cursorPaged, errorBox, field, h, select } from "./dom.js";
 import { colour, donut, legend, lineChart } from "./charts.js";
 import { browserZone, change, dateTime, dec, money, num, pct } from "./format.js";
 
@@ -273,7 +273,6 @@ function activitySection() {
   const empty = h("p", { class: "muted", hidden: true }, "No calls match these filters.");
   const apply = h("button", { type: "submit", class: "primary" }, "Filter");
   const form = h("form", { class: "row filters", "aria-label": "Activity filters" }, field("API key", key), field("IP address", ip), field("From", start), field("To", end), field("Outcome", outcome), h("div", { class: "actions" }, apply));
-  let cursor = null;
   const keyNames = new Map(); // api_key_id -> "name (sk-abcd...wxyz)" from the keys list
 
   const params = () => ({
@@ -302,20 +301,7 @@ function activitySection() {
     );
   }
 
-  async function load(append = false) {
-    errors.replaceChildren();
-    try {
-      const data = await get("/api/activity-log", { ...params(), cursor: append ? cursor : "" });
-      const rows = data.items.map(line);
-      if (append) tbody.append(...rows);
-      else tbody.replaceChildren(...rows);
-      cursor = data.next_cursor || null;
-      more.hidden = !cursor;
-      empty.hidden = tbody.children.length > 0;
-    } catch (err) {
-      errors.append(errorBox(err));
-    }
-  }
+  const load = cursorPaged({ fetchPage: (cursor) => get("/api/activity-log", { ...params(), cursor }), line, tbody, more, empty, errors });
 
   async function loadKeys() {
     try {
