@@ -65,12 +65,23 @@ async def test_a_metered_topic_an_older_version_made_is_brought_to_size_retentio
         # as v1 made it (kept by time), with a setting of the operator's own
         await admin.create_topics([NewTopic(topic, USAGE.partitions, 1, topic_configs={"max.message.bytes": "2000000"})])
         await ensure_topics(settings, (USAGE,))
-        [response] = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
-        [(_, _, _, _, entries)] = response.resources
-        overrides = {entry[0]: entry[1] for entry in entries if entry[3] == 1}  # set on the topic itself
+
+        async def overrides() -> dict[str, str]:  # the configs set on the topic itself
+            [response] = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+            [(_, _, _, _, entries)] = response.resources
+            return {entry[0]: entry[1] for entry in entries if entry[3] == 1}
+
+        wanted = {**METERED, "max.message.bytes": "2000000"}
+
+        async def updated() -> bool:  # a broker applies a config change from the metadata log: soon, not at once
+            return await overrides() == wanted
+
+        try:
+            await wait_until(updated, timeout=15, interval=0.2)
+        except TimeoutError:
+            assert await overrides() == wanted
     finally:
         await admin.close()
-    assert overrides == {**METERED, "max.message.bytes": "2000000"}
 
 
 async def test_the_sink_counts_records_deleted_before_it_read_them_and_goes_on(settings):

@@ -191,5 +191,9 @@ async def _update_configs(admin: AIOKafkaAdminClient, wanted: dict[str, dict[str
             if any(current.get(key) != value for key, value in wanted[name].items()):
                 changed.append(ConfigResource(ConfigResourceType.TOPIC, name, configs={**current, **wanted[name]}))
     if changed:
-        await admin.alter_configs(changed)
+        # Applied by each broker from the metadata log: in force soon after this answer, not at once.
+        for response in await admin.alter_configs(changed):
+            for error_code, message, _, name in response.resources:
+                if error_code != 0:
+                    log.error("topic %s: Kafka refused its configs (error %d: %s)", name, error_code, message)
         log.warning("topic configs brought up to date: %s", ", ".join(r.name for r in changed))
