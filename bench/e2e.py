@@ -46,7 +46,7 @@ RULES_PCT = (1, 2, 5)
 PRO_TOKENS = 10_000_000
 
 
-def tollgate_up(state: Path, port: int) -> tuple[dict[str, str], dict[str, str]]:
+def tollgate_up(state: Path, port: int, *up_args: str) -> tuple[dict[str, str], dict[str, str]]:
     """The environment of the stack `tollgate up` started, and its demo service token's headers."""
     env = {
         **{k: v for k, v in os.environ.items() if k not in {"KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL", "CLICKHOUSE_DSN"}},
@@ -57,7 +57,9 @@ def tollgate_up(state: Path, port: int) -> tuple[dict[str, str], dict[str, str]]
         "LOG_LEVEL": "WARNING",
     }
     cli = [sys.executable, "-m", "services.runtime.host.cli"]
-    up = subprocess.run([*cli, "up", "--port", str(port)], env=env, cwd=REPO, capture_output=True, text=True, check=False)
+    up = subprocess.run(
+        [*cli, "up", "--port", str(port), *up_args], env=env, cwd=REPO, capture_output=True, text=True, check=False
+    )
     if up.returncode != 0:
         raise SystemExit(f"tollgate up failed:\n{up.stdout}\n{up.stderr}")
     printed = json.loads(up.stdout[up.stdout.index("{") :])

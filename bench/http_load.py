@@ -13,7 +13,7 @@ whole pipeline's CPU per metered call.
     (named http_load, not http: a script's folder comes first on sys.path and would hide the standard
 library's `http`)
 
-    .venv/bin/python bench/http_load.py [--seconds 15] [--connections 32] [--threads 2] [--accounts 5]
+    .venv/bin/python bench/http_load.py [--seconds 15] [--connections 32] [--threads 2] [--accounts 5] [--workers N]
 """
 
 import argparse
@@ -160,12 +160,12 @@ async def api_calls_used(http: httpx.AsyncClient, base: str, console: str) -> in
     return int(next(item["used"] for item in body["items"] if item["resource"] == "api_calls"))
 
 
-async def main(seconds: float, connections: int, threads: int, accounts: int) -> int:
+async def main(seconds: float, connections: int, threads: int, accounts: int, workers: int | None) -> int:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: ./deploy/local/prereqs.sh --bench")
     state = REPO / ".tollgate" / f"bench-http-{uuid.uuid4().hex[:6]}"
     port = free_port()
-    env = tollgate_up(state, port)
+    env, _ = tollgate_up(state, port, *(["--workers", str(workers)] if workers else []))
     base = f"http://127.0.0.1:{port}"
     script = Path(tempfile.mkdtemp()) / "rotate.lua"
     script.write_text(WRK_SCRIPT)
@@ -194,7 +194,8 @@ async def main(seconds: float, connections: int, threads: int, accounts: int) ->
             victim = asyncio.to_thread(wrk, script, f"{base}/api/geo/projects", keys[:1], seconds, half, 1)
             _, crowded = await asyncio.gather(flood, victim)
 
-            print(f"wrk -t{threads} -c{connections} -d{seconds:g}s against one `tollgate up` on {os.cpu_count()} cores")
+            shape = f"--workers {workers}" if workers else f"default --workers ({os.cpu_count()})"
+            print(f"wrk -t{threads} -c{connections} -d{seconds:g}s against one `tollgate up` ({shape}) on {os.cpu_count()} cores")
             print(healthz.line("GET /healthz (baseline)"))
             print(admitted.line("admitted API-key call (metered)", healthz))
             print(unknown.line("unknown key (401)", healthz))
@@ -241,5 +242,6 @@ if __name__ == "__main__":
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--accounts", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=None, help="`tollgate up --workers` (default: its own)")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.seconds, args.connections, args.threads, args.accounts)))
+    sys.exit(asyncio.run(main(args.seconds, args.connections, args.threads, args.accounts, args.workers)))

@@ -28,6 +28,7 @@ class Tx(Protocol):
 
 class Store(Protocol):
     def transaction(self) -> AbstractAsyncContextManager[Tx]: ...
+    def read(self) -> AbstractAsyncContextManager[Tx]: ...
 
 
 class Outbox(Protocol):
@@ -51,7 +52,7 @@ class GeoService:
         self.console_url = console_url  # for the links of insufficient_quota
 
     async def list_projects(self, account_id: UUID) -> list[ProjectRow]:
-        async with self.store.transaction() as tx:
+        async with self.store.read() as tx:
             return await tx.list_projects(account_id)
 
     async def create_project(self, account_id: UUID, name: str) -> ProjectRow:

@@ -12,6 +12,8 @@ from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 
+from services.runtime.platform.postgres import autocommit
+
 Conn = AsyncConnection[DictRow]
 
 
@@ -65,4 +67,10 @@ class GeoStore:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[GeoTx]:
         async with self._pool.connection() as conn, conn.transaction():
+            yield GeoTx(conn)
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[GeoTx]:
+        """For a one-statement read: no transaction around it (the hot path of API-key calls)."""
+        async with autocommit(self._pool) as conn:
             yield GeoTx(conn)

@@ -35,6 +35,11 @@ log = logging.getLogger(__name__)
 
 # Large batches: the engine's cost per INSERT is mostly fixed (BENCHMARKS.md, metering round 3).
 MAX_RECORDS = 50_000
+# The broker holds a fetch until this much has arrived or its wait (IDLE_FETCH_WAIT_MS) is up:
+# at a few hundred calls a second the sink wrote a handful of events per batch, eight statements
+# each, and the engine's fixed cost per statement was a third of the stack's CPU per metered
+# call (BENCHMARKS.md, "http_load"). An event becomes visible up to that wait later.
+FETCH_MIN_BYTES = 1024 * 1024
 IDLE_WAIT_MS = 2000  # how long `getmany` waits when nothing arrives; records end the wait at once
 
 SINK_EVENTS = Counter("tollgate_metering_sink_events_total", "Events handled by the metering sink", ["topic", "outcome"])
@@ -73,6 +78,7 @@ class TopicSink:
             # this group read them. The sink starts a new group at the beginning and counts a gap.
             auto_offset_reset="none",
             max_partition_fetch_bytes=8 * 1024 * 1024,
+            fetch_min_bytes=FETCH_MIN_BYTES,
             fetch_max_wait_ms=IDLE_FETCH_WAIT_MS,
             consumer_timeout_ms=IDLE_WAKE_MS,
         )

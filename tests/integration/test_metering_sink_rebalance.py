@@ -31,7 +31,7 @@ from fastapi import FastAPI
 from contracts.common import Resource
 from contracts.events import UsageEvent
 from contracts.topics import USAGE
-from services.metering import pipeline
+from services.metering import consumers, pipeline
 from services.metering.store import InsertResult, MeteringStore
 from services.runtime.host.app import create_app
 from services.runtime.platform.kafka import ensure_topics
@@ -440,6 +440,7 @@ async def test_a_failure_in_the_consumer_loop_joins_again_from_the_committed_off
     whose records the consumer has already moved past): the sink leaves the group and joins
     again from its committed offsets, so that batch is fetched again and nothing is lost."""
     monkeypatch.setattr(pipeline, "RETRY_DELAY_S", 0.05)
+    monkeypatch.setattr(consumers, "FETCH_MIN_BYTES", 1)  # a batch per produced chunk, not per broker wait
     real = pipeline.Batch.of
     calls = 0
 

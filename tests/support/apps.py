@@ -55,14 +55,19 @@ def settings_env(settings: Settings) -> dict[str, str]:
 class ServeProcess:
     """`tollgate serve` in a child process; kill() is a real SIGKILL."""
 
-    def __init__(self, settings: Settings, targets: str = "all", port: int | None = None, log_path: Path | None = None) -> None:
+    def __init__(
+        self, settings: Settings, targets: str = "all", port: int | None = None, log_path: Path | None = None, workers: int = 1
+    ) -> None:
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path or (REPO / ".tollgate" / "test-logs" / f"serve-{self.port}.log")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "services.runtime.host.cli", "serve", "--target", targets, "--port", str(self.port)],
+                [
+                    *[sys.executable, "-m", "services.runtime.host.cli", "serve", "--target", targets],
+                    *["--port", str(self.port), "--workers", str(workers)],
+                ],
                 env=settings_env(settings),
                 stdout=log,
                 stderr=subprocess.STDOUT,

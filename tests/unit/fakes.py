@@ -234,6 +234,10 @@ class FakeGeoStore:
         self.projects = tx.projects
         self.locks += tx.locked
 
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[FakeGeoTx]:
+        yield FakeGeoTx(self.projects)
+
 
 class FakeQuota:
     """The edge's quota projection: a settable total per account (`default` otherwise)."""

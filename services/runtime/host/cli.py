@@ -5,15 +5,19 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 from uuid import UUID
 
 import httpx
 import typer
 
 from services.runtime.host import stack
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 app = typer.Typer(help="Tollgate: API keys, usage metering, quotas and usage alerts.", no_args_is_help=True)
 stack_app = typer.Typer(help="The local stack (Kafka, Postgres, ClickHouse, redis) without Docker.", no_args_is_help=True)
@@ -54,29 +58,63 @@ def serve(
     target: Annotated[str, typer.Option(help="all, or a comma-separated list of services")] = "all",
     host: str = "127.0.0.1",
     port: int = 8080,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="processes serving the port, each a whole replica of the targets (its own projections; "
+            "the consumer groups share the partitions out). Default: the number of cores",
+        ),
+    ] = os.cpu_count() or 1,
 ) -> None:
-    """Run the named services' routes and subscribers in this process."""
+    """Run the named services' routes and subscribers in this process (or in `--workers` processes)."""
+    if workers == 1:
+        import uvicorn
+
+        uvicorn.run(worker_app(target), host=host, port=port, **_uvicorn_options())
+        return
+    from services.runtime.host.workers import supervise
+
+    with tempfile.TemporaryDirectory(prefix="tollgate-metrics-") as metrics_dir:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # /metrics adds up every worker's counters
+        code = supervise(workers, serve_worker, (target, host, port))
+    raise typer.Exit(code)
+
+
+def serve_worker(target: str, host: str, port: int) -> None:
+    """One of `serve --workers N`'s processes (spawned): the app on a socket of its own."""
     import uvicorn
 
+    from services.runtime.host.workers import STARTUP_FAILURE, reuse_port_socket
+
+    sock = reuse_port_socket(host, port)
+    server = uvicorn.Server(uvicorn.Config(worker_app(target), **_uvicorn_options()))
+    server.run(sockets=[sock])
+    if not server.started:
+        sys.exit(STARTUP_FAILURE)
+
+
+def worker_app(target: str) -> "FastAPI":
     from services.runtime.host.app import create_app
     from services.runtime.platform.logs import configure
     from services.runtime.platform.settings import get_settings
 
     configure(get_settings().log_level)
+    return create_app([target])
+
+
+def _uvicorn_options() -> dict[str, Any]:
     from services.runtime.host.http_limits import BoundedHttpToolsProtocol
 
-    # http=: uvicorn's httptools protocol, but with bounded request heads (414/431).
-    uvicorn.run(
-        create_app([target]),
-        host=host,
-        port=port,
-        log_config=None,
-        access_log=False,
-        http=BoundedHttpToolsProtocol,
+    return {
+        "log_config": None,
+        "access_log": False,
+        # uvicorn's httptools protocol, but with bounded request heads (414/431).
+        "http": BoundedHttpToolsProtocol,
         # Longer than the idle timeout of ingresses and client pools in front of us, so that they,
         # not we, close idle connections (else a request can race the close and fail).
-        timeout_keep_alive=KEEP_ALIVE_S,
-    )
+        "timeout_keep_alive": KEEP_ALIVE_S,
+    }
 
 
 KafkaNodes = Annotated[
@@ -214,6 +252,9 @@ def up(
         ),
     ] = False,
     kafka_nodes: KafkaNodes = None,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="`serve --workers` of the one process (default: the number of cores)")
+    ] = None,
 ) -> None:
     """The local stack plus Tollgate in the background; prints URL and demo login."""
     cfg = _config(kafka_nodes)
@@ -233,7 +274,10 @@ def up(
             env = {**os.environ, **cfg.env()}
             with open(logs / "tollgate.log", "ab") as log:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "services.runtime.host.cli", "serve", "--target", "all", "--port", str(port or 8080)],
+                    [
+                        *[sys.executable, "-m", "services.runtime.host.cli", "serve", "--target", "all"],
+                        *["--port", str(port or 8080), "--workers", str(workers or os.cpu_count() or 1)],
+                    ],
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,

@@ -2,12 +2,13 @@
 
 import asyncio
 import logging
+import os
 from collections.abc import Mapping
 
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from faststream.kafka import KafkaBroker
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from psycopg_pool import AsyncConnectionPool
 
 from services.edge.component import Check
@@ -59,6 +60,16 @@ def health_router(checks: Mapping[str, Check]) -> APIRouter:
 
     @router.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        return Response(_exposition(), media_type=CONTENT_TYPE_LATEST)
 
     return router
+
+
+def _exposition() -> bytes:
+    """This process's metrics, or with `serve --workers N` every worker's, added up (prometheus
+    client's multiprocess mode: each worker writes its values to files in that folder)."""
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        return generate_latest()
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return generate_latest(registry)

@@ -122,7 +122,9 @@ def start_replica(split: SplitShape, replica: Replica, env: Mapping[str, str]) -
         return
     logs = split.run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    # One worker each: the replicas are the shape's processes, counted in REPLICAS.
     cmd = [sys.executable, "-m", "services.runtime.host.cli", "serve", "--target", replica.service, "--port", str(replica.port)]
+    cmd += ["--workers", "1"]
     with open(logs / f"{replica.name}.log", "ab") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(env), cwd=stack.REPO_ROOT, start_new_session=True
