@@ -3,7 +3,9 @@
 Both run `rate_limit.evaluate`'s arithmetic atomically over all of a request's subjects: the
 in-process store needs no lock (no await between read and write on the event loop); the Redis
 store is one Lua script, so replicas share the limits exactly. Redis keeps the doubles as
-`%.17g` strings, which round-trip exactly, so both stores give the same decisions.
+`%.17g` strings, which round-trip exactly, so both stores give the same decisions. A subject
+over its limit is refused from the Redis store's copy of its slots until that copy would let
+a request through: a flood of 429s costs no round trips.
 """
 
 import logging
@@ -64,8 +66,10 @@ local slots = {}
 local function estimate(s)
   return s.prev * math.max(0.0, (W - math.max(0.0, now - s.wstart)) / W) + s.cur
 end
+local stored = {}
 for i, key in ipairs(KEYS) do
   local h = redis.call('HMGET', key, 'tokens', 'updated', 'wstart', 'cur', 'prev')
+  stored[i] = h
   local s
   if not h[1] then
     s = {tokens = burst, updated = now, wstart = wnow, cur = 0.0, prev = 0.0}
@@ -119,8 +123,16 @@ for i, s in ipairs(slots) do
 end
 local retry = 0
 if not allowed then retry = math.max(1, math.ceil(wait)) end
-return {allowed and 1 or 0, math.max(0, remaining), math.max(0, math.ceil(wnow + W - now)), retry}
+local result = {allowed and 1 or 0, math.max(0, remaining), math.max(0, math.ceil(wnow + W - now)), retry}
+if not allowed then
+  -- the slots as stored (a refusal writes nothing), for the caller's copy
+  for i, h in ipairs(stored) do
+    for f = 1, 5 do result[#result + 1] = h[1] and h[f] or '' end
+  end
+end
+return result
 """
+MAX_REFUSED = 100_000  # subjects remembered as refused; forgotten all at once beyond
 
 
 class RedisStore:
@@ -128,12 +140,24 @@ class RedisStore:
         self._redis: Redis[bytes] = Redis.from_url(url)
         self._prefix = prefix
         self._script = self._redis.register_script(LUA)
+        # Subjects Redis refused, with their slots as Redis had them. Only refusals are kept:
+        # replicas only ever take from a slot, so a request these copies refuse, Redis would refuse
+        # too, and a flood over its limit is answered here without a round trip. The first request
+        # the copy would let through goes to Redis again.
+        self._refused: dict[tuple[str, ...], list[Slot | None]] = {}
 
     async def hit(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision:
+        subjects = tuple(subjects)  # the edge's are tuples already
+        refused = self._refused.get(subjects)
+        if refused is not None:
+            decision, _ = evaluate(refused, limits, now)
+            if not decision.allowed:
+                return decision
+            del self._refused[subjects]
         # Idle slots expire once a full bucket and an empty window would be the same thing.
         ttl = int(2 * WINDOW_S + math.ceil(limits.burst / limits.per_second))
         try:
-            allowed, remaining, reset, retry = await self._script(
+            allowed, remaining, reset, retry, *stored = await self._script(
                 keys=[self._prefix + s for s in subjects],
                 args=[repr(now), repr(limits.per_second), limits.burst, limits.per_minute, ttl],
             )
@@ -141,10 +165,19 @@ class RedisStore:
             STORE_ERRORS.inc()
             log.warning("rate-limit store failed; allowing the call", exc_info=True)
             return Decision(True, limits.per_minute, limits.per_minute, 0, 0)
+        if not allowed:
+            if len(self._refused) >= MAX_REFUSED:
+                self._refused.clear()
+            self._refused[subjects] = [_slot(stored[i : i + 5]) for i in range(0, len(stored), 5)]
         return Decision(bool(allowed), limits.per_minute, int(remaining), int(reset), int(retry))
 
     async def close(self) -> None:
         await self._redis.aclose()  # type: ignore[attr-defined]  # types-redis predates aclose()
+
+
+def _slot(fields: Sequence[bytes]) -> Slot | None:
+    """A slot as the script returned it (five `%.17g` strings, or empty ones for none yet)."""
+    return Slot(*(float(f) for f in fields)) if fields[0] else None
 
 
 def make_store(redis_url: str | None) -> RateLimitStore:

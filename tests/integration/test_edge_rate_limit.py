@@ -36,6 +36,37 @@ async def test_redis_store_decides_exactly_like_the_in_process_store(redis_url):
         await shared.close()
 
 
+async def test_redis_store_refuses_a_flood_from_its_copy_and_asks_redis_again_in_time(redis_url):
+    prefix = f"t{uuid.uuid4().hex[:8]}:"
+    store, other_replica = RedisStore(redis_url, prefix=prefix), RedisStore(redis_url, prefix=prefix)
+    round_trips = 0
+    script = store._script
+
+    async def counted(**kwargs):  # type: ignore[no-untyped-def]
+        nonlocal round_trips
+        round_trips += 1
+        return await script(**kwargs)
+
+    store._script = counted  # type: ignore[assignment]
+    limits = Limits(per_second=1.0, burst=2, per_minute=100)
+    subjects, now = ("acct", "key"), 1_800_000_000.0
+    try:
+        assert [(await store.hit(subjects, limits, now)).allowed for _ in range(2)] == [True, True]
+        flood = [await store.hit(subjects, limits, now + 0.1 * i) for i in range(10)]  # the bucket refills 1/s
+        assert not any(d.allowed for d in flood)
+        assert [d.retry_after_s for d in flood] == [1] * 10
+        assert round_trips == 3  # the two admitted and the first refusal; the rest from the copy
+        # At 1 s the copy would admit, so Redis decides: another replica took the token meanwhile.
+        assert (await other_replica.hit(subjects, limits, now + 1.0)).allowed
+        assert not (await store.hit(subjects, limits, now + 1.0)).allowed
+        assert round_trips == 4
+        assert (await store.hit(subjects, limits, now + 2.0)).allowed
+        assert round_trips == 5
+    finally:
+        await store.close()
+        await other_replica.close()
+
+
 async def publish_plan(settings, account_id: uuid.UUID, rate: RateLimit) -> None:
     event = PlanChanged(
         time=datetime.now(UTC), account_id=account_id, plan=Tier.BASIC, quotas=catalogue()[Tier.BASIC].quotas, rate_limit=rate
