@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,8 @@ done = function(summary, latency, requests)
 end
 """
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+FLAME_GRAPHS = REPO / "artifacts" / "flamegraphs"
+PY_SPY = str(Path(sys.executable).with_name("py-spy"))  # a dev dependency (pyproject.toml)
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,32 @@ def stack_cpu_seconds(state: Path) -> float:
     return total / CLK_TCK
 
 
+def serving_processes(state: Path) -> list[int]:
+    """`tollgate up`'s serve process, or its workers when it has some (`--workers N`)."""
+    parent = int((state / "tollgate.pid").read_text().split()[0])
+    workers = [
+        pid
+        for pid in _children().get(parent, [])
+        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()  # (not the resource tracker)
+    ]
+    return workers or [parent]
+
+
+def flame_graphs(state: Path, run: "Callable[[], Run]", seconds: float) -> tuple[Run, list[Path]]:
+    """`run`, and py-spy flame graphs (SVG, under artifacts/flamegraphs/) of the serving processes during it."""
+    FLAME_GRAPHS.mkdir(parents=True, exist_ok=True)
+    recorders = []
+    for pid in serving_processes(state):
+        out = FLAME_GRAPHS / f"http_load-admitted-{pid}.svg"
+        command = [PY_SPY, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200"]
+        command += ["--nonblocking", "--format", "flamegraph", "--output", str(out)]
+        recorders.append((out, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+    result = run()
+    for _, recorder in recorders:
+        recorder.wait(timeout=seconds + 60)
+    return result, [out for out, _ in recorders if out.exists()]
+
+
 # ---- tenants -------------------------------------------------------------------------------------------
 async def tenant(http: httpx.AsyncClient, base: str, plan: str | None) -> tuple[str, str]:
     """(console session, API key) of a new account, on `plan` (paid) or free."""
@@ -198,6 +227,10 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             victim = asyncio.to_thread(wrk, script, f"{base}/api/geo/projects", keys[:1], seconds, half, 1)
             _, crowded = await asyncio.gather(flood, victim)
 
+            # Where a metered call's time goes: one more admitted run, under py-spy this time (its
+            # sampling takes CPU, so not during the measured runs), a flame graph per serving process.
+            profiled, graphs = await asyncio.to_thread(flame_graphs, state, lambda: measure("/api/geo/projects", keys), seconds)
+
             shape = f"--workers {workers}" if workers else f"default --workers ({os.cpu_count()})"
             print(f"wrk -t{threads} -c{connections} -d{seconds:g}s against one `tollgate up` ({shape}) on {os.cpu_count()} cores")
             print(healthz.line("GET /healthz (baseline)"))
@@ -210,12 +243,13 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
                 f"isolation: B's throughput {crowded.per_s / alone.per_s:.2f}x and p99 "
                 f"{crowded.p99_ms / alone.p99_ms:.2f}x of alone (goal: within 1.5x)"
             )
+            print("flame graphs of the admitted calls' serving processes: " + ", ".join(str(g) for g in graphs))
             served = admitted.requests - admitted.non2xx
             print(f"whole-stack CPU per metered call: {cpu / max(served, 1) * 1e6:,.0f} us ({cpu:.1f} CPU-s / {served} calls)")
 
             # Every admitted call is counted once (the isolation runs added B's calls on key 0).
             b_calls = alone.requests - alone.non2xx + crowded.requests - crowded.non2xx
-            expected = served + b_calls
+            expected = served + b_calls + profiled.requests - profiled.non2xx
             deadline = time.monotonic() + 90
             counted = -1
             while time.monotonic() < deadline:
@@ -226,7 +260,7 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
                 await asyncio.sleep(1)
             # wrk does not count the responses still in flight when its time is up (at most one per
             # connection and run), but the server admitted and metered those calls too.
-            in_flight = connections + 2 * half
+            in_flight = 2 * connections + 2 * half
             exact = expected <= counted <= expected + in_flight
             print(
                 f"reconciliation: {counted} api_calls counted for {expected} admitted calls seen by wrk "
