@@ -408,8 +408,10 @@ async def queries(app, settings: Settings, ch, analyst_dsn: str) -> None:
         print(f"full (gen2) GC collections during the query phase: {len(pauses)}, longest {worst:.0f} ms")
 
 
+# A whole-table scan that fits the analyst's 2 GB at 100M rows (uniqExact of 100M ids did not: the
+# server refused it, as the profile says, and then there was no heavy query to measure against).
 HEAVY = (
-    "SELECT model, count() AS events, uniqExact(event_id) AS ids, quantileExact(0.99)(total_tokens) AS p99_tokens, "
+    "SELECT model, count() AS events, uniq(event_id) AS ids, quantile(0.99)(total_tokens) AS p99_tokens, "
     "sum(total_tokens) AS tokens FROM usage GROUP BY model ORDER BY tokens DESC"
 )
 

@@ -74,7 +74,10 @@ def serve(
         uvicorn.run(worker_app(target), host=host, port=port, **_uvicorn_options())
         return
     from services.runtime.host.workers import supervise
+    from services.runtime.platform.logs import configure
+    from services.runtime.platform.settings import get_settings
 
+    configure(get_settings().log_level)  # the supervisor's own lines: a worker ended, another started
     with tempfile.TemporaryDirectory(prefix="tollgate-metrics-") as metrics_dir:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # /metrics adds up every worker's counters
         code = supervise(workers, serve_worker, (target, host, port))
