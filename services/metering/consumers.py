@@ -29,17 +29,18 @@ from services.metering.ingest import SinkWrite, usage_rules
 from services.metering.pipeline import RETRY_DELAY_S, DrainOnRevoke, Records, WritePipeline
 from services.metering.store import MeteringStore
 from services.runtime.platform.deadletter import send_to_dead_letter
-from services.runtime.platform.kafka import IDLE_FETCH_WAIT_MS, IDLE_WAKE_MS
+from services.runtime.platform.kafka import IDLE_WAKE_MS
 
 log = logging.getLogger(__name__)
 
 # Large batches: the engine's cost per INSERT is mostly fixed (BENCHMARKS.md, metering round 3).
 MAX_RECORDS = 50_000
-# The broker holds a fetch until this much has arrived or its wait (IDLE_FETCH_WAIT_MS) is up:
-# at a few hundred calls a second the sink wrote a handful of events per batch, eight statements
-# each, and the engine's fixed cost per statement was a fifth of the stack's CPU per metered
-# call (BENCHMARKS.md, "http_load"). An event becomes visible up to that wait later.
+# The broker holds a fetch until this much has arrived or FETCH_WAIT_MS is up: at a few hundred
+# calls a second the sink wrote a handful of events per batch, eight statements each, and the
+# engine's fixed cost per statement was a fifth of the stack's CPU per metered call
+# (BENCHMARKS.md, "http_load"). At low rates an event becomes visible up to that wait later.
 FETCH_MIN_BYTES = 1024 * 1024
+FETCH_WAIT_MS = 250
 IDLE_WAIT_MS = 2000  # how long `getmany` waits when nothing arrives; records end the wait at once
 
 SINK_EVENTS = Counter("tollgate_metering_sink_events_total", "Events handled by the metering sink", ["topic", "outcome"])
@@ -79,7 +80,7 @@ class TopicSink:
             auto_offset_reset="none",
             max_partition_fetch_bytes=8 * 1024 * 1024,
             fetch_min_bytes=FETCH_MIN_BYTES,
-            fetch_max_wait_ms=IDLE_FETCH_WAIT_MS,
+            fetch_max_wait_ms=FETCH_WAIT_MS,
             consumer_timeout_ms=IDLE_WAKE_MS,
         )
         consumer.subscribe([self.topic], listener=DrainOnRevoke(self.pipeline))
