@@ -156,8 +156,8 @@ class Sink:
         ]
 
     async def start(self) -> None:
-        for topic in self.topics:
-            await topic.start()
+        # At once: each start waits for its group's first assignment (kafka.start_subscribers).
+        await asyncio.gather(*(topic.start() for topic in self.topics))
 
     async def close(self) -> None:
         """Before the process stops: finish and commit the writes in flight, start no other."""

@@ -19,7 +19,7 @@ from services.edge.openapi_security import install as install_openapi_security
 from services.edge.unavailable import install_unavailable_handlers
 from services.runtime.host.health import health_router, platform_checks
 from services.runtime.platform import postgres
-from services.runtime.platform.kafka import ensure_topics, make_broker
+from services.runtime.platform.kafka import ensure_topics, make_broker, start_subscribers
 from services.runtime.platform.settings import Settings, get_settings
 
 SERVICES: tuple[str, ...] = ("keys", "billing", "quota", "metering", "alerts", "geo")
@@ -62,7 +62,7 @@ def create_app(
         for component in components:
             for hook in component.on_start:
                 await hook()
-        await broker.start()
+        await start_subscribers(broker)
         # Everything built so far lives as long as the process: keep it out of the collector's
         # full passes, whose pauses showed in the analytics queries' tail (BENCHMARKS.md, "metering").
         gc.freeze()

@@ -140,6 +140,18 @@ def make_broker(settings: Settings) -> KafkaBroker:
     return broker
 
 
+async def start_subscribers(broker: KafkaBroker) -> None:
+    """`broker.start()` with the subscribers started at once. aiokafka's start waits for the
+    group's first assignment, and when another replica is in the group, that waits for the
+    replica's next heartbeat (every 3 s) to rebalance: one subscriber after the other, a second
+    `serve` worker took 30 s to start (BENCHMARKS.md, "http_load", round 2)."""
+    await broker.connect()
+    await asyncio.gather(*(subscriber.start() for subscriber in broker.subscribers))
+    for publisher in broker.publishers:
+        await publisher.start()
+    broker.running = True
+
+
 async def ensure_topics(settings: Settings, topics: tuple[Topic, ...] = ALL_TOPICS + ALL_DEAD_LETTER_TOPICS) -> None:
     """Create the topics (with their partitions and configs) that do not exist yet, and bring the
     configs of those that do up to what this version sets."""
