@@ -38,7 +38,7 @@ async def _run(settings: Settings, work: Callable[[KeysTx], Awaitable[T]]) -> T:
     await pool.open(wait=True, timeout=30)
     relay = OutboxRelay(pool, settings, "keys")
     try:
-        await relay.start()
+        await relay.open()  # it publishes this command's rows below: no relay loop to stop afterwards
         async with KeysStore(pool, relay).transaction() as tx:
             result = await work(tx)
         # committed: now publish it (and whatever else of the keys outbox waits, in order)

@@ -6,7 +6,9 @@ handed every connection of a light load to the same worker, and a keep-alive cli
 could land on one. A worker's socket starts listening only once its app has started (uvicorn
 listens after the lifespan), so a worker being replaced is never handed a connection it would
 hold while it starts. The supervisor replaces a worker that dies, and stops them all on SIGTERM
-or SIGINT.
+or SIGINT. The price of a socket per worker: connections the kernel had queued on a worker that
+dies, not yet accepted, are reset with it (Linux hands them to the other listeners instead with
+`sysctl net.ipv4.tcp_migrate_req=1`); with one shared socket they waited for another worker.
 """
 
 import logging

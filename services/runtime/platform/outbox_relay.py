@@ -89,8 +89,13 @@ class OutboxRelay:
         return int(row["seq"])
 
     # ---- lifecycle ---------------------------------------------------------------------------
-    async def start(self) -> None:
+    async def open(self) -> None:
+        """The producer alone, for a one-shot command that publishes what it committed
+        (`publish_committed`) and stops: no relay loop, no LISTEN connection, no pruner."""
         self._producer = await self._new_producer()
+
+    async def start(self) -> None:
+        await self.open()
         self._tasks = [
             asyncio.create_task(self._run(), name=f"relay:{self._lock_name}"),
             asyncio.create_task(self._listen(), name=f"relay-listen:{self._lock_name}"),
