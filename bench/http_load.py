@@ -35,7 +35,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.e2e import tollgate_up
-from tests.support.apps import REPO, free_port
+from tests.support.apps import REPO, free_port, worker_pids
 from tests.support.platform import expect
 
 # Each wrk thread rotates the Authorization header over the keys given after `--`; `done` prints
@@ -146,12 +146,7 @@ def stack_cpu_seconds(state: Path) -> float:
 def serving_processes(state: Path) -> list[int]:
     """`tollgate up`'s serve process, or its workers when it has some (`--workers N`)."""
     parent = int((state / "tollgate.pid").read_text().split()[0])
-    workers = [
-        pid
-        for pid in _children().get(parent, [])
-        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()  # (not the resource tracker)
-    ]
-    return workers or [parent]
+    return worker_pids(parent) or [parent]
 
 
 def flame_graphs(state: Path, run: "Callable[[], Run]", seconds: float) -> tuple[Run, list[Path]]:

@@ -232,10 +232,6 @@ def _month(order: Order) -> str:
 MAX_PAGE = 100
 
 
-def encode_cursor(created_at: datetime, order_id: UUID) -> str:
-    return keyset_cursor.encode(created_at, order_id)
-
-
 def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
     try:
         return keyset_cursor.decode(cursor)

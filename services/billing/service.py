@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo
 
 from aiokafka.errors import KafkaTimeoutError
 
+from contracts import keyset_cursor
 from contracts.audit import AuditAction, AuditContext
 from contracts.billing_api import (
     Invoice,
@@ -123,7 +124,7 @@ class BillingService:
         more = len(rows) > limit
         return OrderList(
             items=[self._out(r) for r in page],
-            next_cursor=domain.encode_cursor(page[-1].created_at, page[-1].id) if more else None,
+            next_cursor=keyset_cursor.encode(page[-1].created_at, page[-1].id) if more else None,
         )
 
     async def get_order(self, account_id: UUID, order_id: UUID) -> Order:

@@ -159,10 +159,6 @@ def check_keeps_an_owner(member: dict[str, Any], roles: list[Role], new_role: Ro
 AUDIT_PAGE_MAX = 200
 
 
-def encode_audit_cursor(time: datetime, entry_id: UUID) -> str:
-    return keyset_cursor.encode(time, entry_id)
-
-
 def decode_audit_cursor(cursor: str) -> tuple[datetime, UUID]:
     try:
         return keyset_cursor.decode(cursor)

@@ -16,6 +16,7 @@ from uuid import UUID, uuid4
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from contracts import keyset_cursor
 from contracts.audit import AuditAction, AuditContext, AuditLog, AuditRecorded
 from contracts.clock import Clock
 from contracts.common import KeyStatus, Role, ServiceScope, Tier, UserType
@@ -601,5 +602,5 @@ class KeysService:
         more = len(rows) > limit
         return AuditLog(
             items=[domain.audit_item(r) for r in page],
-            next_cursor=domain.encode_audit_cursor(page[-1]["time"], page[-1]["id"]) if more else None,
+            next_cursor=keyset_cursor.encode(page[-1]["time"], page[-1]["id"]) if more else None,
         )

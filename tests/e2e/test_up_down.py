@@ -11,8 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.test_serve_workers import worker_pids
-from tests.support.apps import REPO, free_port
+from tests.support.apps import REPO, free_port, worker_pids
 
 pytestmark = pytest.mark.integration
 

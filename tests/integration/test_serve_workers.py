@@ -22,28 +22,13 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from contracts.events import RateLimit
 from tests.integration.test_edge_rate_limit import publish_plan
 from tests.integration.test_keys_api import PASSWORD, bearer, code
-from tests.support.apps import ServeProcess
+from tests.support.apps import ServeProcess, worker_pids
+from tests.support.metering import wait_until
 
 pytestmark = pytest.mark.integration
 GEO = "/api/geo/projects"
 CLOSE = {"Connection": "close"}  # a new connection per request: the worker that accepts it serves it
 SERVED = "tollgate_http_request_seconds_count"
-
-
-def worker_pids(parent: int) -> list[int]:
-    """uvicorn's worker processes below `parent` (spawned: `... spawn_main ...` on their command line)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == parent and b"spawn_main" in cmdline:
-            pids.append(int(entry.name))
-    return sorted(pids)
 
 
 def listening(port: int) -> int:
@@ -74,22 +59,16 @@ async def calls(http: httpx.AsyncClient, secret: str, n: int) -> list[httpx.Resp
     return list(await asyncio.gather(*(http.get(GEO, headers={**bearer(secret), **CLOSE}) for _ in range(n))))
 
 
-async def until(predicate, within: float, pause: float = 0.2):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within
-    while True:
-        value = await predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        await asyncio.sleep(pause)
-
-
 async def test_two_workers_on_one_port_keep_toggles_metering_and_metrics(settings):
     serve = ServeProcess(settings, "all", workers=2)
     try:
         serve.wait_ready()
-        workers = await until(lambda: _two_workers(serve.proc.pid), within=30)
-        assert len(workers) == 2, f"expected two workers below {serve.proc.pid}: {workers}"
-        assert await until(lambda: _at_least(listening(serve.port), 2), within=60), "both workers listening"
+        workers = await wait_until(lambda: _two_workers(serve.proc.pid), timeout=30)
+
+        async def both_listening() -> bool:
+            return listening(serve.port) >= 2
+
+        await wait_until(both_listening, timeout=60)
         folder = metrics_dir(workers[0])
         limits = httpx.Limits(max_connections=20)
         async with httpx.AsyncClient(base_url=serve.base_url, timeout=10, limits=limits) as http:
@@ -108,7 +87,7 @@ async def test_two_workers_on_one_port_keep_toggles_metering_and_metrics(setting
             async def all_admitted() -> bool:
                 return all(r.status_code == 200 for r in await calls(http, key["key"], 20))
 
-            assert await until(all_admitted, within=10)
+            await wait_until(all_admitted, timeout=10)
             await calls(http, key["key"], 60)
             admitted_by = geo_calls_by_worker(folder, "200")
             assert sorted(admitted_by) == workers, f"calls served per worker: {dict(admitted_by)}"
@@ -132,7 +111,10 @@ async def test_two_workers_on_one_port_keep_toggles_metering_and_metrics(setting
                 quota = (await http.get("/api/billing/check-quota", headers=console)).json()
                 return int(next(i["used"] for i in quota["items"] if i["resource"] == "api_calls"))
 
-            assert await until(lambda: _equals(api_calls_used(), admitted), within=20) == admitted
+            async def all_counted() -> bool:
+                return await api_calls_used() >= admitted
+
+            await wait_until(all_counted, timeout=20)
             await asyncio.sleep(1)
             assert await api_calls_used() == admitted
 
@@ -146,7 +128,11 @@ async def test_two_workers_on_one_port_keep_toggles_metering_and_metrics(setting
                     if not (cursor := page.json()["next_cursor"]):
                         return logged
 
-            assert await until(lambda: _equals(logged_admitted(), admitted), within=20) == admitted
+            async def all_logged() -> bool:
+                return await logged_admitted() >= admitted
+
+            await wait_until(all_logged, timeout=20)
+            assert await logged_admitted() == admitted
 
             # /metrics, answered by either worker, adds up both.
             metrics = (await http.get("/metrics", headers=CLOSE)).text
@@ -160,9 +146,13 @@ async def test_two_workers_on_one_port_keep_toggles_metering_and_metrics(setting
             # A worker that dies is replaced; the other answers meanwhile. (Connections the kernel
             # had queued on the dying worker's socket are reset: the test asks once it is gone.)
             os.kill(workers[0], signal.SIGKILL)
-            assert await until(lambda: _gone(workers[0]), within=10)
+
+            async def killed_one_gone() -> bool:
+                return exited(workers[0])
+
+            await wait_until(killed_one_gone, timeout=10)
             assert (await http.get("/healthz", headers=CLOSE)).status_code == 200
-            replaced = await until(lambda: _two_workers(serve.proc.pid, without=workers[0]), within=30)
+            replaced = await wait_until(lambda: _two_workers(serve.proc.pid, without=workers[0]), timeout=30)
             assert len(replaced) == 2, replaced
     finally:
         serve.kill()
@@ -174,19 +164,6 @@ def exited(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
-
-
-async def _gone(pid: int) -> bool:
-    return exited(pid)
-
-
-async def _at_least(value: int, expected: int) -> bool:
-    return value >= expected
-
-
-async def _equals(value, expected: int):  # type: ignore[no-untyped-def]
-    got = await value
-    return got if got == expected else False
 
 
 async def _two_workers(parent: int, without: int | None = None) -> list[int]:

@@ -52,8 +52,26 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+def worker_pids(parent: int) -> list[int]:
+    """The worker processes of `serve --workers N` whose supervisor is `parent` (spawned:
+    `... spawn_main ...` on their command line, unlike multiprocessing's resource tracker)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and b"spawn_main" in cmdline:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
 class ServeProcess:
-    """`tollgate serve` in a child process; kill() is a real SIGKILL."""
+    """`tollgate serve` in a child process (one worker unless `workers`); kill() is a real SIGKILL
+    of its whole process group."""
 
     def __init__(
         self, settings: Settings, targets: str = "all", port: int | None = None, log_path: Path | None = None, workers: int = 1

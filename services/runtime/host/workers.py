@@ -16,6 +16,7 @@ import multiprocessing
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -25,7 +26,7 @@ STARTUP_FAILURE = 3  # uvicorn's exit code when the app cannot start: a replacem
 STOP_TIMEOUT_S = 30.0
 
 
-def supervise(workers: int, serve_one: Any, args: tuple[Any, ...]) -> int:
+def supervise(workers: int, serve_one: Callable[..., None], args: tuple[Any, ...]) -> int:
     """Run `serve_one(*args)` in `workers` spawned processes until SIGTERM or SIGINT; the exit code."""
     spawn = multiprocessing.get_context("spawn")
     stop = threading.Event()
