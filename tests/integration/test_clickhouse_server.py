@@ -22,8 +22,8 @@ from services.runtime.host import stack
 from services.runtime.host.chserver import ServerSpec
 from services.runtime.platform import clickhouse
 from services.runtime.platform.kafka import ensure_topics
-from tests.integration.test_metering_sink import produce, stamp, usage
 from tests.support.apps import REPO, free_port, running_app
+from tests.support.backfill import produce, stamp, usage
 from tests.support.metering import wait_until
 
 pytestmark = pytest.mark.integration

@@ -21,8 +21,8 @@ from contracts.topics import CALLS, METERED, QUOTA_THRESHOLDS, USAGE
 from services.metering.consumers import SINK_EVENTS
 from services.runtime.platform import clickhouse
 from services.runtime.platform.kafka import ensure_topics
-from tests.integration.test_metering_sink import stamp, usage
 from tests.support.apps import running_app
+from tests.support.backfill import stamp, usage
 from tests.support.metering import wait_until
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ def counters(database_url: str) -> dict[tuple[uuid.UUID, str], int]:
     return {(a, r): int(n) for a, r, n in rows}
 
 
-async def test_counts_are_exact_under_duplicates_reordering_and_sigkill(settings):
+async def test_counts_are_exact_under_duplicates_reordering_and_sigkill(fault_settings):
     rng = random.Random(7)
     accounts = [uuid.uuid4() for _ in range(3)]
     base = datetime.now(UTC)
@@ -47,31 +47,31 @@ async def test_counts_are_exact_under_duplicates_reordering_and_sigkill(settings
     rng.shuffle(stream)
     by_key = lambda e: str(e.account_id)  # noqa: E731
 
-    first = ServeProcess(settings, targets="quota")
+    first = ServeProcess(fault_settings, targets="quota")
     try:
         first.wait_ready()
-        await publish(settings, USAGE.name, stream[:1000], key=by_key)
+        await publish(fault_settings, USAGE.name, stream[:1000], key=by_key)
 
         async def some_counted():
-            return sum(abs(v) for v in counters(settings.database_url).values()) > 0 or None
+            return sum(abs(v) for v in counters(fault_settings.database_url).values()) > 0 or None
 
         await eventually(some_counted)
     finally:
         first.kill()  # SIGKILL: no offsets committed for what was in flight
 
-    await publish(settings, USAGE.name, stream[1000:], key=by_key)
-    await publish(settings, USAGE.name, rng.sample(events, 200), key=by_key)  # redelivered after the crash
-    second = ServeProcess(settings, targets="quota")
+    await publish(fault_settings, USAGE.name, stream[1000:], key=by_key)
+    await publish(fault_settings, USAGE.name, rng.sample(events, 200), key=by_key)  # redelivered after the crash
+    second = ServeProcess(fault_settings, targets="quota")
     try:
         second.wait_ready()
 
         async def all_counted():
-            got = counters(settings.database_url)
+            got = counters(fault_settings.database_url)
             return got if all(got.get(k) == v for k, v in expected.items()) else None
 
         got = await eventually(all_counted, within=60)
         await asyncio.sleep(0.5)  # nothing more may arrive: the counts stay put
-        assert counters(settings.database_url) == got
+        assert counters(fault_settings.database_url) == got
         assert {k: v for k, v in got.items() if k in expected} == expected
     finally:
         second.stop()

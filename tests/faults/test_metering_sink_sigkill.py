@@ -7,70 +7,19 @@ import json
 import subprocess
 import sys
 import uuid
-from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaProducer
 from faststream.kafka import KafkaBroker
 
-from contracts.common import Resource, Role
-from contracts.events import CallEvent, UsageEvent
+from contracts.common import Role
 from contracts.topics import CALLS, USAGE
 from services.runtime.platform.kafka import ensure_topics
 from tests.support.apps import REPO, ServeProcess
+from tests.support.backfill import RANGE, call, produce, stamp, usage
 from tests.support.metering import publish_account, session_token, wait_until
 
 pytestmark = pytest.mark.integration
-
-START = datetime(2026, 9, 1, tzinfo=UTC)
-RANGE = {"range": "custom", "start": "2026-01-01T00:00:00Z", "end": "2027-01-01T00:00:00Z"}
-
-
-def usage(account: uuid.UUID, n: int) -> UsageEvent:
-    quantity = n % 97 + 3
-    return UsageEvent(
-        time=START + timedelta(seconds=37 * n),
-        account_id=account,
-        resource=Resource.AI_TOKENS,
-        quantity=quantity,
-        provider="openai",
-        model="gpt-4o",
-        input_tokens=min(n % 89, quantity),  # the split adds up to the quantity (contracts/usage_rules.py)
-        output_tokens=quantity - min(n % 89, quantity),
-        source="kill-test",
-    )
-
-
-def call(account: uuid.UUID, n: int) -> CallEvent:
-    return CallEvent(
-        time=START + timedelta(seconds=11 * n),
-        account_id=account,
-        api_key_id=uuid.UUID(int=n % 3 + 1),
-        method="GET",
-        path="/api/geo/projects",
-        status=200,
-        ip="10.0.0.1",
-        latency_ms=1.5,
-    )
-
-
-def stamp(event: UsageEvent | CallEvent) -> int:
-    """The record timestamp a backfill of history sets: the event's own time (usage.v1's consumers
-    judge an event's time against its record's, contracts/usage_rules.py)."""
-    return int(event.time.timestamp() * 1000)
-
-
-async def produce(settings, records: list[tuple[str, bytes, bytes, int | None]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, acks="all", linger_ms=5)
-    await producer.start()
-    try:
-        for i in range(0, len(records), 5000):
-            futures = [await producer.send(t, v, key=k, timestamp_ms=ms) for t, k, v, ms in records[i : i + 5000]]
-            await asyncio.gather(*futures)
-            await asyncio.sleep(0.05)  # a steady stream, so the kill lands while batches are in flight
-    finally:
-        await producer.stop()
 
 
 def read_back(dsn: str, database: str) -> dict:
@@ -94,8 +43,8 @@ print(json.dumps({{
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-async def test_sigkill_mid_batch_then_restart_counts_exactly(settings, tmp_path):
-    sub = settings  # the serve processes write to the test's database on the ClickHouse server
+async def test_sigkill_mid_batch_then_restart_counts_exactly(fault_settings, tmp_path):
+    sub = fault_settings  # the serve processes write to the test's database on the ClickHouse server
     await ensure_topics(sub)
     account = uuid.uuid4()
     broker = KafkaBroker(sub.kafka_bootstrap_servers)
