@@ -4,7 +4,10 @@ stack of its own ports. Figures measured in one run:
 
 1. toggle -> refused on the other replicas: a key toggled off on the keys process, both geo
    replicas polled back to back until they answer 401 api_key_disabled; p50/p99/max over
-   --toggles (goal p99 <= 10 ms, contract max 1 s);
+   --toggles (goal p99 <= 10 ms, contract max 1 s). A poll's own duration (an admitted call, tens
+   of ms on this machine) bounds that figure's resolution, so also: one call to each replica sent
+   0, 2, 5 and 10 ms after the toggle's response, one trial at a time, --toggles trials each
+   (the fraction refused by both is the lag's distribution at that point, as a caller meets it);
 2. cross-replica overshoot on the cluster: bench/admissions.py (3 replicas, --callers concurrent
    callers, api_calls; goal <= 1 per replica) and bench/geo_overshoot.py (3 replicas; goal 0),
    run as they are with TEST_* pointing at this cluster and KAFKA_REPLICATION_FACTOR=3;
@@ -33,6 +36,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -121,6 +125,54 @@ async def toggles(shape: split.SplitShape, n: int) -> tuple[list[float], list[fl
             await http.post(f"{keys.base_url}/api/api-keys/{t.key_id}/toggle", headers=t.console())
             await asyncio.gather(*(until(g.base_url, False) for g in geos))
         return lags, polls
+
+
+@dataclass
+class Trial:
+    sent_ms: float  # when the calls left, ms after the toggle's response (the delay asked for + scheduling)
+    refused: bool  # both replicas answered 401 api_key_disabled
+    refused_by_ms: float  # when both had refused (polling on after a call that was admitted)
+
+
+async def refused_after(shape: split.SplitShape, delays_ms: list[float], trials: int) -> dict[float, list[Trial]]:
+    """What a caller sees: one call to each geo replica sent `delay` ms after the toggle's response,
+    one trial at a time (no probe traffic of its own to queue behind). A lag's p99 is at most D when
+    at least 99% of the calls sent D ms after the response are refused by every replica."""
+    keys, geos = shape.of("keys")[0], shape.of("geo")
+    results: dict[float, list[Trial]] = {}
+    async with client(30) as http:
+        t = await new_tenant(http, _ingress(shape))
+        auth = t.api_key()
+        toggle = f"{keys.base_url}/api/api-keys/{t.key_id}/toggle"
+
+        async def calls() -> bool:
+            answers = await asyncio.gather(*(http.get(f"{g.base_url}/api/geo/projects", headers=auth) for g in geos))
+            return all(a.status_code == 401 for a in answers)
+
+        async def admitted_by(base_url: str) -> None:
+            for _ in range(500):
+                if (await http.get(f"{base_url}/api/geo/projects", headers=auth)).status_code != 401:
+                    return
+                await asyncio.sleep(0.01)
+            raise RuntimeError(f"{base_url}: still refusing 5 s after the key was enabled")
+
+        for delay in delays_ms:
+            results[delay] = []
+            for _ in range(trials):
+                await asyncio.gather(*(admitted_by(g.base_url) for g in geos))
+                off = await http.post(toggle, headers=t.console())
+                answered = time.perf_counter()
+                assert off.json()["status"] == "disabled", off.text
+                await asyncio.sleep(max(0.0, answered + delay / 1000 - time.perf_counter()))
+                sent = time.perf_counter()
+                refused = await calls()
+                while not await calls():
+                    if time.perf_counter() - answered > 5:
+                        raise RuntimeError("a geo replica still admits the key 5 s after the toggle")
+                since = (time.perf_counter() - answered) * 1000
+                results[delay].append(Trial((sent - answered) * 1000, refused, since))
+                await http.post(toggle, headers=t.console())
+    return results
 
 
 def _ingress(shape: split.SplitShape):  # type: ignore[no-untyped-def]
@@ -328,6 +380,17 @@ async def main(n_toggles: int, callers: int, seconds: float, skip: set[str]) -> 
             lags, polls = await toggles(shape, n_toggles)
             print(f"key toggled off on keys -> refused by both geo replicas: {_ms(lags)}", flush=True)
             print(f"baseline, one accepted poll (GET /api/geo/projects on a geo replica): {_ms(polls)}", flush=True)
+            for delay, trials in (await refused_after(shape, [0, 2, 5, 10], n_toggles)).items():
+                refused = sum(t.refused for t in trials)
+                sent = [t.sent_ms for t in trials]
+                late = [t.refused_by_ms for t in trials if not t.refused]
+                print(
+                    f"a call to both geo replicas sent {delay:g} ms after the toggle's response (sent at p50 "
+                    f"{percentile(sent, 50):.1f} ms, p99 {percentile(sent, 99):.1f} ms): refused by both in "
+                    f"{refused}/{len(trials)} = {refused / len(trials):.3f}"
+                    + (f"; the others refused by a call answered at most {max(late):.1f} ms after" if late else ""),
+                    flush=True,
+                )
         if "throughput" not in skip:
             await throughput(shape, settings, seconds)
         if "replication" not in skip:
