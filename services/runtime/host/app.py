@@ -18,6 +18,7 @@ from services.edge.middleware import RequestMiddleware
 from services.edge.openapi_security import install as install_openapi_security
 from services.edge.unavailable import install_unavailable_handlers
 from services.runtime.host.health import health_router, platform_checks
+from services.runtime.host.routing import remember_routes
 from services.runtime.platform import postgres
 from services.runtime.platform.kafka import ensure_topics, make_broker, start_subscribers
 from services.runtime.platform.settings import Settings, get_settings
@@ -102,4 +103,5 @@ def create_app(
             app.include_router(component.router, responses=ERROR_RESPONSES)
     app.include_router(console_router())  # every mode serves the console; it calls only the public API
     install_openapi_security(app)
+    remember_routes(app)
     return app
