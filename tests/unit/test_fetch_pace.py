@@ -29,6 +29,7 @@ class Assignment:
 class FakeFetcher:
     _fetch_max_wait_ms: int = 250
     _fetch_min_bytes: int = 1024 * 1024
+    _fetcher_timeout: float = 2.0
 
 
 class Clock:
@@ -55,6 +56,7 @@ def test_a_new_assignment_fetches_with_the_consumers_own_settings_until_it_has_s
     clock.now += 0.1
     pace.plan(assignment)
     assert (fetcher._fetch_max_wait_ms, fetcher._fetch_min_bytes) == (IDLE_FETCH_WAIT_MS, 1)
+    assert fetcher._fetcher_timeout == IDLE_FETCH_WAIT_MS / 1000
 
 
 def test_a_rebalance_starts_the_settling_again() -> None:
@@ -82,7 +84,7 @@ def test_records_bring_back_the_consumers_batching_until_quiet_again() -> None:
     clock.now += SETTLE_S
     pace.fetched(has_records=True)
     pace.plan(assignment)
-    assert (fetcher._fetch_max_wait_ms, fetcher._fetch_min_bytes) == (250, 1024 * 1024)
+    assert (fetcher._fetch_max_wait_ms, fetcher._fetch_min_bytes, fetcher._fetcher_timeout) == (250, 1024 * 1024, 2.0)
     clock.now += QUIET_S
     pace.fetched(has_records=False)
     pace.plan(assignment)
@@ -95,4 +97,5 @@ def test_aiokafkas_fetcher_still_builds_each_request_where_the_pace_hooks_in() -
     assert "self._proc_fetch_request(assignment, node_id, request)" in routine
     planning = inspect.getsource(Fetcher._get_actions_per_node)
     assert "self._fetch_max_wait_ms" in planning and "self._fetch_min_bytes" in planning
+    assert "self._fetcher_timeout" in planning
     assert "return needs_wakeup" in inspect.getsource(Fetcher._proc_fetch_request)

@@ -8,12 +8,13 @@ position is set while a fetch to their broker is in flight are fetched only once
 consumer fetches with its own (short) wait for `SETTLE_S` after every new assignment, while any
 partition has no position yet, and for `QUIET_S` after records came (a sink's `fetch_min_bytes`
 batching is kept whenever records flow); only then with `IDLE_FETCH_WAIT_MS` and
-`fetch_min_bytes=1`, so that the first record ends the wait at once.
+`fetch_min_bytes=1`, so that the first record ends the wait at once, and with the fetcher task's
+timer (`consumer_timeout_ms`, which only looks again while a fetch is in flight) at the same.
 
-aiokafka has no setting for this: the fetcher builds each request from `_fetch_max_wait_ms` and
-`_fetch_min_bytes`, read at every request, and `pace_when_idle` sets them before each one (by
-wrapping the fetcher's per-request planning on the instance). tests/unit/test_fetch_pace.py fails
-if an aiokafka upgrade moves those.
+aiokafka has no setting for this: its fetcher builds each round's requests and timer from
+`_fetch_max_wait_ms`, `_fetch_min_bytes` and `_fetcher_timeout`, and `pace_when_idle` sets them
+before each round (wrapping the fetcher's planning on the instance). tests/unit/test_fetch_pace.py
+fails if an aiokafka upgrade moves those.
 """
 
 import time
@@ -35,7 +36,7 @@ class FetchPace:
     def __init__(self, fetcher: Any, clock: Callable[[], float] = time.monotonic) -> None:
         self._fetcher = fetcher
         self._clock = clock
-        self._busy = (fetcher._fetch_max_wait_ms, fetcher._fetch_min_bytes)
+        self._busy = (fetcher._fetch_max_wait_ms, fetcher._fetch_min_bytes, fetcher._fetcher_timeout)
         self._assignment: object = None
         self._assigned_at = 0.0
         self._records_at = clock()
@@ -52,9 +53,11 @@ class FetchPace:
 
     def plan(self, assignment: Any) -> None:
         """Before the fetcher builds its next requests."""
-        wait_ms, min_bytes = (IDLE_FETCH_WAIT_MS, 1) if self.is_idle(assignment) else self._busy
+        idle = (IDLE_FETCH_WAIT_MS, 1, IDLE_FETCH_WAIT_MS / 1000)
+        wait_ms, min_bytes, timer_s = idle if self.is_idle(assignment) else self._busy
         self._fetcher._fetch_max_wait_ms = wait_ms
         self._fetcher._fetch_min_bytes = min_bytes
+        self._fetcher._fetcher_timeout = timer_s
 
     def fetched(self, has_records: bool) -> None:
         if has_records:
