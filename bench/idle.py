@@ -3,10 +3,11 @@
 Starts `serve --target all` (or --targets) on the test stack (Kafka, Postgres, the ClickHouse
 server, redis; TEST_* env vars or the local test stack), waits for /readyz and a settle period,
 then reads the process's utime + stime from /proc/<pid>/stat over --seconds with no traffic.
-Baseline, same run: a bare Python process idling in asyncio for the same time (what the
-interpreter costs doing nothing).
+With `--workers N` (N > 1: a supervisor and N spawned workers) each process is read over the same
+seconds, and the total. Baseline, same run: a bare Python process idling in asyncio for the same
+time (what the interpreter costs doing nothing).
 
-    .venv/bin/python bench/idle.py [--seconds 60] [--settle 10] [--targets all]
+    .venv/bin/python bench/idle.py [--seconds 60] [--settle 10] [--targets all] [--workers 1]
 """
 
 import argparse
@@ -21,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.runtime.platform.settings import Settings
 from tests.support import databases
-from tests.support.apps import ServeProcess
+from tests.support.apps import ServeProcess, worker_pids
 from tests.support.infra import delete_topics_with_prefix, endpoints
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -34,10 +35,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def share_of_a_core(pid: int, seconds: float) -> float:
-    before, started = cpu_seconds(pid), time.monotonic()
+def shares_of_a_core(pids: list[int], seconds: float) -> list[float]:
+    """Each process's CPU over the same `seconds`, in % of one core."""
+    before, started = [cpu_seconds(pid) for pid in pids], time.monotonic()
     time.sleep(seconds)
-    return (cpu_seconds(pid) - before) / (time.monotonic() - started) * 100
+    elapsed = time.monotonic() - started
+    return [(cpu_seconds(pid) - used) / elapsed * 100 for pid, used in zip(pids, before, strict=True)]
+
+
+def share_of_a_core(pid: int, seconds: float) -> float:
+    return shares_of_a_core([pid], seconds)[0]
 
 
 def bare_python(seconds: float) -> float:
@@ -50,7 +57,7 @@ def bare_python(seconds: float) -> float:
         idle.wait()
 
 
-def main(seconds: float, settle: float, targets: str) -> None:
+def main(seconds: float, settle: float, targets: str, workers: int) -> None:
     import asyncio
 
     with endpoints() as infra:
@@ -62,18 +69,28 @@ def main(seconds: float, settle: float, targets: str) -> None:
             clickhouse_dsn=infra.clickhouse_dsn, clickhouse_database=f"b_{tag}", session_secret=f"bench-{tag}",
             redis_url=infra.redis_url,
         )  # fmt: skip
-        serve = ServeProcess(settings, targets)
+        serve = ServeProcess(settings, targets, workers=workers)
         try:
             serve.wait_ready()
+            if workers > 1:  # every worker ready, not just the first to listen
+                while len(worker_pids(serve.proc.pid)) < workers:
+                    time.sleep(0.2)
             time.sleep(settle)
-            used = share_of_a_core(serve.proc.pid, seconds)
+            pids = [serve.proc.pid, *(worker_pids(serve.proc.pid) if workers > 1 else [])]
+            used = shares_of_a_core(pids, seconds)
         finally:
             serve.stop()
             databases.drop(infra.database_url, url)
             databases.drop_template(infra.database_url, template)
             asyncio.run(delete_topics_with_prefix(infra.kafka_bootstrap, settings.topic_prefix))
     baseline = bare_python(seconds)
-    print(f"idle `serve --target {targets}` over {seconds:.0f} s: {used:.2f}% of a core (goal <= 2%)")
+    shape = f"`serve --target {targets} --workers {workers}`"
+    if workers == 1:
+        print(f"idle {shape} over {seconds:.0f} s: {used[0]:.2f}% of a core (goal <= 2%)")
+    else:
+        each = ", ".join(f"{share:.2f}%" for share in used[1:])
+        print(f"idle {shape} over {seconds:.0f} s: supervisor {used[0]:.2f}%, workers {each} of a core")
+        print(f"  in total {sum(used):.2f}% of a core (goal <= 2% per serve process)")
     print(f"baseline, a bare asyncio process over {seconds:.0f} s: {baseline:.2f}% of a core")
 
 
@@ -82,5 +99,6 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--settle", type=float, default=10)
     parser.add_argument("--targets", default="all")
+    parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
-    main(args.seconds, args.settle, args.targets)
+    main(args.seconds, args.settle, args.targets, args.workers)

@@ -24,7 +24,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from bench.scale import BENCH_STACK
 from bench.stats import percentile
 from services.runtime.host import stack
-from services.runtime.platform.kafka import IDLE_FETCH_WAIT_MS, IDLE_WAKE_MS, PRODUCER_CONFIG
+from services.runtime.platform.kafka import FETCH_WAIT_MS, IDLE_WAKE_MS, PRODUCER_CONFIG
 
 
 def _ms(samples: list[float]) -> str:
@@ -42,9 +42,7 @@ async def hop(replication: int, sends: int) -> None:
     finally:
         await admin.close()
     await asyncio.sleep(2)  # the new partitions' leaders are known everywhere
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, fetch_max_wait_ms=IDLE_FETCH_WAIT_MS, consumer_timeout_ms=IDLE_WAKE_MS
-    )
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, fetch_max_wait_ms=FETCH_WAIT_MS, consumer_timeout_ms=IDLE_WAKE_MS)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, **PRODUCER_CONFIG)
     await consumer.start()
     await producer.start()

@@ -128,6 +128,8 @@ class QuotaService:
         try-lock, as services/runtime/platform/pruner.py); the others skip the pass."""
         now = self._clock()
         period = self.current_period()
+        if not await self._store.any_expired(now):
+            return 0  # the idle pass: one read, no transaction
         async with self._store.transaction() as tx:
             if not await tx.try_lock("quota.reservations.expire"):
                 return 0

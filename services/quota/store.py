@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from psycopg import AsyncConnection
@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 from contracts.common import STOCK_RESOURCES, Resource, Tier
 from contracts.plans import catalogue
 from services.quota.domain import EPOCH, Delta
-from services.runtime.platform.postgres import try_xact_lock
+from services.runtime.platform.postgres import autocommit, try_xact_lock
 
 Conn = AsyncConnection[Any]  # dict rows (see services/runtime/platform/postgres.py)
 _STOCKS = [r.value for r in STOCK_RESOURCES]
@@ -38,6 +38,14 @@ class QuotaStore:
     async def transaction(self) -> AsyncIterator["QuotaTx"]:
         async with self._pool.connection() as conn, conn.transaction():
             yield QuotaTx(conn)
+
+    async def any_expired(self, now: datetime) -> bool:
+        """Whether a reservation is past its expiry: one round trip, outside any transaction
+        (the sweeper asks every second; a transaction and its lock only when there is work)."""
+        async with autocommit(cast("AsyncConnectionPool[Conn]", self._pool)) as conn:  # dict rows
+            cur = await conn.execute("SELECT EXISTS (SELECT 1 FROM quota.reservations WHERE expires_at <= %s) AS due", (now,))
+            row = await cur.fetchone()
+        return row is not None and bool(row["due"])
 
 
 class QuotaTx:

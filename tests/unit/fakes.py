@@ -269,9 +269,12 @@ class FakeQuotaStore:
         self.threshold_marks: dict[tuple[UUID, Resource, str], int] = {}
         self.reservations: dict[UUID, dict[str, Any]] = {}
         self.locked_by_other: set[str] = set()
+        self.expiry_checks = 0
+        self.transactions = 0
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator["FakeQuotaStore"]:
+        self.transactions += 1
         saved = copy.deepcopy({k: v for k, v in vars(self).items()})
         try:
             yield self
@@ -377,6 +380,10 @@ class FakeQuotaStore:
 
     async def expired_accounts(self, now: datetime, limit: int) -> list[UUID]:
         return sorted({r["account_id"] for r in self.reservations.values() if r["expires_at"] <= now})[:limit]
+
+    async def any_expired(self, now: datetime) -> bool:
+        self.expiry_checks += 1
+        return any(r["expires_at"] <= now for r in self.reservations.values())
 
     async def delete_expired(self, account_ids: list[UUID], now: datetime) -> set[tuple[UUID, Resource]]:
         gone = [i for i, r in self.reservations.items() if r["account_id"] in account_ids and r["expires_at"] <= now]

@@ -170,3 +170,16 @@ async def test_reservations_reserve_refuse_settle_release_and_expire(service, cl
     last = states(publisher, Resource.AI_TOKENS)[-1]
     assert (last["reserved"], last["blocked"]) == (0, False)
     assert await service.expire() == 0
+
+
+async def test_the_sweepers_idle_pass_is_one_read_and_no_transaction(clock, publisher):
+    store = FakeQuotaStore()
+    service = QuotaService(store, publisher, clock, ZoneInfo("UTC"), CONSOLE)  # type: ignore[arg-type]
+    account = uuid.uuid4()
+    await service.reserve(account, Resource.AI_TOKENS, 1_000, ttl_seconds=60)
+    before = store.transactions
+    await service.expire_all()
+    assert (store.expiry_checks, store.transactions) == (1, before)  # nothing due: no transaction
+    clock.advance(seconds=60)
+    await service.expire_all()
+    assert store.transactions > before and states(publisher, Resource.AI_TOKENS)[-1]["reserved"] == 0

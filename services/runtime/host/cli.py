@@ -71,7 +71,13 @@ def serve(
     if workers == 1:
         import uvicorn
 
-        uvicorn.run(worker_app(target), host=host, port=port, **_uvicorn_options())
+        from services.runtime.host.server import Server
+        from services.runtime.host.workers import STARTUP_FAILURE
+
+        server = Server(uvicorn.Config(worker_app(target), host=host, port=port, **_uvicorn_options()))
+        server.run()
+        if not server.started:
+            sys.exit(STARTUP_FAILURE)  # as uvicorn.run
         return
     from services.runtime.host.workers import supervise
     from services.runtime.platform.logs import configure
@@ -88,10 +94,11 @@ def serve_worker(target: str, host: str, port: int) -> None:
     """One of `serve --workers N`'s processes (spawned): the app on a socket of its own."""
     import uvicorn
 
+    from services.runtime.host.server import Server
     from services.runtime.host.workers import STARTUP_FAILURE, reuse_port_socket
 
     sock = reuse_port_socket(host, port)
-    server = uvicorn.Server(uvicorn.Config(worker_app(target), **_uvicorn_options()))
+    server = Server(uvicorn.Config(worker_app(target), **_uvicorn_options()))
     server.run(sockets=[sock])
     if not server.started:
         sys.exit(STARTUP_FAILURE)

@@ -21,6 +21,7 @@ from faststream import BaseMiddleware
 from faststream.kafka import KafkaBroker
 
 from contracts.topics import ALL_DEAD_LETTER_TOPICS, ALL_TOPICS, Topic
+from services.runtime.platform.fetch_pace import pace_when_idle
 from services.runtime.platform.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -39,13 +40,14 @@ async def within_publish_timeout(pending: Awaitable[T], seconds: float = PUBLISH
         raise KafkaTimeoutError(f"no acknowledgement from Kafka within {seconds:.0f}s") from exc
 
 
-# An idle consumer's pace, for every consumer: how often it asks again and wakes up to look, i.e.
-# an idle process's CPU (BENCHMARKS.md, "idle"). In steady state neither is a latency floor (the
-# broker answers a waiting fetch as soon as a record is appended). The fetch wait is one after a
-# consumer joins, though: records for a partition whose position was set after the fetch in flight
-# was sent wait for that fetch to end. At 2 s that cost each test starting consumers ~1.5 s
-# (`make test` +3 min) for 1.8 % vs 3.7 % of a core idle, so the fetch wait stays at Kafka's 500 ms.
-IDLE_FETCH_WAIT_MS = 500  # fetch_max_wait_ms: how long the broker holds a fetch with nothing to return
+# Every consumer's own pace (while it joins and while records flow; once idle, fetch_pace.py
+# waits longer): how long the broker holds a fetch with nothing to return, and the fetcher task's
+# timer with a fetch in flight. Neither is a latency floor in steady state (the broker answers a
+# waiting fetch as soon as a record is appended); the fetch wait is one after a join, when records
+# for a partition whose position was set after the fetch in flight was sent wait for that fetch to
+# end: a 2 s wait cost each test starting consumers ~1.5 s (`make test` +3 min), hence Kafka's
+# 500 ms until the consumer has settled (BENCHMARKS.md, "idle").
+FETCH_WAIT_MS = 500  # fetch_max_wait_ms
 IDLE_WAKE_MS = 2000  # consumer_timeout_ms: the fetcher task's timer with a fetch in flight (aiokafka's: 200)
 
 
@@ -147,6 +149,10 @@ async def start_subscribers(broker: KafkaBroker) -> None:
     `serve` worker took 30 s to start (BENCHMARKS.md, "http_load", round 2)."""
     await broker.connect()
     await asyncio.gather(*(subscriber.start() for subscriber in broker.subscribers))
+    for subscriber in broker.subscribers:
+        consumer = getattr(subscriber, "consumer", None)  # FastStream's aiokafka consumer, once started
+        if consumer is not None:
+            pace_when_idle(consumer)
     for publisher in broker.publishers:
         await publisher.start()
     broker.running = True

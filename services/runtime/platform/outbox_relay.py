@@ -24,6 +24,7 @@ from typing import Any, cast
 
 from aiokafka import AIOKafkaProducer
 from psycopg import AsyncConnection, sql
+from psycopg.generators import notifies
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 
@@ -35,6 +36,7 @@ from services.runtime.platform.settings import Settings
 log = logging.getLogger(__name__)
 
 RETRY_S = 0.5  # after a failed pass (Kafka or Postgres away)
+LISTEN_CHECK_S = 3600.0  # the listener's timer while no notification comes (psycopg's: 0.1 s)
 
 
 def _bytes(value: bytes | memoryview | None) -> bytes | None:
@@ -120,7 +122,12 @@ class OutboxRelay:
                 async with await AsyncConnection.connect(self._settings.database_url, autocommit=True, connect_timeout=3) as conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
                     self._wake.set()  # rows committed while nobody listened
-                    async for _ in conn.notifies():
+                    while True:
+                        # What `conn.notifies()` runs, without its 0.1 s timer: the connection
+                        # does nothing else, so there is no interrupt to look for (10 wake-ups a
+                        # second per relay were most of an idle process's; BENCHMARKS.md, "idle").
+                        # A closed socket is readable and ends the wait with an error.
+                        await conn.wait(notifies(conn.pgconn), interval=LISTEN_CHECK_S)
                         self._wake.set()
             except asyncio.CancelledError:
                 raise

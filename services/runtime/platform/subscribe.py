@@ -9,7 +9,8 @@ Every subscriber has the same skeleton, so it is written once here:
 - each record parsed into its contract model, or dead-lettered with the reason (malformed, or
   breaking a rule judged against the record's own timestamp) while the subscriber goes on;
 - compacted topics' tombstones (a record without a value) skipped;
-- the idle pace of every consumer (`kafka.IDLE_FETCH_WAIT_MS`, `kafka.IDLE_WAKE_MS`): no latency floor, an idle process's CPU.
+- the pace of every consumer (`kafka.FETCH_WAIT_MS`, `kafka.IDLE_WAKE_MS`, then `fetch_pace` once
+  idle, set by `kafka.start_subscribers`): no latency floor, an idle process's CPU.
 """
 
 from collections.abc import Awaitable, Callable, Mapping
@@ -24,7 +25,7 @@ from pydantic import TypeAdapter
 
 from contracts.topics import Topic
 from services.runtime.platform.deadletter import parse_or_dead_letter
-from services.runtime.platform.kafka import IDLE_FETCH_WAIT_MS, IDLE_WAKE_MS
+from services.runtime.platform.kafka import FETCH_WAIT_MS, IDLE_WAKE_MS
 from services.runtime.platform.settings import Settings
 
 M = TypeVar("M")
@@ -58,7 +59,7 @@ class Subscriber:
             group_id=self.settings.group(group),
             title=title or group,
             auto_offset_reset="earliest",
-            fetch_max_wait_ms=IDLE_FETCH_WAIT_MS,
+            fetch_max_wait_ms=FETCH_WAIT_MS,
             consumer_timeout_ms=IDLE_WAKE_MS,
             ack_policy=AckPolicy.NACK_ON_ERROR,
         )
@@ -91,7 +92,7 @@ class Subscriber:
             batch=True,
             max_records=max_records,
             batch_timeout_ms=batch_timeout_ms,
-            fetch_max_wait_ms=IDLE_FETCH_WAIT_MS,
+            fetch_max_wait_ms=FETCH_WAIT_MS,
             consumer_timeout_ms=IDLE_WAKE_MS,
             ack_policy=AckPolicy.NACK_ON_ERROR,
         )

@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from services.runtime.platform.kafka import IDLE_FETCH_WAIT_MS, IDLE_WAKE_MS
+from services.runtime.platform.fetch_pace import pace_when_idle
+from services.runtime.platform.kafka import FETCH_WAIT_MS, IDLE_WAKE_MS
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +42,11 @@ class TopicFollower:
             bootstrap_servers=self._bootstrap,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            fetch_max_wait_ms=IDLE_FETCH_WAIT_MS,
+            fetch_max_wait_ms=FETCH_WAIT_MS,
             consumer_timeout_ms=IDLE_WAKE_MS,
         )
         await consumer.start()
+        pace_when_idle(consumer)
         partitions = await self._partitions()
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
