@@ -347,7 +347,8 @@ async def queries(app, settings: Settings, ch, analyst_dsn: str) -> None:
         print("merges still running after 90 s; measuring anyway")
     per_account = LOADED_EVENTS // accounts
     print(
-        f"loaded {LOADED_EVENTS:,} events ({per_account:,} for the measured account, 30 days) in {time.perf_counter() - t:.1f}s"
+        f"loaded {LOADED_EVENTS:,} events ({per_account:,} for the measured account, 30 days) in {time.perf_counter() - t:.1f}s, "
+        f"{counts[-1]} active parts"
     )
 
     token = session_token(settings, account)
