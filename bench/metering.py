@@ -339,15 +339,18 @@ async def queries(app, settings: Settings, ch, analyst_dsn: str) -> None:
     async def merged() -> bool:
         sql = f"SELECT uniqExact(_part) FROM {db}.usage_events"
         counts.append(int((await asyncio.to_thread(lambda: ch.query(sql).result_rows))[0][0]))
-        return len(counts) >= 4 and len(set(counts[-4:])) == 1
+        return len(counts) >= 30 and len(set(counts[-30:])) == 1
 
+    # A count steady for 4 s (the first rule) let the timings of a 100M load run beside merges of
+    # parts a minute long: steady for 30 s now, for at most 5 minutes.
     try:
-        await wait_until(merged, timeout=90, interval=1.0)
+        await wait_until(merged, timeout=300, interval=1.0)
     except TimeoutError:
-        print("merges still running after 90 s; measuring anyway")
+        print("merges still running after 300 s; measuring anyway")
     per_account = LOADED_EVENTS // accounts
     print(
-        f"loaded {LOADED_EVENTS:,} events ({per_account:,} for the measured account, 30 days) in {time.perf_counter() - t:.1f}s"
+        f"loaded {LOADED_EVENTS:,} events ({per_account:,} for the measured account, 30 days) in {time.perf_counter() - t:.1f}s, "
+        f"{counts[-1]} active parts"
     )
 
     token = session_token(settings, account)

@@ -13,6 +13,8 @@ from datetime import datetime
 from typing import Protocol
 from uuid import UUID
 
+from pydantic import TypeAdapter
+
 from contracts.clock import Clock
 from contracts.metering_api import (
     ActivityItem,
@@ -25,7 +27,6 @@ from contracts.metering_api import (
     ProviderItem,
     TimeRange,
     Trend,
-    TrendPoint,
     TrendSeries,
 )
 from services.metering import domain, ranges, rollups
@@ -282,24 +283,29 @@ def _judge(where: ActivityFilter, cursor: str | None) -> domain.Cursor | None:
     return domain.Cursor.decode(cursor) if cursor else None
 
 
+# Thousands of points: plain dicts validated in one pydantic-core call, 4 times faster than a
+# model_construct per point (11.7 vs 2.8 ms for 1,440 points; BENCHMARKS.md, "metering at 100M").
+_SERIES = TypeAdapter(list[TrendSeries])
+
+
 def _points(series: list[rollups.Series], local: dict[datetime, datetime]) -> list[TrendSeries]:
-    # Up to thousands of points: built without re-validating what the domain computed, and
-    # serialised once by pydantic (BENCHMARKS.md, metering round 3: "Queries").
-    return [
-        TrendSeries.model_construct(
-            key=key,
-            points=[
-                TrendPoint.model_construct(
-                    t=local[t],
-                    input_tokens=v.input_tokens,
-                    output_tokens=v.output_tokens,
-                    total_tokens=v.total_tokens,
-                    calls=v.calls,
-                    estimated_cost=v.estimated_cost,
-                    priced=v.priced,
-                )
-                for t, v in cells
-            ],
-        )
-        for key, cells in series
-    ]
+    return _SERIES.validate_python(
+        [
+            {
+                "key": key,
+                "points": [
+                    {
+                        "t": local[t],
+                        "input_tokens": v.input_tokens,
+                        "output_tokens": v.output_tokens,
+                        "total_tokens": v.total_tokens,
+                        "calls": v.calls,
+                        "estimated_cost": v.estimated_cost,
+                        "priced": v.priced,
+                    }
+                    for t, v in cells
+                ],
+            }
+            for key, cells in series
+        ]
+    )

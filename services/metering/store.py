@@ -251,16 +251,21 @@ class MeteringStore:
         client.raw_insert(staging, None, insert_block=b"\n".join(lines), fmt="JSONEachRow", settings=sink_tables.JSON_INPUT)
 
     # ---- rollup reads -----------------------------------------------------------------------
+    # Straight from usage_events, grouped and filtered on the `hourly` projection's own key
+    # expressions, so the engine answers from the projection, never from the raw rows; through
+    # the usage_hourly view, the same read cost ~4 ms more of query analysis (BENCHMARKS.md,
+    # "metering at 100M events").
+    _HOUR = "toStartOfHour(time)"
     _SUMS = (
-        "provider, model, sum(events), sum(input_tokens), sum(output_tokens), sum(total_tokens), "
-        "toUnixTimestamp64Milli(max(last_time))"
+        "provider, model, count() AS n, sum(input_tokens) AS i, sum(output_tokens) AS o, sum(total_tokens) AS t, "
+        "toUnixTimestamp64Milli(max(time)) AS last"
     )
 
     def _where(self, q: UsageQuery, params: dict[str, Any]) -> str:
         params.update(account=q.account_id, start=q.start, end=q.end)
         where = (
             "account_id = {account:UUID} AND resource = 'ai_tokens' "
-            "AND hour >= {start:DateTime('UTC')} AND hour < {end:DateTime('UTC')}"
+            f"AND {self._HOUR} >= {{start:DateTime('UTC')}} AND {self._HOUR} < {{end:DateTime('UTC')}}"
         )
         if q.api_key_id is not None:  # another account's key: the account filter already excludes it
             params["key"] = q.api_key_id
@@ -276,13 +281,13 @@ class MeteringStore:
         keys: list[str] | None = None,
         at_once: bool = False,
     ) -> AsyncIterator[list[UsageRow]]:
-        """ai_tokens sums from the hourly rollup per UTC `hour` or UTC `day` (x provider x model,
-        x key when q.per_key), in blocks of at most STREAM_BLOCK_ROWS rows, never all at once.
+        """ai_tokens sums per UTC `hour` or UTC `day` (x provider x model, x key when
+        q.per_key), in blocks of at most STREAM_BLOCK_ROWS rows, never all at once.
         Ordered for the builders of domain: with `group_by` by trend series (in the order of
         `keys` when given, and only those), else by provider, model and key; then by time.
         `at_once`: the same rows read in one worker-thread call (a JSON answer holds them all
         anyway; one hand-off instead of one per block keeps the latency down)."""
-        bucket = "hour" if per == "hour" else "toStartOfDay(hour)"
+        bucket = self._HOUR if per == "hour" else f"toStartOfDay({self._HOUR})"
         params: dict[str, Any] = {}
         where = self._where(q, params)
         key_col = ", api_key_id" if q.per_key or group_by == "api_key" else ""
@@ -295,9 +300,10 @@ class MeteringStore:
         else:
             order = f"provider, model{key_col}, b"
         sql = (
-            f"SELECT toUnixTimestamp({bucket}) AS b, {self._SUMS}{key_col} FROM {self.db}.usage_hourly WHERE {where} "
-            f"GROUP BY b, provider, model{key_col} ORDER BY {order} {SMALL_READ}, max_block_size = {STREAM_BLOCK_ROWS}"
+            f"SELECT toUnixTimestamp({bucket}) AS b, {self._SUMS}{key_col} FROM {self.db}.usage_events WHERE {where} "
+            f"GROUP BY b, provider, model{key_col} ORDER BY {order}"
         )
+        sql += f" {SMALL_READ}, max_block_size = {STREAM_BLOCK_ROWS}"
         if at_once:
             rows = await self.reader.run(lambda c: c.query(sql, parameters=params).result_rows)
             yield [_usage_row(row) for row in rows]
@@ -328,18 +334,20 @@ class MeteringStore:
 
     async def daily_rows_split(self, q: UsageQuery, prev_end: datetime, split: datetime) -> tuple[list[UsageRow], list[UsageRow]]:
         """Per UTC day sums of [q.start, prev_end) and of [split, q.end), in one read of the rollup
-        (the overview's previous and current period: one query instead of two)."""
+        (the overview's previous and current period: one query instead of two). The hours between
+        are read and dropped after grouping: an OR in the filter would make the engine weigh the
+        raw rows' primary key with its slow generic search (12 ms more CPU per read at 100M events)."""
         params: dict[str, Any] = {"split": split, "prev_end": prev_end}
         where = self._where(q, params)
+        hour = self._HOUR
         sql = (
-            f"SELECT hour >= {{split:DateTime('UTC')}} AS current, toUnixTimestamp(toStartOfDay(hour)) AS b, {self._SUMS} "
-            f"FROM {self.db}.usage_hourly WHERE {where} "
-            "AND (hour < {prev_end:DateTime('UTC')} OR hour >= {split:DateTime('UTC')}) "
-            f"GROUP BY current, b, provider, model {SMALL_READ}"
+            f"SELECT multiIf({hour} >= {{split:DateTime('UTC')}}, 1, {hour} < {{prev_end:DateTime('UTC')}}, 0, 2) AS period, "
+            f"toUnixTimestamp(toStartOfDay({hour})) AS b, {self._SUMS} FROM {self.db}.usage_events WHERE {where} "
+            f"GROUP BY period, b, provider, model HAVING period < 2 {SMALL_READ}"
         )
         rows = await self.reader.run(lambda c: c.query(sql, parameters=params).result_rows)
-        before = [_usage_row(row[1:]) for row in rows if not row[0]]
-        after = [_usage_row(row[1:]) for row in rows if row[0]]
+        before = [_usage_row(row[1:]) for row in rows if row[0] == 0]
+        after = [_usage_row(row[1:]) for row in rows if row[0] == 1]
         return before, after
 
     # ---- activity log (raw calls, keyset pagination) ---------------------------------------------

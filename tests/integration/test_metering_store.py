@@ -10,8 +10,9 @@ import pytest
 
 from contracts.common import Resource
 from contracts.events import UsageEvent
+from services.metering import store as metering_store
 from services.metering.ingest import canonical
-from services.metering.store import InsertResult, MeteringStore
+from services.metering.store import MIGRATIONS, InsertResult, MeteringStore, UsageQuery
 
 pytestmark = pytest.mark.integration
 
@@ -110,3 +111,76 @@ async def test_the_engine_stores_what_the_model_reads(store):
         assert (i, o) == (e.input_tokens or 0, e.output_tokens or 0)
         split = e.input_tokens is not None or e.output_tokens is not None
         assert total == ((e.input_tokens or 0) + (e.output_tokens or 0) if split else max(e.quantity, 0))
+
+
+def spread(n: int) -> UsageEvent:
+    """Over two months' partitions and three days, with and without a key, two models."""
+    model = ("openai", "gpt-4o") if n % 2 else ("google", "gemini-2.5-flash")
+    return usage(
+        n,
+        time=datetime(2026, 10, 31, tzinfo=UTC) + timedelta(minutes=3 * n),
+        provider=model[0],
+        model=model[1],
+        input_tokens=n,
+        output_tokens=1,
+        api_key_id=uuid.UUID(int=9) if n % 3 else None,
+    )
+
+
+async def analytics_reads(store: MeteringStore) -> list[object]:
+    """What the overview, by-provider and trend read of account 1, over three days."""
+    end = datetime(2026, 11, 3, 2, tzinfo=UTC)
+    q = UsageQuery(uuid.UUID(int=1), end - timedelta(days=3), end)
+    answers: list[object] = [await store.daily_rows_split(q, end - timedelta(days=2, hours=5), end - timedelta(days=1))]
+    for per, group_by in (("day", None), ("hour", "model"), ("hour", "api_key")):
+        answers += [block async for block in store.stream_usage(q, per=per, group_by=group_by, at_once=True)]
+    return answers
+
+
+async def test_the_analytics_reads_are_answered_from_the_hourly_projection(store, monkeypatch):
+    """Overview, by-provider and trend read the `hourly` projection, never the raw rows (a read
+    the projection could not answer would still be right, and slower by far at 100M events)."""
+    await store.insert_usage([line(spread(n)) for n in range(1500)], TO_CANONICAL)
+    seen: list[tuple[str, dict]] = []
+    for client in store.reader.clients:
+
+        def query(sql: str, parameters: dict, _query=client.query, **kw):
+            seen.append((sql, parameters))
+            return _query(sql, parameters=parameters, **kw)
+
+        monkeypatch.setattr(client, "query", query)
+    assert all(await analytics_reads(store))
+    monkeypatch.undo()
+    assert len(seen) == 4
+    for sql, params in seen:
+        explain = f"EXPLAIN projections = 1 {sql}"
+        lines = await store.reader.run(lambda c, e=explain, p=params: c.query(e, parameters=p).result_rows)
+        plan = "\n".join(line[0] for line in lines)
+        assert "ReadFromMergeTree (hourly)" in plan, plan
+        assert f"ReadFromMergeTree ({store.db}.usage_events)" not in plan, plan
+
+
+async def test_the_rollup_migration_keeps_an_existing_database_answering_the_same(settings, tmp_path, monkeypatch):
+    """0006 rebuilds the `hourly` projection in the parts written before it: same answers after."""
+    for path in sorted(MIGRATIONS.glob("*.sql")):
+        if path.name < "0006":
+            (tmp_path / path.name).write_text(path.read_text())
+    monkeypatch.setattr(metering_store, "MIGRATIONS", tmp_path)
+    old = MeteringStore(settings.clickhouse_dsn, settings.clickhouse_database)
+    old.open()
+    try:
+        await old.insert_usage([line(spread(n)) for n in range(1500)], TO_CANONICAL)
+        before, hourly = await analytics_reads(old), await rows(old, "SELECT * FROM {db}.usage_hourly ORDER BY ALL")
+        assert "index_granularity = 256" not in (await rows(old, "SHOW CREATE TABLE {db}.usage_events"))[0][0]
+    finally:
+        old.close()
+    monkeypatch.undo()
+    new = MeteringStore(settings.clickhouse_dsn, settings.clickhouse_database)
+    new.open()  # applies 0006
+    try:
+        assert "index_granularity = 256" in (await rows(new, "SHOW CREATE TABLE {db}.usage_events"))[0][0]
+        assert all(before)
+        assert await analytics_reads(new) == before
+        assert await rows(new, "SELECT * FROM {db}.usage_hourly ORDER BY ALL") == hourly
+    finally:
+        new.close()
