@@ -17,6 +17,8 @@ import typer
 from services.runtime.host import stack
 
 if TYPE_CHECKING:
+    import socket
+
     from fastapi import FastAPI
 
 app = typer.Typer(help="Tollgate: API keys, usage metering, quotas and usage alerts.", no_args_is_help=True)
@@ -69,15 +71,7 @@ def serve(
 ) -> None:
     """Run the named services' routes and subscribers in this process (or in `--workers` processes)."""
     if workers == 1:
-        import uvicorn
-
-        from services.runtime.host.server import Server
-        from services.runtime.host.workers import STARTUP_FAILURE
-
-        server = Server(uvicorn.Config(worker_app(target), host=host, port=port, **_uvicorn_options()))
-        server.run()
-        if not server.started:
-            sys.exit(STARTUP_FAILURE)  # as uvicorn.run
+        _run(target, host=host, port=port)
         return
     from services.runtime.host.workers import supervise
     from services.runtime.platform.logs import configure
@@ -92,14 +86,20 @@ def serve(
 
 def serve_worker(target: str, host: str, port: int) -> None:
     """One of `serve --workers N`'s processes (spawned): the app on a socket of its own."""
+    from services.runtime.host.workers import reuse_port_socket
+
+    _run(target, sockets=[reuse_port_socket(host, port)])
+
+
+def _run(target: str, sockets: list["socket.socket"] | None = None, **bind: Any) -> None:
+    """The app served until it is asked to stop; exit STARTUP_FAILURE if it never started (as uvicorn.run)."""
     import uvicorn
 
     from services.runtime.host.server import Server
-    from services.runtime.host.workers import STARTUP_FAILURE, reuse_port_socket
+    from services.runtime.host.workers import STARTUP_FAILURE
 
-    sock = reuse_port_socket(host, port)
-    server = Server(uvicorn.Config(worker_app(target), **_uvicorn_options()))
-    server.run(sockets=[sock])
+    server = Server(uvicorn.Config(worker_app(target), **bind, **_uvicorn_options()))
+    server.run(sockets=sockets)
     if not server.started:
         sys.exit(STARTUP_FAILURE)
 
