@@ -35,7 +35,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.e2e import tollgate_up
-from tests.support.apps import REPO, free_port, worker_pids
+from tests.support.apps import REPO, free_port, process_tree, worker_pids
 from tests.support.platform import expect
 
 # Each wrk thread rotates the Authorization header over the keys given after `--`; `done` prints
@@ -104,18 +104,6 @@ def wrk(script: Path, url: str, keys: list[str], seconds: float, connections: in
 
 
 # ---- the CPU of the stack's processes -------------------------------------------------------------
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            tree.setdefault(parent, []).append(int(entry.name))
-    return tree
-
-
 def stack_cpu_seconds(state: Path) -> float:
     """utime+stime+cutime+cstime of every live process below the pid files under `state`: each CPU
     second counted once (a reaped child's time is in its parent's c-times, a live one's in its own)."""
@@ -127,7 +115,7 @@ def stack_cpu_seconds(state: Path) -> float:
                     roots.add(int((Path(folder) / name).read_text().split()[0]))
                 except (OSError, ValueError, IndexError):
                     continue
-    tree, seen, total = _children(), set(), 0
+    tree, seen, total = process_tree(), set(), 0
     todo = list(roots)
     while todo:
         pid = todo.pop()

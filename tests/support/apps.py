@@ -52,20 +52,29 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+def process_tree() -> dict[int, list[int]]:
+    """Every live process's children, from /proc (parent pid -> child pids)."""
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            tree.setdefault(parent, []).append(int(entry.name))
+    return tree
+
+
 def worker_pids(parent: int) -> list[int]:
     """The worker processes of `serve --workers N` whose supervisor is `parent` (spawned:
     `... spawn_main ...` on their command line, unlike multiprocessing's resource tracker)."""
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in process_tree().get(parent, []):
         try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                pids.append(pid)
+        except OSError:
             continue
-        if ppid == parent and b"spawn_main" in cmdline:
-            pids.append(int(entry.name))
     return sorted(pids)
 
 
