@@ -34,7 +34,7 @@ from contracts.common import Resource
 from contracts.events import UsageEvent
 from contracts.topics import USAGE
 from tests.support.apps import REPO, free_port
-from tests.support.platform import Ingress, expect, new_tenant
+from tests.support.platform import Ingress, new_tenant, quota_used, wait_for
 
 
 async def steady_calls(http: httpx.AsyncClient, url: str, key: str, rate: float, seconds: float) -> tuple[list[float], int]:
@@ -87,20 +87,6 @@ async def backlog(bootstrap: str, account: uuid.UUID, events: int) -> int:
     return total
 
 
-async def ai_tokens_used(http: httpx.AsyncClient, base: str, console: str) -> int:
-    body = await expect(await http.get(f"{base}/api/billing/check-quota", headers={"Authorization": console}), 200)
-    return int(next(item["used"] for item in body["items"] if item["resource"] == Resource.AI_TOKENS.value))
-
-
-async def wait_for_count(http: httpx.AsyncClient, base: str, console: str, expected: int, started: float) -> int:
-    """ai_tokens used once the quota service has counted `expected` (or after 10 minutes)."""
-    used = await ai_tokens_used(http, base, console)
-    while used < expected and time.monotonic() - started < 600:
-        await asyncio.sleep(0.5)
-        used = await ai_tokens_used(http, base, console)
-    return used
-
-
 async def main(rate: float, seconds: float, events: int, workers: int | None) -> None:
     state = REPO / ".tollgate" / f"bench-background-{uuid.uuid4().hex[:6]}"
     port = free_port()
@@ -109,17 +95,21 @@ async def main(rate: float, seconds: float, events: int, workers: int | None) ->
     url = f"{base}/api/geo/projects"
     try:
         async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=200)) as http:
-            b = await new_tenant(http, Ingress.single(base))  # professional: 100 calls/s, 6,000 a minute
-            console, key, account = b.console()["Authorization"], b.key, uuid.UUID(b.account_id)
+            ingress = Ingress.single(base)
+            b = await new_tenant(http, ingress)  # professional: 100 calls/s, 6,000 a minute
+            key, account = b.key, uuid.UUID(b.account_id)
             await asyncio.sleep(20)  # the plan reaches every worker; their consumer groups settle
             quiet, quiet_failed = await steady_calls(http, url, key, rate, seconds)
 
-            used_before = await ai_tokens_used(http, base, console)
+            async def ai_tokens_used() -> int:
+                return (await quota_used(http, ingress, b))[Resource.AI_TOKENS.value]
+
+            used_before = await ai_tokens_used()
             filling = asyncio.create_task(backlog(f"127.0.0.1:{env['TOLLGATE_KAFKA_PORT']}", account, events))
             started = time.monotonic()
             busy, busy_failed = await steady_calls(http, url, key, rate, seconds)
             expected = used_before + await filling
-            used = await wait_for_count(http, base, console, expected, started)
+            used = await wait_for(ai_tokens_used, expected, within=600)
             drained = time.monotonic() - started
 
             shape = f"--workers {workers}" if workers else "default --workers"
@@ -131,7 +121,7 @@ async def main(rate: float, seconds: float, events: int, workers: int | None) ->
                 f"p99 while the backlog sinks vs alone: {percentile(busy, 99) * 1000:.1f} ms vs baseline "
                 f"{percentile(quiet, 99) * 1000:.1f} ms -> ratio {ratio:.2f} (goal: within 1.5x)"
             )
-            print(f"backlog counted by quota {drained:.1f} s after it started ({used:,} of {expected:,} tokens)")
+            print(f"backlog counted by quota {drained:.1f} s after it started ({used} of {expected} tokens)")
     finally:
         down = [sys.executable, "-m", "services.runtime.host.cli", "down"]
         await asyncio.to_thread(subprocess.run, down, env=env, cwd=REPO, capture_output=True, check=False)
