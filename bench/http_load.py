@@ -35,7 +35,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.e2e import tollgate_up
-from tests.support.apps import REPO, free_port, process_tree, worker_pids
+from tests.support.apps import REPO, free_port, process_tree, spawned_pids
 from tests.support.platform import expect
 
 # Each wrk thread rotates the Authorization header over the keys given after `--`; `done` prints
@@ -132,9 +132,9 @@ def stack_cpu_seconds(state: Path) -> float:
 
 
 def serving_processes(state: Path) -> list[int]:
-    """`tollgate up`'s serve process, or its workers when it has some (`--workers N`)."""
+    """`tollgate up`'s serve process, or its workers and consumers' process when it has them (`--workers N`)."""
     parent = int((state / "tollgate.pid").read_text().split()[0])
-    return worker_pids(parent) or [parent]
+    return sorted(spawned_pids(parent)) or [parent]
 
 
 def flame_graphs(state: Path, run: "Callable[[], Run]", seconds: float) -> tuple[Run, list[Path]]:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.runtime.platform.settings import Settings
 from tests.support import databases
-from tests.support.apps import ServeProcess, worker_pids
+from tests.support.apps import ServeProcess, consumers_pids, worker_pids
 from tests.support.infra import delete_topics_with_prefix, endpoints
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -72,11 +72,12 @@ def main(seconds: float, settle: float, targets: str, workers: int) -> None:
         serve = ServeProcess(settings, targets, workers=workers)
         try:
             serve.wait_ready()
-            if workers > 1:  # every worker ready, not just the first to listen
-                while len(worker_pids(serve.proc.pid)) < workers:
+            if workers > 1:  # every worker and the consumers' process started, not just the first to listen
+                while len(worker_pids(serve.proc.pid)) < workers or not consumers_pids(serve.proc.pid):
                     time.sleep(0.2)
             time.sleep(settle)
-            pids = [serve.proc.pid, *(worker_pids(serve.proc.pid) if workers > 1 else [])]
+            spawned = [*worker_pids(serve.proc.pid), *consumers_pids(serve.proc.pid)] if workers > 1 else []
+            pids = [serve.proc.pid, *spawned]
             used = shares_of_a_core(pids, seconds)
         finally:
             serve.stop()
@@ -88,8 +89,8 @@ def main(seconds: float, settle: float, targets: str, workers: int) -> None:
     if workers == 1:
         print(f"idle {shape} over {seconds:.0f} s: {used[0]:.2f}% of a core (goal <= 2%)")
     else:
-        each = ", ".join(f"{share:.2f}%" for share in used[1:])
-        print(f"idle {shape} over {seconds:.0f} s: supervisor {used[0]:.2f}%, workers {each} of a core")
+        each = ", ".join(f"{share:.2f}%" for share in used[1:-1])
+        print(f"idle {shape} over {seconds:.0f} s: supervisor {used[0]:.2f}%, workers {each}, consumers {used[-1]:.2f}%")
         print(f"  in total {sum(used):.2f}% of a core (goal <= 2% per serve process)")
     print(f"baseline, a bare asyncio process over {seconds:.0f} s: {baseline:.2f}% of a core")
 

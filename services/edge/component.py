@@ -3,7 +3,7 @@
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import APIRouter
 from faststream.kafka import KafkaBroker, KafkaRouter
@@ -42,16 +42,26 @@ class Runtime:
         return self.overrides.clock
 
 
+class ConsumerLoop(Protocol):
+    """A consumer group's own loop (not a FastStream subscriber), run where the host runs consumers."""
+
+    async def start(self) -> None: ...
+
+    # At shutdown, while the loop still holds its partitions: commit the work in flight.
+    async def close(self) -> None: ...
+
+
 @dataclass
 class Component:
     name: str
     router: APIRouter | None = None
+    # Consumer-group work: FastStream subscribers, and loops of their own. Only a process that runs
+    # consumers starts them (`serve --workers N` keeps them out of the processes serving requests).
     subscribers: KafkaRouter | None = None
+    consumers: list[ConsumerLoop] = field(default_factory=list)
     # Postgres migrations of the schema this service owns, applied at start.
     migrations: Path | None = None
     on_start: list[Hook] = field(default_factory=list)
-    # At shutdown, while the consumers still hold their partitions (to commit work in flight).
-    before_consumers_stop: list[Hook] = field(default_factory=list)
     on_stop: list[Hook] = field(default_factory=list)
     # Extra readiness checks by name (Kafka, Postgres and the edge are checked by the host).
     checks: dict[str, Check] = field(default_factory=dict)

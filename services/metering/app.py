@@ -41,7 +41,6 @@ def build(runtime: Runtime) -> Component:
         await asyncio.to_thread(store.open)  # connect and apply the ClickHouse DDL
         await store.publish_prices(price_table)  # for analysts (docs/analysts.md)
         await follower.start()
-        await sink.start()
 
     async def stop() -> None:
         await follower.stop()
@@ -51,8 +50,8 @@ def build(runtime: Runtime) -> Component:
         name="metering",
         router=build_router(runtime, ingest, analytics),
         migrations=Path(__file__).with_name("migrations"),
+        consumers=[sink],
         on_start=[start, window.start],
-        before_consumers_stop=[sink.close],
         on_stop=[stop, window.stop],
         checks={"clickhouse": store.ping},
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.apps import REPO, free_port, worker_pids
+from tests.support.apps import REPO, consumers_pids, free_port, worker_pids
 
 pytestmark = pytest.mark.integration
 
@@ -86,10 +86,13 @@ def test_up_serves_every_dependency_ready_with_a_demo_login_and_down_leaves_no_p
         assert json.loads(again.stdout[again.stdout.index("{") :])["demo_service_token"] == printed["demo_service_token"]
         pids = _pids(state)
         assert len(pids) == 5
-        # `serve --workers` defaults to one worker per core (one core: no supervisor, no workers)
-        workers = worker_pids(int((state / "tollgate.pid").read_text()))
+        # `serve --workers` defaults to one worker per core, and one process of consumers (one
+        # core: no supervisor, no workers)
+        supervisor = int((state / "tollgate.pid").read_text())
+        workers, consumers = worker_pids(supervisor), consumers_pids(supervisor)
         assert len(workers) == ((os.cpu_count() or 1) if (os.cpu_count() or 1) > 1 else 0), workers
-        pids += workers
+        assert len(consumers) == (1 if workers else 0), consumers
+        pids += workers + consumers
     finally:
         subprocess.run([*cli, "down"], env=env, cwd=REPO, capture_output=True, timeout=120)
         shutil.rmtree(state, ignore_errors=True)

@@ -1,10 +1,12 @@
-"""`tollgate serve --workers 2`: two processes on one port keep the guarantees of one.
+"""`tollgate serve --workers 2`: two processes on one port and one of consumers keep the guarantees of one.
 
 Which worker takes a connection is the kernel's choice: the test sends calls concurrently on
 fresh connections and reads, from the workers' own metric files (prometheus multiprocess mode),
 which worker served what. Both must serve; a key toggled off is refused by both within the
-contract's second; every admitted call is counted once in `api_calls` and stored once for the
-activity log; /metrics adds up both workers; a worker that dies is replaced while the other answers.
+contract's second; the consumers run niced in their own process, and when it is SIGKILLed with
+calls not yet counted, its replacement counts them: every admitted call is counted once in
+`api_calls` and stored once for the activity log; /metrics adds up every process; a worker that
+dies is replaced while the other answers.
 """
 
 import asyncio
@@ -20,9 +22,10 @@ import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from contracts.events import RateLimit
+from services.runtime.host.workers import CONSUMERS_NICENESS
 from tests.integration.test_edge_rate_limit import publish_plan
 from tests.integration.test_keys_api import PASSWORD, bearer, code
-from tests.support.apps import ServeProcess, worker_pids
+from tests.support.apps import ServeProcess, consumers_pids, niceness, worker_pids
 from tests.support.metering import wait_until
 
 pytestmark = pytest.mark.integration
@@ -64,6 +67,8 @@ async def test_two_workers_on_one_port_keep_toggles_metering_and_metrics(setting
     try:
         serve.wait_ready()
         workers = await wait_until(lambda: _two_workers(serve.proc.pid), timeout=30)
+        (consumers,) = await wait_until(lambda: _consumers(serve.proc.pid), timeout=30)
+        assert niceness(consumers) == niceness(workers[0]) + CONSUMERS_NICENESS
 
         async def both_listening() -> bool:
             return listening(serve.port) >= 2
@@ -106,6 +111,11 @@ async def test_two_workers_on_one_port_keep_toggles_metering_and_metrics(setting
             assert sorted(geo_calls_by_worker(folder, "401")) == workers
             admitted = sum(geo_calls_by_worker(folder, "200").values())  # + those admitted before the toggle landed
 
+            # The consumers killed at once, whatever they had not counted or stored yet: their
+            # replacement does (offsets are committed only after the writes).
+            os.kill(consumers, signal.SIGKILL)
+            await wait_until(lambda: _consumers(serve.proc.pid, without=consumers), timeout=30)
+
             # Every admitted call counted once, whichever worker served it.
             async def api_calls_used() -> int:
                 quota = (await http.get("/api/billing/check-quota", headers=console)).json()
@@ -114,7 +124,7 @@ async def test_two_workers_on_one_port_keep_toggles_metering_and_metrics(setting
             async def all_counted() -> bool:
                 return await api_calls_used() >= admitted
 
-            await wait_until(all_counted, timeout=20)
+            await wait_until(all_counted, timeout=60)  # the killed consumers' session expires first
             await asyncio.sleep(1)
             assert await api_calls_used() == admitted
 
@@ -131,7 +141,7 @@ async def test_two_workers_on_one_port_keep_toggles_metering_and_metrics(setting
             async def all_logged() -> bool:
                 return await logged_admitted() >= admitted
 
-            await wait_until(all_logged, timeout=20)
+            await wait_until(all_logged, timeout=60)
             assert await logged_admitted() == admitted
 
             # /metrics, answered by either worker, adds up both.
@@ -163,3 +173,7 @@ async def test_two_workers_on_one_port_keep_toggles_metering_and_metrics(setting
 async def _two_workers(parent: int, without: int | None = None) -> list[int]:
     pids = [pid for pid in worker_pids(parent) if pid != without]
     return pids if len(pids) == 2 else []
+
+
+async def _consumers(parent: int, without: int | None = None) -> list[int]:
+    return [pid for pid in consumers_pids(parent) if pid != without]

@@ -65,17 +65,33 @@ def process_tree() -> dict[int, list[int]]:
     return tree
 
 
-def worker_pids(parent: int) -> list[int]:
-    """The worker processes of `serve --workers N` whose supervisor is `parent` (spawned:
-    `... spawn_main ...` on their command line, unlike multiprocessing's resource tracker)."""
-    pids = []
+def spawned_pids(parent: int) -> dict[int, int]:
+    """The processes of `serve --workers N` whose supervisor is `parent` (spawned: `... spawn_main ...`
+    on their command line, unlike multiprocessing's resource tracker), each with its niceness."""
+    spawned = {}
     for pid in process_tree().get(parent, []):
         try:
             if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                pids.append(pid)
+                spawned[pid] = niceness(pid)
         except OSError:
             continue
-    return sorted(pids)
+    return spawned
+
+
+def niceness(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])  # field 19 of proc(5)
+
+
+def worker_pids(parent: int) -> list[int]:
+    """The request processes of `serve --workers N`: the supervisor's own niceness."""
+    base = niceness(parent)
+    return sorted(pid for pid, nice in spawned_pids(parent).items() if nice == base)
+
+
+def consumers_pids(parent: int) -> list[int]:
+    """The consumers' process of `serve --workers N` (one, unless it is being replaced): niced."""
+    base = niceness(parent)
+    return sorted(pid for pid, nice in spawned_pids(parent).items() if nice > base)
 
 
 class ServeProcess:

@@ -25,8 +25,8 @@ def metering_sink(app: Any) -> Sink:
     """The metering sink of an app that runs the metering service (its consumers are aiokafka's
     own, not FastStream subscribers)."""
     (metering,) = [c for c in app.state.components if c.name == "metering"]
-    (close,) = metering.before_consumers_stop  # the sink's bound `close`
-    sink: Sink = close.__self__
+    (sink,) = metering.consumers
+    assert isinstance(sink, Sink)
     return sink
 
 

@@ -38,8 +38,14 @@ def expand_targets(targets: Sequence[str]) -> list[str]:
 
 
 def create_app(
-    targets: Sequence[str] = ("all",), settings: Settings | None = None, overrides: Overrides | None = None
+    targets: Sequence[str] = ("all",),
+    settings: Settings | None = None,
+    overrides: Overrides | None = None,
+    *,
+    consumers: bool = True,
 ) -> FastAPI:
+    """The targets' routes, projections and periodic work; their consumers too unless `consumers`
+    is False (`serve --workers N` runs them in a process of their own: services/runtime/host/workers.py)."""
     settings = settings or get_settings()
     names = expand_targets(targets)
     broker = make_broker(settings)
@@ -47,8 +53,9 @@ def create_app(
     edge = Edge(settings)
     runtime = Runtime(settings=settings, broker=broker, pool=pool, edge=edge, overrides=overrides or Overrides())
     components: list[Component] = [importlib.import_module(f"services.{n}.app").build(runtime) for n in names]
+    loops = [loop for component in components for loop in component.consumers] if consumers else []
     for component in components:
-        if component.subscribers is not None:
+        if consumers and component.subscribers is not None:
             broker.include_router(component.subscribers)
 
     @asynccontextmanager
@@ -63,6 +70,8 @@ def create_app(
         for component in components:
             for hook in component.on_start:
                 await hook()
+        for loop in loops:
+            await loop.start()
         await start_subscribers(broker)
         # Everything built so far lives as long as the process: keep it out of the collector's
         # full passes, whose pauses showed in the analytics queries' tail (BENCHMARKS.md, "metering").
@@ -70,9 +79,8 @@ def create_app(
         try:
             yield
         finally:
-            for component in components:
-                for hook in component.before_consumers_stop:
-                    await hook()
+            for loop in loops:
+                await loop.close()
             await broker.stop()
             for component in reversed(components):
                 for hook in reversed(component.on_stop):

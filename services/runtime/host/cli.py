@@ -64,14 +64,16 @@ def serve(
         int,
         typer.Option(
             min=1,
-            help="processes serving the port, each a whole replica of the targets (its own projections; "
-            "the consumer groups share the partitions out). Default: the number of cores",
+            help="processes serving the port, each a replica of the targets' routes and projections, plus "
+            "one process of their consumers at a lower CPU priority; 1: everything in this one process. "
+            "Default: the number of cores",
         ),
     ] = os.cpu_count() or 1,
 ) -> None:
-    """Run the named services' routes and subscribers in this process (or in `--workers` processes)."""
+    """Run the named services' routes and consumers in this process (or in `--workers` processes
+    and one of consumers)."""
     if workers == 1:
-        _run(target, host=host, port=port)
+        _run(worker_app(target), host=host, port=port)
         return
     from services.runtime.host.workers import supervise
     from services.runtime.platform.logs import configure
@@ -79,38 +81,48 @@ def serve(
 
     configure(get_settings().log_level)  # the supervisor's own lines: a worker ended, another started
     with tempfile.TemporaryDirectory(prefix="tollgate-metrics-") as metrics_dir:
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # /metrics adds up every worker's counters
-        code = supervise(workers, serve_worker, (target, host, port))
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # /metrics adds up every process's counters
+        code = supervise([(serve_worker, (target, host, port))] * workers + [(serve_consumers, (target,))])
     raise typer.Exit(code)
 
 
 def serve_worker(target: str, host: str, port: int) -> None:
-    """One of `serve --workers N`'s processes (spawned): the app on a socket of its own."""
+    """One of `serve --workers N`'s request processes (spawned): the app without its consumers, on
+    a socket of its own."""
     from services.runtime.host.workers import reuse_port_socket
 
-    _run(target, sockets=[reuse_port_socket(host, port)])
+    _run(worker_app(target, consumers=False), sockets=[reuse_port_socket(host, port)])
 
 
-def _run(target: str, sockets: list["socket.socket"] | None = None, **bind: Any) -> None:
+def serve_consumers(target: str) -> None:
+    """`serve --workers N`'s consumers process (spawned): the app's lifespan, with its consumers,
+    and no socket, niced so that the request processes come first."""
+    from services.runtime.host.workers import CONSUMERS_NICENESS, run_lifespan
+
+    os.nice(CONSUMERS_NICENESS)
+    asyncio.run(run_lifespan(worker_app(target)))
+
+
+def _run(app: "FastAPI", sockets: list["socket.socket"] | None = None, **bind: Any) -> None:
     """The app served until it is asked to stop; exit STARTUP_FAILURE if it never started (as uvicorn.run)."""
     import uvicorn
 
     from services.runtime.host.server import Server
     from services.runtime.host.workers import STARTUP_FAILURE
 
-    server = Server(uvicorn.Config(worker_app(target), **bind, **_uvicorn_options()))
+    server = Server(uvicorn.Config(app, **bind, **_uvicorn_options()))
     server.run(sockets=sockets)
     if not server.started:
         sys.exit(STARTUP_FAILURE)
 
 
-def worker_app(target: str) -> "FastAPI":
+def worker_app(target: str, *, consumers: bool = True) -> "FastAPI":
     from services.runtime.host.app import create_app
     from services.runtime.platform.logs import configure
     from services.runtime.platform.settings import get_settings
 
     configure(get_settings().log_level)
-    return create_app([target])
+    return create_app([target], consumers=consumers)
 
 
 def _uvicorn_options() -> dict[str, Any]:

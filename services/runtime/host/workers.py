@@ -1,4 +1,13 @@
-"""`tollgate serve --workers N`: N processes serving one port, each a whole replica of the targets.
+"""`tollgate serve --workers N`: N processes serving one port, each a replica of the targets'
+routes and projections, and one process running their consumers at a lower CPU priority.
+
+The consumers (quota's counting, the metering sink, alerts, ...) work in bursts that can take a
+core for seconds, as when a backlog of usage sinks; sharing a process and its event loop with
+requests, they put those seconds into the requests' tail (BENCHMARKS.md, "background"). In a
+process of their own, niced, the kernel's scheduler serves the requests first, and the consumers
+take what is left: under a sustained overload they lag (and catch up after); a request never waits
+behind them. The consumer groups are the same, so nothing else changes: offsets committed after
+each write, every event counted once.
 
 Each worker binds a socket of its own with SO_REUSEPORT, and the kernel spreads new connections
 over the listening ones by their addresses. One socket shared by all (uvicorn's `--workers`)
@@ -11,34 +20,44 @@ dies, not yet accepted, are reset with it (Linux hands them to the other listene
 `sysctl net.ipv4.tcp_migrate_req=1`); with one shared socket they waited for another worker.
 """
 
+import asyncio
 import logging
 import multiprocessing
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from starlette.applications import Starlette
+
 log = logging.getLogger(__name__)
 
 STARTUP_FAILURE = 3  # uvicorn's exit code when the app cannot start: a replacement would fail too
 STOP_TIMEOUT_S = 30.0
+# The consumers' process against the request processes: the scheduler's weights are 110 to 1024.
+CONSUMERS_NICENESS = 10
 
 
-def supervise(workers: int, serve_one: Callable[..., None], args: tuple[Any, ...]) -> int:
-    """Run `serve_one(*args)` in `workers` spawned processes until SIGTERM or SIGINT; the exit code."""
+Job = tuple[Callable[..., None], tuple[Any, ...]]  # a process's function and its arguments
+
+
+def supervise(jobs: list[Job]) -> int:
+    """Run each job in a spawned process until SIGTERM or SIGINT (one that ends is started again);
+    the exit code."""
     spawn = multiprocessing.get_context("spawn")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
 
-    def start() -> BaseProcess:
-        process = spawn.Process(target=serve_one, args=args, daemon=False)
+    def start(job: Job) -> BaseProcess:
+        process = spawn.Process(target=job[0], args=job[1], daemon=False)
         process.start()
         return process
 
-    processes = [start() for _ in range(workers)]
+    processes = [start(job) for job in jobs]
     code = 0
     while not stop.wait(0.5):
         for index, process in enumerate(processes):
@@ -50,7 +69,7 @@ def supervise(workers: int, serve_one: Callable[..., None], args: tuple[Any, ...
                 stop.set()
                 break
             log.warning("worker %s ended (exit code %s); starting another", process.pid, process.exitcode)
-            processes[index] = start()
+            processes[index] = start(jobs[index])
     for process in processes:
         if process.is_alive():
             process.terminate()  # SIGTERM: uvicorn finishes its requests and runs the app's shutdown
@@ -70,3 +89,22 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     return sock
+
+
+async def run_lifespan(app: Starlette) -> None:
+    """The app's start, then its stop on SIGTERM or SIGINT, serving no requests (the consumers'
+    process); exit STARTUP_FAILURE if it cannot start."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    lifespan = app.router.lifespan_context(app)
+    try:
+        await lifespan.__aenter__()
+    except Exception:
+        log.exception("the consumers could not start")
+        sys.exit(STARTUP_FAILURE)
+    try:
+        await stop.wait()
+    finally:
+        await lifespan.__aexit__(None, None, None)
