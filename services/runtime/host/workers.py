@@ -2,12 +2,13 @@
 routes and projections, and one process running their consumers at a lower CPU priority.
 
 The consumers (quota's counting, the metering sink, alerts, ...) work in bursts that can take a
-core for seconds, as when a backlog of usage sinks; sharing a process and its event loop with
-requests, they put those seconds into the requests' tail (BENCHMARKS.md, "background"). In a
-process of their own, niced, the kernel's scheduler serves the requests first, and the consumers
-take what is left: under a sustained overload they lag (and catch up after); a request never waits
-behind them. The consumer groups are the same, so nothing else changes: offsets committed after
-each write, every event counted once.
+core for seconds, as when a backlog of usage sinks. Sharing a process with requests, a request
+waits on the event loop behind a batch being parsed, counted or sunk. In a process of their own,
+niced, they never hold a request's loop, the kernel's scheduler serves the requests first, and
+the consumers take what is left: under a sustained overload they lag, and catch up after
+(BENCHMARKS.md, "background", round 2). The consumer groups are the same, so nothing else
+changes: offsets committed after each write, every event counted once; a consumer that crashes
+takes no request worker with it.
 
 Each worker binds a socket of its own with SO_REUSEPORT, and the kernel spreads new connections
 over the listening ones by their addresses. One socket shared by all (uvicorn's `--workers`)
