@@ -8,8 +8,9 @@ ClickHouse server of its own (the local stack's kind: services/runtime/host/chse
 2. p50/p99 of overview, 30-day hourly trend and by-provider through the HTTP API (rollups) with
    BENCH_EVENTS (default 10M) loaded, vs the same aggregations on the raw table.
 3. Produce-to-visible freshness p99.
-4. The API's p99 alone, then while an analyst (the `analyst` user, its profile's limits) runs a
-   heavy query over every row in a loop (ratio; goal: moves <= 20%).
+4. The API's p99 alone, while an analyst (the `analyst` user, its profile's limits) runs a heavy
+   query over every row in a loop (ratio; goal: moves <= 20%), and while the same query runs at
+   nice 0 (as before the server kept CAP_SYS_NICE), in interleaved windows.
 
 Run: .venv/bin/python bench/metering.py   (BENCH_SINK_EVENTS, BENCH_EVENTS to resize)
 
@@ -404,7 +405,7 @@ async def queries(app, settings: Settings, ch, analyst_dsn: str) -> None:
                 await asyncio.to_thread(lambda s=raw_sql[name]: ch.query(s).result_rows)
                 raw_samples.append(time.perf_counter() - t)
             print(f"{name}: API on rollups {summary_ms(api_samples)} | same aggregation on raw table {summary_ms(raw_samples)}")
-        await analyst_under_load(client, api["overview"], headers, analyst_dsn, db)
+        await analyst_under_load(client, api["overview"], headers, analyst_dsn, settings.clickhouse_dsn, db)
     gc.callbacks.remove(on_gc)
     if pauses:
         worst = max(d for _, d in pauses) * 1000
@@ -419,15 +420,27 @@ HEAVY = (
 )
 
 
-async def analyst_under_load(client: httpx.AsyncClient, call: tuple[str, dict], headers: dict, analyst_dsn: str, db: str) -> None:
-    """The API's p99 alone, then while an analyst runs a heavy query over every row, in a loop."""
+ROUNDS = 3  # windows of each condition, interleaved: the neighbours' load moves under all alike
+# The analyst's heavy query as it ran before the server kept CAP_SYS_NICE: the engine ignored the
+# profile's nice 19 then, so the query ran at nice 0 with the profile's other limits.
+UNNICED = {"max_threads": 1, "priority": 10, "os_thread_priority": 0}
+
+
+async def analyst_under_load(
+    client: httpx.AsyncClient, call: tuple[str, dict], headers: dict, analyst_dsn: str, app_dsn: str, db: str
+) -> None:
+    """The API's p99 alone, while the analyst runs a heavy query over every row in a loop, and
+    while the same query runs at nice 0 (as before the server kept CAP_SYS_NICE), in interleaved
+    windows."""
     import threading
 
     import clickhouse_connect
 
+    from bench.stats import percentile
+
     path, params = call
 
-    async def api_p99(n: int = 300) -> list[float]:
+    async def api_samples(n: int = 100) -> list[float]:
         samples = []
         for _ in range(n):
             t = time.perf_counter()
@@ -436,29 +449,50 @@ async def analyst_under_load(client: httpx.AsyncClient, call: tuple[str, dict], 
             samples.append(time.perf_counter() - t)
         return samples
 
-    alone = await api_p99()
-    analyst = clickhouse_connect.get_client(dsn=analyst_dsn, database=db)
-    stop, runs = threading.Event(), []
+    async def while_heavy(dsn: str, settings: dict) -> tuple[list[float], list[float]]:
+        heavy = clickhouse_connect.get_client(dsn=dsn, database=db)
+        stop, runs, started = threading.Event(), [], threading.Event()
 
-    def heavy() -> None:
-        while not stop.is_set():
-            t = time.perf_counter()
-            analyst.query(HEAVY)
-            runs.append(time.perf_counter() - t)
+        def loop() -> None:
+            while not stop.is_set():
+                t = time.perf_counter()
+                started.set()
+                heavy.query(HEAVY, settings=settings)
+                runs.append(time.perf_counter() - t)
 
-    worker = threading.Thread(target=heavy)
-    worker.start()
-    try:
-        await asyncio.sleep(0.5)  # the analyst's query is running
-        loaded = await api_p99()
-    finally:
-        stop.set()
-        await asyncio.to_thread(worker.join)
-    from bench.stats import percentile
+        worker = threading.Thread(target=loop)
+        worker.start()
+        try:
+            await asyncio.to_thread(started.wait)
+            await asyncio.sleep(0.5)  # the query is running
+            samples = await api_samples()
+        finally:
+            stop.set()
+            await asyncio.to_thread(worker.join)
+            heavy.close()
+        return samples, runs
 
-    print(f"analyst's heavy query ({HEAVY[:60]}...): {len(runs)} runs, {summary_ms(runs) if len(runs) > 1 else runs}")
-    print(f"overview API alone {summary_ms(alone)} | with the analyst's query running {summary_ms(loaded)}")
-    print(ratio_line("overview p99 with the analyst / alone (goal <= 1.2)", percentile(loaded, 99), percentile(alone, 99), "s"))
+    alone: list[float] = []
+    niced: list[float] = []
+    unniced: list[float] = []
+    runs: dict[str, list[float]] = {"analyst": [], "nice 0": []}
+    for _ in range(ROUNDS):
+        alone += await api_samples()
+        samples, done = await while_heavy(analyst_dsn, {})
+        niced += samples
+        runs["analyst"] += done
+        samples, done = await while_heavy(app_dsn, UNNICED)
+        unniced += samples
+        runs["nice 0"] += done
+    for name, done in runs.items():
+        print(f"heavy query ({name}; {HEAVY[:50]}...): {len(done)} runs, {summary_ms(done)}")
+    print(f"overview API alone {summary_ms(alone)}")
+    print(f"  with the analyst's query (nice 19) {summary_ms(niced)}")
+    print(f"  with the same query at nice 0 {summary_ms(unniced)}")
+    p99_ms = percentile(alone, 99) * 1000
+    print(ratio_line("overview p99 with the analyst / alone (goal <= 1.2)", percentile(niced, 99) * 1000, p99_ms, "ms"))
+    before = percentile(unniced, 99) * 1000
+    print(ratio_line("overview p99 with the query at nice 0 / alone (before the fix)", before, p99_ms, "ms"))
 
 
 if __name__ == "__main__":

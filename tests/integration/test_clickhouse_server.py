@@ -1,7 +1,8 @@
 """The local stack's ClickHouse server (services/runtime/host/chserver.py) as a real process: it runs as
-`nobody`, keeps its data across SIGTERM and SIGKILL, refuses a second launcher and a taken port
-(and never reports ready on another server's port), and Tollgate rides out its outage: /readyz
-says so, the metering sink commits no offsets while it is down and catches up exactly after."""
+`nobody` holding CAP_SYS_NICE alone (so the analyst's queries really run at nice 19), keeps its
+data across SIGTERM and SIGKILL, refuses a second launcher and a taken port (and never reports
+ready on another server's port), and Tollgate rides out its outage: /readyz says so, the metering
+sink commits no offsets while it is down and catches up exactly after."""
 
 import asyncio
 import os
@@ -9,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -18,7 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from contracts.topics import USAGE
 from services.metering.consumers import SINK_EVENTS
-from services.runtime.host import stack
+from services.runtime.host import capabilities, stack
 from services.runtime.host.chserver import ServerSpec
 from services.runtime.platform import clickhouse
 from services.runtime.platform.kafka import ensure_topics
@@ -64,6 +66,7 @@ def test_runs_unprivileged_keeps_data_and_refuses_a_second_owner_or_a_taken_port
     proc_status = open(f"/proc/{_pid(cfg)}/status").read().splitlines()
     uids = next(line for line in proc_status if line.startswith("Uid:")).split()[1:]
     assert set(uids) == {str(65534)}  # nobody, real and effective
+    assert capabilities.effective(_pid(cfg)) == 1 << capabilities.CAP_SYS_NICE  # that one alone
     assert os.stat(cfg.state_dir / "clickhouse" / "data").st_uid == 65534
 
     client = clickhouse.connect(cfg.clickhouse_dsn)
@@ -186,3 +189,47 @@ def test_native_protocol_serves_the_app_and_the_read_only_analyst(own_server):
     with pytest.raises(driver.errors.ServerException):
         driver.Client.from_url(f"clickhouse://analyst:wrong@{tcp}/tollgate").execute("SELECT 1")
     assert analyst.execute("SELECT count() FROM native") == [(100,)]
+
+
+def _nice_values(pid: int) -> list[int]:
+    """The nice value of each of a process's threads (field 19 of /proc/PID/task/TID/stat)."""
+    values = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = open(f"/proc/{pid}/task/{task}/stat").read()
+        except FileNotFoundError:  # the thread ended
+            continue
+        values.append(int(stat.rsplit(")", 1)[1].split()[16]))
+    return values
+
+
+def _niceness_while(cfg: stack.StackConfig, dsn: str) -> set[int]:
+    """The server's thread nice values seen while `dsn`'s user runs a 2-second query."""
+    client = clickhouse.connect(dsn)
+    seen: set[int] = set()
+    done = threading.Event()
+
+    def query() -> None:
+        try:
+            client.query("SELECT sum(sleepEachRow(0.05)) FROM tollgate.slow")  # 40 rows: 2 s
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=query)
+    worker.start()
+    while not done.wait(0.05):
+        seen.update(_nice_values(_pid(cfg)))
+    worker.join()
+    client.close()
+    return seen
+
+
+def test_the_analysts_queries_run_at_nice_19_and_tollgates_own_do_not(own_server):
+    cfg = own_server
+    app = clickhouse.connect(cfg.clickhouse_dsn)
+    app.command("CREATE DATABASE tollgate")
+    app.command("CREATE TABLE tollgate.slow (n UInt32) ENGINE = MergeTree ORDER BY n")
+    app.command("INSERT INTO tollgate.slow SELECT number FROM numbers(40)")
+    app.close()
+    assert 19 not in _niceness_while(cfg, cfg.clickhouse_dsn)
+    assert 19 in _niceness_while(cfg, cfg.analyst_dsns()["http"])

@@ -3,10 +3,11 @@
 Run as `python -m services.runtime.host.chserver INSTANCE_DIR` with its settings in the environment
 (see `ServerSpec.to_env`); `services.runtime.host.stack` does that. This process owns the instance
 folder (an exclusive flock taken before anything is written), writes config.xml and users.xml
-into it, drops to an unprivileged user, loads the engine module without importing the `chdb`
-package, and runs one blocking query whose lifetime keeps the HTTP and native listeners open.
-It exits 0 when stopped by SIGTERM and non-zero whenever that query ends by itself (port in
-use, data directory locked, bad users file: the engine reports those on stderr, not by raising).
+into it, drops to an unprivileged user (keeping CAP_SYS_NICE alone, so the analyst's nice 19
+applies), loads the engine module without importing the `chdb` package, and runs one blocking
+query whose lifetime keeps the HTTP and native listeners open. It exits 0 when stopped by SIGTERM
+and non-zero whenever that query ends by itself (port in use, data directory locked, bad users
+file: the engine reports those on stderr, not by raising).
 """
 
 import encodings.idna  # noqa: F401 (the stop request needs it; after the drop to `nobody` the stdlib may be unreadable)
@@ -27,6 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 from xml.sax.saxutils import escape
+
+from services.runtime.host import capabilities
 
 SPEC_ENV = "TOLLGATE_CH_SERVER_SPEC"
 RUN_AS = "nobody"
@@ -235,9 +238,8 @@ def serve(instance: Path, spec: ServerSpec) -> int:
         # No grant closes `INSERT ... FROM INFILE`: the process must not be able to read much.
         user = pwd.getpwnam(RUN_AS)
         _own(instance, user.pw_uid, user.pw_gid)
-        os.setgroups([])
-        os.setgid(user.pw_gid)
-        os.setuid(user.pw_uid)
+        if not capabilities.drop_privileges(user.pw_uid, user.pw_gid):
+            print("clickhouse: no CAP_SYS_NICE to keep: the analyst's nice 19 will not apply", file=sys.stderr, flush=True)
     engine = _load_engine()
     stopping = threading.Event()
     outcome: list[object] = []
