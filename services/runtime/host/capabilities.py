@@ -41,9 +41,9 @@ def _check(result: int) -> None:
         raise OSError(errno, os.strerror(errno))
 
 
-def drop_privileges(uid: int, gid: int, keep: int = CAP_SYS_NICE) -> bool:
-    """Become uid/gid with no supplementary groups, holding only `keep` (if this process held
-    it: a container may not grant it). True when `keep` is held afterwards."""
+def drop_privileges(uid: int, gid: int, keep: int = CAP_SYS_NICE) -> None:
+    """Become uid/gid with no supplementary groups, holding only `keep` if this process held it
+    (a container may not grant it: `effective()` tells)."""
     libc = ctypes.CDLL(None, use_errno=True)
     kept = bool(effective() >> keep & 1)
     if kept:
@@ -60,4 +60,3 @@ def drop_privileges(uid: int, gid: int, keep: int = CAP_SYS_NICE) -> bool:
         data[keep // 32].effective = data[keep // 32].permitted = 1 << keep % 32
         _check(libc.capset(ctypes.byref(_Header(_CAPABILITY_VERSION_3, 0)), data))
         _check(libc.prctl(_PR_SET_KEEPCAPS, 0, 0, 0, 0))
-    return kept
