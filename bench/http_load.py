@@ -19,6 +19,7 @@ library's `http`)
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import shutil
@@ -111,31 +112,35 @@ def wrk(
 
 
 # ---- the CPU of the stack's processes -------------------------------------------------------------
-def stack_cpu_seconds(state: Path) -> float:
-    """utime+stime+cutime+cstime of every live process below the pid files under `state`: each CPU
-    second counted once (a reaped child's time is in its parent's c-times, a live one's in its own)."""
-    roots = set()
+def stack_cpu_seconds(state: Path) -> dict[str, float]:
+    """utime+stime+cutime+cstime of every live process below the pid files under `state`, per pid
+    file (named by its stem: kafka, clickhouse, ...; `tollgate up`'s serve process as "tollgate
+    requests", its niced consumers' process apart), each CPU second counted once (a reaped
+    child's time is in its parent's c-times, a live one's in its own)."""
+    roots: dict[int, str] = {}
     for folder, _, files in os.walk(state):  # (rglob fails on a folder ClickHouse removes meanwhile)
         for name in files:
             if name.endswith(".pid"):
                 try:
-                    roots.add(int((Path(folder) / name).read_text().split()[0]))
+                    roots[int((Path(folder) / name).read_text().split()[0])] = name.removesuffix(".pid")
                 except (OSError, ValueError, IndexError):
                     continue
-    tree, seen, total = process_tree(), set(), 0
-    todo = list(roots)
+    tree, seen, totals = process_tree(), set(), collections.Counter[str]()
+    todo = list(roots.items())
     while todo:
-        pid = todo.pop()
+        pid, name = todo.pop()
         if pid in seen:
             continue
         seen.add(pid)
-        todo.extend(tree.get(pid, []))
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
-    return total / CLK_TCK
+        if name.startswith("tollgate"):  # field 19, nice: the consumers' process is niced
+            name = "tollgate consumers" if int(fields[16]) > 0 else "tollgate requests"
+        todo.extend((child, name) for child in tree.get(pid, []))
+        totals[name] += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    return {name: ticks / CLK_TCK for name, ticks in totals.items()}
 
 
 def serving_processes(state: Path) -> list[int]:
@@ -206,7 +211,8 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             healthz = await asyncio.to_thread(measure, "/healthz", [])
             cpu_before = stack_cpu_seconds(state)
             admitted = await asyncio.to_thread(measure, "/api/geo/projects", keys)
-            cpu = stack_cpu_seconds(state) - cpu_before
+            cpu_by = {name: seconds - cpu_before.get(name, 0.0) for name, seconds in stack_cpu_seconds(state).items()}
+            cpu = sum(cpu_by.values())
             # Issue 18's latency bound: p99 <= 50 ms at half the maximum throughput. Each connection
             # waits between its calls; a first pass tells the call's own time at that pace, which
             # the second takes off the wait to land on half.
@@ -254,6 +260,8 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             print("flame graphs of the admitted calls' serving processes: " + ", ".join(str(g) for g in graphs))
             served = admitted.requests - admitted.non2xx
             print(f"whole-stack CPU per metered call: {cpu / max(served, 1) * 1e6:,.0f} us ({cpu:.1f} CPU-s / {served} calls)")
+            shares = sorted(cpu_by.items(), key=lambda item: -item[1])
+            print("  of which: " + ", ".join(f"{name} {seconds / max(served, 1) * 1e6:,.0f} us" for name, seconds in shares))
 
             # Every admitted call is counted once (the isolation runs added B's calls).
             b_calls = alone.requests - alone.non2xx + crowded.requests - crowded.non2xx
