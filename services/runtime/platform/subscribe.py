@@ -9,8 +9,6 @@ Every subscriber has the same skeleton, so it is written once here:
 - each record parsed into its contract model, or dead-lettered with the reason (malformed, or
   breaking a rule judged against the record's own timestamp) while the subscriber goes on;
 - compacted topics' tombstones (a record without a value) skipped;
-- FastStream's own decoding skipped (`_undecoded`): the handlers read the records themselves,
-  and its batch decoder built a message object (with a fresh uuid4) and a JSON parse per record;
 - the pace of every consumer (`kafka.FETCH_WAIT_MS`, `kafka.IDLE_WAKE_MS`, then `fetch_pace` once
   idle, set by `kafka.start_subscribers`): no latency floor, an idle process's CPU.
 """
@@ -23,7 +21,6 @@ from aiokafka import ConsumerRecord
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker, KafkaRouter
 from faststream.kafka.annotations import KafkaMessage
-from faststream.message import StreamMessage
 from pydantic import TypeAdapter
 
 from contracts.topics import Topic
@@ -33,12 +30,6 @@ from services.runtime.platform.settings import Settings
 
 M = TypeVar("M")
 BATCH_TIMEOUT_MS = 500  # FastStream sleeps this long after an empty batch fetch
-
-
-async def _undecoded(_message: StreamMessage[Any]) -> None:
-    """The decoder of every subscriber: none. Each reads `raw_message` and parses it into its
-    contract model (or dead-letters it); FastStream's decoding would be thrown away."""
-    return None
 
 
 @dataclass(frozen=True)
@@ -71,7 +62,6 @@ class Subscriber:
             fetch_max_wait_ms=FETCH_WAIT_MS,
             consumer_timeout_ms=IDLE_WAKE_MS,
             ack_policy=AckPolicy.NACK_ON_ERROR,
-            decoder=_undecoded,
         )
         async def on_message(msg: KafkaMessage) -> None:
             record = msg.raw_message
@@ -105,7 +95,6 @@ class Subscriber:
             fetch_max_wait_ms=FETCH_WAIT_MS,
             consumer_timeout_ms=IDLE_WAKE_MS,
             ack_policy=AckPolicy.NACK_ON_ERROR,
-            decoder=_undecoded,
         )
         async def on_batch(msg: KafkaMessage) -> None:
             records = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
