@@ -37,7 +37,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.e2e import tollgate_up
-from tests.support.apps import REPO, free_port, process_tree, spawned_pids
+from tests.support.apps import REPO, consumers_pids, free_port, process_tree, spawned_pids
 from tests.support.platform import expect
 
 # Each wrk thread rotates the Authorization header over the keys given after `--`; `done` prints
@@ -115,8 +115,8 @@ def wrk(
 def stack_cpu_seconds(state: Path) -> dict[str, float]:
     """utime+stime+cutime+cstime of every live process below the pid files under `state`, per pid
     file (named by its stem: kafka, clickhouse, ...; `tollgate up`'s serve process as "tollgate
-    requests", its niced consumers' process apart), each CPU second counted once (a reaped
-    child's time is in its parent's c-times, a live one's in its own)."""
+    requests", its consumers' process apart), each CPU second counted once (a reaped child's time
+    is in its parent's c-times, a live one's in its own)."""
     roots: dict[int, str] = {}
     for folder, _, files in os.walk(state):  # (rglob fails on a folder ClickHouse removes meanwhile)
         for name in files:
@@ -125,6 +125,14 @@ def stack_cpu_seconds(state: Path) -> dict[str, float]:
                     roots[int((Path(folder) / name).read_text().split()[0])] = name.removesuffix(".pid")
                 except (OSError, ValueError, IndexError):
                     continue
+    consumers = set()
+    for pid, name in roots.items():
+        if name == "tollgate":
+            roots[pid] = "tollgate requests"
+            try:
+                consumers.update(consumers_pids(pid))
+            except OSError:  # it ended meanwhile
+                continue
     tree, seen, totals = process_tree(), set(), collections.Counter[str]()
     todo = list(roots.items())
     while todo:
@@ -136,8 +144,8 @@ def stack_cpu_seconds(state: Path) -> dict[str, float]:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if name.startswith("tollgate"):  # field 19, nice: the consumers' process is niced
-            name = "tollgate consumers" if int(fields[16]) > 0 else "tollgate requests"
+        if pid in consumers:
+            name = "tollgate consumers"
         todo.extend((child, name) for child in tree.get(pid, []))
         totals[name] += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
     return {name: ticks / CLK_TCK for name, ticks in totals.items()}

@@ -24,7 +24,7 @@ from services.runtime.host import capabilities, stack
 from services.runtime.host.chserver import ServerSpec
 from services.runtime.platform import clickhouse
 from services.runtime.platform.kafka import ensure_topics
-from tests.support.apps import REPO, free_port, running_app
+from tests.support.apps import REPO, free_port, niceness, running_app
 from tests.support.backfill import produce, stamp, usage
 from tests.support.metering import wait_until
 
@@ -192,14 +192,13 @@ def test_native_protocol_serves_the_app_and_the_read_only_analyst(own_server):
 
 
 def _nice_values(pid: int) -> list[int]:
-    """The nice value of each of a process's threads (field 19 of /proc/PID/task/TID/stat)."""
+    """The nice value of each of a process's threads (/proc/TID/stat answers for a thread too)."""
     values = []
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
-            stat = open(f"/proc/{pid}/task/{task}/stat").read()
+            values.append(niceness(int(task)))
         except FileNotFoundError:  # the thread ended
             continue
-        values.append(int(stat.rsplit(")", 1)[1].split()[16]))
     return values
 
 
