@@ -6,7 +6,7 @@ headers, the API-key call's event), the error handlers note the code they answer
 middleware finishes it when the response has been sent (status and latency known). No I/O here.
 """
 
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
@@ -31,13 +31,18 @@ class CallContext:
     call: Call | None = None
     recorder: CallRecorder | None = None
     reserved: bool = False  # admitted: a place in the admitted lane is held for this call
+    # Gives back the call's shared api_calls admission if it ends refused (quota will not count it).
+    give_back: Callable[[], None] | None = None
 
     def hold(self, recorder: CallRecorder, call: Call) -> None:
         """This request is `call` (of an API key); the event is handed to `recorder` at the end.
-        A second edge dependency of one route replaces the first one's call and frees its place."""
+        A second edge dependency of one route replaces the first one's call, frees its place and
+        gives back its admission: one request, one admission."""
         if self.reserved and self.recorder is not None:
             self.recorder.release()
-        self.reserved = False
+        if self.give_back is not None:
+            self.give_back()
+        self.reserved, self.give_back = False, None
         self.call, self.recorder = call, recorder
 
     def finish(self, status: int, seconds: float) -> None:
@@ -57,6 +62,8 @@ class CallContext:
             recorder.record(call)
         else:
             recorder.refuse(call)
+        if error_code is not None and self.give_back is not None:
+            self.give_back()
 
 
 def context_of(scope: MutableMapping[str, Any]) -> CallContext:

@@ -10,10 +10,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from functools import partial
 from uuid import UUID
 
 from fastapi import Request
-from prometheus_client import Counter
 
 from contracts.audit import AuditContext
 from contracts.common import Permission, Resource, Role, ServiceScope
@@ -32,7 +32,7 @@ from contracts.events import (
 from contracts.quota_api import InsufficientQuotaDetails, counts_as_api_call, quota_links
 from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA, SERVICE_TOKENS, SESSIONS, USERS
 from services.edge import sessions
-from services.edge.admissions import SharedAdmissions
+from services.edge.admissions import ADMISSION_STORE_ERRORS, SharedAdmissions
 from services.edge.calls import OVERLOADED, Call, CallRecorder, client_ip, parse_networks
 from services.edge.context import CallContext, context_of
 from services.edge.errors import ApiError
@@ -51,10 +51,6 @@ MAX_CACHED_SUBJECTS = 100_000
 OVERLOADED_RETRY_AFTER_S = 1
 
 log = logging.getLogger(__name__)
-ADMISSION_STORE_ERRORS = Counter(
-    "tollgate_edge_admission_store_errors_total",
-    "Shared api_calls admissions that failed in Redis (the call was judged by this process's own count)",
-)
 
 
 def _unauthorized(code: ErrorCode, message: str) -> ApiError:
@@ -220,7 +216,8 @@ class Edge:
                     raise _overloaded()
                 context.reserved = True
             route = getattr(request.scope.get("route"), "path", None)
-            await self.check_quota(principal, consumes, now, counted=counts_as_api_call(request.method, str(route)))
+            counted = counts_as_api_call(request.method, str(route))
+            await self.check_quota(principal, consumes, now, counted=counted, context=context)
             context.principal = principal
             return principal
 
@@ -318,14 +315,22 @@ class Edge:
         )
         context_of(request.scope).hold(self.calls, call)
 
-    async def check_quota(self, principal: Principal, consumes: Resource | None, now: datetime, *, counted: bool = True) -> None:
+    async def check_quota(
+        self,
+        principal: Principal,
+        consumes: Resource | None,
+        now: datetime,
+        *,
+        counted: bool = True,
+        context: CallContext | None = None,
+    ) -> None:
         """403 insufficient_quota when a resource this call consumes is exhausted this period.
         Every API-key call consumes api_calls (and is admitted, i.e. counted, only if every check
         passed) except the quota reads (`counted=False`, contracts/quota_api.py); a route may name
         one more resource."""
         if consumes is not None and self.quota.is_blocked(principal.account_id, consumes, now):
             raise self.insufficient_quota(principal.account_id, consumes, now)
-        if counted and not principal.is_console and not await self.admit_call(principal.account_id, now):
+        if counted and not principal.is_console and not await self.admit_call(principal.account_id, now, context):
             raise self.insufficient_quota(principal.account_id, Resource.API_CALLS, now)
 
     def insufficient_quota(
@@ -342,20 +347,25 @@ class Edge:
             self.quota.period_end(now),
         )
 
-    async def admit_call(self, account_id: UUID, now: datetime) -> bool:
+    async def admit_call(self, account_id: UUID, now: datetime, context: CallContext | None = None) -> bool:
         """One api_calls admission: shared through Redis when configured, else this process's count.
+        A shared admission is given back if the call ends refused (`context`'s give_back).
         Redis failing: fail open to this process's count (never silently: a warning at most every
         10 s and a metric); the bound while it lasts is in docs/quota.md."""
         if self.admissions is None:
             return self.quota.admit_call(account_id, now)
+        view = self.quota.calls_view(account_id, now)
         try:
-            return await self.admissions.admit(self.quota.calls_view(account_id, now), now)
+            admitted = await self.admissions.admit(view)
         except Exception:
             ADMISSION_STORE_ERRORS.inc()
             if time.monotonic() - self._admission_warned > 10:
                 self._admission_warned = time.monotonic()
                 log.warning("shared api_calls admissions unavailable (Redis): judging by this process alone", exc_info=True)
             return self.quota.admit_call(account_id, now)
+        if admitted and context is not None:
+            context.give_back = partial(self.admissions.release_soon, view)
+        return admitted
 
     def authenticate(self, request: Request, now: datetime) -> Principal:
         header = request.headers.get("authorization", "")

@@ -252,3 +252,26 @@ def test_a_second_call_held_by_one_context_frees_the_first_ones_place():
     context.finish(200, 0.0015)
     (call,) = recorder.lanes.take(10)
     assert call is second and (call.status, call.latency_ms, call.error_code) == (200, 1.5, None)
+
+
+def test_an_admission_is_given_back_once_when_its_call_ends_refused_or_is_replaced_and_kept_otherwise():
+    recorder = CallRecorder(_settings())
+    given_back: list[str] = []
+
+    def admitted(context: CallContext, name: str) -> None:
+        context.hold(recorder, _call())
+        assert recorder.reserve()
+        context.reserved = True
+        context.give_back = lambda: given_back.append(name)
+
+    served, refused, replaced = CallContext("a", 0.0), CallContext("b", 0.0), CallContext("c", 0.0)
+    admitted(served, "served")
+    served.finish(200, 0.001)  # counted by quota: the admission stays
+    admitted(refused, "refused")
+    refused.error_code = "insufficient_quota"  # e.g. geo's stock judged in its own transaction
+    refused.finish(403, 0.001)
+    admitted(replaced, "replaced")
+    replaced.hold(recorder, _call())  # a second edge dependency: its own admission follows
+    assert replaced.give_back is None
+    replaced.finish(200, 0.001)
+    assert given_back == ["refused", "replaced"]
