@@ -32,16 +32,16 @@ from contracts.events import (
 from contracts.quota_api import InsufficientQuotaDetails, counts_as_api_call, quota_links
 from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA, SERVICE_TOKENS, SESSIONS, USERS
 from services.edge import sessions
-from services.edge.admissions import ADMISSION_STORE_ERRORS, SharedAdmissions
+from services.edge.admissions import ADMISSION_STORE_ERRORS
 from services.edge.calls import OVERLOADED, Call, CallRecorder, client_ip, parse_networks
 from services.edge.context import CallContext, context_of
 from services.edge.errors import ApiError
 from services.edge.openapi_security import ADMIN_TOKEN, API_KEY, CONSOLE_SESSION, SERVICE_TOKEN, accepts
 from services.edge.principal import Principal
 from services.edge.projections import AccountProjection, KeyProjection, PlanLimits
-from services.edge.quota_gate import QuotaProjection
+from services.edge.quota_gate import CallsView, QuotaProjection
 from services.edge.rate_limit import Limits
-from services.edge.rate_store import make_store
+from services.edge.rate_store import MemoryStore, RateLimitStore, RedisStore
 from services.edge.service_tokens import ServicePrincipal, ServiceTokenProjection
 from services.edge.session_revocations import RevokedSessions, UserSessions
 from services.runtime.platform.settings import Settings
@@ -79,6 +79,15 @@ def insufficient_quota(console_url: str, resource: Resource, used: int, total: i
     )
 
 
+def _refusal(principal: Principal, permission: Permission | None, console_only: bool) -> ApiError | None:
+    """The 403 a caller gets for who it is, before anything is counted; None: it may go on."""
+    if console_only and not principal.is_console:
+        return ApiError(403, ErrorCode.CONSOLE_SESSION_REQUIRED, "This call needs a console session, not an API key.")
+    if permission is not None and not principal.can(permission):
+        return ApiError(403, ErrorCode.PERMISSION_DENIED, f"Your roles lack the permission {permission.value}.")
+    return None
+
+
 def _overloaded() -> ApiError:
     OVERLOADED.inc()
     return ApiError(
@@ -99,9 +108,10 @@ class Edge:
         self.plans = PlanLimits()
         self.users = UserSessions()
         self.revoked_sessions = RevokedSessions(settings.session_ttl_seconds)
-        self.limiter = make_store(settings.redis_url)
-        # api_calls admissions shared by the replicas (REDIS_URL); None: this process counts alone
-        self.admissions = SharedAdmissions(settings.redis_url) if settings.redis_url else None
+        # REDIS_URL: the replicas share the rate limits and the api_calls admissions (one script
+        # per call); None: this process limits and counts alone.
+        self.shared = RedisStore(settings.redis_url) if settings.redis_url else None
+        self.limiter: RateLimitStore = self.shared if self.shared is not None else MemoryStore()
         self._admission_warned = 0.0
         self.calls = CallRecorder(settings)
         self._limits: dict[RateLimit, Limits] = {}
@@ -133,8 +143,6 @@ class Edge:
         await self.calls.stop()
         await self._follower.stop()
         await self.limiter.close()
-        if self.admissions is not None:
-            await self.admissions.close()
 
     def is_ready(self) -> bool:
         return self._follower.caught_up.is_set()
@@ -202,22 +210,15 @@ class Edge:
             now = datetime.now(UTC)
             principal = self.authenticate(request, now)
             context = context_of(request.scope)
-            key_id = principal.api_key_id
-            if key_id is not None:
-                self._record_call(request, principal.account_id, key_id, now)
-                await self._rate_limit(context, principal.account_id, key_id)
-            if console_only and not principal.is_console:
-                raise ApiError(403, ErrorCode.CONSOLE_SESSION_REQUIRED, "This call needs a console session, not an API key.")
-            if permission is not None and not principal.can(permission):
-                raise ApiError(403, ErrorCode.PERMISSION_DENIED, f"Your roles lack the permission {permission.value}.")
-            if key_id is not None:
-                # Admission: the call's event gets its place before the handler runs (or 503).
-                if not self.calls.reserve():
-                    raise _overloaded()
-                context.reserved = True
-            route = getattr(request.scope.get("route"), "path", None)
-            counted = counts_as_api_call(request.method, str(route))
-            await self.check_quota(principal, consumes, now, counted=counted, context=context)
+            if principal.api_key_id is None:  # a console session: neither rate-limited nor counted
+                refusal = _refusal(principal, permission, console_only)
+                if refusal is not None:
+                    raise refusal
+                self._check_consumes(principal.account_id, consumes, now)
+            else:
+                route = getattr(request.scope.get("route"), "path", None)
+                counted = counts_as_api_call(request.method, str(route))
+                await self._admit_key_call(request, context, principal, permission, consumes, counted, console_only, now)
             context.principal = principal
             return principal
 
@@ -279,9 +280,68 @@ class Edge:
             raise _unauthorized(ErrorCode.INVALID_SERVICE_TOKEN, "The service token is not valid.")
         return service
 
-    async def _rate_limit(self, context: CallContext, account_id: UUID, key_id: UUID) -> None:
-        """429 when the account's or the key's bucket or window is exhausted; X-RateLimit-* on
-        every API-key response (RequestMiddleware adds them, to errors as well)."""
+    async def _admit_key_call(
+        self,
+        request: Request,
+        context: CallContext,
+        principal: Principal,
+        permission: Permission | None,
+        consumes: Resource | None,
+        counted: bool,
+        console_only: bool,
+        now: datetime,
+    ) -> None:
+        """An API key's call, refused in the contract's order: 429 rate_limited, 403
+        console_session_required or permission_denied, 503 overloaded, 403 insufficient_quota.
+        The checks that need no I/O run first, so that the rate limit and the api_calls admission
+        share one Redis round trip; a call any check refuses is not admitted. Every API-key call
+        consumes api_calls except the quota reads (`counted`, contracts/quota_api.py); a route may
+        name one more resource (`consumes`)."""
+        account_id = principal.account_id
+        assert principal.api_key_id is not None
+        self._record_call(request, account_id, principal.api_key_id, now)
+        refusal = _refusal(principal, permission, console_only)
+        # The call's event gets its place before the handler runs (or 503), if it may run at all.
+        placed = refusal is None and self.calls.reserve()
+        context.reserved = placed
+        exhausted = placed and consumes is not None and self.quota.is_blocked(account_id, consumes, now)
+        admission = self.quota.calls_view(account_id, now) if placed and not exhausted and counted else None
+        admitted = await self._rate_limit(context, account_id, principal.api_key_id, admission)
+        if refusal is not None:
+            raise refusal
+        if not placed:
+            raise _overloaded()
+        if exhausted and consumes is not None:
+            raise self.insufficient_quota(account_id, consumes, now)
+        if admission is None:
+            return
+        if admitted is None:  # no Redis, or Redis failed: this process's own count
+            admitted = self._admit_here(account_id, now)
+        elif admitted and self.shared is not None:
+            context.give_back = partial(self.shared.release_soon, admission)
+        if not admitted:
+            raise self.insufficient_quota(account_id, Resource.API_CALLS, now)
+
+    def _check_consumes(self, account_id: UUID, consumes: Resource | None, now: datetime) -> None:
+        if consumes is not None and self.quota.is_blocked(account_id, consumes, now):
+            raise self.insufficient_quota(account_id, consumes, now)
+
+    def _admit_here(self, account_id: UUID, now: datetime) -> bool:
+        """This process's own api_calls admission. With REDIS_URL set this is the fallback when
+        Redis failed: never silent (a warning at most every 10 s and a metric); the bound while it
+        lasts is in docs/quota.md."""
+        if self.shared is not None:
+            ADMISSION_STORE_ERRORS.inc()
+            if time.monotonic() - self._admission_warned > 10:
+                self._admission_warned = time.monotonic()
+                log.warning("shared api_calls admissions unavailable (Redis): judging by this process alone")
+        return self.quota.admit_call(account_id, now)
+
+    async def _rate_limit(self, context: CallContext, account_id: UUID, key_id: UUID, admission: CallsView | None) -> bool | None:
+        """429 when the account's or the key's bucket or window is exhausted (the call's place, if
+        it took one, is freed); X-RateLimit-* on every API-key response (RequestMiddleware adds
+        them, to errors as well). Returns the shared api_calls admission of `admission` judged in
+        the same round trip, or None when it was not judged there."""
         rate = self.plans.rate_limit(account_id)
         limits = self._limits.get(rate)
         if limits is None:
@@ -291,10 +351,18 @@ class Edge:
             if len(self._subjects) >= MAX_CACHED_SUBJECTS:
                 self._subjects.clear()
             subjects = self._subjects[key_id] = (account_id, (f"a:{account_id}", f"k:{key_id}"))
-        decision = await self.limiter.hit(subjects[1], limits, time.time())
+        admitted: bool | None = None
+        if self.shared is not None:
+            decision, admitted = await self.shared.hit_and_admit(subjects[1], limits, time.time(), admission)
+        else:
+            decision = await self.limiter.hit(subjects[1], limits, time.time())
         context.response_headers = decision.headers()
         if not decision.allowed:
+            if context.reserved:
+                self.calls.release()
+                context.reserved = False
             raise ApiError(429, ErrorCode.RATE_LIMITED, f"Too many requests; retry in {decision.retry_after_s} s.")
+        return admitted
 
     def _record_call(self, request: Request, account_id: UUID, api_key_id: UUID, now: datetime) -> None:
         """This request is an API key's call: its calls.v1 event is sent once the response has
@@ -315,24 +383,6 @@ class Edge:
         )
         context_of(request.scope).hold(self.calls, call)
 
-    async def check_quota(
-        self,
-        principal: Principal,
-        consumes: Resource | None,
-        now: datetime,
-        *,
-        counted: bool = True,
-        context: CallContext | None = None,
-    ) -> None:
-        """403 insufficient_quota when a resource this call consumes is exhausted this period.
-        Every API-key call consumes api_calls (and is admitted, i.e. counted, only if every check
-        passed) except the quota reads (`counted=False`, contracts/quota_api.py); a route may name
-        one more resource."""
-        if consumes is not None and self.quota.is_blocked(principal.account_id, consumes, now):
-            raise self.insufficient_quota(principal.account_id, consumes, now)
-        if counted and not principal.is_console and not await self.admit_call(principal.account_id, now, context):
-            raise self.insufficient_quota(principal.account_id, Resource.API_CALLS, now)
-
     def insufficient_quota(
         self, account_id: UUID, resource: Resource, now: datetime, *, used: int | None = None, total: int | None = None
     ) -> ApiError:
@@ -346,26 +396,6 @@ class Edge:
             known_total if total is None else total,
             self.quota.period_end(now),
         )
-
-    async def admit_call(self, account_id: UUID, now: datetime, context: CallContext | None = None) -> bool:
-        """One api_calls admission: shared through Redis when configured, else this process's count.
-        A shared admission is given back if the call ends refused (`context`'s give_back).
-        Redis failing: fail open to this process's count (never silently: a warning at most every
-        10 s and a metric); the bound while it lasts is in docs/quota.md."""
-        if self.admissions is None:
-            return self.quota.admit_call(account_id, now)
-        view = self.quota.calls_view(account_id, now)
-        try:
-            admitted = await self.admissions.admit(view)
-        except Exception:
-            ADMISSION_STORE_ERRORS.inc()
-            if time.monotonic() - self._admission_warned > 10:
-                self._admission_warned = time.monotonic()
-                log.warning("shared api_calls admissions unavailable (Redis): judging by this process alone", exc_info=True)
-            return self.quota.admit_call(account_id, now)
-        if admitted and context is not None:
-            context.give_back = partial(self.admissions.release_soon, view)
-        return admitted
 
     def authenticate(self, request: Request, now: datetime) -> Principal:
         header = request.headers.get("authorization", "")

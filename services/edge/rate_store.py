@@ -2,20 +2,25 @@
 
 Both run `rate_limit.evaluate`'s arithmetic atomically over all of a request's subjects: the
 in-process store needs no lock (no await between read and write on the event loop); the Redis
-store is one Lua script, so replicas share the limits exactly. Redis keeps the doubles as
-`%.17g` strings, which round-trip exactly, so both stores give the same decisions. A subject
-over its limit is refused from the Redis store's copy of its slots until that copy would let
-a request through: a flood of 429s costs no round trips.
+store is one Lua script, so replicas share the limits exactly; the same script admits the call
+against the shared api_calls count (admissions.py), so an API-key call costs one round trip.
+Redis keeps the doubles as `%.17g` strings, which round-trip exactly, so both stores give the
+same decisions. A subject over its limit is refused from the Redis store's copy of its slots
+until that copy would let a request through: a flood of 429s costs no round trips.
 """
 
+import asyncio
 import logging
 import math
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
 from prometheus_client import Counter
 from redis.asyncio import Redis
 
+from services.edge.admissions import ADMISSION_STORE_ERRORS, ADMIT_FN, RELEASE, admission_args, admission_key
+from services.edge.quota_gate import CallsView
 from services.edge.rate_limit import WINDOW_S, Decision, Limits, Slot, evaluate
 
 log = logging.getLogger(__name__)
@@ -54,76 +59,94 @@ class MemoryStore:
 
 
 # The same arithmetic as rate_limit.py, statement for statement (keep them in step).
-LUA = """
-local now = tonumber(ARGV[1])
-local rate = tonumber(ARGV[2])
-local burst = tonumber(ARGV[3])
-local limit = tonumber(ARGV[4])
-local ttl = tonumber(ARGV[5])
-local W = 60.0
-local wnow = math.floor(now / W) * W
-local slots = {}
-local function estimate(s)
-  return s.prev * math.max(0.0, (W - math.max(0.0, now - s.wstart)) / W) + s.cur
-end
-local stored = {}
-for i, key in ipairs(KEYS) do
-  local h = redis.call('HMGET', key, 'tokens', 'updated', 'wstart', 'cur', 'prev')
-  stored[i] = h
-  local s
-  if not h[1] then
-    s = {tokens = burst, updated = now, wstart = wnow, cur = 0.0, prev = 0.0}
-  else
-    s = {tokens = tonumber(h[1]), updated = tonumber(h[2]), wstart = tonumber(h[3]), cur = tonumber(h[4]), prev = tonumber(h[5])}
-    s.tokens = math.min(burst, s.tokens + math.max(0.0, now - s.updated) * rate)
-    s.updated = math.max(now, s.updated)
-    if wnow == s.wstart then
-    elseif wnow == s.wstart + W then
-      s.prev = s.cur; s.cur = 0.0; s.wstart = wnow
-    elseif wnow > s.wstart then
-      s.prev = 0.0; s.cur = 0.0; s.wstart = wnow
-    end
+# rate_limit(keys, now, rate, burst, limit, ttl) -> allowed, remaining, reset, retry, the slots as
+# stored (HMGET rows, for the caller's copy of a refusal).
+RATE_LIMIT_FN = """
+local function rate_limit(keys, now, rate, burst, limit, ttl)
+  local W = 60.0
+  local wnow = math.floor(now / W) * W
+  local slots = {}
+  local function estimate(s)
+    return s.prev * math.max(0.0, (W - math.max(0.0, now - s.wstart)) / W) + s.cur
   end
-  slots[i] = s
-end
-local allowed = true
-local wait = 0.0
-for i, s in ipairs(slots) do
-  local est = estimate(s)
-  if s.tokens < 1.0 or est + 1.0 > limit then
-    allowed = false
-    local bw = 0.0
-    if s.tokens < 1.0 then bw = (1.0 - s.tokens) / rate end
-    local ww = 0.0
-    if est + 1.0 > limit then
-      local elapsed = math.max(0.0, now - s.wstart)
-      if s.cur + 1.0 <= limit and s.prev > 0 then
-        ww = math.max(0.0, W - elapsed - W * (limit - s.cur - 1.0) / s.prev)
-      else
-        ww = s.wstart + W - now
-        if s.cur > 0 then ww = ww + math.max(0.0, W - W * (limit - 1.0) / s.cur) end
-        ww = math.max(0.0, ww)
+  local stored = {}
+  for i, key in ipairs(keys) do
+    local h = redis.call('HMGET', key, 'tokens', 'updated', 'wstart', 'cur', 'prev')
+    stored[i] = h
+    local s
+    if not h[1] then
+      s = {tokens = burst, updated = now, wstart = wnow, cur = 0.0, prev = 0.0}
+    else
+      s = {tokens = tonumber(h[1]), updated = tonumber(h[2]), wstart = tonumber(h[3]),
+           cur = tonumber(h[4]), prev = tonumber(h[5])}
+      s.tokens = math.min(burst, s.tokens + math.max(0.0, now - s.updated) * rate)
+      s.updated = math.max(now, s.updated)
+      if wnow == s.wstart then
+      elseif wnow == s.wstart + W then
+        s.prev = s.cur; s.cur = 0.0; s.wstart = wnow
+      elseif wnow > s.wstart then
+        s.prev = 0.0; s.cur = 0.0; s.wstart = wnow
       end
     end
-    wait = math.max(wait, math.max(bw, ww))
+    slots[i] = s
   end
-end
-if allowed then
+  local allowed = true
+  local wait = 0.0
   for i, s in ipairs(slots) do
-    s.tokens = s.tokens - 1.0
-    s.cur = s.cur + 1.0
-    redis.call('HSET', KEYS[i], 'tokens', string.format('%.17g', s.tokens), 'updated', string.format('%.17g', s.updated),
-      'wstart', string.format('%.17g', s.wstart), 'cur', string.format('%.17g', s.cur), 'prev', string.format('%.17g', s.prev))
-    redis.call('EXPIRE', KEYS[i], ttl)
+    local est = estimate(s)
+    if s.tokens < 1.0 or est + 1.0 > limit then
+      allowed = false
+      local bw = 0.0
+      if s.tokens < 1.0 then bw = (1.0 - s.tokens) / rate end
+      local ww = 0.0
+      if est + 1.0 > limit then
+        local elapsed = math.max(0.0, now - s.wstart)
+        if s.cur + 1.0 <= limit and s.prev > 0 then
+          ww = math.max(0.0, W - elapsed - W * (limit - s.cur - 1.0) / s.prev)
+        else
+          ww = s.wstart + W - now
+          if s.cur > 0 then ww = ww + math.max(0.0, W - W * (limit - 1.0) / s.cur) end
+          ww = math.max(0.0, ww)
+        end
+      end
+      wait = math.max(wait, math.max(bw, ww))
+    end
   end
+  if allowed then
+    for i, s in ipairs(slots) do
+      s.tokens = s.tokens - 1.0
+      s.cur = s.cur + 1.0
+      redis.call('HSET', keys[i], 'tokens', string.format('%.17g', s.tokens), 'updated', string.format('%.17g', s.updated),
+        'wstart', string.format('%.17g', s.wstart), 'cur', string.format('%.17g', s.cur), 'prev', string.format('%.17g', s.prev))
+      redis.call('EXPIRE', keys[i], ttl)
+    end
+  end
+  local remaining = limit
+  for i, s in ipairs(slots) do
+    remaining = math.min(remaining, math.floor(limit - estimate(s)))
+  end
+  local retry = 0
+  if not allowed then retry = math.max(1, math.ceil(wait)) end
+  return allowed, math.max(0, remaining), math.max(0, math.ceil(wnow + W - now)), retry, stored
 end
-local remaining = limit
-for i, s in ipairs(slots) do
-  remaining = math.min(remaining, math.floor(limit - estimate(s)))
+"""
+# KEYS: the rate limit's subjects, then (when ARGV[6] = 1) the admission's hash. ARGV[1..5]: now,
+# rate, burst, limit, ttl; ARGV[7..12]: the admission's (admissions.admission_args). Returns
+# {allowed, remaining, reset, retry, admitted (1/0; -1 not judged), refused slots as stored...}.
+SCRIPT = (
+    RATE_LIMIT_FN
+    + ADMIT_FN
+    + """
+local wants = ARGV[6] == '1'
+local subjects = {}
+for i = 1, #KEYS - (wants and 1 or 0) do subjects[i] = KEYS[i] end
+local allowed, remaining, reset, retry, stored = rate_limit(
+  subjects, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
+local admitted = -1
+if allowed and wants then
+  admitted = admit(KEYS[#KEYS], ARGV, 7)
 end
-local retry = 0
-if not allowed then retry = math.max(1, math.ceil(wait)) end
-local result = {allowed and 1 or 0, math.max(0, remaining), math.max(0, math.ceil(wnow + W - now)), retry}
+local result = {allowed and 1 or 0, remaining, reset, retry, admitted}
 if not allowed then
   -- the slots as stored (a refusal writes nothing), for the caller's copy
   for i, h in ipairs(stored) do
@@ -132,14 +155,24 @@ if not allowed then
 end
 return result
 """
+)
 MAX_REFUSED = 100_000  # subjects remembered as refused; forgotten all at once beyond
+WARN_EVERY_S = 10.0
 
 
 class RedisStore:
-    def __init__(self, url: str, prefix: str = "tollgate:rl:") -> None:
-        self._redis: Redis[bytes] = Redis.from_url(url)
+    """The rate limits, and with them the api_calls admissions (admissions.py): one Lua script,
+    one round trip per API-key call."""
+
+    def __init__(self, url: str, prefix: str = "tollgate:rl:", admissions_prefix: str = "tollgate:adm:") -> None:
+        # A hung Redis must not hang the API: its calls fail open after half a second.
+        self._redis: Redis[bytes] = Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
         self._prefix = prefix
-        self._script = self._redis.register_script(LUA)
+        self._admissions_prefix = admissions_prefix
+        self._script = self._redis.register_script(SCRIPT)
+        self._release = self._redis.register_script(RELEASE)
+        self._releases: set[asyncio.Task[None]] = set()
+        self._warned = self._release_warned = 0.0
         # Subjects Redis refused, with their slots as Redis had them. Only refusals are kept:
         # replicas only ever take from a slot, so a request these copies refuse, Redis would refuse
         # too, and a flood over its limit is answered here without a round trip. The first request
@@ -147,38 +180,74 @@ class RedisStore:
         self._refused: dict[tuple[str, ...], list[Slot | None]] = {}
 
     async def hit(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision:
+        return (await self.hit_and_admit(subjects, limits, now, None))[0]
+
+    async def hit_and_admit(
+        self, subjects: Sequence[str], limits: Limits, now: float, admission: CallsView | None
+    ) -> tuple[Decision, bool | None]:
+        """The rate limit's decision and, for a call it lets through, the api_calls admission of
+        `admission` (None: not asked, or not judged because Redis failed: the limit then fails
+        open and the caller judges the admission itself)."""
         subjects = tuple(subjects)  # the edge's are tuples already
         refused = self._refused.get(subjects)
         if refused is not None:
             decision, _ = evaluate(refused, limits, now)
             if not decision.allowed:
-                return decision
+                return decision, None
             del self._refused[subjects]
         # Idle slots expire once a full bucket and an empty window would be the same thing.
         ttl = int(2 * WINDOW_S + math.ceil(limits.burst / limits.per_second))
+        keys = [self._prefix + s for s in subjects]
+        args: list[str | int] = [repr(now), repr(limits.per_second), limits.burst, limits.per_minute, ttl]
+        if admission is not None:
+            keys.append(admission_key(self._admissions_prefix, admission))
+            args += [1, *admission_args(admission)]
         try:
-            allowed, remaining, reset, retry, *stored = await self._script(
-                keys=[self._prefix + s for s in subjects],
-                args=[repr(now), repr(limits.per_second), limits.burst, limits.per_minute, ttl],
-            )
+            allowed, remaining, reset, retry, admitted, *stored = await self._script(keys=keys, args=args)
         except Exception:  # a limiter outage must not take the API down: let the call through
             STORE_ERRORS.inc()
-            log.warning("rate-limit store failed; allowing the call", exc_info=True)
-            return Decision(True, limits.per_minute, limits.per_minute, 0, 0)
+            if time.monotonic() - self._warned > WARN_EVERY_S:  # an outage: one line per 10 s, not per call
+                self._warned = time.monotonic()
+                log.warning("rate-limit store failed; allowing calls (see the store errors metric)", exc_info=True)
+            return Decision(True, limits.per_minute, limits.per_minute, 0, 0), None
         if not allowed:
             if len(self._refused) >= MAX_REFUSED:
                 self._refused.clear()
             self._refused[subjects] = [_slot(stored[i : i + 5]) for i in range(0, len(stored), 5)]
-        return Decision(bool(allowed), limits.per_minute, int(remaining), int(reset), int(retry))
+        decision = Decision(bool(allowed), limits.per_minute, int(remaining), int(reset), int(retry))
+        return decision, None if admitted == -1 else bool(admitted)
+
+    async def release(self, admission: CallsView) -> None:
+        """Give back one admission of `admission`'s account and period: its call ended refused,
+        so quota will not count it. Raises when Redis fails."""
+        await self._release(keys=[admission_key(self._admissions_prefix, admission)])
+
+    def release_soon(self, admission: CallsView) -> None:
+        """`release` in the background (after the response); a failure keeps the place taken
+        (the account is refused one call early), counted and logged."""
+        task = asyncio.get_running_loop().create_task(self._release_logged(admission))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _release_logged(self, admission: CallsView) -> None:
+        try:
+            await self.release(admission)
+        except Exception:
+            ADMISSION_STORE_ERRORS.inc()
+            if time.monotonic() - self._release_warned > WARN_EVERY_S:
+                self._release_warned = time.monotonic()
+                log.warning("an api_calls admission could not be given back (Redis): its place stays taken", exc_info=True)
+
+    async def admitted(self, admission: CallsView) -> int:
+        """The account's admissions of the period: counted by quota or in flight (tests, benchmarks)."""
+        return int(await self._redis.hget(admission_key(self._admissions_prefix, admission), "admitted") or 0)
 
     async def close(self) -> None:
+        if self._releases:
+            await asyncio.gather(*self._releases)
         await self._redis.aclose()  # type: ignore[attr-defined]  # types-redis predates aclose()
 
 
 def _slot(fields: Sequence[bytes]) -> Slot | None:
     """A slot as the script returned it (five `%.17g` strings, or empty ones for none yet)."""
     return Slot(*(float(f) for f in fields)) if fields[0] else None
-
-
-def make_store(redis_url: str | None) -> RateLimitStore:
-    return RedisStore(redis_url) if redis_url else MemoryStore()

@@ -9,14 +9,16 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 from faststream.kafka import KafkaBroker
+from redis.asyncio import Redis
 
 from contracts.common import Resource, Tier
 from contracts.events import PlanChanged, RateLimit
 from contracts.plans import catalogue
 from contracts.topics import BILLING
-from services.edge.admissions import SharedAdmissions
-from services.edge.edge import ADMISSION_STORE_ERRORS
+from services.edge.admissions import ADMISSION_STORE_ERRORS
 from services.edge.quota_gate import CallsView
+from services.edge.rate_limit import Limits
+from services.edge.rate_store import RedisStore
 from tests.integration.quota_helpers import eventually
 from tests.integration.test_keys_api import bearer, code, new_key, signup
 from tests.support.apps import ServeProcess, free_port, running_app
@@ -25,6 +27,7 @@ pytestmark = pytest.mark.integration
 
 T0 = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
 UNLIMITED = RateLimit(per_second=100_000, burst=100_000, per_minute=10_000_000)
+ROOMY = Limits.of(UNLIMITED)
 
 
 async def publish_plan(settings, account_id: uuid.UUID, api_calls: int) -> None:
@@ -36,36 +39,78 @@ async def publish_plan(settings, account_id: uuid.UUID, api_calls: int) -> None:
 
 
 async def test_replicas_share_one_exact_count_whatever_order_quota_counts_the_calls_in(redis_url):
+    """The admission half of the edge's Redis script, two replicas' stores on one redis-server."""
     prefix = f"t{uuid.uuid4().hex[:8]}:"
-    a, b = SharedAdmissions(redis_url, prefix), SharedAdmissions(redis_url, prefix)
+    a, b = RedisStore(redis_url, prefix, prefix), RedisStore(redis_url, prefix, prefix)
     account = uuid.uuid4()
+    now = T0.timestamp()
+
+    async def admit(store: RedisStore, view: CallsView) -> bool | None:
+        decision, admitted = await store.hit_and_admit((f"a:{account}", "k:1"), ROOMY, now, view)
+        assert decision.allowed
+        return admitted
+
     fresh = CallsView(account, "2026-03", None, 0, 0, 5)  # no state yet: free tier of 5
     try:
-        admitted = [await a.admit(fresh) for _ in range(3)] + [await b.admit(fresh) for _ in range(3)]
+        admitted = [await admit(a, fresh) for _ in range(3)] + [await admit(b, fresh) for _ in range(3)]
         assert admitted == [True] * 5 + [False]  # 5 between the two replicas, not 5 each
         # Quota counted b's later calls before a's earlier ones (a slower handler): a state with
         # the latest watermark but 2 used. The 3 calls still in flight keep their places.
         later_first = CallsView(account, "2026-03", T0 + timedelta(minutes=5), 2, 0, 5)
-        assert not await a.admit(later_first)
+        assert await admit(a, later_first) is False
         assert await a.admitted(later_first) == 5
         # Replica b lags (no state yet): it is judged with the newest state Redis keeps, not its own.
-        assert not await b.admit(fresh)
+        assert await admit(b, fresh) is False
         # A call refused by its handler after admission gives its place back: given again, once.
         await a.release(later_first)
-        assert [await b.admit(fresh) for _ in range(2)] == [True, False]
+        assert [await admit(b, fresh) for _ in range(2)] == [True, False]
         # An upgrade (same watermark, bigger total) and a reservation (reserved) count at once.
         bigger = CallsView(account, "2026-03", T0 + timedelta(minutes=5), 2, 4, 10)
-        assert [await b.admit(bigger) for _ in range(2)] == [True, False]  # 5 + 1 admitted, 4 reserved
+        assert [await admit(b, bigger) for _ in range(2)] == [True, False]  # 5 + 1 admitted, 4 reserved
         # Calls quota counted that never passed here (Redis was away) take their places too.
         beyond = CallsView(account, "2026-03", T0 + timedelta(minutes=6), 9, 0, 10)
-        assert [await a.admit(beyond) for _ in range(2)] == [True, False]
+        assert [await admit(a, beyond) for _ in range(2)] == [True, False]
         assert await a.admitted(beyond) == 10
         # Another period is a fresh count.
         april = CallsView(account, "2026-04", None, 0, 0, 1)
-        assert [await a.admit(april) for _ in range(2)] == [True, False]
+        assert [await admit(a, april) for _ in range(2)] == [True, False]
+        # A call the rate limit refuses is not admitted (nor judged): its place stays free.
+        strict = Limits(per_second=1, burst=1, per_minute=100)
+        may = CallsView(account, "2026-05", None, 0, 0, 5)
+        decisions = [await a.hit_and_admit((f"a:{account}", "k:2"), strict, now, may) for _ in range(2)]
+        assert [(d.allowed, admitted) for d, admitted in decisions] == [(True, True), (False, None)]
+        assert await a.admitted(may) == 1
     finally:
         await a.close()
         await b.close()
+
+
+async def test_an_admitted_call_costs_one_redis_round_trip(settings, redis_url):
+    """The rate limit and the api_calls admission of an API-key call are one script on Redis."""
+    shared = settings.model_copy(update={"redis_url": redis_url})
+    redis = Redis.from_url(redis_url)
+    async with running_app(shared) as (app, client):
+        account, console = await signup(client)
+        secret = (await new_key(client, console))["key"]
+        account_id = uuid.UUID(account["id"])
+        await publish_plan(settings, account_id, 50)
+        edge = app.state.runtime.edge
+
+        async def applied() -> bool:
+            return edge.plans.rate_limit(account_id) == UNLIMITED
+
+        await eventually(applied)
+        assert (await client.get("/api/geo/projects", headers=bearer(secret))).status_code == 200  # script loaded
+        before = await redis.info("commandstats")
+        statuses = [(await client.get("/api/geo/projects", headers=bearer(secret))).status_code for _ in range(10)]
+        after = await redis.info("commandstats")
+        assert statuses == [200] * 10
+        calls = {name: after[name]["calls"] - before.get(name, {"calls": 0})["calls"] for name in after}
+        assert calls["cmdstat_evalsha"] == 10  # one script per call (it was two: the limit, then the admission)
+        # the rest ran inside that script
+        script_commands = {"cmdstat_hmget", "cmdstat_hset", "cmdstat_expire", "cmdstat_info", "cmdstat_evalsha"}
+        assert {name for name, n in calls.items() if n} <= script_commands, calls
+    await redis.aclose()
 
 
 async def test_an_admitted_call_its_handler_refuses_gives_its_place_back(settings, redis_url):

@@ -146,7 +146,7 @@ async def test_the_edge_counts_reserved_api_calls_as_used(app_client):
     await quota.reserve(account, Resource.API_CALLS, 998, ttl_seconds=600)
     await state_is(app, account, Resource.API_CALLS, reserved=998, total=1000)
     now = datetime.now(UTC)
-    assert [await edge.admit_call(account, now) for _ in range(3)] == [True, True, False]
+    assert [edge.quota.admit_call(account, now) for _ in range(3)] == [True, True, False]
 
 
 # ---- over HTTP: the service routes ---------------------------------------------------------------

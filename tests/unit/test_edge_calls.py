@@ -10,10 +10,10 @@ from aiokafka.partitioner import DefaultPartitioner
 from prometheus_client import REGISTRY
 from starlette.requests import Request
 
-from contracts.common import Permission, Role
+from contracts.common import Permission, Resource, Role
 from contracts.credentials import hash_secret
 from contracts.errors import ErrorCode
-from contracts.events import AccountState, KeyState, RateLimit
+from contracts.events import AccountState, KeyState, QuotaState, RateLimit
 from services.edge.calls import Call, CallRecorder, PartitionMap
 from services.edge.context import CALL_CONTEXT, CallContext
 from services.edge.edge import Edge
@@ -169,3 +169,33 @@ def test_the_audit_context_names_the_user_the_key_and_the_trusted_address():
     operator = edge.audit_context(_request({"X-Forwarded-For": "203.0.113.7"}, peer="198.51.100.1"), None)
     # an untrusted peer: its own address, whatever the header says
     assert (operator.operator, operator.user_id, operator.ip) == (True, None, "198.51.100.1")
+
+
+async def test_refusals_come_in_the_contracts_order_and_none_is_admitted():
+    """429, then 403 for who the caller is, then 503 overloaded, then 403 insufficient_quota. The
+    edge runs the checks without I/O first (so the rest is one Redis round trip): the order is the
+    answers', whatever order the checks run in."""
+    edge, account, _key = _edge()
+    edge.calls = CallRecorder(edge.settings, max_buffer=1)
+    now = datetime.now(UTC)
+    period = edge.quota.calls_view(account, now).period
+    edge.quota.apply(
+        QuotaState(time=now, account_id=account, resource=Resource.AI_TOKENS, period=period, total=1, used=1, blocked=True)
+    )
+
+    async def answer(console_only: bool = False) -> ErrorCode:
+        with pytest.raises(ApiError) as caught:
+            await edge.requires(consumes=Resource.AI_TOKENS, console_only=console_only)(
+                _request({"Authorization": f"Bearer {SECRET}"})
+            )
+        return caught.value.code
+
+    assert await answer() is ErrorCode.INSUFFICIENT_QUOTA
+    assert edge.calls.lanes.open == 1  # its place is held until its event (with the code) is sent
+    assert await answer() is ErrorCode.OVERLOADED
+    assert await answer(console_only=True) is ErrorCode.CONSOLE_SESSION_REQUIRED
+    edge.plans.default = RateLimit(per_second=0.001, burst=1, per_minute=100)
+    assert await answer(console_only=True) is ErrorCode.CONSOLE_SESSION_REQUIRED  # the bucket's last token
+    assert await answer(console_only=True) is ErrorCode.RATE_LIMITED
+    assert await answer() is ErrorCode.RATE_LIMITED
+    assert edge.quota.pending_calls(account) == 0 and edge.calls.lanes.open == 1  # nothing admitted, no place taken
