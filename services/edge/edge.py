@@ -317,10 +317,13 @@ class Edge:
             return
         if admitted is None:  # no Redis, or Redis failed: this process's own count
             admitted = self._admit_here(account_id, now)
-        elif admitted and self.shared is not None:
-            context.give_back = partial(self.shared.release_soon, admission)
+            give_back = partial(self.quota.give_back, account_id, now)
+        else:
+            assert self.shared is not None
+            give_back = partial(self.shared.release_soon, admission)
         if not admitted:
             raise self.insufficient_quota(account_id, Resource.API_CALLS, now)
+        context.give_back = give_back  # if the call ends refused, quota will not count it
 
     def _check_consumes(self, account_id: UUID, consumes: Resource | None, now: datetime) -> None:
         if consumes is not None and self.quota.is_blocked(account_id, consumes, now):

@@ -2,10 +2,13 @@
 
 Between a call and the state that counts it lies the pipeline (calls.v1 -> quota -> quota.v1),
 a few tens of milliseconds in which a projection alone would let a burst through. So the gate
-also counts the api_calls it admits itself: a state's `time` is the latest event time quota has
-counted, and admissions after it are added to the state's `used` until a newer state covers
-them. Within one process this bounds the overshoot to the calls admitted concurrently with the
-crossing; across N edge replicas, to what the other replicas admit during the pipeline delay.
+also counts the api_calls it admits itself, two ways, and takes the larger:
+- its admissions this period (less those given back: calls that ended refused), which in one
+  process are exactly quota's count plus the calls in flight, in whatever order quota counts them;
+- the state's `used` plus its admissions after the state's watermark (a state's `time` is the
+  latest event time quota has counted), which still holds when other replicas' calls are in
+  `used` too: across N edge replicas the overshoot is what the others admit during one pipeline
+  delay.
 `admit_call` is that admission (it records); `is_blocked` only answers.
 
 (v2) Open reservations count as used for every resource: a state's `reserved` is added to its
@@ -15,7 +18,7 @@ account's state, the input of that shared admission.
 """
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from uuid import UUID
 from zoneinfo import ZoneInfo
@@ -46,9 +49,8 @@ class QuotaProjection:
     def __init__(self, tz: ZoneInfo) -> None:
         self._tz = tz
         self._states: dict[tuple[UUID, Resource], QuotaState] = {}
-        # api_calls this process admitted that no state has counted yet: per account, the period
-        # they were admitted in and their times, oldest first.
-        self._admitted: dict[UUID, tuple[str, deque[datetime]]] = {}
+        # api_calls this process admitted, per account: see _Admissions.
+        self._admitted: dict[UUID, _Admissions] = {}
         # Accounts that never changed plan have no state until their first event: the free tier.
         self._free = catalogue()[Tier.FREE].quotas
         self._default_calls_total = self._free[Resource.API_CALLS]
@@ -70,9 +72,9 @@ class QuotaProjection:
             return
         self._states[key] = state
         if state.resource is Resource.API_CALLS and state.account_id in self._admitted:
-            admitted = self._admitted[state.account_id][1]
-            while admitted and admitted[0] <= state.time:
-                admitted.popleft()
+            after = self._admitted[state.account_id].after_watermark
+            while after and after[0] <= state.time:
+                after.popleft()
 
     def get(self, account_id: UUID, resource: Resource) -> QuotaState | None:
         return self._states.get((account_id, resource))
@@ -82,9 +84,7 @@ class QuotaProjection:
         api_calls the calls admitted here and not yet counted by a state count as used)."""
         if resource is Resource.API_CALLS:
             period = self._period(now)
-            entry = self._admitted.get(account_id)
-            pending = len(entry[1]) if entry is not None and entry[0] == period else 0
-            return self._calls_exhausted(account_id, period, pending)
+            return self._calls_exhausted(self._view(account_id, period), self._admitted.get(account_id))
         state = self._states.get((account_id, resource))
         if state is None or not (state.blocked or state.used + state.reserved >= state.total):
             return False
@@ -96,16 +96,26 @@ class QuotaProjection:
         a state covers it; False (and nothing counted) when the quota is exhausted."""
         period = self._period(now)
         entry = self._admitted.get(account_id)
-        if entry is None or entry[0] != period:  # last period's admissions do not count in this one
-            entry = self._admitted[account_id] = (period, deque())
-        if self._calls_exhausted(account_id, period, len(entry[1])):
+        if entry is None or entry.period != period:  # last period's admissions do not count in this one
+            entry = self._admitted[account_id] = _Admissions(period)
+        if self._calls_exhausted(self._view(account_id, period), entry):
             return False
-        entry[1].append(now)
+        entry.count += 1
+        entry.after_watermark.append(now)
         return True
 
-    def _calls_exhausted(self, account_id: UUID, period: str, pending: int) -> bool:
-        view = self._view(account_id, period)
-        return view.used + view.reserved + pending >= view.total
+    def give_back(self, account_id: UUID, admitted_at: datetime) -> None:
+        """The call admitted at `admitted_at` ended refused: quota will not count it, so its place
+        is free again (nothing if its period is over)."""
+        entry = self._admitted.get(account_id)
+        if entry is None or entry.period != self._period(admitted_at):
+            return
+        entry.count -= 1
+        if admitted_at in entry.after_watermark:
+            entry.after_watermark.remove(admitted_at)
+
+    def _calls_exhausted(self, view: CallsView, entry: "_Admissions | None") -> bool:
+        return view.used + view.reserved + _pending(view, entry) >= view.total
 
     def calls_view(self, account_id: UUID, now: datetime) -> CallsView:
         return self._view(account_id, self._period(now))
@@ -131,8 +141,7 @@ class QuotaProjection:
         else:
             used, total = state.used, state.total
         if resource is Resource.API_CALLS:
-            entry = self._admitted.get(account_id)
-            used += len(entry[1]) if entry is not None and entry[0] == period else 0
+            used += _pending(self._view(account_id, period), self._admitted.get(account_id))
         return used, total
 
     def period_end(self, now: datetime) -> datetime:
@@ -144,4 +153,21 @@ class QuotaProjection:
     def pending_calls(self, account_id: UUID) -> int:
         """api_calls admitted here and not yet counted by a state (for tests and benchmarks)."""
         entry = self._admitted.get(account_id)
-        return 0 if entry is None else len(entry[1])
+        return 0 if entry is None else _pending(self._view(account_id, entry.period), entry)
+
+
+@dataclass(slots=True)
+class _Admissions:
+    """An account's api_calls admitted by this process in `period`."""
+
+    period: str
+    count: int = 0  # admitted and not given back
+    after_watermark: deque[datetime] = field(default_factory=deque)  # their times, until a state covers them
+
+
+def _pending(view: CallsView, entry: _Admissions | None) -> int:
+    """This process's admissions of `view`'s period that its state has not counted (the larger of
+    the two counts in the module's docstring)."""
+    if entry is None or entry.period != view.period:
+        return 0
+    return max(len(entry.after_watermark), entry.count - view.used)

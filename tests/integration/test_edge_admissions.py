@@ -113,12 +113,13 @@ async def test_an_admitted_call_costs_one_redis_round_trip(settings, redis_url):
     await redis.aclose()
 
 
-async def test_an_admitted_call_its_handler_refuses_gives_its_place_back(settings, redis_url):
+@pytest.mark.parametrize("admissions", ["shared", "in-process"])
+async def test_an_admitted_call_its_handler_refuses_gives_its_place_back(settings, redis_url, admissions):
     """Six concurrent project creations pass the edge (one admission each); geo refuses three of
     them (403 insufficient_quota, its 3 projects) after admission. Quota counts only the three
     created, and the three refused calls' places are given again: the account's 8 api_calls are
-    all usable."""
-    shared = settings.model_copy(update={"redis_url": redis_url})
+    all usable, with the admissions in Redis or in this one process."""
+    shared = settings.model_copy(update={"redis_url": redis_url if admissions == "shared" else None})
     async with running_app(shared) as (app, client):
         account, console = await signup(client)
         secret = (await new_key(client, console))["key"]

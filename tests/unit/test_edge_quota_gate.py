@@ -60,3 +60,29 @@ def test_the_memoised_period_is_period_of_for_any_order_of_instants_around_month
     rng = random.Random(3)
     for now in instants + rng.sample(instants, len(instants)):  # in order, then jumping back and forth
         assert gate._period(now) == period_of(now, tz), now
+
+
+def test_one_process_admits_exactly_the_total_whatever_order_quota_counts_its_calls_in():
+    gate, a = QuotaProjection(ZoneInfo("UTC")), uuid.uuid4()
+    gate.apply(_state(a, used=0, total=3))
+    assert [gate.admit_call(a, T0 + timedelta(seconds=i)) for i in (1, 2, 3, 4)] == [True, True, True, False]
+    # Quota counted the third call first (the first two had slower handlers): its state's watermark
+    # is past all three admissions, but it counted one. The two in flight keep their places.
+    gate.apply(_state(a, used=1, total=3, at=T0 + timedelta(seconds=3)))
+    assert gate.pending_calls(a) == 2 and not gate.admit_call(a, T0 + timedelta(seconds=5))
+    # The first call ends refused by its handler (quota will not count it): its place is free again.
+    gate.give_back(a, T0 + timedelta(seconds=1))
+    assert gate.admit_call(a, T0 + timedelta(seconds=6)) and not gate.admit_call(a, T0 + timedelta(seconds=7))
+    # A give-back of a past period changes nothing in this one.
+    gate.give_back(a, T0 - timedelta(days=20))
+    assert not gate.admit_call(a, T0 + timedelta(seconds=8))
+
+
+def test_other_replicas_calls_in_used_still_count_this_process_admissions_after_the_watermark():
+    gate, a = QuotaProjection(ZoneInfo("UTC")), uuid.uuid4()
+    gate.apply(_state(a, used=0, total=5))
+    assert gate.admit_call(a, T0 + timedelta(seconds=1))
+    # quota counted 3 calls of other replicas (and not this one's yet): 3 used + 1 in flight here
+    gate.apply(_state(a, used=3, total=5, at=T0 + timedelta(milliseconds=500)))
+    assert gate.pending_calls(a) == 1
+    assert [gate.admit_call(a, T0 + timedelta(seconds=2)) for _ in range(2)] == [True, False]
