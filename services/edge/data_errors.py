@@ -10,7 +10,7 @@ import logging
 
 import psycopg
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 
 from contracts.errors import ErrorCode
 from services.edge.errors import error_response
@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 def install_data_error_handler(app: FastAPI) -> None:
     @app.exception_handler(psycopg.DataError)
-    async def _data_error(request: Request, exc: psycopg.DataError) -> JSONResponse:
+    async def _data_error(request: Request, exc: psycopg.DataError) -> Response:
         log.info("refused a value the database cannot store: %s", type(exc).__name__)
         return error_response(
             request,

@@ -5,7 +5,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts.domain_errors import (
@@ -96,9 +96,11 @@ def request_id_of(request: Request) -> str:
 
 def error_response(
     request: Request, status: int, code: ErrorCode, message: str, details: Any = None, headers: dict[str, str] | None = None
-) -> JSONResponse:
+) -> Response:
+    """The contract's body, serialised by pydantic straight to JSON bytes (one pass, not a dict
+    that JSONResponse dumps again: refusals are the cheap path a flood takes)."""
     body = ErrorBody(error=ErrorDetail(code=code, message=message, request_id=request_id_of(request), details=details))
-    return JSONResponse(body.model_dump(mode="json", exclude_none=True), status_code=status, headers=headers)
+    return Response(body.model_dump_json(exclude_none=True), status_code=status, headers=headers, media_type="application/json")
 
 
 def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
@@ -114,21 +116,21 @@ def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    async def _api_error(request: Request, exc: ApiError) -> Response:
         context_of(request.scope).error_code = exc.code.value  # a refusal's calls.v1 event carries it
         return error_response(request, exc.status, exc.code, exc.message, exc.details, exc.headers)
 
     @app.exception_handler(DomainError)
-    async def _domain_error(request: Request, exc: DomainError) -> JSONResponse:
+    async def _domain_error(request: Request, exc: DomainError) -> Response:
         context_of(request.scope).error_code = exc.code.value
         return error_response(request, status_of(exc), exc.code, exc.message, exc.details)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
         return error_response(request, 422, ErrorCode.VALIDATION_ERROR, "The request is not valid.", _validation_details(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 400:
             # FastAPI's answer to a body it cannot decode at all (e.g. not UTF-8); a bad body is a
             # 422 `validation_error` in the contract.
@@ -139,7 +141,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(request, exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error", extra={"request_id": request_id_of(request)})
         # Starlette answers this one from its outermost middleware, outside RequestMiddleware: set the id here.
         return error_response(

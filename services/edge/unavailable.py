@@ -9,7 +9,7 @@ import logging
 import psycopg
 from aiokafka.errors import KafkaError
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 
 from contracts.errors import ErrorCode
 from services.edge.errors import error_response
@@ -19,7 +19,7 @@ RETRY_AFTER_S = "2"
 
 
 def install_unavailable_handlers(app: FastAPI) -> None:
-    async def _down(request: Request, exc: Exception, dependency: str) -> JSONResponse:
+    async def _down(request: Request, exc: Exception, dependency: str) -> Response:
         log.warning("%s unavailable: %s", dependency, exc)
         return error_response(
             request,
@@ -30,11 +30,11 @@ def install_unavailable_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(psycopg.OperationalError)  # includes psycopg_pool.PoolTimeout
-    async def _postgres(request: Request, exc: psycopg.OperationalError) -> JSONResponse:
+    async def _postgres(request: Request, exc: psycopg.OperationalError) -> Response:
         return await _down(request, exc, "database")
 
     # Any Kafka error on the request path (timeout, lost connection, a producer fenced or out of
     # sequence after a broker restart) means the log did not take the write: retryable.
     @app.exception_handler(KafkaError)
-    async def _kafka(request: Request, exc: KafkaError) -> JSONResponse:
+    async def _kafka(request: Request, exc: KafkaError) -> Response:
         return await _down(request, exc, "event log")

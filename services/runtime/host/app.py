@@ -93,6 +93,10 @@ def create_app(
         version="1.0.0",
         description="API keys, usage metering, quotas and usage alerts. Contract: docs/api.md.",
         lifespan=lifespan,
+        # Tollgate's metrics are Prometheus (/metrics). FastAPI's native OpenTelemetry asks the OTel
+        # API for its providers on every request (three environment reads) even when none is
+        # configured: ~5 us of each request's ~45 us in process (BENCHMARKS.md, "error path").
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     app.state.runtime = runtime
     app.state.components = components
