@@ -66,14 +66,22 @@ async def main(requests: int, rounds: int) -> None:
     settings = Settings(kafka_bootstrap_servers="127.0.0.1:1", database_url="postgresql://u@127.0.0.1:1/d", session_secret="s")
     app = create_app(("geo",), settings, consumers=False)
     edge = app.state.runtime.edge
-    edge.keys.apply(
-        KeyState(
-            time=datetime.now(UTC), account_id=uuid.uuid4(), key_id=uuid.uuid4(), hash=hash_secret(FLOODER), status="enabled", roles=[Role.OWNER]
-        )
+    flooder = KeyState(
+        time=datetime.now(UTC),
+        account_id=uuid.uuid4(),
+        key_id=uuid.uuid4(),
+        hash=hash_secret(FLOODER),
+        status="enabled",
+        roles=[Role.OWNER],
     )
+    edge.keys.apply(flooder)
     edge.plans.default = RateLimit(per_second=0.001, burst=1, per_minute=1)  # the flooder's first call takes the only token
-    paths = {"/healthz": ("/healthz", None, 200), "401": ("/api/geo/projects", UNKNOWN, 401), "429": ("/api/geo/projects", FLOODER, 429)}
-    await app(scope("/api/geo/projects", FLOODER), _receive, _discard)  # (an admission: 500 without Postgres)
+    paths = {
+        "/healthz": ("/healthz", None, 200),
+        "401": ("/api/geo/projects", UNKNOWN, 401),
+        "429": ("/api/geo/projects", FLOODER, 429),
+    }
+    await app(scope("/api/geo/projects", FLOODER), _receive, _discard)  # admitted (its handler: 503 without Postgres)
     samples: dict[str, list[float]] = {name: [] for name in paths}
     for _ in range(rounds):  # interleaved: drift on a shared machine touches all three alike
         for name, (path, token, status) in paths.items():
@@ -83,7 +91,8 @@ async def main(requests: int, rounds: int) -> None:
     print(f"in process, {requests:,} requests x {rounds} rounds each, median CPU per request:")
     for name, values in samples.items():
         median = statistics.median(values)
-        print(f"  {name:9s} {median:6.1f} us  ({min(values):.1f}-{max(values):.1f})  -> {base / median:.3f} of /healthz's throughput")
+        spread = f"({min(values):.1f}-{max(values):.1f})"
+        print(f"  {name:9s} {median:6.1f} us  {spread}  -> {base / median:.3f} of /healthz's throughput")
 
 
 async def _receive() -> Message:
