@@ -2,15 +2,18 @@
 
 import asyncio
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
+import psycopg
 import pytest
 from faststream.kafka import KafkaBroker
+from psycopg import sql
 
 from contracts.common import Resource
 from contracts.events import UsageEvent
 from contracts.topics import USAGE
-from services.runtime.platform import clickhouse
+from services.runtime.platform import clickhouse, postgres
 from services.runtime.platform.kafka import ensure_topics
 
 pytestmark = pytest.mark.integration
@@ -61,3 +64,19 @@ async def test_unknown_routes_answer_the_contract_error_body_with_the_request_id
     assert response.status_code == 404
     assert response.headers["X-Request-ID"] == "req-123"
     assert response.json() == {"error": {"code": "not_found", "message": "Not Found", "request_id": "req-123"}}
+
+
+def test_processes_starting_together_migrate_one_service_without_tripping_over_each_other(database_url, tmp_path):
+    """`tollgate up` starts its workers and its consumers' process at once, and each migrates:
+    CREATE SCHEMA IF NOT EXISTS (and yoyo's bookkeeping tables) fail with a unique violation when
+    two sessions create the same schema at the same moment. Many fresh services, raced 4 ways."""
+    (tmp_path / "0001_t.sql").write_text("CREATE TABLE t (id int);")
+    services = [f"race_{uuid.uuid4().hex[:8]}" for _ in range(12)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for service in services:
+            runs = [pool.submit(postgres.apply_migrations, database_url, service, tmp_path) for _ in range(4)]
+            for run in runs:
+                run.result()  # raises what the migration raised
+    with psycopg.connect(database_url) as conn:
+        for service in services:
+            assert conn.execute(sql.SQL("SELECT count(*) FROM {}.t").format(sql.Identifier(service))).fetchone() == (0,)

@@ -62,21 +62,26 @@ def yoyo_url(database_url: str) -> str:
 
 
 def apply_migrations(database_url: str, service: str, migrations_dir: Path) -> None:
-    """Apply a service's versioned SQL migrations (idempotent; yoyo locks against racing replicas).
+    """Apply a service's versioned SQL migrations (idempotent; one process at a time).
 
     The service owns the Postgres schema named after it; yoyo keeps its bookkeeping there too,
     so services migrate independently and their migration ids never collide.
     """
     with psycopg.connect(database_url, autocommit=True) as conn:
+        # Processes of one stack start together and each migrates. CREATE SCHEMA IF NOT EXISTS
+        # and yoyo's own bookkeeping tables fail with a unique violation when two sessions create
+        # them at the same moment (yoyo's lock lives in one of those tables), so a session
+        # advisory lock per service comes first; closing the connection releases it.
+        conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (f"tollgate.migrations.{service}",))
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(service)))
-    separator = "&" if "?" in database_url else "?"
-    backend = get_backend(f"{yoyo_url(database_url)}{separator}schema={service}")
-    migrations = read_migrations(str(migrations_dir))
-    try:
-        with backend.lock():
-            backend.apply_migrations(backend.to_apply(migrations))
-    finally:
-        backend.connection.close()
+        separator = "&" if "?" in database_url else "?"
+        backend = get_backend(f"{yoyo_url(database_url)}{separator}schema={service}")
+        migrations = read_migrations(str(migrations_dir))
+        try:
+            with backend.lock():
+                backend.apply_migrations(backend.to_apply(migrations))
+        finally:
+            backend.connection.close()
 
 
 async def try_xact_lock(conn: psycopg.AsyncConnection[Any], name: str) -> bool:
