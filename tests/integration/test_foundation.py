@@ -69,8 +69,11 @@ async def test_unknown_routes_answer_the_contract_error_body_with_the_request_id
 def test_processes_starting_together_migrate_one_service_without_tripping_over_each_other(database_url, tmp_path):
     """`tollgate up` starts its workers and its consumers' process at once, and each migrates:
     CREATE SCHEMA IF NOT EXISTS (and yoyo's bookkeeping tables) fail with a unique violation when
-    two sessions create the same schema at the same moment. Many fresh services, raced 4 ways."""
+    two sessions create the same schema at the same moment, and a CREATE INDEX CONCURRENTLY (as
+    the outbox migrations have) waits for a session blocked on the lock that serialises them.
+    Many fresh services, raced 4 ways."""
     (tmp_path / "0001_t.sql").write_text("CREATE TABLE t (id int);")
+    (tmp_path / "0002_t_id.sql").write_text("-- transactional: false\nCREATE INDEX CONCURRENTLY t_id ON t (id);")
     services = [f"race_{uuid.uuid4().hex[:8]}" for _ in range(12)]
     with ThreadPoolExecutor(max_workers=4) as pool:
         for service in services:

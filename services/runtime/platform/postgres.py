@@ -1,6 +1,7 @@
 """Postgres: one async connection pool per process; per-service schema migrations with yoyo."""
 
 import select
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -72,7 +73,7 @@ def apply_migrations(database_url: str, service: str, migrations_dir: Path) -> N
         # and yoyo's own bookkeeping tables fail with a unique violation when two sessions create
         # them at the same moment (yoyo's lock lives in one of those tables), so a session
         # advisory lock per service comes first; closing the connection releases it.
-        conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (f"tollgate.migrations.{service}",))
+        _lock_migrations(conn, service)
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(service)))
         separator = "&" if "?" in database_url else "?"
         backend = get_backend(f"{yoyo_url(database_url)}{separator}schema={service}")
@@ -82,6 +83,19 @@ def apply_migrations(database_url: str, service: str, migrations_dir: Path) -> N
                 backend.apply_migrations(backend.to_apply(migrations))
         finally:
             backend.connection.close()
+
+
+def _lock_migrations(conn: psycopg.Connection[Any], service: str, within_s: float = 300.0) -> None:
+    """Take the service's migration lock, trying again every 50 ms. Not pg_advisory_lock: a
+    session blocked in it is a running statement, and the holder's CREATE INDEX CONCURRENTLY
+    (the outbox migrations) waits for every running statement to end: the two would wait for
+    each other forever, unseen by Postgres's deadlock detector."""
+    deadline = time.monotonic() + within_s
+    name = f"tollgate.migrations.{service}"
+    while conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (name,)).fetchone() != (True,):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"another process has been migrating {service} for {within_s:.0f} s")
+        time.sleep(0.05)
 
 
 async def try_xact_lock(conn: psycopg.AsyncConnection[Any], name: str) -> bool:
