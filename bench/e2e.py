@@ -60,7 +60,8 @@ def tollgate_up(state: Path, port: int, *up_args: str) -> tuple[dict[str, str], 
     up = subprocess.run(
         [*cli, "up", "--port", str(port), *up_args], env=env, cwd=REPO, capture_output=True, text=True, check=False
     )
-    if up.returncode != 0:
+    if up.returncode != 0:  # what did start (Postgres, Kafka, ClickHouse, redis) must not outlive the run
+        subprocess.run([*cli, "down"], env=env, cwd=REPO, capture_output=True, check=False)
         raise SystemExit(f"tollgate up failed:\n{up.stdout}\n{up.stderr}")
     printed = json.loads(up.stdout[up.stdout.index("{") :])
     return env, {"Authorization": f"Bearer {printed['demo_service_token']}"}
