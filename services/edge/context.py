@@ -31,7 +31,7 @@ class CallContext:
     call: Call | None = None
     recorder: CallRecorder | None = None
     reserved: bool = False  # admitted: a place in the admitted lane is held for this call
-    # Gives back the call's shared api_calls admission if it ends refused (quota will not count it).
+    # Gives back the call's api_calls admission if it ends refused (quota will not count it).
     give_back: Callable[[], None] | None = None
 
     def hold(self, recorder: CallRecorder, call: Call) -> None:

@@ -42,6 +42,23 @@ class CallsView:
     total: int
 
 
+@dataclass(slots=True)
+class _Admissions:
+    """An account's api_calls admitted by this process in `period`."""
+
+    period: str
+    count: int = 0  # admitted and not given back
+    after_watermark: deque[datetime] = field(default_factory=deque)  # their times, until a state covers them
+
+
+def _pending(view: CallsView, entry: _Admissions | None) -> int:
+    """This process's admissions of `view`'s period that its state has not counted (the larger of
+    the two counts in the module's docstring)."""
+    if entry is None or entry.period != view.period:
+        return 0
+    return max(len(entry.after_watermark), entry.count - view.used)
+
+
 class QuotaProjection:
     """(account, resource) -> latest state. A block holds only within its own period, so the
     monthly reset needs no event: a new period simply finds no block for itself."""
@@ -114,7 +131,7 @@ class QuotaProjection:
         if admitted_at in entry.after_watermark:
             entry.after_watermark.remove(admitted_at)
 
-    def _calls_exhausted(self, view: CallsView, entry: "_Admissions | None") -> bool:
+    def _calls_exhausted(self, view: CallsView, entry: _Admissions | None) -> bool:
         return view.used + view.reserved + _pending(view, entry) >= view.total
 
     def calls_view(self, account_id: UUID, now: datetime) -> CallsView:
@@ -154,20 +171,3 @@ class QuotaProjection:
         """api_calls admitted here and not yet counted by a state (for tests and benchmarks)."""
         entry = self._admitted.get(account_id)
         return 0 if entry is None else _pending(self._view(account_id, entry.period), entry)
-
-
-@dataclass(slots=True)
-class _Admissions:
-    """An account's api_calls admitted by this process in `period`."""
-
-    period: str
-    count: int = 0  # admitted and not given back
-    after_watermark: deque[datetime] = field(default_factory=deque)  # their times, until a state covers them
-
-
-def _pending(view: CallsView, entry: _Admissions | None) -> int:
-    """This process's admissions of `view`'s period that its state has not counted (the larger of
-    the two counts in the module's docstring)."""
-    if entry is None or entry.period != view.period:
-        return 0
-    return max(len(entry.after_watermark), entry.count - view.used)

@@ -95,7 +95,7 @@ def create_app(
         lifespan=lifespan,
         # Tollgate's metrics are Prometheus (/metrics). FastAPI's native OpenTelemetry asks the OTel
         # API for its providers on every request (three environment reads) even when none is
-        # configured: ~5 us of each request's ~45 us in process (BENCHMARKS.md, "error path").
+        # configured: ~5 us of each request's ~45 us in process (BENCHMARKS.md, "The refusal paths in process").
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     app.state.runtime = runtime
