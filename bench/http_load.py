@@ -8,8 +8,9 @@ an unknown key (401); a free key far over its rate limit (429). Then isolation: 
 throughput and p99 while a first floods with 429s, against the same tenant alone. After the
 admitted run, a reconciliation: every 200 wrk saw is counted once in the accounts' `api_calls`.
 The CPU of every process of the stack (serve, Kafka, Postgres, ClickHouse, Redis: all processes
-below the stack's pid files, from /proc) over the admitted run, divided by its calls, is the
-whole pipeline's CPU per metered call.
+below the stack's pid files, from /proc) from the admitted run's start until the stack is quiet
+again (its calls consumed, counted and stored), divided by its calls, is the whole pipeline's CPU
+per metered call. Every measured path starts on a quiet stack, as the /healthz baseline does.
 
     (named http_load, not http: a script's folder comes first on sys.path and would hide the standard
 library's `http`)
@@ -151,6 +152,28 @@ def stack_cpu_seconds(state: Path) -> dict[str, float]:
     return {name: ticks / CLK_TCK for name, ticks in totals.items()}
 
 
+def per_request(cpu_by: dict[str, float], requests: int) -> str:
+    """Each process's CPU per request, the largest first, and their sum."""
+    shares = sorted(cpu_by.items(), key=lambda item: -item[1])
+    total = sum(cpu_by.values()) / max(requests, 1) * 1e6
+    return f"{total:,.0f} us: " + ", ".join(f"{name} {seconds / max(requests, 1) * 1e6:,.0f} us" for name, seconds in shares)
+
+
+def settle(state: Path, *, idle_share: float = 0.15, within: float = 120.0) -> float:
+    """Wait until the stack is quiet again: two 1 s windows in a row in which all its processes
+    together used less than `idle_share` of a core (idle it uses ~0.06). A run's calls are still
+    being consumed, counted and stored after wrk stops; a path measured meanwhile shares the
+    cores with that backlog, and its ratio to /healthz (measured on a quiet stack) would say less
+    about the path than about the order of the runs. Returns the seconds it took."""
+    started = time.monotonic()
+    quiet = 0
+    while quiet < 2 and time.monotonic() - started < within:
+        before = sum(stack_cpu_seconds(state).values())
+        time.sleep(1)
+        quiet = quiet + 1 if sum(stack_cpu_seconds(state).values()) - before < idle_share else 0
+    return time.monotonic() - started
+
+
 def serving_processes(state: Path) -> list[int]:
     """`tollgate up`'s serve process, or its workers and consumers' process when it has them (`--workers N`)."""
     parent = int((state / "tollgate.pid").read_text().split()[0])
@@ -216,9 +239,15 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             def measure(path: str, keys: list[str]) -> Run:
                 return wrk(script, f"{base}{path}", keys, seconds, connections, threads)
 
+            await asyncio.to_thread(settle, state)
             healthz = await asyncio.to_thread(measure, "/healthz", [])
+            await asyncio.to_thread(settle, state)
             cpu_before = stack_cpu_seconds(state)
             admitted = await asyncio.to_thread(measure, "/api/geo/projects", keys)
+            cpu_during = sum(stack_cpu_seconds(state).values()) - sum(cpu_before.values())
+            # The whole pipeline's CPU: until every call is consumed, counted and stored (the
+            # consumers' process is niced and catches up after wrk stops).
+            catch_up = await asyncio.to_thread(settle, state)
             cpu_by = {name: seconds - cpu_before.get(name, 0.0) for name, seconds in stack_cpu_seconds(state).items()}
             cpu = sum(cpu_by.values())
             # Issue 18's latency bound: p99 <= 50 ms at half the maximum throughput. Each connection
@@ -233,14 +262,21 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             paced = await asyncio.to_thread(
                 wrk, script, f"{base}/api/geo/projects", keys, seconds, connections, threads, max(0.0, cycle_ms - call_ms)
             )
+            await asyncio.to_thread(settle, state)
             unknown = await asyncio.to_thread(measure, "/api/geo/projects", ["sk-" + "x" * 45])
+            await asyncio.to_thread(settle, state)
+            cpu_before = stack_cpu_seconds(state)
             limited = await asyncio.to_thread(measure, "/api/geo/projects", [free_key])
+            await asyncio.to_thread(settle, state)
+            refused_cpu_by = {name: seconds - cpu_before.get(name, 0.0) for name, seconds in stack_cpu_seconds(state).items()}
 
             # Isolation: tenant B alone, then B while A floods with 429s (half the connections each).
             # B is the paying accounts together: one enterprise account's own limit (500 calls/s)
             # is within reach of half the connections, and B's own 429s would blur the figure.
             half = max(1, connections // 2)
+            await asyncio.to_thread(settle, state)
             alone = await asyncio.to_thread(wrk, script, f"{base}/api/geo/projects", keys, seconds, half, 1)
+            await asyncio.to_thread(settle, state)
             flood = asyncio.to_thread(wrk, script, f"{base}/api/geo/projects", [free_key], seconds, half, 1)
             victim = asyncio.to_thread(wrk, script, f"{base}/api/geo/projects", keys, seconds, half, 1)
             _, crowded = await asyncio.gather(flood, victim)
@@ -259,6 +295,7 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             )
             print(unknown.line("unknown key (401)", healthz))
             print(limited.line("free key over its limit (429)", healthz))
+            print("  whole-stack CPU per 429 until quiet again: " + per_request(refused_cpu_by, limited.requests))
             print(alone.line("tenant B alone"))
             print(crowded.line("tenant B while A floods 429s"))
             print(
@@ -267,9 +304,12 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             )
             print("flame graphs of the admitted calls' serving processes: " + ", ".join(str(g) for g in graphs))
             served = admitted.requests - admitted.non2xx
-            print(f"whole-stack CPU per metered call: {cpu / max(served, 1) * 1e6:,.0f} us ({cpu:.1f} CPU-s / {served} calls)")
-            shares = sorted(cpu_by.items(), key=lambda item: -item[1])
-            print("  of which: " + ", ".join(f"{name} {seconds / max(served, 1) * 1e6:,.0f} us" for name, seconds in shares))
+            print(
+                f"whole-stack CPU per metered call: {cpu / max(served, 1) * 1e6:,.0f} us ({cpu:.1f} CPU-s / {served} calls, "
+                f"until the stack was quiet again {catch_up:.0f} s after wrk stopped; "
+                f"{cpu_during / max(served, 1) * 1e6:,.0f} us during the run alone)"
+            )
+            print("  of which: " + per_request(cpu_by, served))
 
             # Every admitted call is counted once (the isolation runs added B's calls).
             b_calls = alone.requests - alone.non2xx + crowded.requests - crowded.non2xx

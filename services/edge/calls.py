@@ -6,15 +6,22 @@ every admitted call has its place before its handler runs, and the place is free
 has acknowledged the event (a failed send is retried, not dropped). Refused calls (401 of a known
 key, 403, 429) travel in their own bounded lane, so a flood of them cannot crowd out admitted
 ones; when it is full they are folded into one event per (key, error_code, second) with `count`.
+The refused lane is bounded twice: by what it holds (Kafka away) and by what it carries one by one
+each second (`refused_per_second`). A flood's events past that rate would each cost the whole
+pipeline (this producer, Kafka, the consumers, ClickHouse) for a call that was not served: that
+cost is what let a flood of 429s take the cores from other tenants (BENCHMARKS.md, http_load
+round 10). Folded, a flood costs one event per key, code and second.
 A background task takes both lanes in batches and sends them in record batches with aiokafka, so
 the response is never delayed by Kafka.
 """
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -112,19 +119,34 @@ class CallLanes:
     takes one, or says no when all `admitted_capacity` are taken; `admit` queues the call on its
     reserved place; `release` frees a place whose call was not recorded; `sent` frees the places
     of the acknowledged calls. So the queue can never hold more than its capacity and nothing
-    admitted is ever turned away. Refused lane: up to `refused_capacity` queued calls, then
-    folding into at most `fold_capacity` (key, error_code, second) events; past that (Kafka away
-    for long under a flood) a refused call is counted as dropped (metric and log), never silently.
+    admitted is ever turned away. Refused lane: up to `refused_capacity` queued calls and
+    `refused_per_second` calls taken in each second of `clock` (the wall clock), then folding into
+    one event per (key, error_code, second of the call), held until that second is over so that
+    it is one event, not one per batch; at most `fold_capacity` of them. Past that (Kafka away for
+    long under a flood) a refused call is counted as dropped (metric and log), never silently.
     """
 
-    def __init__(self, admitted_capacity: int = 10_000, refused_capacity: int = 10_000, fold_capacity: int = 100_000) -> None:
+    def __init__(
+        self,
+        admitted_capacity: int = 10_000,
+        refused_capacity: int = 10_000,
+        fold_capacity: int = 100_000,
+        refused_per_second: int = 200,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.admitted_capacity = admitted_capacity
         self.refused_capacity = refused_capacity
         self.fold_capacity = fold_capacity
+        self.refused_per_second = refused_per_second
         self.open = 0
         self.admitted: deque[Call] = deque()
         self.refused: deque[Call] = deque()
         self.folded: dict[tuple[UUID, str | None, int], Call] = {}
+        self._clock = clock
+        # The second of `clock` whose refused calls `_carried` counts (not the calls' own: calls
+        # finish out of the order they started in, and the lane's rate is about what it takes).
+        self._second = 0
+        self._carried = 0
 
     def reserve(self) -> bool:
         if self.open >= self.admitted_capacity:
@@ -139,11 +161,16 @@ class CallLanes:
         """Queue an admitted call on the place reserved for it."""
         self.admitted.append(call)
 
-    def refuse(self, call: Call) -> None:
+    def refuse(self, call: Call) -> bool:
+        """Queue or fold a refused call; True when the lanes hold one more event than before."""
         call.admitted = False
-        if len(self.refused) < self.refused_capacity:
+        second = int(self._clock())
+        if second != self._second:
+            self._second, self._carried = second, 0
+        if self._carried < self.refused_per_second and len(self.refused) < self.refused_capacity:
+            self._carried += 1
             self.refused.append(call)
-            return
+            return True
         key = (call.api_key_id, call.error_code, int(call.time.timestamp()))
         folded = self.folded.get(key)
         if folded is not None:
@@ -153,22 +180,30 @@ class CallLanes:
         else:
             DROPPED.labels("refused_fold_full").inc(call.count)
             _warn_fold_full()
-            return
+            return False
         FOLDED.inc(call.count)
+        return folded is None
 
     def __len__(self) -> int:
         return len(self.admitted) + len(self.refused) + len(self.folded)
 
     def take(self, limit: int) -> list[Call]:
-        """Up to `limit` calls, admitted first; refused ones only with what room is left."""
+        """Up to `limit` calls, admitted first; refused ones only with what room is left, folds
+        only once their second is over."""
         calls: list[Call] = []
         while self.admitted and len(calls) < limit:
             calls.append(self.admitted.popleft())
         while self.refused and len(calls) < limit:
             calls.append(self.refused.popleft())
-        while self.folded and len(calls) < limit:
-            calls.append(self.folded.pop(next(iter(self.folded))))
+        if self.folded and len(calls) < limit:
+            now = int(self._clock())
+            for key in [key for key in self.folded if key[2] < now][: limit - len(calls)]:
+                calls.append(self.folded.pop(key))
         return calls
+
+    def until_folds_close(self) -> float:
+        """Seconds until the first fold's second is over (the lanes hold nothing else to take)."""
+        return max(0.001, min(key[2] for key in self.folded) + 1 - self._clock())
 
     def sent(self, calls: list[Call]) -> None:
         """Kafka acknowledged these: the admitted ones' places are free again."""
@@ -260,8 +295,7 @@ class CallRecorder:
 
     def refuse(self, call: Call) -> None:
         """A refused call: queued, or folded when its lane is full."""
-        self.lanes.refuse(call)
-        if not self._wake.is_set():
+        if self.lanes.refuse(call) and not self._wake.is_set():
             self._wake.set()
 
     async def start(self) -> None:
@@ -305,12 +339,19 @@ class CallRecorder:
             await self._producer.stop()
 
     async def _take(self) -> list[Call]:
-        while not len(self.lanes):
+        while True:
+            while not len(self.lanes):
+                self._wake.clear()
+                await self._wake.wait()
+            if self._linger > 0:
+                await asyncio.sleep(self._linger)  # one timer per batch, not one per call
+            calls = self.lanes.take(self._batch)
+            if calls:
+                return calls
+            # Only folds whose second is not over: until it is, or until a new call comes.
             self._wake.clear()
-            await self._wake.wait()
-        if self._linger > 0:
-            await asyncio.sleep(self._linger)  # one timer per batch, not one per call
-        return self.lanes.take(self._batch)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.lanes.until_folds_close())
 
     async def _run(self, producer: AIOKafkaProducer) -> None:
         while True:

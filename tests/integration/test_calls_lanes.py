@@ -70,9 +70,10 @@ async def api_calls_used(client: httpx.AsyncClient, session: str) -> int:
 async def test_a_flood_of_refused_calls_neither_crowds_out_nor_miscounts_another_accounts_200_calls(settings):
     async with running_app(settings) as (app, client):
         edge = app.state.runtime.edge
-        # Tiny lanes: the flood is folded (every refusal must still be counted), and the admitted
-        # lane fills, so some good calls are refused with 503 overloaded (retried: not counted).
-        edge.calls.lanes.refused_capacity = 2
+        # Tiny lanes: the flood is folded past 3 refused calls a second (every refusal must still
+        # be counted), and the admitted lane fills, so some good calls are refused with 503
+        # overloaded (retried: not counted).
+        edge.calls.lanes.refused_per_second = 3
         edge.calls.lanes.admitted_capacity = 8
         flooder, flooder_session = await new_account(app, settings)
         disabled, disabled_id = await new_key(app, settings, flooder, KeyStatus.DISABLED)
@@ -160,6 +161,10 @@ async def test_a_flood_of_refused_calls_neither_crowds_out_nor_miscounts_another
         assert await eventually(refusals_logged, within=90) == expected
         refused = await activity(client, flooder_console, outcome="refused")
         assert any(i["count"] > 1 for i in refused)  # folded under the flood
+        # Each second: 3 one by one, then a fold per key and code (two: a call that started in the
+        # second before folds into one of that second), not an event per refused call.
+        seconds = {i["time"][:19] for i in refused}
+        assert len(refused) <= (3 + 2 * 2) * (len(seconds) + 1) < sum(expected.values()) / 4, (len(refused), seconds)
         assert {(i["api_key_id"], i["status"], i["error_code"]) for i in refused} == {
             (str(disabled_id), 401, "api_key_disabled"),
             (str(limited_id), 429, "rate_limited"),

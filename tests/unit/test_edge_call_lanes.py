@@ -7,6 +7,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
+import pytest
 from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
@@ -79,6 +80,39 @@ def test_a_flood_of_refused_calls_never_takes_an_admitted_place_and_is_folded_wi
     assert lanes.open == 0  # refused ones never held an admitted place
 
 
+def test_the_refused_lane_carries_a_bounded_number_of_calls_each_second_and_folds_the_rest():
+    clock = [T.timestamp()]
+    lanes = CallLanes(refused_per_second=3, clock=lambda: clock[0])
+    flooder, other = uuid.uuid4(), uuid.uuid4()
+    first = [call(flooder, at=T + timedelta(milliseconds=n), code="rate_limited", status=429) for n in range(10)]
+    first += [call(other, at=T + timedelta(milliseconds=500), code="permission_denied", status=403) for _ in range(2)]
+    second = [call(flooder, at=T + timedelta(seconds=1, milliseconds=n), code="rate_limited", status=429) for n in range(4)]
+    for c in first:
+        lanes.refuse(c)
+    clock[0] = T.timestamp() + 1.2
+    for c in second:
+        lanes.refuse(c)
+    sent = lanes.take(100)  # T's folds are complete; T+1's second is not over yet
+    assert len(lanes) == 1 and lanes.until_folds_close() == pytest.approx(0.8)
+    clock[0] = T.timestamp() + 2.01
+    sent += lanes.take(100)
+    assert len(lanes) == 0
+    by_second = {
+        s: sorted((c.api_key_id == flooder, c.error_code, c.count) for c in sent if int(c.time.timestamp()) == s)
+        for s in (int(T.timestamp()), int(T.timestamp()) + 1)
+    }
+    # T: the first three of the flood one by one, then the flood's rest and the other key's two
+    # folded per (key, code, second); T+1: a fresh allowance (three, then a fold of one).
+    assert by_second[int(T.timestamp())] == [
+        (False, "permission_denied", 2),
+        *[(True, "rate_limited", 1)] * 3,
+        (True, "rate_limited", 7),
+    ]
+    assert by_second[int(T.timestamp()) + 1] == [(True, "rate_limited", 1)] * 4
+    assert sent[:6] == first[:3] + second[:3]  # one by one, in their order, before any fold
+    assert sum(c.count for c in sent) == 16  # every call kept in a count
+
+
 def test_folds_past_their_bound_are_counted_as_dropped_not_silently():
     lanes = CallLanes(refused_capacity=1, fold_capacity=2)
     before = metric("tollgate_edge_call_events_dropped_total", reason="refused_fold_full")
@@ -136,6 +170,23 @@ async def test_unacknowledged_events_are_sent_again_with_their_ids_and_meanwhile
     assert set(recorder.acked) <= set(recorder.attempts[0])  # with the id of its first attempt
     assert metric("tollgate_edge_call_events_dropped_total", reason="kafka_error") == dropped_before
     assert recorder.reserve()
+
+
+async def test_a_fold_leaves_once_its_second_is_over_without_waiting_for_another_call():
+    recorder = FlakyRecorder(failures=0)
+    recorder.lanes.refused_per_second = 1
+    task = asyncio.create_task(recorder._run(producer=None))  # type: ignore[arg-type]
+    try:
+        key, now = uuid.uuid4(), datetime.now(UTC)
+        calls = [call(key, at=now, code="rate_limited", status=429) for _ in range(5)]
+        for c in calls:
+            recorder.refuse(c)
+        await until(lambda: len(recorder.acked) == 2, pause=0.01, tries=300)  # within ~1 s
+    finally:
+        task.cancel()
+    assert recorder.acked[0] == calls[0].id  # one by one at once
+    assert recorder.acked[1] == calls[1].id and calls[1].count == 4  # the rest, folded into the first of them
+    assert recorder.attempts == [[calls[0].id], [calls[1].id]]  # the open fold was not sent early
 
 
 # ---- over HTTP: what the edge puts in which lane --------------------------------------------
