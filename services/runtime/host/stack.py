@@ -155,6 +155,23 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _refuse_taken(part: str, *ports: int, grace_s: float = 5.0) -> None:
+    """A part about to start finds its ports free, or the start stops here with why. Another
+    process on one (another checkout's stack, or one a killed test run left behind) would
+    otherwise make the start fail obscurely, or answer in this stack's place with other
+    passwords and other data. The grace covers this part's own processes still dying after a
+    kill (a process group goes one process at a time)."""
+    deadline = time.monotonic() + grace_s
+    while (taken := [str(port) for port in ports if _port_open(port)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if taken:
+        raise SystemExit(
+            f"{part}: port {', '.join(taken)} on 127.0.0.1 is already in use by a process this stack did not start "
+            "(another checkout's Tollgate stack, or one a killed run left behind?); stop it "
+            "(`tollgate stack down` in its checkout; `ss -ltnp` names it) or give this stack other ports"
+        )
+
+
 def _as_postgres_user(cmd: list[str]) -> list[str]:
     # initdb and postgres refuse to run as root.
     return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
@@ -257,6 +274,7 @@ def kafka_up(cfg: StackConfig, node: int | None = None) -> None:
         if _read_pid(run / "kafka.pid"):
             _log(f"kafka node {i} already running on 127.0.0.1:{cfg.kafka_node_port(i)}")
             continue
+        _refuse_taken(f"kafka node {i}", cfg.kafka_node_port(i), cfg.kafka_controller_port(i))
         libs = kafka_libs()
         run.mkdir(parents=True, exist_ok=True)
         data = run / "data"
@@ -337,6 +355,7 @@ def postgres_up(cfg: StackConfig) -> None:
     if _read_pid(data / "postmaster.pid"):
         _log(f"postgres already running on port {cfg.postgres_port}")
         return
+    _refuse_taken("postgres", cfg.postgres_port)
     run.mkdir(parents=True, exist_ok=True)
     if os.geteuid() == 0:
         shutil.chown(run, "postgres", "postgres")
@@ -398,6 +417,7 @@ def clickhouse_up(cfg: StackConfig, timeout: float = 60) -> None:
     if _read_pid(pid_file):
         _log(f"clickhouse already running on http://127.0.0.1:{cfg.clickhouse_http_port}")
         return
+    _refuse_taken("clickhouse", cfg.clickhouse_http_port, cfg.clickhouse_tcp_port)
     passwords = cfg.passwords()
     spec = ServerSpec(
         http_port=cfg.clickhouse_http_port,
@@ -470,6 +490,7 @@ def redis_up(cfg: StackConfig, timeout: float = 30) -> None:
     if _read_pid(pid_file):
         _log(f"redis already running at {cfg.redis_url}")
         return
+    _refuse_taken("redis", cfg.redis_port)
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server not found: install redis-server (deploy/local/prereqs.sh)")
