@@ -8,9 +8,9 @@ key, 403, 429) travel in their own bounded lane, so a flood of them cannot crowd
 ones; when it is full they are folded into one event per (key, error_code, second) with `count`.
 The refused lane is bounded twice: by what it holds (Kafka away) and by what it carries one by one
 each second (`refused_per_second`). A flood's events past that rate would each cost the whole
-pipeline (this producer, Kafka, the consumers, ClickHouse) for a call that was not served: that
-cost is what let a flood of 429s take the cores from other tenants (BENCHMARKS.md, http_load
-round 10). Folded, a flood costs one event per key, code and second.
+pipeline (this producer, Kafka, the consumers, ClickHouse) for a call that was not served: about
+a third of a 429's cost to the stack (BENCHMARKS.md, http_load round 10). Folded, a flood costs
+one event per key, code and second.
 A background task takes both lanes in batches and sends them in record batches with aiokafka, so
 the response is never delayed by Kafka.
 """
