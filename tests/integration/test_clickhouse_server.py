@@ -14,6 +14,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
@@ -61,6 +62,18 @@ def _count(cfg: stack.StackConfig, table: str) -> int:
         client.close()
 
 
+def _launch(instance: Path, spec: ServerSpec) -> subprocess.CompletedProcess[str]:
+    """The server's launcher on its own, in the foreground (what `clickhouse_up` starts)."""
+    return subprocess.run(
+        [sys.executable, "-m", "services.runtime.host.chserver", str(instance)],
+        env={**os.environ, **spec.to_env()},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_runs_unprivileged_keeps_data_and_refuses_a_second_owner_or_a_taken_port(own_server):
     cfg = own_server
     proc_status = open(f"/proc/{_pid(cfg)}/status").read().splitlines()
@@ -88,15 +101,7 @@ def test_runs_unprivileged_keeps_data_and_refuses_a_second_owner_or_a_taken_port
     # A second launcher on the live instance exits non-zero and leaves its files alone.
     users = cfg.state_dir / "clickhouse" / "users.xml"
     before = users.read_bytes()
-    spec = ServerSpec(free_port(), free_port(), "other", "pw", "00", "00")
-    second = subprocess.run(
-        [sys.executable, "-m", "services.runtime.host.chserver", str(cfg.state_dir / "clickhouse")],
-        env={**os.environ, **spec.to_env()},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    second = _launch(cfg.state_dir / "clickhouse", ServerSpec(free_port(), free_port(), "other", "pw", "00", "00"))
     assert second.returncode != 0 and "in use" in second.stderr, second.stderr
     assert users.read_bytes() == before
 
@@ -110,15 +115,7 @@ def test_runs_unprivileged_keeps_data_and_refuses_a_second_owner_or_a_taken_port
         assert not (clash.state_dir / "clickhouse.pid").exists()
         # Taken between that look and the start: the engine cannot listen and its launcher exits non-zero.
         ports = (cfg.clickhouse_http_port, cfg.clickhouse_tcp_port)
-        clash_spec = ServerSpec(*ports, "clash", "pw", sha256_hex("a"), sha256_hex("b"))
-        third = subprocess.run(
-            [sys.executable, "-m", "services.runtime.host.chserver", str(clash.state_dir / "clickhouse")],
-            env={**os.environ, **clash_spec.to_env()},
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        third = _launch(clash.state_dir / "clickhouse", ServerSpec(*ports, "clash", "pw", sha256_hex("a"), sha256_hex("b")))
         assert third.returncode != 0 and "Address already in use" in third.stdout + third.stderr, third.stderr[-2000:]
     finally:
         stack.clickhouse_down(clash)
