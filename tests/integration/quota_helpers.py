@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import httpx
 from aiokafka import AIOKafkaProducer
 from fastapi import FastAPI
 from pydantic import BaseModel
@@ -79,6 +80,13 @@ async def new_api_key(app: FastAPI, settings: Settings, account_id: uuid.UUID) -
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+async def api_calls_used(client: httpx.AsyncClient, console: dict[str, str]) -> int:
+    """The account's api_calls used this period, as check-quota answers its console."""
+    r = await client.get("/api/billing/check-quota", headers=console)
+    assert r.status_code == 200, r.text
+    return int(next(i for i in r.json()["items"] if i["resource"] == "api_calls")["used"])
 
 
 class SettableClock:

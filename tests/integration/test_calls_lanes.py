@@ -17,7 +17,7 @@ from contracts.common import KeyStatus, Role, Tier
 from contracts.events import KeyState, PlanChanged, RateLimit
 from contracts.plans import catalogue
 from contracts.topics import BILLING, KEYS
-from tests.integration.quota_helpers import bearer, eventually, new_account, publish
+from tests.integration.quota_helpers import api_calls_used, bearer, eventually, new_account, publish
 from tests.support.apps import running_app
 
 pytestmark = pytest.mark.integration
@@ -59,12 +59,6 @@ async def activity(client: httpx.AsyncClient, headers: dict[str, str], **params:
         cursor = r.json()["next_cursor"]
         if cursor is None:
             return items
-
-
-async def api_calls_used(client: httpx.AsyncClient, session: str) -> int:
-    r = await client.get("/api/billing/check-quota", headers=bearer(session))
-    assert r.status_code == 200, r.text
-    return int(next(i for i in r.json()["items"] if i["resource"] == "api_calls")["used"])
 
 
 async def test_a_flood_of_refused_calls_neither_crowds_out_nor_miscounts_another_accounts_200_calls(settings):
@@ -134,7 +128,7 @@ async def test_a_flood_of_refused_calls_neither_crowds_out_nor_miscounts_another
         caller_console = bearer(caller_session)
 
         async def all_counted() -> bool:
-            return await api_calls_used(client, caller_session) >= CALLS
+            return await api_calls_used(client, caller_console) >= CALLS
 
         await eventually(all_counted, within=60)
 
@@ -146,7 +140,7 @@ async def test_a_flood_of_refused_calls_neither_crowds_out_nor_miscounts_another
         assert len(logged) == CALLS and {i["api_key_id"] for i in logged} == {str(good_id)}
         assert {(i["status"], i["error_code"], i["count"]) for i in logged} == {(200, None, 1)}
         assert await activity(client, caller_console, outcome="refused") == []
-        assert await api_calls_used(client, caller_session) == CALLS, f"{len(overloaded)} calls were refused as overloaded"
+        assert await api_calls_used(client, caller_console) == CALLS, f"{len(overloaded)} calls were refused as overloaded"
 
         # The first account: every refusal is in its log with its code, folded or not.
         flooder_console = bearer(flooder_session)
@@ -174,7 +168,7 @@ async def test_a_flood_of_refused_calls_neither_crowds_out_nor_miscounts_another
         admitted = await activity(client, flooder_console, outcome="admitted")
         assert len(admitted) == seen[("limited", 200)] and all(i["error_code"] is None for i in admitted)
         # The flooder's admitted calls are its only api_calls.
-        assert await api_calls_used(client, flooder_session) == seen[("limited", 200)]
+        assert await api_calls_used(client, flooder_console) == seen[("limited", 200)]
 
         # Bad filters are the contract's 422; an API key sees only its own account's log.
         for bad in ({"outcome": "denied"}, {"status": "abc"}, {"status": "99"}):

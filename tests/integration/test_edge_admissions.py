@@ -19,7 +19,7 @@ from services.edge.admissions import ADMISSION_STORE_ERRORS
 from services.edge.quota_gate import CallsView
 from services.edge.rate_limit import Limits
 from services.edge.rate_store import RedisStore
-from tests.integration.quota_helpers import eventually
+from tests.integration.quota_helpers import api_calls_used, eventually
 from tests.integration.test_keys_api import bearer, code, new_key, signup
 from tests.support.apps import ServeProcess, free_port, running_app
 
@@ -36,6 +36,23 @@ async def publish_plan(settings, account_id: uuid.UUID, api_calls: int) -> None:
     event = PlanChanged(time=datetime.now(UTC), account_id=account_id, plan=Tier.FREE, quotas=quotas, rate_limit=UNLIMITED)
     async with KafkaBroker(settings.kafka_bootstrap_servers) as broker:
         await broker.publish(event.model_dump_json().encode(), settings.topic(BILLING.name), key=str(account_id).encode())
+
+
+async def account_on_plan(app, client: httpx.AsyncClient, settings, api_calls: int) -> tuple[uuid.UUID, dict[str, str], str]:
+    """A new account (its id, its console's headers) and its API key, on a plan of `api_calls`,
+    once this app's edge applies the plan and its quota state."""
+    account, console = await signup(client)
+    secret = (await new_key(client, console))["key"]
+    account_id = uuid.UUID(account["id"])
+    await publish_plan(settings, account_id, api_calls)
+    edge = app.state.runtime.edge
+
+    async def applied() -> bool:
+        state = edge.quota.get(account_id, Resource.API_CALLS)
+        return state is not None and state.total == api_calls and edge.plans.rate_limit(account_id) == UNLIMITED
+
+    await eventually(applied)
+    return account_id, console, secret
 
 
 async def test_replicas_share_one_exact_count_whatever_order_quota_counts_the_calls_in(redis_url):
@@ -90,16 +107,7 @@ async def test_an_admitted_call_costs_one_redis_round_trip(settings, redis_url):
     shared = settings.model_copy(update={"redis_url": redis_url})
     redis = Redis.from_url(redis_url)
     async with running_app(shared) as (app, client):
-        account, console = await signup(client)
-        secret = (await new_key(client, console))["key"]
-        account_id = uuid.UUID(account["id"])
-        await publish_plan(settings, account_id, 50)
-        edge = app.state.runtime.edge
-
-        async def applied() -> bool:
-            return edge.plans.rate_limit(account_id) == UNLIMITED
-
-        await eventually(applied)
+        _, _, secret = await account_on_plan(app, client, settings, 50)
         assert (await client.get("/api/geo/projects", headers=bearer(secret))).status_code == 200  # script loaded
         before = await redis.info("commandstats")
         statuses = [(await client.get("/api/geo/projects", headers=bearer(secret))).status_code for _ in range(10)]
@@ -121,17 +129,7 @@ async def test_an_admitted_call_its_handler_refuses_gives_its_place_back(setting
     all usable, with the admissions in Redis or in this one process."""
     shared = settings.model_copy(update={"redis_url": redis_url if admissions == "shared" else None})
     async with running_app(shared) as (app, client):
-        account, console = await signup(client)
-        secret = (await new_key(client, console))["key"]
-        account_id = uuid.UUID(account["id"])
-        await publish_plan(settings, account_id, 8)
-        edge = app.state.runtime.edge
-
-        async def applied() -> bool:
-            state = edge.quota.get(account_id, Resource.API_CALLS)
-            return state is not None and state.total == 8 and edge.plans.rate_limit(account_id) == UNLIMITED
-
-        await eventually(applied)
+        _, console, secret = await account_on_plan(app, client, settings, 8)
         creations = await asyncio.gather(
             *(client.post("/api/geo/projects", json={"name": f"p{i}"}, headers=bearer(secret)) for i in range(6))
         )
@@ -139,12 +137,7 @@ async def test_an_admitted_call_its_handler_refuses_gives_its_place_back(setting
         assert {code(r) for r in creations if r.status_code == 403} == {"insufficient_quota"}
         reads = [(await client.get("/api/geo/projects", headers=bearer(secret))).status_code for _ in range(6)]
         assert reads == [200] * 5 + [403]  # 3 created + 5 read = the 8 api_calls, exactly
-
-        async def used() -> int:
-            r = await client.get("/api/billing/check-quota", headers=console)
-            return int(next(i for i in r.json()["items"] if i["resource"] == "api_calls")["used"])
-
-        await eventually(lambda: _equals(used, 8))
+        await eventually(lambda: _equals(lambda: api_calls_used(client, console), 8))
 
 
 async def test_three_serve_processes_share_api_calls_within_the_documented_bound(settings, redis_url):
@@ -194,15 +187,10 @@ async def test_three_serve_processes_share_api_calls_within_the_documented_bound
 
                 await asyncio.wait_for(asyncio.gather(*(caller(i) for i in range(200))), 180)
                 assert set(statuses) <= {200, 403}, statuses
-
-                async def used() -> int:
-                    r = await clients[0].get("/api/billing/check-quota", headers=console)
-                    return int(next(i for i in r.json()["items"] if i["resource"] == "api_calls")["used"])
-
                 # The three replicas admitted exactly the total (warm-up calls included), and quota
                 # counted every one of them.
                 assert statuses[200] == total, statuses
-                await eventually(lambda: _equals(used, total), within=60)
+                await eventually(lambda: _equals(lambda: api_calls_used(clients[0], console), total), within=60)
             finally:
                 for client in clients:
                     await client.aclose()
@@ -220,17 +208,7 @@ async def test_redis_unreachable_fails_open_to_the_process_count_loudly(settings
     exact limit), with a warning in the log and tollgate_edge_admission_store_errors_total."""
     down = settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{free_port()}/0"})  # nothing listens
     async with running_app(down) as (app, client):
-        account, console = await signup(client)
-        secret = (await new_key(client, console))["key"]
-        account_id = uuid.UUID(account["id"])
-        await publish_plan(settings, account_id, 5)
-        edge = app.state.runtime.edge
-
-        async def applied() -> bool:
-            state = edge.quota.get(account_id, Resource.API_CALLS)
-            return state is not None and state.total == 5 and edge.plans.rate_limit(account_id) == UNLIMITED
-
-        await eventually(applied)
+        _, _, secret = await account_on_plan(app, client, settings, 5)
         errors_before = ADMISSION_STORE_ERRORS._value.get()
         with caplog.at_level(logging.WARNING, logger="services.edge.edge"):
             statuses = [(await client.get("/api/geo/projects", headers=bearer(secret))).status_code for _ in range(7)]
