@@ -35,6 +35,7 @@ from prometheus_client import Counter
 from contracts.events import CallEvent
 from contracts.topics import CALLS
 from services.runtime.platform.kafka import PRODUCER_CONFIG, STALE_PRODUCER_ERRORS, retire
+from services.runtime.platform.logs import Throttled
 from services.runtime.platform.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -179,7 +180,9 @@ class CallLanes:
             self.folded[key] = call
         else:
             DROPPED.labels("refused_fold_full").inc(call.count)
-            _warn_fold_full()
+            _FOLD_FULL_LOG.warning(
+                "refused-call lane and its folds are full: refused calls dropped (tollgate_edge_call_events_dropped_total)"
+            )
             return False
         FOLDED.inc(call.count)
         return folded is None
@@ -210,15 +213,7 @@ class CallLanes:
         self.open -= sum(1 for call in calls if call.admitted)
 
 
-_last_fold_warning = 0.0
-
-
-def _warn_fold_full() -> None:
-    global _last_fold_warning
-    now = time.monotonic()
-    if now - _last_fold_warning >= 10:  # a flood would otherwise flood the log too
-        _last_fold_warning = now
-        log.warning("refused-call lane and its folds are full: refused calls dropped (tollgate_edge_call_events_dropped_total)")
+_FOLD_FULL_LOG = Throttled(log)  # a flood would otherwise flood the log too
 
 
 class PartitionMap:

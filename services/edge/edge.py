@@ -44,6 +44,7 @@ from services.edge.rate_limit import Limits
 from services.edge.rate_store import MemoryStore, RateLimitStore, RedisStore
 from services.edge.service_tokens import ServicePrincipal, ServiceTokenProjection
 from services.edge.session_revocations import RevokedSessions, UserSessions
+from services.runtime.platform.logs import Throttled
 from services.runtime.platform.settings import Settings
 from services.runtime.platform.topic_follower import TopicFollower
 
@@ -112,7 +113,7 @@ class Edge:
         # per call); None: this process limits and counts alone.
         self.shared = RedisStore(settings.redis_url) if settings.redis_url else None
         self.limiter: RateLimitStore = self.shared if self.shared is not None else MemoryStore()
-        self._admission_warned = 0.0
+        self._admission_log = Throttled(log)
         self.calls = CallRecorder(settings)
         self._limits: dict[RateLimit, Limits] = {}
         # key id -> (its account, its rate-limit subjects): no string formatting per call
@@ -335,9 +336,7 @@ class Edge:
         lasts is in docs/quota.md."""
         if self.shared is not None:
             ADMISSION_STORE_ERRORS.inc()
-            if time.monotonic() - self._admission_warned > 10:
-                self._admission_warned = time.monotonic()
-                log.warning("shared api_calls admissions unavailable (Redis): judging by this process alone")
+            self._admission_log.warning("shared api_calls admissions unavailable (Redis): judging by this process alone")
         return self.quota.admit_call(account_id, now)
 
     async def _rate_limit(self, context: CallContext, account_id: UUID, key_id: UUID, admission: CallsView | None) -> bool | None:

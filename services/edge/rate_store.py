@@ -12,7 +12,6 @@ until that copy would let a request through: a flood of 429s costs no round trip
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -22,6 +21,7 @@ from redis.asyncio import Redis
 from services.edge.admissions import ADMISSION_STORE_ERRORS, ADMIT_FN, RELEASE, admission_args, admission_key
 from services.edge.quota_gate import CallsView
 from services.edge.rate_limit import WINDOW_S, Decision, Limits, Slot, evaluate
+from services.runtime.platform.logs import Throttled
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,6 @@ return result
 """
 )
 MAX_REFUSED = 100_000  # subjects remembered as refused; forgotten all at once beyond
-WARN_EVERY_S = 10.0
 
 
 class RedisStore:
@@ -172,7 +171,7 @@ class RedisStore:
         self._script = self._redis.register_script(SCRIPT)
         self._release = self._redis.register_script(RELEASE)
         self._releases: set[asyncio.Task[None]] = set()
-        self._warned = self._release_warned = 0.0
+        self._outage_log, self._release_log = Throttled(log), Throttled(log)
         # Subjects Redis refused, with their slots as Redis had them. Only refusals are kept:
         # replicas only ever take from a slot, so a request these copies refuse, Redis would refuse
         # too, and a flood over its limit is answered here without a round trip. The first request
@@ -206,9 +205,7 @@ class RedisStore:
             allowed, remaining, reset, retry, admitted, *stored = await self._script(keys=keys, args=args)
         except Exception:  # a limiter outage must not take the API down: let the call through
             STORE_ERRORS.inc()
-            if time.monotonic() - self._warned > WARN_EVERY_S:  # an outage: one line per 10 s, not per call
-                self._warned = time.monotonic()
-                log.warning("rate-limit store failed; allowing calls (see the store errors metric)", exc_info=True)
+            self._outage_log.warning("rate-limit store failed; allowing calls (see the store errors metric)", exc_info=True)
             return Decision(True, limits.per_minute, limits.per_minute, 0, 0), None
         if not allowed:
             if len(self._refused) >= MAX_REFUSED:
@@ -234,9 +231,9 @@ class RedisStore:
             await self.release(admission)
         except Exception:
             ADMISSION_STORE_ERRORS.inc()
-            if time.monotonic() - self._release_warned > WARN_EVERY_S:
-                self._release_warned = time.monotonic()
-                log.warning("an api_calls admission could not be given back (Redis): its place stays taken", exc_info=True)
+            self._release_log.warning(
+                "an api_calls admission could not be given back (Redis): its place stays taken", exc_info=True
+            )
 
     async def admitted(self, admission: CallsView) -> int:
         """The account's admissions of the period: counted by quota or in flight (tests, benchmarks)."""

@@ -1,7 +1,9 @@
 """JSON logs on stderr, each line carrying the request id of the request it belongs to."""
 
 import logging
+import math
 import sys
+import time
 from contextvars import ContextVar
 
 from pythonjsonlogger.json import JsonFormatter
@@ -25,3 +27,19 @@ def configure(level: str = "INFO") -> None:
     root.setLevel(level)
     for noisy in ("aiokafka", "kafka"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class Throttled:
+    """A logger's warnings at most once per `every_s`: a failure repeated on every call (Redis
+    away, a flood) would otherwise flood the log; its metric counts every one."""
+
+    def __init__(self, logger: logging.Logger, every_s: float = 10.0) -> None:
+        self._logger = logger
+        self._every_s = every_s
+        self._last = -math.inf
+
+    def warning(self, message: str, *, exc_info: bool = False) -> None:
+        now = time.monotonic()
+        if now - self._last >= self._every_s:
+            self._last = now
+            self._logger.warning(message, exc_info=exc_info)
