@@ -10,7 +10,9 @@ admitted run, a reconciliation: every 200 wrk saw is counted once in the account
 The CPU of every process of the stack (serve, Kafka, Postgres, ClickHouse, Redis: all processes
 below the stack's pid files, from /proc) from the admitted run's start until the stack is quiet
 again (its calls consumed, counted and stored), divided by its calls, is the whole pipeline's CPU
-per metered call. Every measured path starts on a quiet stack, as the /healthz baseline does.
+per metered call; the same for each /healthz, 401 and 429, so that a path's cost can be set
+against the baseline's process by process. Every measured path starts on a quiet stack, as the
+/healthz baseline does.
 
     (named http_load, not http: a script's folder comes first on sys.path and would hide the standard
 library's `http`)
@@ -239,8 +241,15 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             def measure(path: str, keys: list[str]) -> Run:
                 return wrk(script, f"{base}{path}", keys, seconds, connections, threads)
 
-            await asyncio.to_thread(settle, state)
-            healthz = await asyncio.to_thread(measure, "/healthz", [])
+            def measure_cpu(path: str, keys: list[str]) -> tuple[Run, dict[str, float]]:
+                """`measure` on a quiet stack, and each process's CPU from its start until quiet again."""
+                settle(state)
+                before = stack_cpu_seconds(state)
+                run = measure(path, keys)
+                settle(state)
+                return run, {name: spent - before.get(name, 0.0) for name, spent in stack_cpu_seconds(state).items()}
+
+            healthz, healthz_cpu_by = await asyncio.to_thread(measure_cpu, "/healthz", [])
             await asyncio.to_thread(settle, state)
             cpu_before = stack_cpu_seconds(state)
             admitted = await asyncio.to_thread(measure, "/api/geo/projects", keys)
@@ -262,13 +271,8 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             paced = await asyncio.to_thread(
                 wrk, script, f"{base}/api/geo/projects", keys, seconds, connections, threads, max(0.0, cycle_ms - call_ms)
             )
-            await asyncio.to_thread(settle, state)
-            unknown = await asyncio.to_thread(measure, "/api/geo/projects", ["sk-" + "x" * 45])
-            await asyncio.to_thread(settle, state)
-            cpu_before = stack_cpu_seconds(state)
-            limited = await asyncio.to_thread(measure, "/api/geo/projects", [free_key])
-            await asyncio.to_thread(settle, state)
-            refused_cpu_by = {name: seconds - cpu_before.get(name, 0.0) for name, seconds in stack_cpu_seconds(state).items()}
+            unknown, unknown_cpu_by = await asyncio.to_thread(measure_cpu, "/api/geo/projects", ["sk-" + "x" * 45])
+            limited, refused_cpu_by = await asyncio.to_thread(measure_cpu, "/api/geo/projects", [free_key])
 
             # Isolation: tenant B alone, then B while A floods with 429s (half the connections each).
             # B is the paying accounts together: one enterprise account's own limit (500 calls/s)
@@ -288,12 +292,14 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             shape = f"--workers {workers}" if workers else f"default --workers ({os.cpu_count()})"
             print(f"wrk -t{threads} -c{connections} -d{seconds:g}s against one `tollgate up` ({shape}) on {os.cpu_count()} cores")
             print(healthz.line("GET /healthz (baseline)"))
+            print("  whole-stack CPU per /healthz until quiet again: " + per_request(healthz_cpu_by, healthz.requests))
             print(admitted.line("admitted API-key call (metered)", healthz))
             print(
                 paced.line("admitted, paced")
                 + f" -> {paced.per_s / admitted.per_s:.2f} of the maximum (goal: p99 <= 50 ms at 0.5)"
             )
             print(unknown.line("unknown key (401)", healthz))
+            print("  whole-stack CPU per 401 until quiet again: " + per_request(unknown_cpu_by, unknown.requests))
             print(limited.line("free key over its limit (429)", healthz))
             print("  whole-stack CPU per 429 until quiet again: " + per_request(refused_cpu_by, limited.requests))
             print(alone.line("tenant B alone"))

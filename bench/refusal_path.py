@@ -1,9 +1,11 @@
 """CPU time of the refusal paths in process, against GET /healthz in the same run: the product's
 own app (`create_app`, its middleware, error handlers and routing) driven straight through ASGI,
 no lifespan and no I/O: an unknown key's 401 and a key over its rate limit's 429 (the in-process
-limiter's refusal; with Redis a flood is refused from the same kind of copy). bench/http_load.py
-measures the same paths as a user sees them (wrk, a running stack); this one shows the Python
-alone, with less noise, so that a change to the error path can be weighed quickly.
+limiter's refusal; with Redis a flood is refused from the same kind of copy), both answered by the
+edge's screen before routing (services/edge/screen.py) once a first call has reached the route,
+as the bench's first call does. bench/http_load.py measures the same paths as a user sees them
+(wrk, a running stack); this one shows the Python alone, with less noise, so that a change to the
+error path can be weighed quickly.
 
     .venv/bin/python bench/refusal_path.py [--requests 20000] [--rounds 5]
 """

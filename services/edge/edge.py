@@ -14,6 +14,8 @@ from functools import partial
 from uuid import UUID
 
 from fastapi import Request
+from starlette.routing import BaseRoute
+from starlette.types import Scope
 
 from contracts.audit import AuditContext
 from contracts.common import Permission, Resource, Role, ServiceScope
@@ -40,7 +42,7 @@ from services.edge.openapi_security import ADMIN_TOKEN, API_KEY, CONSOLE_SESSION
 from services.edge.principal import Principal
 from services.edge.projections import AccountProjection, KeyProjection, PlanLimits
 from services.edge.quota_gate import CallsView, QuotaProjection
-from services.edge.rate_limit import Limits
+from services.edge.rate_limit import Decision, Limits
 from services.edge.rate_store import MemoryStore, RateLimitStore, RedisStore
 from services.edge.service_tokens import ServicePrincipal, ServiceTokenProjection
 from services.edge.session_revocations import RevokedSessions, UserSessions
@@ -49,6 +51,7 @@ from services.runtime.platform.settings import Settings
 from services.runtime.platform.topic_follower import TopicFollower
 
 MAX_CACHED_SUBJECTS = 100_000
+MAX_GUARDED_PATHS = 10_000  # paths carry ids: bounded, forgotten all at once when full
 OVERLOADED_RETRY_AFTER_S = 1
 
 log = logging.getLogger(__name__)
@@ -58,10 +61,15 @@ def _unauthorized(code: ErrorCode, message: str) -> ApiError:
     return ApiError(401, code, message, headers={"WWW-Authenticate": "Bearer"})
 
 
-def _bearer(request: Request) -> str:
+def _token(request: Request) -> str:
+    """The request's Bearer token; "" when it has none."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _bearer(request: Request) -> str:
+    token = _token(request)
+    if not token:
         raise _unauthorized(ErrorCode.MISSING_CREDENTIALS, "Send Authorization: Bearer <API key or session token>.")
     return token
 
@@ -87,6 +95,10 @@ def _refusal(principal: Principal, permission: Permission | None, console_only: 
     if permission is not None and not principal.can(permission):
         return ApiError(403, ErrorCode.PERMISSION_DENIED, f"Your roles lack the permission {permission.value}.")
     return None
+
+
+def _rate_limited(decision: Decision) -> ApiError:
+    return ApiError(429, ErrorCode.RATE_LIMITED, f"Too many requests; retry in {decision.retry_after_s} s.")
 
 
 def _overloaded() -> ApiError:
@@ -120,6 +132,8 @@ class Edge:
         self._subjects: dict[UUID, tuple[UUID, tuple[str, str]]] = {}
         # key id -> (key state, account state, principal built from them)
         self._principals: dict[UUID, tuple[KeyState, AccountState | UserState | None, Principal]] = {}
+        # (method, path) -> the route `requires` guards there, learnt from the calls it judged
+        self._guarded: dict[tuple[str, str], BaseRoute] = {}
         self._trusted = parse_networks(settings.trusted_proxies)
         self._secret = settings.session_secret.get_secret_value().encode()
         self._follower = TopicFollower(
@@ -209,8 +223,11 @@ class Edge:
 
         async def dependency(request: Request) -> Principal:
             now = datetime.now(UTC)
-            principal = self.authenticate(request, now)
-            context = context_of(request.scope)
+            scope = request.scope
+            self._remember_route(scope)
+            context = context_of(scope)
+            # the key the screen (screen.py) already authenticated, or this request's credentials
+            principal = context.principal or self.authenticate(request, now)
             if principal.api_key_id is None:  # a console session: neither rate-limited nor counted
                 refusal = _refusal(principal, permission, console_only)
                 if refusal is not None:
@@ -224,6 +241,43 @@ class Edge:
             return principal
 
         return accepts(dependency, CONSOLE_SESSION) if console_only else accepts(dependency, API_KEY, CONSOLE_SESSION)
+
+    # ---- the screen: refusals before routing (screen.py) ----------------------------------------
+    def _remember_route(self, scope: Scope) -> None:
+        """This method and path reach a route guarded by `requires`: the screen may judge them."""
+        key = (scope["method"], scope["path"])
+        if key not in self._guarded and "route" in scope:  # (a bare test calls a dependency without routing)
+            if len(self._guarded) >= MAX_GUARDED_PATHS:
+                self._guarded.clear()
+            self._guarded[key] = scope["route"]
+
+    def screen(self, scope: Scope) -> ApiError | None:
+        """The refusal of an API-key call to a guarded route that needs no route to run: its key's
+        401, or a 429 from the rate limiter's copy of a refusal (no I/O). The same checks in the
+        same order as `requires`' dependency, which judges everything else (None) with the
+        principal found here. Paths are screened once a call has reached their route."""
+        route = self._guarded.get((scope["method"], scope["path"]))
+        if route is None:
+            return None
+        request = Request(scope)
+        token = _token(request)
+        if not token.startswith(API_KEY_PREFIX):
+            return None  # a session, a service token or no credentials: the dependency's answers
+        scope["route"] = route  # what the router would have set: the call's path, the metrics' label
+        now = datetime.now(UTC)
+        try:
+            principal = self._authenticate_key(token, now, request)
+        except ApiError as refusal:
+            return refusal
+        account_id, key_id = principal.account_id, principal.api_key_id
+        assert key_id is not None
+        decision = self.limiter.refused(self._subjects_of(key_id, account_id), self._limits_of(account_id), time.time())
+        if decision is None:
+            context_of(scope).principal = principal
+            return None
+        self._record_call(request, account_id, key_id, now)
+        context_of(scope).response_headers = decision.headers()
+        return _rate_limited(decision)
 
     def requires_service(self, scope: ServiceScope) -> Callable[[Request], Awaitable[ServicePrincipal]]:
         """A FastAPI dependency of a **service** endpoint: only an `st-` token with `scope`.
@@ -252,10 +306,10 @@ class Edge:
         def dependency(request: Request) -> None:
             if self.settings.admin_token is None:
                 raise ApiError(404, ErrorCode.NOT_FOUND, "The route does not exist.")
-            scheme, _, given = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not given.strip():
+            given = _token(request)
+            if not given:
                 raise ApiError(401, ErrorCode.MISSING_CREDENTIALS, "Send Authorization: Bearer <admin token>.")
-            if not self._is_operator(given.strip()):
+            if not self._is_operator(given):
                 raise ApiError(403, ErrorCode.PERMISSION_DENIED, "The admin token is not valid.")
 
         return accepts(dependency, ADMIN_TOKEN)
@@ -344,27 +398,35 @@ class Edge:
         it took one, is freed); X-RateLimit-* on every API-key response (RequestMiddleware adds
         them, to errors as well). Returns the shared api_calls admission of `admission` judged in
         the same round trip, or None when it was not judged there."""
-        rate = self.plans.rate_limit(account_id)
-        limits = self._limits.get(rate)
-        if limits is None:
-            limits = self._limits[rate] = Limits.of(rate)
-        subjects = self._subjects.get(key_id)
-        if subjects is None or subjects[0] != account_id:
-            if len(self._subjects) >= MAX_CACHED_SUBJECTS:
-                self._subjects.clear()
-            subjects = self._subjects[key_id] = (account_id, (f"a:{account_id}", f"k:{key_id}"))
+        limits, subjects = self._limits_of(account_id), self._subjects_of(key_id, account_id)
         admitted: bool | None = None
         if self.shared is not None:
-            decision, admitted = await self.shared.hit_and_admit(subjects[1], limits, time.time(), admission)
+            decision, admitted = await self.shared.hit_and_admit(subjects, limits, time.time(), admission)
         else:
-            decision = await self.limiter.hit(subjects[1], limits, time.time())
+            decision = await self.limiter.hit(subjects, limits, time.time())
         context.response_headers = decision.headers()
         if not decision.allowed:
             if context.reserved:
                 self.calls.release()
                 context.reserved = False
-            raise ApiError(429, ErrorCode.RATE_LIMITED, f"Too many requests; retry in {decision.retry_after_s} s.")
+            raise _rate_limited(decision)
         return admitted
+
+    def _limits_of(self, account_id: UUID) -> Limits:
+        rate = self.plans.rate_limit(account_id)
+        limits = self._limits.get(rate)
+        if limits is None:
+            limits = self._limits[rate] = Limits.of(rate)
+        return limits
+
+    def _subjects_of(self, key_id: UUID, account_id: UUID) -> tuple[str, str]:
+        """The key's rate-limit subjects: its account's and its own."""
+        subjects = self._subjects.get(key_id)
+        if subjects is None or subjects[0] != account_id:
+            if len(self._subjects) >= MAX_CACHED_SUBJECTS:
+                self._subjects.clear()
+            subjects = self._subjects[key_id] = (account_id, (f"a:{account_id}", f"k:{key_id}"))
+        return subjects[1]
 
     def _record_call(self, request: Request, account_id: UUID, api_key_id: UUID, now: datetime) -> None:
         """This request is an API key's call: its calls.v1 event is sent once the response has
@@ -400,11 +462,7 @@ class Edge:
         )
 
     def authenticate(self, request: Request, now: datetime) -> Principal:
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            raise _unauthorized(ErrorCode.MISSING_CREDENTIALS, "Send Authorization: Bearer <API key or session token>.")
+        token = _bearer(request)
         if token.startswith(API_KEY_PREFIX):
             return self._authenticate_key(token, now, request)
         if token.startswith(SERVICE_TOKEN_PREFIX):

@@ -7,6 +7,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 from contracts.domain_errors import (
     Conflict,
@@ -97,9 +98,22 @@ def request_id_of(request: Request) -> str:
 def error_response(
     request: Request, status: int, code: ErrorCode, message: str, details: Any = None, headers: dict[str, str] | None = None
 ) -> Response:
+    return _contract_error(status, code, message, request_id_of(request), details, headers)
+
+
+def api_error_response(scope: Scope, exc: ApiError) -> Response:
+    """An ApiError's answer; its code goes to the call's event (a refusal's calls.v1 carries it)."""
+    context = context_of(scope)
+    context.error_code = exc.code.value
+    return _contract_error(exc.status, exc.code, exc.message, context.request_id, exc.details, exc.headers)
+
+
+def _contract_error(
+    status: int, code: ErrorCode, message: str, request_id: str, details: Any, headers: dict[str, str] | None
+) -> Response:
     """The contract's body, serialised by pydantic straight to JSON bytes (one pass, not a dict
     that JSONResponse dumps again: refusals are the cheap path a flood takes)."""
-    body = ErrorBody(error=ErrorDetail(code=code, message=message, request_id=request_id_of(request), details=details))
+    body = ErrorBody(error=ErrorDetail(code=code, message=message, request_id=request_id, details=details))
     return Response(body.model_dump_json(exclude_none=True), status_code=status, headers=headers, media_type="application/json")
 
 
@@ -117,8 +131,7 @@ def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> Response:
-        context_of(request.scope).error_code = exc.code.value  # a refusal's calls.v1 event carries it
-        return error_response(request, exc.status, exc.code, exc.message, exc.details, exc.headers)
+        return api_error_response(request.scope, exc)
 
     @app.exception_handler(DomainError)
     async def _domain_error(request: Request, exc: DomainError) -> Response:

@@ -31,6 +31,11 @@ STORE_ERRORS = Counter("tollgate_edge_rate_limit_store_errors_total", "Rate-limi
 class RateLimitStore(Protocol):
     async def hit(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision: ...
 
+    def refused(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision | None:
+        """The refusal `hit` would answer without a round trip, or None (then `hit` judges); changes
+        nothing. The edge's screen asks it before routing (screen.py)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -47,6 +52,10 @@ class MemoryStore:
             for subject, slot in zip(subjects, after, strict=True):
                 self._slots[subject] = slot
         return decision
+
+    def refused(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision | None:
+        decision, _ = evaluate([self._slots.get(s) for s in subjects], limits, now)
+        return None if decision.allowed else decision
 
     def _forget_idle(self, now: float) -> None:
         """Slots idle for two minutes are full buckets and empty windows: same as absent."""
@@ -188,12 +197,10 @@ class RedisStore:
         `admission` (None: not asked, or not judged because Redis failed: the limit then fails
         open and the caller judges the admission itself)."""
         subjects = tuple(subjects)  # the edge's are tuples already
-        refused = self._refused.get(subjects)
-        if refused is not None:
-            decision, _ = evaluate(refused, limits, now)
-            if not decision.allowed:
-                return decision, None
-            del self._refused[subjects]
+        refusal = self.refused(subjects, limits, now)
+        if refusal is not None:
+            return refusal, None
+        self._refused.pop(subjects, None)  # the copy would let this one through: Redis judges it
         # Idle slots expire once a full bucket and an empty window would be the same thing.
         ttl = int(2 * WINDOW_S + math.ceil(limits.burst / limits.per_second))
         keys = [self._prefix + s for s in subjects]
@@ -213,6 +220,13 @@ class RedisStore:
             self._refused[subjects] = [_slot(stored[i : i + 5]) for i in range(0, len(stored), 5)]
         decision = Decision(bool(allowed), limits.per_minute, int(remaining), int(reset), int(retry))
         return decision, None if admitted == -1 else bool(admitted)
+
+    def refused(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision | None:
+        copy = self._refused.get(tuple(subjects))
+        if copy is None:
+            return None
+        decision, _ = evaluate(copy, limits, now)
+        return None if decision.allowed else decision
 
     async def release(self, admission: CallsView) -> None:
         """Give back one admission of `admission`'s account and period: its call ended refused,

@@ -31,7 +31,10 @@ async def test_redis_store_decides_exactly_like_the_in_process_store(redis_url):
         for _ in range(600):
             now += rng.choice([0.0, 0.0, 0.01, 0.13, 0.4, 2.5, 31.0])
             subjects = ("acct", rng.choice(["k1", "k2", "k3"]))
-            assert await memory.hit(subjects, limits, now) == await shared.hit(subjects, limits, now)
+            peek = memory.refused(subjects, limits, now)  # the screen's question: takes nothing
+            decision = await memory.hit(subjects, limits, now)
+            assert decision == await shared.hit(subjects, limits, now)
+            assert peek == (None if decision.allowed else decision)
     finally:
         await shared.close()
 
@@ -56,6 +59,9 @@ async def test_redis_store_refuses_a_flood_from_its_copy_and_asks_redis_again_in
         assert not any(d.allowed for d in flood)
         assert [d.retry_after_s for d in flood] == [1] * 10
         assert round_trips == 3  # the two admitted and the first refusal; the rest from the copy
+        # The screen's question, answered from the copy alike (and no answer once it would admit).
+        assert store.refused(subjects, limits, now + 0.95) == flood[-1]
+        assert store.refused(subjects, limits, now + 1.0) is None and round_trips == 3
         # At 1 s the copy would admit, so Redis decides: another replica took the token meanwhile.
         assert (await other_replica.hit(subjects, limits, now + 1.0)).allowed
         assert not (await store.hit(subjects, limits, now + 1.0)).allowed

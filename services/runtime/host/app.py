@@ -16,6 +16,7 @@ from services.edge.edge import Edge
 from services.edge.errors import ERROR_RESPONSES, install_error_handlers
 from services.edge.middleware import RequestMiddleware
 from services.edge.openapi_security import install as install_openapi_security
+from services.edge.screen import RefusalScreen
 from services.edge.unavailable import install_unavailable_handlers
 from services.runtime.host.health import health_router, platform_checks
 from services.runtime.host.routing import remember_routes
@@ -103,6 +104,7 @@ def create_app(
     install_error_handlers(app)
     install_unavailable_handlers(app)
     install_data_error_handler(app)
+    app.add_middleware(RefusalScreen, edge=edge)  # inside the two below: context and 413 first
     app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(RequestMiddleware)  # outermost: every response, even a 413, has an id
 

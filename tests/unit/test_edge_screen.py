@@ -1,0 +1,168 @@
+"""The screen (services/edge/screen.py): an API-key call's 401 and 429 answered before routing,
+exactly as the route's dependency answers them. The product's own app (`create_app`: its
+middleware, error handlers and routing) driven straight through ASGI, no I/O."""
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from starlette.types import Message
+
+from contracts.common import Role
+from contracts.credentials import hash_secret
+from contracts.events import KeyState, RateLimit
+from services.edge.edge import Edge
+from services.runtime.host.app import create_app
+from services.runtime.platform.settings import Settings
+
+PATH = "/api/geo/projects"
+ROUTE = "/api/geo/projects"
+ENABLED, DISABLED, EXPIRED, DELETED = ("sk-" + c * 43 for c in "edxz")
+UNKNOWN = "sk-" + "u" * 43
+
+
+class Answer:
+    def __init__(self, scope: dict[str, Any], messages: list[Message]) -> None:
+        start = next(m for m in messages if m["type"] == "http.response.start")
+        self.scope = scope
+        self.status: int = start["status"]
+        self.headers = {k.decode(): v.decode() for k, v in start["headers"]}
+        self.body = json.loads(b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body"))
+
+    @property
+    def routed(self) -> bool:
+        """The router ran (it sets the path parameters); the screen answers before it does."""
+        return "path_params" in self.scope
+
+    def comparable(self) -> tuple[int, dict[str, str], dict[str, Any]]:
+        """Status, headers and body without what differs per request: its id, and the seconds
+        to the limiter's next minute or token (one second apart across a boundary)."""
+        headers = {k: v for k, v in self.headers.items() if k not in ("x-request-id", "x-ratelimit-reset", "retry-after")}
+        body = json.loads(json.dumps(self.body))
+        body["error"].pop("request_id")
+        return self.status, headers, body
+
+
+async def call(
+    app: Any, token: str | None, *, method: str = "GET", path: str = PATH, extra: list[tuple[bytes, bytes]] | None = None
+) -> Answer:
+    headers = [(b"host", b"tollgate"), (b"user-agent", b"test/1"), *(extra or [])]
+    if token is not None:
+        headers.append((b"authorization", f"Bearer {token}".encode()))
+    scope: dict[str, Any] = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": headers,
+        "client": ("127.0.0.1", 40000), "server": ("127.0.0.1", 8000), "state": {},
+    }  # fmt: skip
+    messages: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Message) -> None:
+        messages.append(message)
+
+    await app(scope, receive, send)
+    return Answer(scope, messages)
+
+
+@pytest.fixture
+def app() -> Any:
+    settings = Settings(kafka_bootstrap_servers="127.0.0.1:1", database_url="postgresql://u@127.0.0.1:1/d", session_secret="s")
+    app = create_app(("geo",), settings, consumers=False)
+    edge: Edge = app.state.runtime.edge
+    account = uuid.uuid4()
+    now = datetime.now(UTC)
+    for secret in (ENABLED, DISABLED, EXPIRED, DELETED):
+        edge.keys.apply(
+            KeyState(
+                time=now,
+                account_id=account,
+                key_id=uuid.uuid4(),
+                hash=hash_secret(secret),
+                status="disabled" if secret == DISABLED else "enabled",
+                expires_at=now - timedelta(seconds=1) if secret == EXPIRED else None,
+                roles=[Role.OWNER],
+            )
+        )
+    edge.keys.remove(edge.keys.get(hash_secret(DELETED)).key_id)  # type: ignore[union-attr]  # its tombstone
+    return app
+
+
+def refused_calls(app: Any) -> list[tuple[str, str, int, str | None, str]]:
+    edge: Edge = app.state.runtime.edge
+    return [(c.method, c.path, c.status, c.error_code, c.user_agent) for c in edge.calls.lanes.take(1000)]
+
+
+@pytest.mark.parametrize(
+    ("token", "status", "code"),
+    [
+        (UNKNOWN, 401, "invalid_api_key"),
+        (DISABLED, 401, "api_key_disabled"),
+        (EXPIRED, 401, "api_key_expired"),
+        (DELETED, 401, "invalid_api_key"),
+    ],
+)
+async def test_a_key_refused_before_routing_gets_the_routes_own_answer_and_its_call_is_logged_alike(
+    app: Any, token: str, status: int, code: str
+) -> None:
+    routed = await call(app, token)  # the path's first call: the route's dependency answers (and the screen learns the path)
+    screened = await call(app, token)
+    assert routed.routed and not screened.routed
+    assert screened.comparable() == routed.comparable()
+    assert (screened.status, screened.body["error"]["code"]) == (status, code)
+    assert screened.headers["www-authenticate"] == "Bearer" and screened.headers["x-request-id"]
+    assert screened.body["error"]["request_id"] == screened.headers["x-request-id"]
+    # A known key's refusal is a call of its account, logged the same way; an unknown key's is nobody's.
+    calls = refused_calls(app)
+    assert calls == ([] if token == UNKNOWN else [("GET", ROUTE, status, code, "test/1")] * 2)
+
+
+async def test_a_key_over_its_rate_limit_is_refused_before_routing_with_the_same_429_and_headers(app: Any) -> None:
+    edge: Edge = app.state.runtime.edge
+    edge.plans.default = RateLimit(per_second=0.001, burst=1, per_minute=1)
+    admitted = await call(app, ENABLED)  # takes the only token (its handler: 503 without Postgres)
+    assert admitted.routed and admitted.status == 503
+    # A path the screen has not seen yet: the route's dependency refuses it ...
+    routed = await call(app, ENABLED, method="DELETE", path=f"{PATH}/{uuid.uuid4()}")
+    # ... and the path it has seen: the screen, from the limiter's slots.
+    screened = await call(app, ENABLED)
+    assert routed.routed and not screened.routed
+    assert screened.comparable() == routed.comparable()
+    assert screened.status == 429 and screened.body["error"]["code"] == "rate_limited"
+    assert int(screened.headers["retry-after"]) >= 1 and int(screened.headers["x-ratelimit-reset"]) >= 0
+    assert [c for c in refused_calls(app) if c[3] is not None] == [
+        ("DELETE", f"{ROUTE}/{{project_id}}", 429, "rate_limited", "test/1"),
+        ("GET", ROUTE, 429, "rate_limited", "test/1"),
+    ]
+
+
+async def test_an_admitted_key_passes_the_screen_once_and_a_toggle_refuses_it_at_once(app: Any) -> None:
+    edge: Edge = app.state.runtime.edge
+    first, second = await call(app, ENABLED), await call(app, ENABLED)
+    assert first.routed and second.routed  # the screen let it through to its route
+    assert second.status == 503  # its handler's: no Postgres here
+    state = edge.keys.get(hash_secret(ENABLED))
+    assert state is not None
+    edge.keys.apply(state.model_copy(update={"status": "disabled", "time": datetime.now(UTC)}))
+    toggled = await call(app, ENABLED)
+    assert not toggled.routed and (toggled.status, toggled.body["error"]["code"]) == (401, "api_key_disabled")
+
+
+async def test_other_credentials_and_unseen_paths_are_left_to_the_route(app: Any) -> None:
+    await call(app, UNKNOWN)  # the path is now screened for API keys
+    for token, code in ((None, "missing_credentials"), ("tg1.forged.session", "invalid_session")):
+        answer = await call(app, token)
+        assert answer.routed and (answer.status, answer.body["error"]["code"]) == (401, code)
+    service = await call(app, "st-" + "s" * 43)
+    assert service.routed and service.status == 401
+    other = await call(app, UNKNOWN, method="DELETE", path=f"{PATH}/{uuid.uuid4()}")  # a path no call has reached
+    assert other.routed and other.status == 401
+
+
+async def test_a_body_over_the_limit_is_still_413_before_the_screen(app: Any) -> None:
+    await call(app, UNKNOWN)
+    answer = await call(app, UNKNOWN, extra=[(b"content-length", str(10**9).encode())])
+    assert (answer.status, answer.body["error"]["code"]) == (413, "payload_too_large")
