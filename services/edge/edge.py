@@ -219,7 +219,9 @@ class Edge:
         consumes: Resource | None = None,
         console_only: bool = False,
     ) -> Callable[[Request], Awaitable[Principal]]:
-        """A FastAPI dependency: authenticate, authorise, and return the caller."""
+        """A FastAPI dependency: authenticate, authorise, and return the caller. The screen
+        (`screen`) answers its key's 401 and the limiter's copied 429 before routing; a check that
+        must come before those goes there as well."""
 
         async def dependency(request: Request) -> Principal:
             now = datetime.now(UTC)

@@ -91,7 +91,7 @@ def app() -> Any:
     return app
 
 
-def refused_calls(app: Any) -> list[tuple[str, str, int, str | None, str]]:
+def logged_calls(app: Any) -> list[tuple[str, str, int, str | None, str]]:
     edge: Edge = app.state.runtime.edge
     return [(c.method, c.path, c.status, c.error_code, c.user_agent) for c in edge.calls.lanes.take(1000)]
 
@@ -116,7 +116,7 @@ async def test_a_key_refused_before_routing_gets_the_routes_own_answer_and_its_c
     assert screened.headers["www-authenticate"] == "Bearer" and screened.headers["x-request-id"]
     assert screened.body["error"]["request_id"] == screened.headers["x-request-id"]
     # A known key's refusal is a call of its account, logged the same way; an unknown key's is nobody's.
-    calls = refused_calls(app)
+    calls = logged_calls(app)
     assert calls == ([] if token == UNKNOWN else [("GET", ROUTE, status, code, "test/1")] * 2)
 
 
@@ -133,7 +133,7 @@ async def test_a_key_over_its_rate_limit_is_refused_before_routing_with_the_same
     assert screened.comparable() == routed.comparable()
     assert screened.status == 429 and screened.body["error"]["code"] == "rate_limited"
     assert int(screened.headers["retry-after"]) >= 1 and int(screened.headers["x-ratelimit-reset"]) >= 0
-    assert [c for c in refused_calls(app) if c[3] is not None] == [
+    assert [c for c in logged_calls(app) if c[3] is not None] == [
         ("DELETE", f"{ROUTE}/{{project_id}}", 429, "rate_limited", "test/1"),
         ("GET", ROUTE, 429, "rate_limited", "test/1"),
     ]
