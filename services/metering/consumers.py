@@ -29,8 +29,7 @@ from services.metering.ingest import SinkWrite, usage_rules
 from services.metering.pipeline import RETRY_DELAY_S, DrainOnRevoke, Records, WritePipeline
 from services.metering.store import MeteringStore
 from services.runtime.platform.deadletter import send_to_dead_letter
-from services.runtime.platform.fetch_pace import pace_when_idle
-from services.runtime.platform.kafka import IDLE_WAKE_MS
+from services.runtime.platform.kafka import IDLE_WAKE_MS, adapt_started
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +85,7 @@ class TopicSink:
         )
         consumer.subscribe([self.topic], listener=DrainOnRevoke(self.pipeline))
         await consumer.start()
-        pace_when_idle(consumer)  # idle: one long fetch instead of four a second (batching unchanged while records flow)
+        adapt_started(consumer)  # idle: one long fetch instead of four a second; offset lookups follow a moved leader
         self.consumer = consumer
         return consumer
 

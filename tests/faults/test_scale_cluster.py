@@ -7,7 +7,9 @@ metering, behind nginx with deploy/ingress.conf), on a stack of its own ports.
   event counted once in ClickHouse and in the quota counters, every admitted call once;
 - a metering replica SIGKILLed mid-batch and left dead: its partitions move to the other replica
   (its consumer group then has one member owning every partition), same reconciliation;
-- a key toggled off on the keys process is refused by every geo replica within 1 s.
+- a key toggled off on the keys process is refused by every geo replica within 1 s;
+- after a broker restart, a consumer's first offset of a partition is asked of its new leader
+  (services/runtime/platform/moved_leaders.py), not of the old one for 5 minutes.
 
 `make test-scale` runs it (not `make test-faults`: it starts three brokers of its own).
 """
@@ -23,12 +25,15 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.conn import CloseReason
+from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from contracts.topics import USAGE
 from services.runtime.host import split, stack
+from services.runtime.platform.kafka import adapt_started
 from services.runtime.platform.settings import Settings
 from tests.support import databases
 from tests.support.apps import settings_env
@@ -256,3 +261,68 @@ async def test_a_metering_replica_killed_mid_batch(cluster: Cluster):
         finally:
             split.start_replica(cluster.shape, victim, cluster.env)
             await asyncio.to_thread(split.wait_ready, cluster.shape)
+
+
+async def _leaders(admin: AIOKafkaAdminClient, topic: str) -> dict[int, int]:
+    """Partition -> the node leading it (-1 while none does)."""
+    (described,) = await admin.describe_topics([topic])
+    return {int(p["partition"]): int(p["leader"]) for p in described["partitions"]}
+
+
+async def _settled_leaders(admin: AIOKafkaAdminClient, topic: str, away_from: int | None = None) -> dict[int, int]:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            leaders = await _leaders(admin, topic)
+        except KafkaError:  # asked the broker that is away
+            leaders = {}
+        if leaders and all(node not in (-1, away_from) for node in leaders.values()):
+            return leaders
+        assert time.monotonic() < deadline, f"{topic}: leaders {leaders}"
+        await asyncio.sleep(0.2)
+
+
+async def test_a_partitions_first_offset_is_asked_of_its_new_leader_after_a_broker_restart(cluster: Cluster):
+    """What stalled the sink after a metering replica died (moved_leaders.py): the survivor took a
+    partition it had never read, whose leader its metadata still named from before a broker
+    restart. Its first offset was asked of the old leader, refused, and asked again, with every
+    fetch from that node held, until a metadata refresh due every 5 min."""
+    settings = cluster.settings
+    topic = settings.topic(f"moved-leader-{uuid.uuid4().hex[:8]}")
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, acks="all")
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap_servers, enable_auto_commit=False)
+    await admin.start()
+    await producer.start()
+    await consumer.start()
+    adapt_started(consumer)
+    try:
+        await admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=3)])
+        leaders = await _settled_leaders(admin, topic)
+        for partition in leaders:
+            await producer.send_and_wait(topic, b"x", partition=partition)
+        # The consumer learns every partition's leader and reads one of them.
+        first = TopicPartition(topic, min(leaders))
+        consumer.assign([first])
+        await consumer.seek_to_beginning(first)
+        assert (await asyncio.wait_for(consumer.getone(), 30)).partition == first.partition
+        moving = next(p for p, node in leaders.items() if node != leaders[first.partition])
+        restarted = leaders[moving]
+        # Its idle connection to the broker that restarts was dropped before (as aiokafka drops one
+        # idle for 9 min): nothing tells the consumer that the leadership moved.
+        for (node, _), conn in list(consumer._client._conns.items()):
+            if node == restarted:
+                conn.close(reason=CloseReason.IDLE_DROP)
+        await asyncio.to_thread(_kill, stack.kafka_pid_file(SCALE_STACK, restarted))
+        await _settled_leaders(admin, topic, away_from=restarted)
+        await asyncio.to_thread(stack.kafka_up, SCALE_STACK, restarted)
+        assert consumer._client.cluster.leader_for_partition(TopicPartition(topic, moving)) == restarted, "not stale"
+
+        consumer.assign([TopicPartition(topic, moving)])
+        await consumer.seek_to_beginning(TopicPartition(topic, moving))
+        record = await asyncio.wait_for(consumer.getone(), 30)  # without the refresh: 5 min
+        assert (record.partition, record.offset) == (moving, 0)
+    finally:
+        await consumer.stop()
+        await producer.stop()
+        await admin.close()

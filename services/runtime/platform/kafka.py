@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, TypeVar
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import (
@@ -22,6 +22,7 @@ from faststream.kafka import KafkaBroker
 
 from contracts.topics import ALL_DEAD_LETTER_TOPICS, ALL_TOPICS, Topic
 from services.runtime.platform.fetch_pace import pace_when_idle
+from services.runtime.platform.moved_leaders import follow_moved_leaders
 from services.runtime.platform.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,13 @@ def make_broker(settings: Settings) -> KafkaBroker:
     return broker
 
 
+def adapt_started(consumer: AIOKafkaConsumer) -> None:
+    """What every started consumer of ours gets: a long fetch wait when idle, and offset lookups
+    that follow a moved leader."""
+    pace_when_idle(consumer)
+    follow_moved_leaders(consumer)
+
+
 async def start_subscribers(broker: KafkaBroker) -> None:
     """`broker.start()` with the subscribers started at once. aiokafka's start waits for the
     group's first assignment, and when another replica is in the group, that waits for the
@@ -152,7 +160,7 @@ async def start_subscribers(broker: KafkaBroker) -> None:
     for subscriber in broker.subscribers:
         consumer = getattr(subscriber, "consumer", None)  # FastStream's aiokafka consumer, once started
         if consumer is not None:
-            pace_when_idle(consumer)
+            adapt_started(consumer)
     for publisher in broker.publishers:
         await publisher.start()
     broker.running = True

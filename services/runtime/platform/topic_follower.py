@@ -13,8 +13,7 @@ from collections.abc import Callable, Mapping
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from services.runtime.platform.fetch_pace import pace_when_idle
-from services.runtime.platform.kafka import FETCH_WAIT_MS, IDLE_WAKE_MS
+from services.runtime.platform.kafka import FETCH_WAIT_MS, IDLE_WAKE_MS, adapt_started
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +45,7 @@ class TopicFollower:
             consumer_timeout_ms=IDLE_WAKE_MS,
         )
         await consumer.start()
-        pace_when_idle(consumer)
+        adapt_started(consumer)
         partitions = await self._partitions()
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
