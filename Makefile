@@ -6,11 +6,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test unit test-faults test-scale stop lint bench docs clean browser
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	./deploy/local/prereqs.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 run: $(STAMP)  ## the local stack + every service in the background; prints URL and demo login
