@@ -17,35 +17,22 @@ fails if an aiokafka upgrade moves it.
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import (
-    KafkaStorageError,
-    LeaderNotAvailableError,
-    NotLeaderForPartitionError,
-    ReplicaNotAvailableError,
-    UnknownTopicOrPartitionError,
-)
-
-# The retriable answers of a broker that is not (or no longer) the partition's leader.
-LEADER_MOVED = (
-    NotLeaderForPartitionError,
-    LeaderNotAvailableError,
-    ReplicaNotAvailableError,
-    UnknownTopicOrPartitionError,
-    KafkaStorageError,
-)
+from aiokafka.errors import KafkaError
 
 
 def follow_moved_leaders(consumer: AIOKafkaConsumer) -> None:
-    """After a started consumer's offset lookup meets a moved leader, refresh its metadata (the
-    fetcher asks again after its retry backoff, by then of the new leader)."""
+    """After a started consumer's offset lookup meets a moved leader (an error that aiokafka marks
+    `invalid_metadata`, as its own public offset lookups do), refresh its metadata: the fetcher asks
+    again after its retry backoff, by then of the new leader."""
     fetcher = consumer._fetcher
     ask = fetcher._proc_offset_request
 
     async def asked(node_id: int, topic_data: Any) -> Any:
         try:
             return await ask(node_id, topic_data)
-        except LEADER_MOVED:
-            fetcher._client.force_metadata_update()
+        except KafkaError as error:
+            if error.invalid_metadata:
+                fetcher._client.force_metadata_update()
             raise
 
     fetcher._proc_offset_request = asked
