@@ -51,7 +51,7 @@ async def test_a_moved_leader_refreshes_the_metadata_and_the_fetcher_still_sees_
 
 async def test_an_answer_or_another_error_refreshes_nothing() -> None:
     fetcher, outcome = await ask({"t-0": (0, None)})
-    assert outcome == {"t-0": (0, None)}
+    assert outcome == {"t-0": (0, None)} and fetcher._client.refreshes == 0
     fetcher, outcome = await ask(RequestTimedOutError())  # says nothing of where the leader is
     assert isinstance(outcome, RequestTimedOutError)
     assert fetcher._client.refreshes == 0
