@@ -154,6 +154,16 @@ def stack_cpu_seconds(state: Path) -> dict[str, float]:
     return {name: ticks / CLK_TCK for name, ticks in totals.items()}
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A wrk run started on a quiet stack, and the stack's CPU for it."""
+
+    run: Run
+    cpu_by: dict[str, float]  # each process's, from the run's start until the stack is quiet again
+    cpu_during: float  # every process's together, during the run alone
+    catch_up_s: float  # how long after wrk stopped the stack was quiet again
+
+
 def per_request(cpu_by: dict[str, float], requests: int) -> str:
     """Each process's CPU per request, the largest first, and their sum."""
     shares = sorted(cpu_by.items(), key=lambda item: -item[1])
@@ -241,24 +251,22 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             def measure(path: str, keys: list[str]) -> Run:
                 return wrk(script, f"{base}{path}", keys, seconds, connections, threads)
 
-            def measure_cpu(path: str, keys: list[str]) -> tuple[Run, dict[str, float]]:
-                """`measure` on a quiet stack, and each process's CPU from its start until quiet again."""
+            def measure_cpu(path: str, keys: list[str]) -> Measured:
+                """`measure` on a quiet stack, with the stack's CPU until it is quiet again: for a
+                metered call, until it is consumed, counted and stored (the consumers' process is
+                niced and catches up after wrk stops)."""
                 settle(state)
                 before = stack_cpu_seconds(state)
                 run = measure(path, keys)
-                settle(state)
-                return run, {name: spent - before.get(name, 0.0) for name, spent in stack_cpu_seconds(state).items()}
+                during = sum(stack_cpu_seconds(state).values()) - sum(before.values())
+                catch_up = settle(state)
+                cpu_by = {name: spent - before.get(name, 0.0) for name, spent in stack_cpu_seconds(state).items()}
+                return Measured(run, cpu_by, during, catch_up)
 
-            healthz, healthz_cpu_by = await asyncio.to_thread(measure_cpu, "/healthz", [])
-            await asyncio.to_thread(settle, state)
-            cpu_before = stack_cpu_seconds(state)
-            admitted = await asyncio.to_thread(measure, "/api/geo/projects", keys)
-            cpu_during = sum(stack_cpu_seconds(state).values()) - sum(cpu_before.values())
-            # The whole pipeline's CPU: until every call is consumed, counted and stored (the
-            # consumers' process is niced and catches up after wrk stops).
-            catch_up = await asyncio.to_thread(settle, state)
-            cpu_by = {name: seconds - cpu_before.get(name, 0.0) for name, seconds in stack_cpu_seconds(state).items()}
-            cpu = sum(cpu_by.values())
+            baseline = await asyncio.to_thread(measure_cpu, "/healthz", [])
+            metered = await asyncio.to_thread(measure_cpu, "/api/geo/projects", keys)
+            healthz, admitted = baseline.run, metered.run
+            cpu = sum(metered.cpu_by.values())
             # Issue 18's latency bound: p99 <= 50 ms at half the maximum throughput. Each connection
             # waits between its calls; a first pass tells the call's own time at that pace, which
             # the second takes off the wait to land on half.
@@ -271,8 +279,9 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             paced = await asyncio.to_thread(
                 wrk, script, f"{base}/api/geo/projects", keys, seconds, connections, threads, max(0.0, cycle_ms - call_ms)
             )
-            unknown, unknown_cpu_by = await asyncio.to_thread(measure_cpu, "/api/geo/projects", ["sk-" + "x" * 45])
-            limited, refused_cpu_by = await asyncio.to_thread(measure_cpu, "/api/geo/projects", [free_key])
+            unknown_key = await asyncio.to_thread(measure_cpu, "/api/geo/projects", ["sk-" + "x" * 45])
+            over_limit = await asyncio.to_thread(measure_cpu, "/api/geo/projects", [free_key])
+            unknown, limited = unknown_key.run, over_limit.run
 
             # Isolation: tenant B alone, then B while A floods with 429s (half the connections each).
             # B is the paying accounts together: one enterprise account's own limit (500 calls/s)
@@ -292,16 +301,16 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             shape = f"--workers {workers}" if workers else f"default --workers ({os.cpu_count()})"
             print(f"wrk -t{threads} -c{connections} -d{seconds:g}s against one `tollgate up` ({shape}) on {os.cpu_count()} cores")
             print(healthz.line("GET /healthz (baseline)"))
-            print("  whole-stack CPU per /healthz until quiet again: " + per_request(healthz_cpu_by, healthz.requests))
+            print("  whole-stack CPU per /healthz until quiet again: " + per_request(baseline.cpu_by, healthz.requests))
             print(admitted.line("admitted API-key call (metered)", healthz))
             print(
                 paced.line("admitted, paced")
                 + f" -> {paced.per_s / admitted.per_s:.2f} of the maximum (goal: p99 <= 50 ms at 0.5)"
             )
             print(unknown.line("unknown key (401)", healthz))
-            print("  whole-stack CPU per 401 until quiet again: " + per_request(unknown_cpu_by, unknown.requests))
+            print("  whole-stack CPU per 401 until quiet again: " + per_request(unknown_key.cpu_by, unknown.requests))
             print(limited.line("free key over its limit (429)", healthz))
-            print("  whole-stack CPU per 429 until quiet again: " + per_request(refused_cpu_by, limited.requests))
+            print("  whole-stack CPU per 429 until quiet again: " + per_request(over_limit.cpu_by, limited.requests))
             print(alone.line("tenant B alone"))
             print(crowded.line("tenant B while A floods 429s"))
             print(
@@ -312,10 +321,10 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             served = admitted.requests - admitted.non2xx
             print(
                 f"whole-stack CPU per metered call: {cpu / max(served, 1) * 1e6:,.0f} us ({cpu:.1f} CPU-s / {served} calls, "
-                f"until the stack was quiet again {catch_up:.0f} s after wrk stopped; "
-                f"{cpu_during / max(served, 1) * 1e6:,.0f} us during the run alone)"
+                f"until the stack was quiet again {metered.catch_up_s:.0f} s after wrk stopped; "
+                f"{metered.cpu_during / max(served, 1) * 1e6:,.0f} us during the run alone)"
             )
-            print("  of which: " + per_request(cpu_by, served))
+            print("  of which: " + per_request(metered.cpu_by, served))
 
             # Every admitted call is counted once (the isolation runs added B's calls).
             b_calls = alone.requests - alone.non2xx + crowded.requests - crowded.non2xx

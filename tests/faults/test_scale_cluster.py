@@ -155,6 +155,12 @@ async def _reconcile(http: httpx.AsyncClient, cluster: Cluster, tenant: Tenant, 
     assert await wait_for(used, expected) == expected
 
 
+async def _leaders(admin: AIOKafkaAdminClient, topic: str) -> dict[int, int]:
+    """Partition -> the node leading it (-1 while none does)."""
+    (described,) = await admin.describe_topics([topic])
+    return {int(p["partition"]): int(p["leader"]) for p in described["partitions"]}
+
+
 async def _busiest_usage_leader(settings: Settings) -> int:
     """The broker leading the usage partition that grows (one tenant: one key, one partition)."""
     topic = settings.topic(USAGE.name)
@@ -168,8 +174,7 @@ async def _busiest_usage_leader(settings: Settings) -> int:
         await asyncio.sleep(1)
         second = await consumer.end_offsets(tps)
         busiest = max(tps, key=lambda tp: second[tp] - first[tp]).partition
-        (described,) = await admin.describe_topics([topic])
-        return int(next(p["leader"] for p in described["partitions"] if p["partition"] == busiest))
+        return (await _leaders(admin, topic))[busiest]
     finally:
         await consumer.stop()
         await admin.close()
@@ -261,12 +266,6 @@ async def test_a_metering_replica_killed_mid_batch(cluster: Cluster):
         finally:
             split.start_replica(cluster.shape, victim, cluster.env)
             await asyncio.to_thread(split.wait_ready, cluster.shape)
-
-
-async def _leaders(admin: AIOKafkaAdminClient, topic: str) -> dict[int, int]:
-    """Partition -> the node leading it (-1 while none does)."""
-    (described,) = await admin.describe_topics([topic])
-    return {int(p["partition"]): int(p["leader"]) for p in described["partitions"]}
 
 
 async def _settled_leaders(admin: AIOKafkaAdminClient, topic: str, away_from: int | None = None) -> dict[int, int]:
