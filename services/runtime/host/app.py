@@ -21,6 +21,7 @@ from services.edge.unavailable import install_unavailable_handlers
 from services.runtime.host.health import health_router, platform_checks
 from services.runtime.host.routing import remember_routes
 from services.runtime.platform import postgres
+from services.runtime.platform.consumer_lag import ConsumerLag
 from services.runtime.platform.kafka import ensure_topics, make_broker, start_subscribers
 from services.runtime.platform.settings import Settings, get_settings
 
@@ -55,6 +56,8 @@ def create_app(
     runtime = Runtime(settings=settings, broker=broker, pool=pool, edge=edge, overrides=overrides or Overrides())
     components: list[Component] = [importlib.import_module(f"services.{n}.app").build(runtime) for n in names]
     loops = [loop for component in components for loop in component.consumers] if consumers else []
+    if consumers:
+        loops.append(ConsumerLag(settings))  # where the consumers run, how far behind their groups are
     for component in components:
         if consumers and component.subscribers is not None:
             broker.include_router(component.subscribers)

@@ -53,6 +53,8 @@ class Settings(BaseSettings):
     usage_idempotency_window_seconds: int = Field(default=7 * 24 * 3600, gt=0)
     # How often the outbox relays and metering delete what their retention lets go.
     prune_interval_seconds: float = Field(default=60, gt=0)
+    # How often a process that runs consumers reads every group's lag from Kafka (consumer_lag.py).
+    consumer_lag_interval_seconds: float = Field(default=15, gt=0)
 
     @property
     def tz(self) -> ZoneInfo:

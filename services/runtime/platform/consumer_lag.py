@@ -1,0 +1,80 @@
+"""Consumer lag, read from outside the groups, as `kafka-consumer-groups.sh --describe` reads it.
+
+For every consumer group of this Tollgate (`Settings.group`'s prefix), each partition it has
+committed on: the partition's log end offset minus the group's committed offset, i.e. the records
+the group has not yet handled and committed. Exported as `tollgate_kafka_consumer_lag{group,
+topic, partition}` every `CONSUMER_LAG_INTERVAL_SECONDS`.
+
+Not the consumers' own view (their fetch position against the high watermark their last fetch
+brought back): a consumer that stopped fetching keeps showing what it saw last, so a stall would
+look like no lag. Read from the cluster, a stalled or slow group's lag grows whatever its
+consumers believe (docs/architecture.md, "Consumer lag").
+"""
+
+import logging
+from collections.abc import Mapping
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from prometheus_client import Gauge
+
+from services.runtime.platform.periodic import Periodic
+from services.runtime.platform.settings import Settings
+
+log = logging.getLogger(__name__)
+
+LAG = Gauge(
+    "tollgate_kafka_consumer_lag",
+    "Records a consumer group has not committed yet: log end offset - committed offset, per partition",
+    ["group", "topic", "partition"],
+    multiprocess_mode="mostrecent",  # one process reads it for the whole cluster (serve's consumers' process)
+)
+
+
+def lag(ends: Mapping[TopicPartition, int], committed: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+    """Records past the commit, per partition committed on (never below 0: a log end read before
+    a commit that was made meanwhile)."""
+    return {tp: max(0, ends[tp] - offset) for tp, offset in committed.items() if tp in ends}
+
+
+class ConsumerLag:
+    """Reads every group's lag from the cluster and sets `LAG`, every `consumer_lag_interval_seconds`."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._bootstrap = settings.kafka_bootstrap_servers
+        self._prefix = settings.group("")
+        interval = settings.consumer_lag_interval_seconds
+        self._periodic = Periodic("consumer-lag", interval, self.export, what="reading consumer lag", log=log)
+
+    async def start(self) -> None:
+        await self._periodic.start()
+
+    async def close(self) -> None:
+        await self._periodic.stop()
+
+    async def read(self) -> dict[tuple[str, TopicPartition], int]:
+        """(group, partition) -> records not committed yet, for this Tollgate's groups."""
+        # New clients each pass: a pass is rare, and a broker restart between two passes cannot
+        # leave a client with stale connections behind.
+        admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap)
+        ends_reader = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False)
+        await admin.start()
+        try:
+            await ends_reader.start()
+            try:
+                groups = [group for group, *_ in await admin.list_consumer_groups() if group.startswith(self._prefix)]
+                committed: dict[str, dict[TopicPartition, int]] = {}
+                for group in groups:
+                    offsets = await admin.list_consumer_group_offsets(group)
+                    committed[group] = {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
+                partitions = sorted({tp for offsets in committed.values() for tp in offsets})
+                ends = await ends_reader.end_offsets(partitions) if partitions else {}
+            finally:
+                await ends_reader.stop()
+        finally:
+            await admin.close()
+        return {(group, tp): records for group, offsets in committed.items() for tp, records in lag(ends, offsets).items()}
+
+    async def export(self) -> None:
+        for (group, tp), records in (await self.read()).items():
+            LAG.labels(group, tp.topic, str(tp.partition)).set(records)
