@@ -12,7 +12,9 @@ below the stack's pid files, from /proc) from the admitted run's start until the
 again (its calls consumed, counted and stored), divided by its calls, is the whole pipeline's CPU
 per metered call; the same for each /healthz, 401 and 429, so that a path's cost can be set
 against the baseline's process by process. Every measured path starts on a quiet stack, as the
-/healthz baseline does.
+/healthz baseline does. Last, a trickle: one connection, one admitted call every 200 ms, and the
+stack's CPU per call over what the idle stack spends in as many seconds: what a call costs when it
+travels alone (each consumer, the sink and Kafka then pay their per-batch costs for one call).
 
     (named http_load, not http: a script's folder comes first on sys.path and would hide the standard
 library's `http`)
@@ -72,6 +74,7 @@ end
 """
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 FLAME_GRAPHS = REPO / "artifacts" / "flamegraphs"
+TRICKLE_DELAY_MS = 200  # one connection's pause between calls: ~5 metered calls a second
 PY_SPY = str(Path(sys.executable).with_name("py-spy"))  # a dev dependency (pyproject.toml)
 
 
@@ -169,6 +172,14 @@ def per_request(cpu_by: dict[str, float], requests: int) -> str:
     shares = sorted(cpu_by.items(), key=lambda item: -item[1])
     total = sum(cpu_by.values()) / max(requests, 1) * 1e6
     return f"{total:,.0f} us: " + ", ".join(f"{name} {seconds / max(requests, 1) * 1e6:,.0f} us" for name, seconds in shares)
+
+
+def idle_rates(state: Path, seconds: float) -> dict[str, float]:
+    """Each process's CPU per second while nothing calls the stack (after `settle`)."""
+    before, started = stack_cpu_seconds(state), time.monotonic()
+    time.sleep(seconds)
+    elapsed = time.monotonic() - started
+    return {name: (spent - before.get(name, 0.0)) / elapsed for name, spent in stack_cpu_seconds(state).items()}
 
 
 def settle(state: Path, *, idle_share: float = 0.15, within: float = 120.0) -> float:
@@ -294,6 +305,24 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             victim = asyncio.to_thread(wrk, script, f"{base}/api/geo/projects", keys, seconds, half, 1)
             _, crowded = await asyncio.gather(flood, victim)
 
+            def measure_trickle() -> Measured:
+                """A trickle of admitted calls, its CPU over the idle stack's in as many seconds."""
+                settle(state)
+                idle = idle_rates(state, seconds)
+                before, started = stack_cpu_seconds(state), time.monotonic()
+                run = wrk(script, f"{base}/api/geo/projects", keys, seconds, 1, 1, TRICKLE_DELAY_MS)
+                during = sum(stack_cpu_seconds(state).values()) - sum(before.values())
+                catch_up = settle(state)
+                elapsed = time.monotonic() - started
+                cpu_by = {
+                    name: spent - before.get(name, 0.0) - idle.get(name, 0.0) * elapsed
+                    for name, spent in stack_cpu_seconds(state).items()
+                }
+                return Measured(run, cpu_by, during, catch_up)
+
+            trickled = await asyncio.to_thread(measure_trickle)
+            trickle = trickled.run
+
             # Where a metered call's time goes: one more admitted run, under py-spy this time (its
             # sampling takes CPU, so not during the measured runs), a flame graph per serving process.
             profiled, graphs = await asyncio.to_thread(flame_graphs, state, lambda: measure("/api/geo/projects", keys), seconds)
@@ -325,11 +354,17 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
                 f"{metered.cpu_during / max(served, 1) * 1e6:,.0f} us during the run alone)"
             )
             print("  of which: " + per_request(metered.cpu_by, served))
+            alone_calls = trickle.requests - trickle.non2xx
+            print(trickle.line("admitted, trickling (1 connection)"))
+            print(
+                "  whole-stack CPU per trickled call over the idle stack's, until quiet again: "
+                + per_request(trickled.cpu_by, alone_calls)
+            )
 
             # Every admitted call is counted once (the isolation runs added B's calls).
             b_calls = alone.requests - alone.non2xx + crowded.requests - crowded.non2xx
             paced_calls = first.requests - first.non2xx + paced.requests - paced.non2xx
-            expected = served + paced_calls + b_calls + profiled.requests - profiled.non2xx
+            expected = served + paced_calls + b_calls + alone_calls + profiled.requests - profiled.non2xx
             deadline = time.monotonic() + 90
             counted = -1
             while time.monotonic() < deadline:
@@ -340,7 +375,7 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
                 await asyncio.sleep(1)
             # wrk does not count the responses still in flight when its time is up (at most one per
             # connection and run), but the server admitted and metered those calls too.
-            in_flight = 4 * connections + 2 * half
+            in_flight = 4 * connections + 2 * half + 1
             exact = expected <= counted <= expected + in_flight
             print(
                 f"reconciliation: {counted} api_calls counted for {expected} admitted calls seen by wrk "
