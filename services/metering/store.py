@@ -214,19 +214,19 @@ class MeteringStore:
         """Write the events (one JSON document each) whose id is not in the table yet.
 
         All in the engine, in this writer's session: the batch goes into a temporary staging
-        table, the ids already written are looked up there (a duplicate is the same event: same
+        table, its ids already written are counted there (a duplicate is the same event: same
         account, and the same hour, so the lookup reads only the granules of the batch's
         account-hours, however large the table grows), and one INSERT ... SELECT writes the rest,
         each id once. Its rows, rollup and all are committed part by part; if the process dies
         between parts, the redelivered batch finds the written ids and inserts only the others.
+        A batch usually has none written yet: then it costs four statements. The engine's cost
+        per statement is mostly fixed, and at a few calls a second each batch holds one or two
+        events (BENCHMARKS.md, http_load round 13).
         """
         if not lines:  # every message of the batch was dead-lettered
             return InsertResult(0, 0)
-        staging, known, table = f"{sink.table}_staging", f"{sink.table}_known", f"{self.db}.{sink.table}"
-        for ddl in (f"{staging} ({sink.staging})", f"{known} (id UUID)"):
-            client.command(f"CREATE TEMPORARY TABLE IF NOT EXISTS {ddl} ENGINE = Memory")
-        client.command(f"TRUNCATE TABLE {staging}")
-        client.command(f"TRUNCATE TABLE {known}")
+        staging, table = f"{sink.table}_staging", f"{self.db}.{sink.table}"
+        self._empty(client, staging, sink.staging)
         try:
             self._stage(client, staging, lines)
         except DatabaseError:
@@ -234,17 +234,32 @@ class MeteringStore:
             # lower-case `t` in a time): stage the models' own serialisation instead.
             client.command(f"TRUNCATE TABLE {staging}")
             self._stage(client, staging, [canonical(line) for line in lines])
-        client.command(
-            f"INSERT INTO {known} SELECT id FROM {table} "
-            f"WHERE (account_id, toStartOfHour(time)) IN (SELECT account_id, toStartOfHour(time) FROM {staging}) "
-            f"AND id IN (SELECT id FROM {staging})"
+        known_table, written = (
+            f"{sink.table}_known",
+            f"SELECT id FROM {table} WHERE (account_id, toStartOfHour(time)) IN "
+            f"(SELECT account_id, toStartOfHour(time) FROM {staging}) AND id IN (SELECT id FROM {staging})",
         )
-        total, fresh = client.query(f"SELECT count(), uniqExactIf(id, id NOT IN {known}) FROM {staging}").result_rows[0]
-        if fresh:
-            client.command(
-                f"INSERT INTO {table} ({sink.columns}) SELECT {sink.select} FROM {staging} WHERE id NOT IN {known} LIMIT 1 BY id"
-            )
-        return InsertResult(int(fresh), int(total) - int(fresh))
+        total, unique, known = client.query(
+            f"SELECT count(), uniqExact(id), (SELECT uniqExact(id) FROM ({written})) FROM {staging}"
+        ).result_rows[0]
+        if unique > known:
+            fresh = f"SELECT {sink.select} FROM {staging}"
+            if known:  # part of a redelivered batch is written: leave that part out
+                self._empty(client, known_table, "id UUID")
+                client.command(f"INSERT INTO {known_table} {written}")
+                fresh += f" WHERE id NOT IN {known_table}"
+            client.command(f"INSERT INTO {table} ({sink.columns}) {fresh} LIMIT 1 BY id")
+        return InsertResult(int(unique) - int(known), int(total) - int(unique) + int(known))
+
+    @staticmethod
+    def _empty(client: Client, temporary: str, columns: str) -> None:
+        """An empty temporary table of this session; made on the session's first use of it (a
+        server lets an idle session go, and its temporary tables with it)."""
+        try:
+            client.command(f"TRUNCATE TABLE {temporary}")
+        except DatabaseError:
+            client.command(f"CREATE TEMPORARY TABLE IF NOT EXISTS {temporary} ({columns}) ENGINE = Memory")
+            client.command(f"TRUNCATE TABLE {temporary}")
 
     @staticmethod
     def _stage(client: Client, staging: str, lines: list[bytes]) -> None:
