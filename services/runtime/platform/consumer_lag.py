@@ -58,20 +58,18 @@ class ConsumerLag:
         # leave a client with stale connections behind.
         admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap)
         ends_reader = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False)
-        await admin.start()
-        try:
+        try:  # started inside: a start that fails (Kafka away) or is cancelled still closes both
+            await admin.start()
             await ends_reader.start()
-            try:
-                groups = [group for group, *_ in await admin.list_consumer_groups() if group.startswith(self._prefix)]
-                committed: dict[str, dict[TopicPartition, int]] = {}
-                for group in groups:
-                    offsets = await admin.list_consumer_group_offsets(group)
-                    committed[group] = {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
-                partitions = sorted({tp for offsets in committed.values() for tp in offsets})
-                ends = await ends_reader.end_offsets(partitions) if partitions else {}
-            finally:
-                await ends_reader.stop()
+            groups = [group for group, *_ in await admin.list_consumer_groups() if group.startswith(self._prefix)]
+            committed: dict[str, dict[TopicPartition, int]] = {}
+            for group in groups:
+                offsets = await admin.list_consumer_group_offsets(group)
+                committed[group] = {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
+            partitions = sorted({tp for offsets in committed.values() for tp in offsets})
+            ends = await ends_reader.end_offsets(partitions) if partitions else {}
         finally:
+            await ends_reader.stop()
             await admin.close()
         return {(group, tp): records for group, offsets in committed.items() for tp, records in lag(ends, offsets).items()}
 
