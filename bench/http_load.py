@@ -262,16 +262,25 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             def measure(path: str, keys: list[str]) -> Run:
                 return wrk(script, f"{base}{path}", keys, seconds, connections, threads)
 
-            def measure_cpu(path: str, keys: list[str]) -> Measured:
+            def measure_cpu(path: str, keys: list[str], *, trickle: bool = False) -> Measured:
                 """`measure` on a quiet stack, with the stack's CPU until it is quiet again: for a
                 metered call, until it is consumed, counted and stored (the consumers' process is
-                niced and catches up after wrk stops)."""
+                niced and catches up after wrk stops). `trickle`: one connection, a call every
+                TRICKLE_DELAY_MS, and the CPU over what the idle stack spends in as many seconds."""
                 settle(state)
-                before = stack_cpu_seconds(state)
-                run = measure(path, keys)
+                idle = idle_rates(state, seconds) if trickle else {}
+                before, started = stack_cpu_seconds(state), time.monotonic()
+                if trickle:
+                    run = wrk(script, f"{base}{path}", keys, seconds, 1, 1, TRICKLE_DELAY_MS)
+                else:
+                    run = measure(path, keys)
                 during = sum(stack_cpu_seconds(state).values()) - sum(before.values())
                 catch_up = settle(state)
-                cpu_by = {name: spent - before.get(name, 0.0) for name, spent in stack_cpu_seconds(state).items()}
+                elapsed = time.monotonic() - started
+                cpu_by = {
+                    name: spent - before.get(name, 0.0) - idle.get(name, 0.0) * elapsed
+                    for name, spent in stack_cpu_seconds(state).items()
+                }
                 return Measured(run, cpu_by, during, catch_up)
 
             baseline = await asyncio.to_thread(measure_cpu, "/healthz", [])
@@ -305,22 +314,7 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             victim = asyncio.to_thread(wrk, script, f"{base}/api/geo/projects", keys, seconds, half, 1)
             _, crowded = await asyncio.gather(flood, victim)
 
-            def measure_trickle() -> Measured:
-                """A trickle of admitted calls, its CPU over the idle stack's in as many seconds."""
-                settle(state)
-                idle = idle_rates(state, seconds)
-                before, started = stack_cpu_seconds(state), time.monotonic()
-                run = wrk(script, f"{base}/api/geo/projects", keys, seconds, 1, 1, TRICKLE_DELAY_MS)
-                during = sum(stack_cpu_seconds(state).values()) - sum(before.values())
-                catch_up = settle(state)
-                elapsed = time.monotonic() - started
-                cpu_by = {
-                    name: spent - before.get(name, 0.0) - idle.get(name, 0.0) * elapsed
-                    for name, spent in stack_cpu_seconds(state).items()
-                }
-                return Measured(run, cpu_by, during, catch_up)
-
-            trickled = await asyncio.to_thread(measure_trickle)
+            trickled = await asyncio.to_thread(lambda: measure_cpu("/api/geo/projects", keys, trickle=True))
             trickle = trickled.run
 
             # Where a metered call's time goes: one more admitted run, under py-spy this time (its
