@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 # Large batches: the engine's cost per INSERT is mostly fixed (BENCHMARKS.md, metering round 3).
 MAX_RECORDS = 50_000
 # The broker holds a fetch until this much has arrived or FETCH_WAIT_MS is up: at a few hundred
-# calls a second the sink wrote a handful of events per batch, eight statements each (four
+# calls a second the sink wrote a handful of events per batch, eight statements each (one
 # since), and the engine's fixed cost per statement was a fifth of the stack's CPU per metered
 # call (BENCHMARKS.md, "http_load"). At low rates an event becomes visible up to that wait later.
 FETCH_MIN_BYTES = 1024 * 1024

@@ -1,7 +1,7 @@
 """How the events of one topic become rows of one ClickHouse table, in the engine's own SQL.
 
 The sink hands the engine the events' JSON as it came from Kafka (the engine parses it off the
-event loop and off the GIL). `staging` is an event's fields as they appear in that JSON; `select`
+event loop and off the GIL). `fields` is an event's fields as they appear in that JSON; `select`
 derives the stored columns from them. The derived values are the only rules stated here:
 provider and model default to `unknown`, and `total_tokens` is input + output when the event
 splits its tokens, else its quantity (never negative), and an event without `api_key_id` stores the
@@ -16,14 +16,14 @@ from services.metering.domain import NO_KEY, UNKNOWN
 @dataclass(frozen=True, slots=True)
 class SinkTable:
     table: str
-    staging: str
+    fields: str  # the event's fields as they appear in its JSON (the external table `batch`'s structure)
     columns: str
     select: str
 
 
 USAGE = SinkTable(
     table="usage_events",
-    staging=(
+    fields=(
         "id UUID, time DateTime64(3, 'UTC'), account_id UUID, resource String, quantity Int64, "
         "provider Nullable(String), model Nullable(String), input_tokens Nullable(UInt64), "
         "output_tokens Nullable(UInt64), source String, api_key_id Nullable(UUID)"
@@ -42,7 +42,7 @@ USAGE = SinkTable(
 
 CALLS = SinkTable(
     table="call_events",
-    staging=(
+    fields=(
         "id UUID, time DateTime64(3, 'UTC'), account_id UUID, api_key_id UUID, method String, path String, "
         "status UInt16, ip String, user_agent String, latency_ms Float64, error_code Nullable(String), count Nullable(UInt32)"
     ),

@@ -21,6 +21,8 @@ from uuid import UUID
 import clickhouse_connect.common
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError
+from clickhouse_connect.driver.external import ExternalData
+from clickhouse_connect.driver.summary import QuerySummary
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -168,7 +170,7 @@ class MeteringStore:
             return
         # An HTTP client would otherwise pin one server session and refuse concurrent queries.
         clickhouse_connect.common.set_setting("autogenerate_session_id", False)
-        writer = clickhouse.connect(self.dsn, session=True)  # the sink's staging tables live in its session
+        writer = clickhouse.connect(self.dsn)
         clickhouse.apply_migrations(writer, self.db, MIGRATIONS)
         self._writer = _Guarded(writer)
         self._reader = _Pool([clickhouse.connect(self.dsn) for _ in range(READERS)])
@@ -213,57 +215,43 @@ class MeteringStore:
     def _insert_new(self, client: Client, sink: SinkTable, lines: list[bytes], canonical: Canonical) -> InsertResult:
         """Write the events (one JSON document each) whose id is not in the table yet.
 
-        All in the engine, in this writer's session: the batch goes into a temporary staging
-        table, its ids already written are counted there (a duplicate is the same event: same
-        account, and the same hour, so the lookup reads only the granules of the batch's
-        account-hours, however large the table grows), and one INSERT ... SELECT writes the rest,
-        each id once. Its rows, rollup and all are committed part by part; if the process dies
-        between parts, the redelivered batch finds the written ids and inserts only the others.
-        A batch usually has none written yet: then it costs four statements. The engine's cost
-        per statement is mostly fixed, and at a few calls a second each batch holds one or two
-        events (BENCHMARKS.md, http_load round 13).
+        One statement, all in the engine: the batch travels with the INSERT as an external
+        table (`batch`, which the server parses once, for this query only). The ids already
+        written are looked up on the primary key within the batch's own (account, hour) pairs (a
+        duplicate is the same event: same account, same hour), so the lookup reads only those
+        account-hours' granules, however large the table grows; the rest is written each id once.
+        Its rows, rollup and all, are committed part by part; if the process dies between parts,
+        the redelivered batch finds the written ids and inserts only the others. The engine's
+        cost per statement is mostly fixed, and at a few calls a second a batch holds one or two
+        events (BENCHMARKS.md, http_load round 14).
         """
         if not lines:  # every message of the batch was dead-lettered
             return InsertResult(0, 0)
-        staging, table = f"{sink.table}_staging", f"{self.db}.{sink.table}"
-        self._empty(client, staging, sink.staging)
         try:
-            self._stage(client, staging, lines)
+            inserted = self._write_unseen(client, sink, lines)
         except DatabaseError:
             # A form the contract accepts but the engine does not read (a UUID in braces, a
-            # lower-case `t` in a time): stage the models' own serialisation instead.
-            client.command(f"TRUNCATE TABLE {staging}")
-            self._stage(client, staging, [canonical(line) for line in lines])
-        known_table, written = (
-            f"{sink.table}_known",
+            # lower-case `t` in a time): send the models' own serialisation instead. Ids written
+            # before a failure, if any, are found by the lookup.
+            inserted = self._write_unseen(client, sink, [canonical(line) for line in lines])
+        return InsertResult(inserted, len(lines) - inserted)
+
+    def _write_unseen(self, client: Client, sink: SinkTable, lines: list[bytes]) -> int:
+        """The INSERT of the batch's unwritten ids; the number of rows it wrote."""
+        table = f"{self.db}.{sink.table}"
+        batch = ExternalData(file_name="batch", data=b"\n".join(lines), fmt="JSONEachRow", structure=sink.fields)
+        written = (
             f"SELECT id FROM {table} WHERE (account_id, toStartOfHour(time)) IN "
-            f"(SELECT account_id, toStartOfHour(time) FROM {staging}) AND id IN (SELECT id FROM {staging})",
+            "(SELECT account_id, toStartOfHour(time) FROM batch) AND id IN (SELECT id FROM batch)"
         )
-        total, unique, known = client.query(
-            f"SELECT count(), uniqExact(id), (SELECT uniqExact(id) FROM ({written})) FROM {staging}"
-        ).result_rows[0]
-        if unique > known:
-            fresh = f"SELECT {sink.select} FROM {staging}"
-            if known:  # part of a redelivered batch is written: leave that part out
-                self._empty(client, known_table, "id UUID")
-                client.command(f"INSERT INTO {known_table} {written}")
-                fresh += f" WHERE id NOT IN {known_table}"
-            client.command(f"INSERT INTO {table} ({sink.columns}) {fresh} LIMIT 1 BY id")
-        return InsertResult(int(unique) - int(known), int(total) - int(unique) + int(known))
-
-    @staticmethod
-    def _empty(client: Client, temporary: str, columns: str) -> None:
-        """An empty temporary table of this session; made on the session's first use of it (a
-        server lets an idle session go, and its temporary tables with it)."""
-        try:
-            client.command(f"TRUNCATE TABLE {temporary}")
-        except DatabaseError:
-            client.command(f"CREATE TEMPORARY TABLE IF NOT EXISTS {temporary} ({columns}) ENGINE = Memory")
-            client.command(f"TRUNCATE TABLE {temporary}")
-
-    @staticmethod
-    def _stage(client: Client, staging: str, lines: list[bytes]) -> None:
-        client.raw_insert(staging, None, insert_block=b"\n".join(lines), fmt="JSONEachRow", settings=sink_tables.JSON_INPUT)
+        summary = client.command(
+            f"INSERT INTO {table} ({sink.columns}) SELECT {sink.select} FROM batch WHERE id NOT IN ({written}) LIMIT 1 BY id",
+            external_data=batch,
+            settings=sink_tables.JSON_INPUT,
+        )
+        if not isinstance(summary, QuerySummary):
+            raise TypeError(f"an INSERT answered {summary!r}, not its summary")
+        return summary.written_rows
 
     # ---- rollup reads -----------------------------------------------------------------------
     # Straight from usage_events, grouped and filtered on the `hourly` projection's own key

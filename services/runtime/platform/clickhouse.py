@@ -1,7 +1,6 @@
 """ClickHouse through clickhouse-connect, over HTTP(S) to a server (the local stack's or any other)."""
 
 import re
-import uuid
 from pathlib import Path
 
 import clickhouse_connect
@@ -10,16 +9,10 @@ from clickhouse_connect.driver.client import Client
 _MIGRATION_NAME = re.compile(r"^(\d{4})_[\w-]+\.sql$")
 
 
-def connect(dsn: str, *, session: bool = False) -> Client:
-    """A client for `dsn` (`http(s)://user:password@host:port`).
-
-    `session`: temporary tables outlive a statement. Over HTTP that takes a session id of the
-    client's own (and such a client must not run two queries at once).
-    """
+def connect(dsn: str) -> Client:
+    """A client for `dsn` (`http(s)://user:password@host:port`)."""
     if not dsn.startswith(("http://", "https://")):
         raise ValueError(f"CLICKHOUSE_DSN must be an http(s):// URL of a ClickHouse server, not {dsn.split(':', 1)[0]}:")
-    if session:
-        return clickhouse_connect.get_client(dsn=dsn, session_id=f"tollgate-{uuid.uuid4()}")
     return clickhouse_connect.get_client(dsn=dsn)
 
 
