@@ -38,10 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.e2e import tollgate_up
+from services.runtime.host.stack import StackConfig
 from tests.support.apps import REPO, consumers_pids, free_port, process_tree, spawned_pids
 from tests.support.platform import expect
 
@@ -76,6 +78,13 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 FLAME_GRAPHS = REPO / "artifacts" / "flamegraphs"
 TRICKLE_DELAY_MS = 200  # one connection's pause between calls: ~5 metered calls a second
 PY_SPY = str(Path(sys.executable).with_name("py-spy"))  # a dev dependency (pyproject.toml)
+
+
+def scripts_run(redis_port: int) -> int:
+    """How many Lua scripts (the edge's rate limit and admission: one per call it asks Redis
+    about) the stack's Redis has run."""
+    stats = redis.Redis(port=redis_port).info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{command}", {}).get("calls", 0)) for command in ("evalsha", "eval"))
 
 
 @dataclass(frozen=True)
@@ -246,6 +255,7 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
     state = REPO / ".tollgate" / f"bench-http-{uuid.uuid4().hex[:6]}"
     port = free_port()
     env, _ = tollgate_up(state, port, *(["--workers", str(workers)] if workers else []))
+    redis_port = int(env.get("TOLLGATE_REDIS_PORT", StackConfig(state_dir=state).redis_port))
     base = f"http://127.0.0.1:{port}"
     script = Path(tempfile.mkdtemp()) / "rotate.lua"
     script.write_text(WRK_SCRIPT)
@@ -300,8 +310,10 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
                 wrk, script, f"{base}/api/geo/projects", keys, seconds, connections, threads, max(0.0, cycle_ms - call_ms)
             )
             unknown_key = await asyncio.to_thread(measure_cpu, "/api/geo/projects", ["sk-" + "x" * 45])
+            scripts_before = scripts_run(redis_port)
             over_limit = await asyncio.to_thread(measure_cpu, "/api/geo/projects", [free_key])
             unknown, limited = unknown_key.run, over_limit.run
+            flood_round_trips = scripts_run(redis_port) - scripts_before
 
             # Isolation: tenant B alone, then B while A floods with 429s (half the connections each).
             # B is the paying accounts together: one enterprise account's own limit (500 calls/s)
@@ -334,6 +346,10 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             print("  whole-stack CPU per 401 until quiet again: " + per_request(unknown_key.cpu_by, unknown.requests))
             print(limited.line("free key over its limit (429)", healthz))
             print("  whole-stack CPU per 429 until quiet again: " + per_request(over_limit.cpu_by, limited.requests))
+            print(
+                f"  rate-limit round trips to Redis: {flood_round_trips:,} for {limited.requests - limited.non2xx} calls "
+                f"admitted and {limited.non2xx:,} refused (the rest from the edge's copies)"
+            )
             print(alone.line("tenant B alone"))
             print(crowded.line("tenant B while A floods 429s"))
             print(

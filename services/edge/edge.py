@@ -4,6 +4,7 @@ Routes declare what they need with `Depends(edge.requires(permission, ...))` and
 calling `Principal`. The edge answers 401/403 itself with the contract's codes.
 """
 
+import asyncio
 import hmac
 import json
 import logging
@@ -280,6 +281,15 @@ class Edge:
         self._record_call(request, account_id, key_id, now)
         context_of(scope).response_headers = decision.headers()
         return _rate_limited(decision)
+
+    def judging(self, scope: Scope) -> asyncio.Future[None] | None:
+        """For a call `screen` let through: the rate limiter's judgment in flight of an earlier
+        call of the same key that its refusal copy let through. The call waits for it and is
+        screened again, rather than asking Redis during that round trip as well."""
+        principal = context_of(scope).principal
+        if principal is None or principal.api_key_id is None:
+            return None
+        return self.limiter.judging(self._subjects_of(principal.api_key_id, principal.account_id))
 
     def requires_service(self, scope: ServiceScope) -> Callable[[Request], Awaitable[ServicePrincipal]]:
         """A FastAPI dependency of a **service** endpoint: only an `st-` token with `scope`.

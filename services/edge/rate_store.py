@@ -36,6 +36,10 @@ class RateLimitStore(Protocol):
         nothing. The edge's screen asks it before routing (screen.py)."""
         ...
 
+    def judging(self, subjects: Sequence[str]) -> "asyncio.Future[None] | None":
+        """A judgment of these subjects in flight that `refused` may answer differently after."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -57,6 +61,9 @@ class MemoryStore:
         decision, _ = evaluate([self._slots.get(s) for s in subjects], limits, now)
         return None if decision.allowed else decision
 
+    def judging(self, subjects: Sequence[str]) -> asyncio.Future[None] | None:
+        return None  # every judgment here is immediate
+
     def _forget_idle(self, now: float) -> None:
         """Slots idle for two minutes are full buckets and empty windows: same as absent."""
         idle = [s for s, slot in self._slots.items() if now - slot.updated > 2 * WINDOW_S + 3600]
@@ -69,7 +76,7 @@ class MemoryStore:
 
 # The same arithmetic as rate_limit.py, statement for statement (keep them in step).
 # rate_limit(keys, now, rate, burst, limit, ttl) -> allowed, remaining, reset, retry, the slots as
-# stored (HMGET rows, for the caller's copy of a refusal).
+# stored after the call (HMGET-like rows), whether a request at the same time would be refused.
 RATE_LIMIT_FN = """
 local function rate_limit(keys, now, rate, burst, limit, ttl)
   local W = 60.0
@@ -125,8 +132,10 @@ local function rate_limit(keys, now, rate, burst, limit, ttl)
     for i, s in ipairs(slots) do
       s.tokens = s.tokens - 1.0
       s.cur = s.cur + 1.0
-      redis.call('HSET', keys[i], 'tokens', string.format('%.17g', s.tokens), 'updated', string.format('%.17g', s.updated),
-        'wstart', string.format('%.17g', s.wstart), 'cur', string.format('%.17g', s.cur), 'prev', string.format('%.17g', s.prev))
+      stored[i] = {string.format('%.17g', s.tokens), string.format('%.17g', s.updated),
+        string.format('%.17g', s.wstart), string.format('%.17g', s.cur), string.format('%.17g', s.prev)}
+      redis.call('HSET', keys[i], 'tokens', stored[i][1], 'updated', stored[i][2], 'wstart', stored[i][3],
+        'cur', stored[i][4], 'prev', stored[i][5])
       redis.call('EXPIRE', keys[i], ttl)
     end
   end
@@ -136,12 +145,17 @@ local function rate_limit(keys, now, rate, burst, limit, ttl)
   end
   local retry = 0
   if not allowed then retry = math.max(1, math.ceil(wait)) end
-  return allowed, math.max(0, remaining), math.max(0, math.ceil(wnow + W - now)), retry, stored
+  local next_refused = not allowed
+  for i, s in ipairs(slots) do
+    if s.tokens < 1.0 or estimate(s) + 1.0 > limit then next_refused = true end
+  end
+  return allowed, math.max(0, remaining), math.max(0, math.ceil(wnow + W - now)), retry, stored, next_refused
 end
 """
 # KEYS: the rate limit's subjects, then (when ARGV[6] = 1) the admission's hash. ARGV[1..5]: now,
 # rate, burst, limit, ttl; ARGV[7..12]: the admission's (admissions.admission_args). Returns
-# {allowed, remaining, reset, retry, admitted (1/0; -1 not judged), refused slots as stored...}.
+# {allowed, remaining, reset, retry, admitted (1/0; -1 not judged), and when the subjects' next
+# request would be refused, their slots as stored...}.
 SCRIPT = (
     RATE_LIMIT_FN
     + ADMIT_FN
@@ -149,15 +163,15 @@ SCRIPT = (
 local wants = ARGV[6] == '1'
 local subjects = {}
 for i = 1, #KEYS - (wants and 1 or 0) do subjects[i] = KEYS[i] end
-local allowed, remaining, reset, retry, stored = rate_limit(
+local allowed, remaining, reset, retry, stored, next_refused = rate_limit(
   subjects, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
 local admitted = -1
 if allowed and wants then
   admitted = admit(KEYS[#KEYS], ARGV, 7)
 end
 local result = {allowed and 1 or 0, remaining, reset, retry, admitted}
-if not allowed then
-  -- the slots as stored (a refusal writes nothing), for the caller's copy
+if next_refused then
+  -- the slots as stored after this call (a refusal writes nothing), for the caller's copy
   for i, h in ipairs(stored) do
     for f = 1, 5 do result[#result + 1] = h[1] and h[f] or '' end
   end
@@ -181,11 +195,14 @@ class RedisStore:
         self._release = self._redis.register_script(RELEASE)
         self._releases: set[asyncio.Task[None]] = set()
         self._outage_log, self._release_log = Throttled(log), Throttled(log)
-        # Subjects Redis refused, with their slots as Redis had them. Only refusals are kept:
-        # replicas only ever take from a slot, so a request these copies refuse, Redis would refuse
-        # too, and a flood over its limit is answered here without a round trip. The first request
-        # the copy would let through goes to Redis again.
+        # Subjects whose next request Redis would refuse (it refused the last one, or the last one
+        # took their last token), with their slots as Redis stored them. Replicas only ever take
+        # from a slot, so a request these copies refuse, Redis would refuse too, and a flood over
+        # its limit is answered here without a round trip. The first request the copy would let
+        # through goes to Redis again; the requests behind it wait for that judgment (`judging`)
+        # instead of each asking Redis during its round trip.
         self._refused: dict[tuple[str, ...], list[Slot | None]] = {}
+        self._judging: dict[tuple[str, ...], asyncio.Future[None]] = {}
 
     async def hit(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision:
         return (await self.hit_and_admit(subjects, limits, now, None))[0]
@@ -200,7 +217,21 @@ class RedisStore:
         refusal = self.refused(subjects, limits, now)
         if refusal is not None:
             return refusal, None
-        self._refused.pop(subjects, None)  # the copy would let this one through: Redis judges it
+        judged: asyncio.Future[None] | None = None
+        if self._refused.pop(subjects, None) is not None and subjects not in self._judging:
+            # The copy would let this one through: Redis judges it, and the requests of the same
+            # subjects that arrive meanwhile wait for that (a flood would send each of them).
+            judged = self._judging[subjects] = asyncio.get_running_loop().create_future()
+        try:
+            return await self._judge(subjects, limits, now, admission)
+        finally:
+            if judged is not None:
+                del self._judging[subjects]
+                judged.set_result(None)
+
+    async def _judge(
+        self, subjects: tuple[str, ...], limits: Limits, now: float, admission: CallsView | None
+    ) -> tuple[Decision, bool | None]:
         # Idle slots expire once a full bucket and an empty window would be the same thing.
         ttl = int(2 * WINDOW_S + math.ceil(limits.burst / limits.per_second))
         keys = [self._prefix + s for s in subjects]
@@ -214,7 +245,7 @@ class RedisStore:
             STORE_ERRORS.inc()
             self._outage_log.warning("rate-limit store failed; allowing calls (see the store errors metric)", exc_info=True)
             return Decision(True, limits.per_minute, limits.per_minute, 0, 0), None
-        if not allowed:
+        if stored:  # the next request would be refused: keep the slots to refuse it here
             if len(self._refused) >= MAX_REFUSED:
                 self._refused.clear()
             self._refused[subjects] = [_slot(stored[i : i + 5]) for i in range(0, len(stored), 5)]
@@ -227,6 +258,11 @@ class RedisStore:
             return None
         decision, _ = evaluate(copy, limits, now)
         return None if decision.allowed else decision
+
+    def judging(self, subjects: Sequence[str]) -> asyncio.Future[None] | None:
+        """Redis's judgment in flight of the request these subjects' copy let through last, if
+        any: a request it would refuse can wait for it and ask `refused` again."""
+        return self._judging.get(tuple(subjects))
 
     async def release(self, admission: CallsView) -> None:
         """Give back one admission of `admission`'s account and period: its call ended refused,

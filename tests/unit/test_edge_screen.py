@@ -2,8 +2,10 @@
 exactly as the route's dependency answers them. The product's own app (`create_app`: its
 middleware, error handlers and routing) driven straight through ASGI, no I/O."""
 
+import asyncio
 import json
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,6 +16,8 @@ from contracts.common import Role
 from contracts.credentials import hash_secret
 from contracts.events import KeyState, RateLimit
 from services.edge.edge import Edge
+from services.edge.rate_limit import Decision, Limits
+from services.edge.rate_store import MemoryStore
 from services.runtime.host.app import create_app
 from services.runtime.platform.settings import Settings
 
@@ -166,3 +170,39 @@ async def test_a_body_over_the_limit_is_still_413_before_the_screen(app: Any) ->
     await call(app, UNKNOWN)
     answer = await call(app, UNKNOWN, extra=[(b"content-length", str(10**9).encode())])
     assert (answer.status, answer.body["error"]["code"]) == (413, "payload_too_large")
+
+
+class JudgedElsewhere:
+    """A limiter (the in-process one inside) whose judgment of the key is in flight until
+    `pending` is done: a refusal copy that let a call through, waiting for Redis's answer."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        self.inner = inner
+        self.pending: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def hit(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision:
+        return await self.inner.hit(subjects, limits, now)
+
+    def refused(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision | None:
+        return self.inner.refused(subjects, limits, now) if self.pending.done() else None
+
+    def judging(self, subjects: Sequence[str]) -> asyncio.Future[None] | None:
+        return None if self.pending.done() else self.pending
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_call_arriving_while_its_key_is_judged_waits_for_that_judgment_and_is_screened_again(app: Any) -> None:
+    edge: Edge = app.state.runtime.edge
+    edge.plans.default = RateLimit(per_second=0.001, burst=1, per_minute=1)
+    assert (await call(app, ENABLED)).routed  # the path is screened from now on; the only token is taken
+    assert isinstance(edge.limiter, MemoryStore)
+    limiter = edge.limiter = JudgedElsewhere(edge.limiter)
+    waiting = asyncio.create_task(call(app, ENABLED))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not waiting.done()  # neither answered nor sent down its route while the judgment is out
+    limiter.pending.set_result(None)  # the judgment came back: the key is over its limit
+    answer = await waiting
+    assert not answer.routed and answer.status == 429 and answer.body["error"]["code"] == "rate_limited"
