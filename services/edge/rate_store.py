@@ -36,7 +36,7 @@ class RateLimitStore(Protocol):
         nothing. The edge's screen asks it before routing (screen.py)."""
         ...
 
-    def judging(self, subjects: Sequence[str]) -> "asyncio.Future[None] | None":
+    def judging(self, subjects: Sequence[str]) -> asyncio.Future[None] | None:
         """A judgment of these subjects in flight that `refused` may answer differently after."""
         ...
 
@@ -179,7 +179,7 @@ end
 return result
 """
 )
-MAX_REFUSED = 100_000  # subjects remembered as refused; forgotten all at once beyond
+MAX_COPIES = 100_000  # subjects whose slots are copied; forgotten all at once beyond
 
 
 class RedisStore:
@@ -201,7 +201,7 @@ class RedisStore:
         # its limit is answered here without a round trip. The first request the copy would let
         # through goes to Redis again; the requests behind it wait for that judgment (`judging`)
         # instead of each asking Redis during its round trip.
-        self._refused: dict[tuple[str, ...], list[Slot | None]] = {}
+        self._copies: dict[tuple[str, ...], list[Slot | None]] = {}
         self._judging: dict[tuple[str, ...], asyncio.Future[None]] = {}
 
     async def hit(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision:
@@ -218,7 +218,7 @@ class RedisStore:
         if refusal is not None:
             return refusal, None
         judged: asyncio.Future[None] | None = None
-        if self._refused.pop(subjects, None) is not None and subjects not in self._judging:
+        if self._copies.pop(subjects, None) is not None and subjects not in self._judging:
             # The copy would let this one through: Redis judges it, and the requests of the same
             # subjects that arrive meanwhile wait for that (a flood would send each of them).
             judged = self._judging[subjects] = asyncio.get_running_loop().create_future()
@@ -246,14 +246,14 @@ class RedisStore:
             self._outage_log.warning("rate-limit store failed; allowing calls (see the store errors metric)", exc_info=True)
             return Decision(True, limits.per_minute, limits.per_minute, 0, 0), None
         if stored:  # the next request would be refused: keep the slots to refuse it here
-            if len(self._refused) >= MAX_REFUSED:
-                self._refused.clear()
-            self._refused[subjects] = [_slot(stored[i : i + 5]) for i in range(0, len(stored), 5)]
+            if len(self._copies) >= MAX_COPIES:
+                self._copies.clear()
+            self._copies[subjects] = [_slot(stored[i : i + 5]) for i in range(0, len(stored), 5)]
         decision = Decision(bool(allowed), limits.per_minute, int(remaining), int(reset), int(retry))
         return decision, None if admitted == -1 else bool(admitted)
 
     def refused(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision | None:
-        copy = self._refused.get(tuple(subjects))
+        copy = self._copies.get(tuple(subjects))
         if copy is None:
             return None
         decision, _ = evaluate(copy, limits, now)
