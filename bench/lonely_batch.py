@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.idle import cpu_seconds
 from bench.stats import ratio_line
 from contracts.events import CallEvent
 from services.metering.ingest import canonical
@@ -32,12 +33,6 @@ from tests.support.apps import REPO, free_port
 
 PAUSE_S = 0.15
 SETTLE_S = 3.0  # the merges a batch's part sets off are part of its cost
-
-
-def server_cpu(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()  # after "(comm) ": field 3 is index 0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def call_event(account: uuid.UUID) -> bytes:
@@ -57,12 +52,12 @@ def call_event(account: uuid.UUID) -> bytes:
 
 async def paced(n: int, pid: int, step: Callable[[], Awaitable[object]]) -> tuple[float, float]:
     """(client ms, server ms) of CPU per step, `n` steps PAUSE_S apart."""
-    client, server = time.process_time(), server_cpu(pid)
+    client, server = time.process_time(), cpu_seconds(pid)
     for _ in range(n):
         await step()
         await asyncio.sleep(PAUSE_S)
     await asyncio.sleep(SETTLE_S)
-    return (time.process_time() - client) / n * 1000, (server_cpu(pid) - server) / n * 1000
+    return (time.process_time() - client) / n * 1000, (cpu_seconds(pid) - server) / n * 1000
 
 
 async def main(batches: int) -> None:

@@ -37,6 +37,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.idle import cpu_seconds as process_cpu_seconds
 from bench.stats import ratio_line, summary_ms
 from contracts.common import Resource
 from contracts.events import UsageEvent
@@ -113,15 +114,13 @@ ELSEWHERE: dict[str, Path] = {}
 
 
 def elsewhere_cpu() -> dict[str, float]:
-    """utime + stime (s) of each process in ELSEWHERE that runs (fields 14 and 15 of /proc/<pid>/stat)."""
+    """The CPU seconds of each process in ELSEWHERE that runs."""
     seconds = {}
     for label, pid_file in ELSEWHERE.items():
         try:
-            stat = Path(f"/proc/{pid_file.read_text().split()[0]}/stat").read_text()
-        except (OSError, IndexError):
+            seconds[label] = process_cpu_seconds(int(pid_file.read_text().split()[0]))
+        except (OSError, IndexError, ValueError):
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        seconds[label] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return seconds
 
 
