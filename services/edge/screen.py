@@ -8,6 +8,12 @@ round 11). It sits inside RequestMiddleware (the call's context and event, the r
 and the body limit (a 413 still comes first). While Redis judges the call that a key's refusal
 copy let through, the key's other calls wait for that judgment and are screened again: a flood
 would otherwise send every call that arrives during the round trip down the whole route to Redis.
+
+Refusals yield to served calls: while this process has calls past the screen in flight, a refusal
+is answered after `REFUSAL_YIELD_S`. A client that floods over one connection at a time (as HTTP/1.1
+clients do) then gets at most ten answers a second per connection while others are served, and
+cannot starve them of the cores; a flood alone is answered at once (BENCHMARKS.md, "http_load",
+round 16). The refusal is decided before the wait, so the wait changes only when it is heard.
 """
 
 import asyncio
@@ -17,20 +23,32 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from services.edge.edge import Edge
 from services.edge.errors import api_error_response
 
+REFUSAL_YIELD_S = 0.1
+
 
 class RefusalScreen:
     def __init__(self, app: ASGIApp, edge: Edge) -> None:
         self.app = app
         self.edge = edge
+        self._serving = 0  # this process's HTTP calls past the screen, not yet answered
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self.edge.screen(scope)
+        judging = self.edge.judging(scope) if refusal is None else None
+        if judging is not None:  # the key's limit is being judged again: its answer decides this one too
+            await asyncio.shield(judging)
             refusal = self.edge.screen(scope)
-            judging = self.edge.judging(scope) if refusal is None else None
-            if judging is not None:  # the key's limit is being judged again: its answer decides this one too
-                await asyncio.shield(judging)
-                refusal = self.edge.screen(scope)
-            if refusal is not None:
-                await api_error_response(scope, refusal)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        if refusal is not None:
+            response = api_error_response(scope, refusal)
+            if self._serving:
+                await asyncio.sleep(REFUSAL_YIELD_S)
+            await response(scope, receive, send)
+            return
+        self._serving += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._serving -= 1

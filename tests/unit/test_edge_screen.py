@@ -18,6 +18,7 @@ from contracts.events import KeyState, RateLimit
 from services.edge.edge import Edge
 from services.edge.rate_limit import Decision, Limits
 from services.edge.rate_store import MemoryStore
+from services.edge.screen import REFUSAL_YIELD_S
 from services.runtime.host.app import create_app
 from services.runtime.platform.settings import Settings
 
@@ -50,7 +51,13 @@ class Answer:
 
 
 async def call(
-    app: Any, token: str | None, *, method: str = "GET", path: str = PATH, extra: list[tuple[bytes, bytes]] | None = None
+    app: Any,
+    token: str | None,
+    *,
+    method: str = "GET",
+    path: str = PATH,
+    extra: list[tuple[bytes, bytes]] | None = None,
+    body_sent: asyncio.Event | None = None,
 ) -> Answer:
     headers = [(b"host", b"tollgate"), (b"user-agent", b"test/1"), *(extra or [])]
     if token is not None:
@@ -63,7 +70,9 @@ async def call(
     messages: list[Message] = []
 
     async def receive() -> Message:
-        return {"type": "http.request", "body": b"", "more_body": False}
+        if body_sent is not None:  # a client still sending its body: the call is being served meanwhile
+            await body_sent.wait()
+        return {"type": "http.request", "body": b"{}", "more_body": False}
 
     async def send(message: Message) -> None:
         messages.append(message)
@@ -206,3 +215,25 @@ async def test_a_call_arriving_while_its_key_is_judged_waits_for_that_judgment_a
     limiter.pending.set_result(None)  # the judgment came back: the key is over its limit
     answer = await waiting
     assert not answer.routed and answer.status == 429 and answer.body["error"]["code"] == "rate_limited"
+
+
+async def test_a_refusal_yields_while_other_calls_are_served_and_is_answered_at_once_when_none_are(app: Any) -> None:
+    loop = asyncio.get_running_loop()
+    await call(app, UNKNOWN)  # the path is screened from now on
+    body_sent = asyncio.Event()
+    served = asyncio.create_task(
+        call(app, ENABLED, method="POST", extra=[(b"content-type", b"application/json")], body_sent=body_sent)
+    )
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not served.done()  # past the screen, waiting for its body
+    started = loop.time()
+    refused = await call(app, UNKNOWN)
+    assert not refused.routed and refused.status == 401
+    assert loop.time() - started >= REFUSAL_YIELD_S * 0.99  # answered, after yielding to the call being served
+    body_sent.set()
+    assert (await served).routed
+    alone = asyncio.create_task(call(app, UNKNOWN))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert alone.done() and alone.result().status == 401  # nothing served: no timer, no wait
