@@ -93,8 +93,8 @@ async def test_a_flood_of_refused_calls_neither_crowds_out_nor_miscounts_another
             while not done.is_set():
                 r = await client.get("/api/geo/projects", headers=bearer(secret))
                 seen[(name, r.status_code)] += 1
-                # A refusal answered at once (nothing else served) does not wait: pause so the process's own work (Postgres,
-                # Kafka) still gets the loop, as a real server's network reads would.
+                # A refusal with nothing else being served is answered at once: pause so the process's
+                # own work (Postgres, Kafka) still gets the loop, as a real server's network reads would.
                 await asyncio.sleep(0.002)
 
         overloaded: list[httpx.Response] = []

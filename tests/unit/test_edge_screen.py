@@ -70,8 +70,9 @@ async def call(
     messages: list[Message] = []
 
     async def receive() -> Message:
-        if body_sent is not None:  # a client still sending its body: the call is being served meanwhile
-            await body_sent.wait()
+        if body_sent is None:
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await body_sent.wait()  # a client still sending its body: the call is being served meanwhile
         return {"type": "http.request", "body": b"{}", "more_body": False}
 
     async def send(message: Message) -> None:
