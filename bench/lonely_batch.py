@@ -29,6 +29,7 @@ from contracts.events import CallEvent
 from services.metering.ingest import canonical
 from services.metering.store import MeteringStore
 from services.runtime.host import stack
+from tests.support import backfill
 from tests.support.apps import REPO, free_port
 
 PAUSE_S = 0.15
@@ -36,18 +37,8 @@ SETTLE_S = 3.0  # the merges a batch's part sets off are part of its cost
 
 
 def call_event(account: uuid.UUID) -> bytes:
-    event = CallEvent(
-        time=datetime.now(UTC),
-        account_id=account,
-        api_key_id=uuid.uuid4(),
-        method="GET",
-        path="/api/geo/projects",
-        status=200,
-        ip="127.0.0.1",
-        user_agent="bench",
-        latency_ms=1.0,
-    )
-    return event.model_dump_json().encode()
+    """A call made now (the shared factory stamps historical times)."""
+    return backfill.call(account, 0).model_copy(update={"time": datetime.now(UTC)}).model_dump_json().encode()
 
 
 async def paced(n: int, pid: int, step: Callable[[], Awaitable[object]]) -> tuple[float, float]:
