@@ -9,17 +9,22 @@ and the body limit (a 413 still comes first). While Redis judges the call that a
 copy let through, the key's other calls wait for that judgment and are screened again: a flood
 would otherwise send every call that arrives during the round trip down the whole route to Redis.
 
-Refusals yield to served calls: while this process has calls past the screen in flight, a refusal
-is answered after `REFUSAL_YIELD_S`. A client that floods over one connection at a time (as HTTP/1.1
-clients do) then gets at most ten answers a second per connection while others are served, and
-cannot starve them of the cores; a flood alone is answered at once (BENCHMARKS.md, "http_load",
-round 16). The refusal is decided before the wait, so the wait changes only when it is heard.
+Refusals yield to other tenants' served calls: while this process has calls past the screen in
+flight that are not of the refused call's account, a refusal is answered after `REFUSAL_YIELD_S`. A
+client that floods over one connection at a time (as HTTP/1.1 clients do) then gets at most ten
+answers a second per connection while others are served, and cannot starve them of the cores; a
+flood alone, or beside its own account's admitted calls, is answered at once (BENCHMARKS.md,
+"http_load", rounds 16 and 18). An unknown key's refusal is nobody's: it yields to every served
+call. The refusal is decided before the wait, so the wait changes only when it is heard.
 """
 
 import asyncio
+from collections import Counter
+from uuid import UUID
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from services.edge.context import context_of
 from services.edge.edge import Edge
 from services.edge.errors import api_error_response
 
@@ -31,6 +36,7 @@ class RefusalScreen:
         self.app = app
         self.edge = edge
         self._serving = 0  # this process's HTTP calls past the screen, not yet answered
+        self._serving_of: Counter[UUID] = Counter()  # those of them made with an API key, by its account
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -43,12 +49,29 @@ class RefusalScreen:
             refusal = self.edge.screen(scope)
         if refusal is not None:
             response = api_error_response(scope, refusal)
-            if self._serving:
+            account = _account(scope)
+            if self._serving > (self._serving_of[account] if account is not None else 0):
                 await asyncio.sleep(REFUSAL_YIELD_S)
             await response(scope, receive, send)
             return
+        account = _account(scope)
         self._serving += 1
+        if account is not None:
+            self._serving_of[account] += 1
         try:
             await self.app(scope, receive, send)
         finally:
             self._serving -= 1
+            if account is not None:
+                self._serving_of[account] -= 1
+                if not self._serving_of[account]:
+                    del self._serving_of[account]  # (a flood of accounts must not grow it)
+
+
+def _account(scope: Scope) -> UUID | None:
+    """The account of a screened call: its API key's, once the screen let it through or logged its
+    refusal (a known key's); None for anything else (a session, an unknown key)."""
+    context = context_of(scope)
+    if context.principal is not None:
+        return context.principal.account_id
+    return context.call.account_id if context.call is not None else None

@@ -218,7 +218,9 @@ async def test_a_call_arriving_while_its_key_is_judged_waits_for_that_judgment_a
     assert not answer.routed and answer.status == 429 and answer.body["error"]["code"] == "rate_limited"
 
 
-async def test_a_refusal_yields_while_other_calls_are_served_and_is_answered_at_once_when_none_are(app: Any) -> None:
+async def test_a_refusal_yields_while_other_tenants_calls_are_served_and_is_answered_at_once_when_none_are(
+    app: Any,
+) -> None:
     loop = asyncio.get_running_loop()
     await call(app, UNKNOWN)  # the path is screened from now on
     body_sent = asyncio.Event()
@@ -238,3 +240,23 @@ async def test_a_refusal_yields_while_other_calls_are_served_and_is_answered_at_
     for _ in range(20):
         await asyncio.sleep(0)
     assert alone.done() and alone.result().status == 401  # nothing served: no timer, no wait
+
+
+async def test_a_refusal_does_not_yield_to_its_own_accounts_served_calls(app: Any) -> None:
+    """A flood beside its own admitted calls (one per refill) is not held back by them."""
+    post: dict[str, Any] = {"method": "POST", "extra": [(b"content-type", b"application/json")]}
+    await call(app, DISABLED)
+    await call(app, ENABLED, **post)  # both paths are screened from now on: the screen knows the POST's account
+    body_sent = asyncio.Event()
+    served = asyncio.create_task(call(app, ENABLED, **post, body_sent=body_sent))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not served.done()  # past the screen, waiting for its body
+    own = asyncio.create_task(call(app, DISABLED))  # the same account's key, refused
+    others = asyncio.create_task(call(app, UNKNOWN))  # nobody's: yields to every served call
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert own.done() and (own.result().status, own.result().body["error"]["code"]) == (401, "api_key_disabled")
+    assert not others.done()
+    body_sent.set()
+    assert (await served).routed and (await others).status == 401
