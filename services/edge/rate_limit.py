@@ -107,9 +107,9 @@ def evaluate(slots: Sequence[Slot | None], limits: Limits, now: float) -> tuple[
     """Judge one request against every subject; the new slots only if it is allowed (a rejected
     request consumes nothing, from no subject and no limit)."""
     current = [advance(s, limits, now) for s in slots]
-    blocked = [s for s in current if s.tokens < 1.0 or estimate(s, now) + 1.0 > limits.per_minute]
+    blocked = _blocked(current, limits, now)
     allowed = not blocked
-    wait = max((max(bucket_wait(s, limits), window_wait(s, limits, now)) for s in blocked), default=0.0)
+    wait = _wait(blocked, limits, now)
     after = [Slot(s.tokens - 1.0, s.updated, s.wstart, s.cur + 1.0, s.prev) for s in current] if allowed else current
     remaining = min((math.floor(limits.per_minute - estimate(s, now)) for s in after), default=limits.per_minute)
     reset = math.ceil(window_start(now) + WINDOW_S - now)
@@ -121,3 +121,34 @@ def evaluate(slots: Sequence[Slot | None], limits: Limits, now: float) -> tuple[
         retry_after_s=0 if allowed else max(1, math.ceil(wait)),
     )
     return decision, (after if allowed else None)
+
+
+# Float rounding may move a boundary the arithmetic below predicts by a few ulps: stop short of it.
+STEADY_MARGIN_S = 0.001
+
+
+def refusal_lasts(slots: Sequence[Slot | None], limits: Limits, now: float, refusal: Decision) -> float:
+    """Seconds from `now` during which `evaluate(slots, limits, t)` answers `refusal` again, the
+    slots unchanged (a refusal writes nothing), so that a flood's refusals can share it. Within
+    the current whole second the window does not roll and X-RateLimit-Reset does not tick; each
+    blocked subject's wait falls by at most a second a second, so Retry-After cannot tick down
+    (nor a call be allowed) before the wait has fallen to the next whole number below; a subject's
+    estimate falls at `prev / 60` a second, so X-RateLimit-Remaining cannot rise before
+    `limit - estimate` has reached the next whole number above."""
+    current = [advance(s, limits, now) for s in slots]
+    until_retry_ticks = _wait(_blocked(current, limits, now), limits, now) - (refusal.retry_after_s - 1.0)
+    lasts = min(math.floor(now) + 1.0 - now, until_retry_ticks)
+    for slot in current:
+        if slot.prev > 0:
+            room = limits.per_minute - estimate(slot, now)
+            lasts = min(lasts, (math.floor(room) + 1.0 - room) * WINDOW_S / slot.prev)
+    return max(0.0, lasts - STEADY_MARGIN_S)
+
+
+def _blocked(current: Sequence[Slot], limits: Limits, now: float) -> list[Slot]:
+    return [s for s in current if s.tokens < 1.0 or estimate(s, now) + 1.0 > limits.per_minute]
+
+
+def _wait(blocked: Sequence[Slot], limits: Limits, now: float) -> float:
+    """Seconds until every blocked subject would let one more request through."""
+    return max((max(bucket_wait(s, limits), window_wait(s, limits, now)) for s in blocked), default=0.0)

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client import Counter
@@ -20,7 +21,7 @@ from redis.asyncio import Redis
 
 from services.edge.admissions import ADMISSION_STORE_ERRORS, ADMIT_FN, RELEASE, admission_args, admission_key
 from services.edge.quota_gate import CallsView
-from services.edge.rate_limit import WINDOW_S, Decision, Limits, Slot, evaluate
+from services.edge.rate_limit import WINDOW_S, Decision, Limits, Slot, evaluate, refusal_lasts
 from services.runtime.platform.logs import Throttled
 
 log = logging.getLogger(__name__)
@@ -201,7 +202,7 @@ class RedisStore:
         # its limit is answered here without a round trip. The first request the copy would let
         # through goes to Redis again; the requests behind it wait for that judgment (`judging`)
         # instead of each asking Redis during its round trip.
-        self._copies: dict[tuple[str, ...], list[Slot | None]] = {}
+        self._copies: dict[tuple[str, ...], _Copy] = {}
         self._judging: dict[tuple[str, ...], asyncio.Future[None]] = {}
 
     async def hit(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision:
@@ -248,16 +249,13 @@ class RedisStore:
         if stored:  # the next request would be refused: keep the slots to refuse it here
             if len(self._copies) >= MAX_COPIES:
                 self._copies.clear()
-            self._copies[subjects] = [_slot(stored[i : i + 5]) for i in range(0, len(stored), 5)]
+            self._copies[subjects] = _Copy([_slot(stored[i : i + 5]) for i in range(0, len(stored), 5)])
         decision = Decision(bool(allowed), limits.per_minute, int(remaining), int(reset), int(retry))
         return decision, None if admitted == -1 else bool(admitted)
 
     def refused(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision | None:
         copy = self._copies.get(tuple(subjects))
-        if copy is None:
-            return None
-        decision, _ = evaluate(copy, limits, now)
-        return None if decision.allowed else decision
+        return None if copy is None else copy.refused(limits, now)
 
     def judging(self, subjects: Sequence[str]) -> asyncio.Future[None] | None:
         """Redis's judgment in flight of the request these subjects' copy let through last, if
@@ -293,6 +291,29 @@ class RedisStore:
         if self._releases:
             await asyncio.gather(*self._releases)
         await self._redis.aclose()  # type: ignore[attr-defined]  # types-redis predates aclose()
+
+
+@dataclass(slots=True)
+class _Copy:
+    """Some subjects' slots as Redis stored them at their last judgment, and the last refusal
+    judged from them, which holds from `since` until `until` for `limits` (a flood's thousands
+    of refusals a second share it instead of each judging the slots again)."""
+
+    slots: list[Slot | None]
+    refusal: Decision | None = None
+    limits: Limits | None = None
+    since: float = 0.0
+    until: float = 0.0
+
+    def refused(self, limits: Limits, now: float) -> Decision | None:
+        if self.refusal is not None and self.since <= now < self.until and limits == self.limits:
+            return self.refusal
+        decision, _ = evaluate(self.slots, limits, now)
+        if decision.allowed:
+            return None
+        self.refusal, self.limits, self.since = decision, limits, now
+        self.until = now + refusal_lasts(self.slots, limits, now, decision)
+        return decision
 
 
 def _slot(fields: Sequence[bytes]) -> Slot | None:

@@ -5,8 +5,8 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.edge.rate_limit import Limits, Slot, evaluate
-from services.edge.rate_store import MemoryStore
+from services.edge.rate_limit import STEADY_MARGIN_S, Limits, Slot, evaluate, refusal_lasts
+from services.edge.rate_store import MemoryStore, _Copy
 
 T0 = 1_800_000_000.0  # a minute boundary
 
@@ -92,3 +92,60 @@ def test_retry_after_is_honest(times, limits):
             continue
         retry, _ = evaluate([slot], limits, T0 + t + decision.retry_after_s + 1e-6)
         assert retry.allowed, (decision, slot)
+
+
+def test_a_refusal_lasts_until_its_headers_or_its_answer_would_change():
+    store, limits = MemoryStore(), Limits(per_second=1, burst=1, per_minute=1000)
+    assert run(store, ("k",), limits, T0 + 10.0).allowed  # the only token
+    slots = [store._slots["k"]]
+    refusal, _ = evaluate(slots, limits, T0 + 10.25)
+    assert (refusal.allowed, refusal.retry_after_s, refusal.reset_s) == (False, 1, 50)
+    # The token is back at T0 + 11, when Reset ticks too: the refusal holds until just before.
+    assert refusal_lasts(slots, limits, T0 + 10.25, refusal) == 0.75 - STEADY_MARGIN_S
+    assert evaluate(slots, limits, T0 + 10.9985)[0] == refusal
+    assert evaluate(slots, limits, T0 + 11.0)[0].allowed
+
+
+def test_a_refusal_lasts_until_the_fading_previous_minute_frees_one_more_request():
+    limits = Limits(per_second=1, burst=1, per_minute=100)
+    now = T0 + 90.05  # 30.05 s into the minute: the previous minute's 90 calls weigh 44.925
+    slots: list[Slot | None] = [Slot(tokens=0.0, updated=now, wstart=T0 + 60, cur=0.0, prev=90.0)]
+    refusal, _ = evaluate(slots, limits, now)
+    assert (refusal.allowed, refusal.remaining, refusal.retry_after_s) == (False, 55, 1)
+    lasts = refusal_lasts(slots, limits, now, refusal)  # 0.925 more to fade, at 90/60 a second
+    assert abs(lasts - (0.925 / 1.5 - STEADY_MARGIN_S)) < 1e-6  # (the clock's doubles: ~1e-7 s apart)
+    assert evaluate(slots, limits, now + lasts)[0] == refusal
+    assert evaluate(slots, limits, now + lasts + 2 * STEADY_MARGIN_S)[0].remaining == 56
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    key_times=times,
+    other_times=times,
+    limits=limit_sets,
+    at=st.floats(min_value=0, max_value=360, allow_nan=False),
+    later=st.lists(st.floats(min_value=0, max_value=1, exclude_max=True), min_size=1, max_size=20),
+)
+def test_a_refusal_is_what_evaluate_answers_for_as_long_as_it_lasts(key_times, other_times, limits, at, later):
+    """The account's slot takes another key's calls too: two subjects, each with its own past."""
+    store = MemoryStore()
+    for t in sorted(key_times + other_times):
+        run(store, ("acct", "key" if t in key_times else "other"), limits, T0 + t)
+    slots = [store._slots.get("acct"), store._slots.get("key")]
+    now = T0 + max(at, *key_times, *other_times)
+    refusal, _ = evaluate(slots, limits, now)
+    if refusal.allowed:
+        return
+    lasts = refusal_lasts(slots, limits, now, refusal)
+    for u in [*later, 1 - 1e-9]:
+        assert evaluate(slots, limits, now + u * lasts)[0] == refusal, (slots, now, lasts, u)
+
+
+def test_a_copy_of_redis_slots_shares_its_refusal_while_it_lasts_and_judges_again_after():
+    limits = Limits(per_second=1, burst=1, per_minute=1000)
+    copy = _Copy([Slot(tokens=0.0, updated=T0 + 10, wstart=T0, cur=1.0, prev=0.0)])
+    first = copy.refused(limits, T0 + 10.25)
+    assert first is not None and copy.refused(limits, T0 + 10.5) is first  # the flood's next refusal: shared
+    slower = copy.refused(Limits(per_second=0.5, burst=1, per_minute=1000), T0 + 10.5)  # another plan: judged
+    assert slower is not None and slower.retry_after_s == 2
+    assert copy.refused(limits, T0 + 11.0) is None  # the token is back: Redis judges the call
