@@ -44,7 +44,7 @@ DROPPED = Counter("tollgate_edge_call_events_dropped_total", "calls.v1 events dr
 SENT = Counter("tollgate_edge_call_events_sent_total", "calls.v1 events acknowledged by Kafka")
 RETRIED = Counter("tollgate_edge_call_events_retried_total", "calls.v1 events Kafka did not acknowledge, sent again")
 OVERLOADED = Counter("tollgate_edge_overloaded_total", "API-key calls refused with 503 overloaded: the admitted lane was full")
-FOLDED = Counter("tollgate_edge_refused_calls_folded_total", "refused calls folded into another's event (its count)")
+FOLDED = Counter("tollgate_edge_refused_calls_folded_total", "refused calls folded into one event per key, code and second")
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -184,7 +184,6 @@ class CallLanes:
                 "refused-call lane and its folds are full: refused calls dropped (tollgate_edge_call_events_dropped_total)"
             )
             return False
-        FOLDED.inc(call.count)
         return folded is None
 
     def __len__(self) -> int:
@@ -200,8 +199,9 @@ class CallLanes:
             calls.append(self.refused.popleft())
         if self.folded and len(calls) < limit:
             now = int(self._clock())
-            for key in [key for key in self.folded if key[2] < now][: limit - len(calls)]:
-                calls.append(self.folded.pop(key))
+            folds = [self.folded.pop(key) for key in [key for key in self.folded if key[2] < now][: limit - len(calls)]]
+            FOLDED.inc(sum(fold.count for fold in folds))  # once per batch, not per folded call: a flood's path
+            calls += folds
         return calls
 
     def until_folds_close(self) -> float:
