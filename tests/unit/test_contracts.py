@@ -98,6 +98,23 @@ def test_events_refuse_naive_times_and_bad_fields():
         UsageEvent(time=NOW, account_id=ACCOUNT, resource="gold", quantity=1, source="x")
 
 
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"per_second": float("inf")},
+        {"per_second": float("nan")},
+        {"per_second": 5e-324},  # its burst's refill time is infinite
+        {"per_second": 0},
+        {"burst": 0},
+        {"burst": 10**400},  # past a float
+        {"per_minute": 10**10},
+    ],
+)
+def test_rate_limits_that_would_overflow_the_limiters_arithmetic_are_refused(limits):
+    with pytest.raises(ValidationError):
+        RateLimit.model_validate({"per_second": 1, "burst": 2, "per_minute": 60} | limits)
+
+
 def test_compacted_topics_and_dead_letters():
     assert KEYS.config["cleanup.policy"] == "compact" and QUOTA.config["cleanup.policy"] == "compact"
     assert len({t.name for t in ALL_TOPICS}) == len(ALL_TOPICS)
