@@ -199,7 +199,8 @@ class CallLanes:
             calls.append(self.refused.popleft())
         if self.folded and len(calls) < limit:
             now = int(self._clock())
-            folds = [self.folded.pop(key) for key in [key for key in self.folded if key[2] < now][: limit - len(calls)]]
+            closed = [key for key in self.folded if key[2] < now][: limit - len(calls)]
+            folds = [self.folded.pop(key) for key in closed]
             FOLDED.inc(sum(fold.count for fold in folds))  # once per batch, not per folded call: a flood's path
             calls += folds
         return calls

@@ -28,6 +28,15 @@ ENABLED, DISABLED, EXPIRED, DELETED = ("sk-" + c * 43 for c in "edxz")
 UNKNOWN = "sk-" + "u" * 43
 
 
+JSON_POST: dict[str, Any] = {"method": "POST", "extra": [(b"content-type", b"application/json")]}
+
+
+async def others_run() -> None:
+    """Let the loop's other tasks run until they wait on something or are done."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
 class Answer:
     def __init__(self, scope: dict[str, Any], messages: list[Message]) -> None:
         start = next(m for m in messages if m["type"] == "http.response.start")
@@ -210,8 +219,7 @@ async def test_a_call_arriving_while_its_key_is_judged_waits_for_that_judgment_a
     assert isinstance(edge.limiter, MemoryStore)
     limiter = edge.limiter = JudgedElsewhere(edge.limiter)
     waiting = asyncio.create_task(call(app, ENABLED))
-    for _ in range(5):
-        await asyncio.sleep(0)
+    await others_run()
     assert not waiting.done()  # neither answered nor sent down its route while the judgment is out
     limiter.pending.set_result(None)  # the judgment came back: the key is over its limit
     answer = await waiting
@@ -224,11 +232,8 @@ async def test_a_refusal_yields_while_other_tenants_calls_are_served_and_is_answ
     loop = asyncio.get_running_loop()
     await call(app, UNKNOWN)  # the path is screened from now on
     body_sent = asyncio.Event()
-    served = asyncio.create_task(
-        call(app, ENABLED, method="POST", extra=[(b"content-type", b"application/json")], body_sent=body_sent)
-    )
-    for _ in range(20):
-        await asyncio.sleep(0)
+    served = asyncio.create_task(call(app, ENABLED, **JSON_POST, body_sent=body_sent))
+    await others_run()
     assert not served.done()  # past the screen, waiting for its body
     started = loop.time()
     refused = await call(app, UNKNOWN)
@@ -237,25 +242,21 @@ async def test_a_refusal_yields_while_other_tenants_calls_are_served_and_is_answ
     body_sent.set()
     assert (await served).routed
     alone = asyncio.create_task(call(app, UNKNOWN))
-    for _ in range(20):
-        await asyncio.sleep(0)
+    await others_run()
     assert alone.done() and alone.result().status == 401  # nothing served: no timer, no wait
 
 
 async def test_a_refusal_does_not_yield_to_its_own_accounts_served_calls(app: Any) -> None:
     """A flood beside its own admitted calls (one per refill) is not held back by them."""
-    post: dict[str, Any] = {"method": "POST", "extra": [(b"content-type", b"application/json")]}
     await call(app, DISABLED)
-    await call(app, ENABLED, **post)  # both paths are screened from now on: the screen knows the POST's account
+    await call(app, ENABLED, **JSON_POST)  # both paths are screened from now on: the screen knows the POST's account
     body_sent = asyncio.Event()
-    served = asyncio.create_task(call(app, ENABLED, **post, body_sent=body_sent))
-    for _ in range(20):
-        await asyncio.sleep(0)
+    served = asyncio.create_task(call(app, ENABLED, **JSON_POST, body_sent=body_sent))
+    await others_run()
     assert not served.done()  # past the screen, waiting for its body
     own = asyncio.create_task(call(app, DISABLED))  # the same account's key, refused
     others = asyncio.create_task(call(app, UNKNOWN))  # nobody's: yields to every served call
-    for _ in range(20):
-        await asyncio.sleep(0)
+    await others_run()
     assert own.done() and (own.result().status, own.result().body["error"]["code"]) == (401, "api_key_disabled")
     assert not others.done()
     body_sent.set()
