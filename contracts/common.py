@@ -47,6 +47,7 @@ class ServiceScope(StrEnum):
     """(v2) What a service token (`st-...`) may do; never a user's permission."""
 
     USAGE_WRITE = "usage:write"
+    KEYS_VERIFY = "keys:verify"  # (v3) admit a customer's key through the edge: verify, authorize
 
 
 class Permission(StrEnum):

@@ -71,6 +71,9 @@ class CallEvent(Event):
     error_code: str | None = Field(default=None, max_length=64)
     # (v2) refused calls folded into one event per (key, error_code, second) when their lane is full
     count: int = Field(default=1, ge=1, le=2**31 - 1)
+    # (v3) the platform service whose call this is (its service token's name, through verify or
+    # authorize); None on Tollgate's own routes
+    service: str | None = Field(default=None, max_length=200)
 
 
 # ---- keys.v1 (compacted, key = key id; tombstone on delete) ----------------------------------

@@ -93,6 +93,7 @@ class Call:
     admitted: bool = True  # travels in the admitted lane (holds a reserved place)
     count: int = 1  # > 1 once refused calls were folded into this one
     id: UUID | None = None  # given at the first serialisation, kept for every retry (idempotency)
+    service: str | None = None  # (v3) the platform service that verified this call, if one did
 
     def event(self) -> CallEvent:
         if self.id is None:
@@ -110,6 +111,7 @@ class Call:
             latency_ms=max(0.0, self.latency_ms),
             error_code=self.error_code,
             count=self.count,
+            service=self.service,
         )
 
 

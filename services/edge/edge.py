@@ -37,7 +37,7 @@ from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA, SERVICE_TOKENS, SES
 from services.edge import sessions
 from services.edge.admissions import ADMISSION_STORE_ERRORS
 from services.edge.calls import OVERLOADED, Call, CallRecorder, client_ip, parse_networks
-from services.edge.context import CallContext, context_of
+from services.edge.context import CALL_CONTEXT, CallContext, context_of
 from services.edge.errors import ApiError
 from services.edge.openapi_security import ADMIN_TOKEN, API_KEY, CONSOLE_SESSION, SERVICE_TOKEN, accepts
 from services.edge.principal import Principal
@@ -47,6 +47,7 @@ from services.edge.rate_limit import Decision, Limits
 from services.edge.rate_store import MemoryStore, RateLimitStore, RedisStore
 from services.edge.service_tokens import ServicePrincipal, ServiceTokenProjection
 from services.edge.session_revocations import RevokedSessions, UserSessions
+from services.edge.verdict import ServiceCall, Verdict
 from services.runtime.platform.logs import Throttled
 from services.runtime.platform.settings import Settings
 from services.runtime.platform.topic_follower import TopicFollower
@@ -270,17 +271,57 @@ class Edge:
         now = datetime.now(UTC)
         try:
             principal = self._authenticate_key(token, now, request)
-        except ApiError as refusal:
-            return refusal
+        except ApiError as unauthorized:
+            return unauthorized
+        limited = self._refused_by_copy(request, principal, now)
+        if limited is None:
+            context_of(scope).principal = principal
+        return limited
+
+    def _refused_by_copy(self, request: Request, principal: Principal, now: datetime) -> ApiError | None:
+        """The 429 of the rate limiter's copy of a refusal for this key's call (no I/O), logged
+        as a refused call; None: the copy would let it through (the limiter itself decides)."""
         account_id, key_id = principal.account_id, principal.api_key_id
         assert key_id is not None
         decision = self.limiter.refused(self._subjects_of(key_id, account_id), self._limits_of(account_id), time.time())
         if decision is None:
-            context_of(scope).principal = principal
             return None
         self._record_call(request, account_id, key_id, now)
-        context_of(scope).response_headers = decision.headers()
+        context_of(request.scope).response_headers = decision.headers()
         return _rate_limited(decision)
+
+    async def decide(self, call: ServiceCall, request_id: str) -> Verdict:
+        """(v3) The decision for a call another service received (verify, authorize): the same
+        checks, in the same order and with the same calls.v1 event, as a route that `requires`
+        `call.permission` and consumes `call.resource`. An admitted call is metered (api_calls,
+        calls.v1 naming the service); a refusal is logged like any refused call."""
+        now = datetime.now(UTC)
+        scope = call.scope()
+        context = scope[CALL_CONTEXT] = CallContext(request_id, time.perf_counter())
+        request = Request(scope)
+        principal: Principal | None = None
+        refusal: ApiError | None = None
+        try:
+            if not call.key:
+                raise _unauthorized(ErrorCode.MISSING_CREDENTIALS, "The call carried no API key.")
+            if not call.key.startswith(API_KEY_PREFIX):  # a session or a service token is no customer's key here
+                raise _unauthorized(ErrorCode.INVALID_API_KEY, "The API key is not valid.")
+            principal = self._authenticate_key(call.key, now, request)
+            refusal = self._refused_by_copy(request, principal, now)
+            if refusal is None:
+                counted = counts_as_api_call(call.method, call.path)
+                await self._admit_key_call(
+                    request, context, principal, call.permission, call.resource, counted, False, now, call.cost
+                )
+        except ApiError as error:
+            refusal = error
+        if refusal is not None:
+            context.error_code = refusal.code.value
+        if context.call is not None:
+            context.call.service = call.service
+        context.finish(200 if refusal is None else refusal.status, time.perf_counter() - context.started)
+        headers = {**(context.response_headers or {}), **(refusal.headers if refusal is not None else {})}
+        return Verdict(principal, refusal, headers, self.plans.plan(principal.account_id) if principal else None)
 
     def judging(self, scope: Scope) -> asyncio.Future[None] | None:
         """For a call `screen` let through: the rate limiter's judgment in flight of an earlier
@@ -303,13 +344,18 @@ class Edge:
                 if not self._is_operator(token):
                     self.authenticate(request, now)  # a bad customer credential is still its own 401
                 raise ApiError(403, ErrorCode.PERMISSION_DENIED, "Only a platform service token may call this endpoint.")
-            service = self._authenticate_service(token)
-            if scope not in service.scopes:
-                raise ApiError(403, ErrorCode.PERMISSION_DENIED, f"The service token lacks the scope {scope.value}.")
-            self.service_tokens.note_use(service.token_id, now)
-            return service
+            return self.authenticate_service(token, scope, now)
 
         return accepts(dependency, SERVICE_TOKEN)
+
+    def authenticate_service(self, token: str, scope: ServiceScope, now: datetime) -> ServicePrincipal:
+        """The platform service holding `token`, if the token is live (else 401
+        invalid_service_token) and has `scope` (else 403 permission_denied)."""
+        service = self._authenticate_service(token)
+        if scope not in service.scopes:
+            raise ApiError(403, ErrorCode.PERMISSION_DENIED, f"The service token lacks the scope {scope.value}.")
+        self.service_tokens.note_use(service.token_id, now)
+        return service
 
     def requires_operator(self) -> Callable[[Request], None]:
         """A FastAPI dependency of an **operator** endpoint: Bearer ADMIN_TOKEN, compared in
@@ -357,13 +403,14 @@ class Edge:
         counted: bool,
         console_only: bool,
         now: datetime,
+        cost: int = 0,
     ) -> None:
         """An API key's call, refused in the contract's order: 429 rate_limited, 403
         console_session_required or permission_denied, 503 overloaded, 403 insufficient_quota.
         The checks that need no I/O run first, so that the rate limit and the api_calls admission
         share one Redis round trip; a call any check refuses is not admitted. Every API-key call
         consumes api_calls except the quota reads (`counted`, contracts/quota_api.py); a route may
-        name one more resource (`consumes`)."""
+        name one more resource (`consumes`), and verify a `cost` of it that must still fit."""
         account_id = principal.account_id
         assert principal.api_key_id is not None
         self._record_call(request, account_id, principal.api_key_id, now)
@@ -371,7 +418,7 @@ class Edge:
         # The call's event gets its place before the handler runs (or 503), if it may run at all.
         placed = refusal is None and self.calls.reserve()
         context.reserved = placed
-        exhausted = placed and consumes is not None and self.quota.is_blocked(account_id, consumes, now)
+        exhausted = placed and consumes is not None and self.quota.lacks_room(account_id, consumes, cost, now)
         admission = self.quota.calls_view(account_id, now) if placed and not exhausted and counted else None
         admitted = await self._rate_limit(context, account_id, principal.api_key_id, admission)
         if refusal is not None:

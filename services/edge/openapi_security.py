@@ -16,6 +16,7 @@ API_KEY = "ApiKey"
 CONSOLE_SESSION = "ConsoleSession"
 SERVICE_TOKEN = "ServiceToken"  # noqa: S105 - scheme names, not secrets
 ADMIN_TOKEN = "AdminToken"  # noqa: S105
+INGRESS_SERVICE_TOKEN = "IngressServiceToken"  # noqa: S105
 
 SCHEMES: dict[str, dict[str, str]] = {
     API_KEY: {
@@ -34,7 +35,14 @@ SCHEMES: dict[str, dict[str, str]] = {
         "type": "http",
         "scheme": "bearer",
         "bearerFormat": "st-...",
-        "description": "A platform service's token (`st-`, scope `usage:write`); never held by a customer.",
+        "description": "A platform service's token (`st-`, scope `usage:write` or `keys:verify`); never held by a customer.",
+    },
+    INGRESS_SERVICE_TOKEN: {
+        "type": "apiKey",
+        "in": "header",
+        "name": "X-Tollgate-Service-Token",
+        "description": "The ServiceToken (`st-`, scope `keys:verify`) of an ingress that asks authorize; "
+        "its own header, since Authorization carries the caller's key.",
     },
     ADMIN_TOKEN: {
         "type": "http",

@@ -89,3 +89,7 @@ class PlanLimits:
     def rate_limit(self, account_id: UUID) -> RateLimit:
         event = self._by_account.get(account_id)
         return self.default if event is None else event.rate_limit
+
+    def plan(self, account_id: UUID) -> Tier:
+        event = self._by_account.get(account_id)
+        return Tier.FREE if event is None else event.plan

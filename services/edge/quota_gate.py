@@ -108,6 +108,23 @@ class QuotaProjection:
         # Flows reset with the period; a stock's block carries over until the level falls.
         return resource in STOCK_RESOURCES or state.period == self._period(now)
 
+    def lacks_room(self, account_id: UUID, resource: Resource, cost: int, now: datetime) -> bool:
+        """Whether a call that needs `cost` more of `resource` is refused: the resource is
+        exhausted, or (a flow, cost > 0) used + reserved + cost > total. Nothing is recorded."""
+        if self.is_blocked(account_id, resource, now):
+            return True
+        if cost <= 0 or resource in STOCK_RESOURCES:
+            return False
+        used, reserved, total = self.position(account_id, resource, now)
+        return used + reserved + cost > total
+
+    def position(self, account_id: UUID, resource: Resource, now: datetime) -> tuple[int, int, int]:
+        """(used, reserved, total) of `resource` this period as this process knows them (`standing`
+        with the open reservations)."""
+        used, total = self.standing(account_id, resource, now)
+        state = self._states.get((account_id, resource))
+        return used, 0 if state is None else state.reserved, total
+
     def admit_call(self, account_id: UUID, now: datetime) -> bool:
         """Admit one API call at `now` if the api_calls quota has room, counting it locally until
         a state covers it; False (and nothing counted) when the quota is exhausted."""

@@ -33,7 +33,13 @@ def test_every_subscriber_has_its_own_operation_in_asyncapi(docs):
 
 def test_every_operation_declares_the_credentials_it_takes(docs):
     openapi = json.loads((docs / "openapi.json").read_text())
-    assert set(openapi["components"]["securitySchemes"]) == {"ApiKey", "ConsoleSession", "ServiceToken", "AdminToken"}
+    assert set(openapi["components"]["securitySchemes"]) == {
+        "ApiKey",
+        "ConsoleSession",
+        "ServiceToken",
+        "AdminToken",
+        "IngressServiceToken",
+    }
 
     def schemes(path: str, method: str) -> set[str]:
         return {name for alternative in openapi["paths"][path][method]["security"] for name in alternative}
@@ -48,6 +54,9 @@ def test_every_operation_declares_the_credentials_it_takes(docs):
     assert schemes("/api/billing/plans", "get") == set()  # public
     assert schemes("/api/auth/login", "post") == set()
     assert schemes("/api/audit-log", "get") == {"ConsoleSession"}
+    assert schemes("/api/edge/verify", "post") == {"ServiceToken"}
+    # an ingress's service token, in its own header: Authorization carries the caller's key
+    assert schemes("/api/edge/authorize", "get") == {"IngressServiceToken"}
 
 
 def test_the_audit_log_route_has_its_response_model_and_filters(docs):

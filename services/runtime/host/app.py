@@ -18,6 +18,7 @@ from services.edge.middleware import RequestMiddleware
 from services.edge.openapi_security import install as install_openapi_security
 from services.edge.screen import RefusalScreen
 from services.edge.unavailable import install_unavailable_handlers
+from services.edge.verify_api import build_router as verify_router
 from services.runtime.host.health import health_router, platform_checks
 from services.runtime.host.routing import remember_routes
 from services.runtime.platform import postgres
@@ -118,6 +119,8 @@ def create_app(
     for component in components:
         if component.router is not None:
             app.include_router(component.router, responses=ERROR_RESPONSES)
+    # Every process decides for services outside Tollgate too: verify and authorize need only the edge.
+    app.include_router(verify_router(edge), responses=ERROR_RESPONSES)
     app.include_router(console_router())  # every mode serves the console; it calls only the public API
     install_openapi_security(app)
     remember_routes(app)

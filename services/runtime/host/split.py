@@ -84,16 +84,19 @@ def render_ingress(split: SplitShape) -> str:
     """deploy/ingress.conf with its upstreams on the local replicas and its listener on loopback."""
     text = INGRESS_CONF.read_text()
 
+    served: set[str] = set()
+
     def servers(match: re.Match[str]) -> str:
         service = match.group(1)
         if service not in SERVICES:
             raise ValueError(f"{INGRESS_CONF} routes to an unknown service {service!r}")
+        served.add(service)
         return " ".join(f"server 127.0.0.1:{r.port};" for r in split.of(service))
 
-    text, upstreams = re.subn(r"server (\w+):8080;", servers, text)
+    text = re.sub(r"server (\w+):8080;", servers, text)
     text, listens = re.subn(r"listen 8080;", f"listen 127.0.0.1:{split.ingress_port};", text)
-    if upstreams != len(SERVICES) or listens != 1:
-        raise ValueError(f"{INGRESS_CONF}: expected one `server <service>:8080;` per service and one `listen 8080;`")
+    if served != set(SERVICES) or listens != 1:
+        raise ValueError(f"{INGRESS_CONF}: expected a `server <service>:8080;` of every service and one `listen 8080;`")
     temp = split.run_dir / "nginx-temp"
     local = "\n".join(f"  {name}_temp_path {temp / name};" for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     # Local only: no access log (the services log), temporary files in the run folder.

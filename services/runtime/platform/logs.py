@@ -30,7 +30,7 @@ def configure(level: str = "INFO") -> None:
 
 
 class Throttled:
-    """A logger's warnings at most once per `every_s`: a failure repeated on every call (Redis
+    """A logger's warnings (or errors) at most once per `every_s`: a failure repeated on every call (Redis
     away, a flood) would otherwise flood the log; its metric counts every one."""
 
     def __init__(self, logger: logging.Logger, every_s: float = 10.0) -> None:
@@ -39,7 +39,13 @@ class Throttled:
         self._last = -math.inf
 
     def warning(self, message: str, *, exc_info: bool = False) -> None:
+        self._log(logging.WARNING, message, exc_info)
+
+    def error(self, message: str) -> None:
+        self._log(logging.ERROR, message, False)
+
+    def _log(self, level: int, message: str, exc_info: bool) -> None:
         now = time.monotonic()
         if now - self._last >= self._every_s:
             self._last = now
-            self._logger.warning(message, exc_info=exc_info)
+            self._logger.log(level, message, exc_info=exc_info)

@@ -1,0 +1,220 @@
+"""(v3) Protecting platform services outside Tollgate: verify (a service asks) and authorize (an
+ingress asks). Both hand the call to `Edge.decide`, the code that guards Tollgate's own routes.
+
+verify answers 200 for every decision, with the decision in the body. authorize answers an
+ingress in its own language: 200 and the caller's identity in `X-Tollgate-*` headers for the
+ingress to pass upstream, or the refusal a protected route would answer (status, body, headers).
+nginx's `auth_request` passes only 401 and 403 on, so every refusal also carries its status and
+body in `X-Tollgate-Status` and `X-Tollgate-Error`, from which the shipped nginx snippet answers
+(deploy/ingress/nginx.conf)."""
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.responses import Response
+from pydantic import ValidationError
+
+from contracts.common import Role, ServiceScope
+from contracts.edge_api import VerifiedQuota, VerifiedRateLimit, VerifyAnswer, VerifyRequest
+from contracts.errors import ErrorBody, ErrorCode, ErrorDetail
+from services.edge.calls import client_ip, parse_networks
+from services.edge.edge import Edge
+from services.edge.errors import ApiError, error_response, request_id_of
+from services.edge.openapi_security import INGRESS_SERVICE_TOKEN, accepts
+from services.edge.service_tokens import ServicePrincipal
+from services.edge.verdict import ServiceCall, Verdict
+from services.runtime.platform.logs import Throttled
+
+log = logging.getLogger(__name__)
+ROLE_ORDER = tuple(Role)  # a user has one role; a key from before members may list several: the first
+
+
+def _role(verdict: Verdict) -> Role | None:
+    if verdict.principal is None or not verdict.principal.roles:
+        return None
+    return min(verdict.principal.roles, key=ROLE_ORDER.index)
+
+
+def _error_body(verdict: Verdict, request_id: str) -> ErrorBody | None:
+    refusal = verdict.refusal
+    if refusal is None:
+        return None
+    detail = ErrorDetail(code=refusal.code, message=refusal.message, request_id=request_id, details=refusal.details)
+    return ErrorBody(error=detail)
+
+
+def _rate_limit(headers: dict[str, str]) -> VerifiedRateLimit | None:
+    if "X-RateLimit-Limit" not in headers:
+        return None  # refused before the rate limiter judged it (e.g. an unknown key)
+    return VerifiedRateLimit(
+        limit=int(headers["X-RateLimit-Limit"]),
+        remaining=int(headers["X-RateLimit-Remaining"]),
+        reset=int(headers["X-RateLimit-Reset"]),
+    )
+
+
+def answer_of(edge: Edge, call: ServiceCall, verdict: Verdict, request_id: str) -> VerifyAnswer:
+    principal = verdict.principal
+    quota = None
+    if principal is not None and call.resource is not None:
+        now = datetime.now(UTC)
+        used, reserved, total = edge.quota.position(principal.account_id, call.resource, now)
+        exhausted = edge.quota.is_blocked(principal.account_id, call.resource, now)
+        quota = VerifiedQuota(
+            resource=call.resource,
+            total=total,
+            used=used,
+            reserved=reserved,
+            remaining=max(0, total - used - reserved),
+            status="exhausted" if exhausted else "available",
+        )
+    retry_after = verdict.headers.get("Retry-After")
+    return VerifyAnswer(
+        valid=verdict.refusal is None,
+        code="valid" if verdict.refusal is None else verdict.refusal.code.value,
+        status=verdict.status,
+        account_id=principal.account_id if principal else None,
+        api_key_id=principal.api_key_id if principal else None,
+        user_id=principal.user_id if principal else None,
+        role=_role(verdict),
+        plan=verdict.plan,
+        rate_limit=_rate_limit(verdict.headers),
+        retry_after=int(retry_after) if retry_after is not None else None,
+        quota=quota,
+        error=_error_body(verdict, request_id),
+    )
+
+
+def _bearer(authorization: str) -> str:
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def build_router(edge: Edge) -> APIRouter:
+    router = APIRouter(prefix="/api/edge", tags=["protecting services (v3)"])
+    verifier = edge.requires_service(ServiceScope.KEYS_VERIFY)
+    trusted = parse_networks(edge.settings.trusted_proxies)
+    ingress_log = Throttled(log)
+
+    @router.post(
+        "/verify",
+        response_model=VerifyAnswer,
+        summary="The edge's decision for a call another service received (200 for every decision)",
+        description=(
+            "A platform service that is not a Tollgate process admits its caller's `sk-` key here and gets exactly the "
+            "decision a protected route gets: status, expiry, role, rate limit, quota gate and overload, in that order. "
+            "`valid: true` is an admitted, metered call: it counts in `api_calls` and appears in `calls.v1` and the "
+            "activity log with the service token's name. A refusal is logged like any refused call and counts nothing. "
+            "`resource` + `cost` gate without counting (usage events count). Not decisions: a missing or revoked token "
+            "is 401 `invalid_service_token`; a customer's credential or a token without `keys:verify` is 403; a bad "
+            "body is 422."
+        ),
+    )
+    async def verify(
+        body: VerifyRequest, request: Request, service: Annotated[ServicePrincipal, Depends(verifier)]
+    ) -> VerifyAnswer:
+        call = ServiceCall(
+            key=body.key,
+            method=body.method,
+            path=body.path,
+            ip=body.ip,
+            user_agent=body.user_agent,
+            service=service.name,
+            resource=body.resource,
+            cost=body.cost,
+            permission=body.permission,
+        )
+        request_id = request_id_of(request)
+        return answer_of(edge, call, await edge.decide(call, request_id), request_id)
+
+    def ingress_service(
+        request: Request, token: Annotated[str, Header(alias="X-Tollgate-Service-Token")] = ""
+    ) -> ServicePrincipal:
+        """The ingress's own token. Its problems are the ingress's, not the caller's: marked
+        `X-Tollgate-Ingress-Error: 1` and logged as errors, so a misconfiguration shows."""
+        try:
+            if not token:
+                raise ApiError(401, ErrorCode.INVALID_SERVICE_TOKEN, "Send the ingress's X-Tollgate-Service-Token.")
+            return edge.authenticate_service(token, ServiceScope.KEYS_VERIFY, datetime.now(UTC))
+        except ApiError as problem:
+            ingress_log.error(f"authorize: the ingress's service token was refused ({problem.code.value}); check the ingress")
+            problem.headers = {**problem.headers, "X-Tollgate-Ingress-Error": "1"}
+            raise
+
+    accepts(ingress_service, INGRESS_SERVICE_TOKEN)
+
+    @router.get(
+        "/authorize",
+        status_code=200,
+        response_class=Response,
+        summary="An ingress's auth subrequest (nginx auth_request, Caddy forward_auth, Traefik ForwardAuth, Envoy ext_authz)",
+        description=(
+            "The ingress sends its token as `X-Tollgate-Service-Token`, the caller's `Authorization` unchanged, the "
+            "original request as `X-Forwarded-Method` + `X-Forwarded-Uri` (or `X-Original-Method` + `X-Original-URI`), "
+            "the caller's address in `X-Forwarded-For` (believed through TRUSTED_PROXIES), and optionally "
+            "`X-Tollgate-Resource`, `X-Tollgate-Cost`, `X-Tollgate-Permission`. Admitted: 200, empty, with "
+            "`X-Tollgate-Account`, `-Key`, `-User`, `-Role`, `-Plan` and `X-RateLimit-*` for the upstream. Refused: "
+            "the status, body and headers a protected route would answer, plus `X-Tollgate-Status` and "
+            "`X-Tollgate-Error` (the body) for nginx, which passes only 401 and 403 from an auth subrequest."
+        ),
+        responses={200: {"description": "Admitted: the caller's identity in X-Tollgate-* headers."}},
+    )
+    async def authorize(request: Request, service: Annotated[ServicePrincipal, Depends(ingress_service)]) -> Response:
+        headers = request.headers
+        uri = headers.get("x-forwarded-uri") or headers.get("x-original-uri") or ""
+        client = request.scope.get("client")
+        try:
+            body = VerifyRequest.model_validate(
+                {
+                    "key": _bearer(headers.get("authorization", "")),
+                    "method": headers.get("x-forwarded-method") or headers.get("x-original-method") or "",
+                    "path": uri.partition("?")[0],
+                    "ip": client_ip(client[0] if client else "", headers.get("x-forwarded-for", ""), trusted),
+                    "user_agent": headers.get("user-agent", "")[:512],
+                    "resource": headers.get("x-tollgate-resource") or None,
+                    "cost": headers.get("x-tollgate-cost") or 0,
+                    "permission": headers.get("x-tollgate-permission") or None,
+                }
+            )
+        except ValidationError as invalid:
+            details = [{"field": ".".join(map(str, e["loc"])), "message": e["msg"]} for e in invalid.errors()]
+            return error_response(request, 422, ErrorCode.VALIDATION_ERROR, "The forwarded request is not valid.", details)
+        call = ServiceCall(
+            key=body.key,
+            method=body.method,
+            path=body.path,
+            ip=body.ip,
+            user_agent=body.user_agent,
+            service=service.name,
+            resource=body.resource,
+            cost=body.cost,
+            permission=body.permission,
+        )
+        request_id = request_id_of(request)
+        verdict = await edge.decide(call, request_id)
+        answer = dict(verdict.headers)
+        if verdict.refusal is None:
+            principal = verdict.principal
+            assert principal is not None and principal.api_key_id is not None
+            role = _role(verdict)
+            answer.update(
+                {
+                    "X-Tollgate-Account": str(principal.account_id),
+                    "X-Tollgate-Key": str(principal.api_key_id),
+                    "X-Tollgate-User": str(principal.user_id or ""),
+                    "X-Tollgate-Role": role.value if role else "",
+                    "X-Tollgate-Plan": verdict.plan.value if verdict.plan else "",
+                }
+            )
+            return Response(status_code=200, headers=answer)
+        error = _error_body(verdict, request_id)
+        assert error is not None
+        # ASCII JSON on one line: the same bytes are a header's value (nginx answers from it)
+        text = json.dumps(error.model_dump(mode="json", exclude_none=True), separators=(",", ":"))
+        answer.update({"X-Tollgate-Status": str(verdict.status), "X-Tollgate-Error": text})
+        return Response(text, status_code=verdict.status, headers=answer, media_type="application/json")
+
+    return router
