@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test unit test-faults test-scale stop lint bench docs clean browser
+.PHONY: run test unit test-faults test-scale stop lint bench docs clean test-prereqs
 
 $(STAMP): pyproject.toml constraints.txt
 	./deploy/local/prereqs.sh
@@ -24,10 +24,10 @@ lint: $(STAMP)
 	$(BIN)/mypy contracts services
 	$(BIN)/lint-imports
 
-browser:  ## Debian chromium for the console's browser tests (Playwright's driver comes with the pip package)
-	./deploy/local/prereqs.sh --browser
+test-prereqs:  ## what only the tests use: Debian chromium (the console's browser tests; Playwright's driver comes with the pip package) and caddy (the ingress snippets)
+	./deploy/local/prereqs.sh --test
 
-test: $(STAMP) browser lint  ## lint, type-check, and the suite on real Kafka, Postgres, ClickHouse and redis
+test: $(STAMP) test-prereqs lint  ## lint, type-check, and the suite on real Kafka, Postgres, ClickHouse and redis
 	$(BIN)/python -m pytest tests --ignore=tests/faults
 
 unit: $(STAMP)  ## the unit tests alone (pure, no I/O): the edit-test loop, properties at a quarter of their examples

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks the system prerequisites; installs the missing ones with apt-get when running as root,
-# otherwise prints one clear line saying what to install. Usage: prereqs.sh [--browser] [--bench]
+# otherwise prints one clear line saying what to install. Usage: prereqs.sh [--test] [--bench]
 set -euo pipefail
 missing=()
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
@@ -12,7 +12,9 @@ command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || missing+=(nginx)
 command -v python3.11 >/dev/null || command -v python3 >/dev/null || missing+=(python3)
 for option in "$@"; do
   case "$option" in
-    --browser) command -v chromium >/dev/null || missing+=(chromium) ;;
+    --test)  # the console's browser tests (chromium) and the Caddy ingress snippet (caddy)
+      command -v chromium >/dev/null || missing+=(chromium)
+      command -v caddy >/dev/null || missing+=(caddy) ;;
     --bench) command -v wrk >/dev/null || missing+=(wrk) ;;  # bench/http.py: a real HTTP load generator
   esac
 done

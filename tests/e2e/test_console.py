@@ -62,7 +62,7 @@ def server(settings) -> Iterator[ServeProcess]:
 def browser() -> Iterator[Browser]:
     executable = shutil.which("chromium")
     if executable is None:
-        pytest.fail("Chromium is missing: `make browser` (deploy/local/prereqs.sh --browser) installs it")
+        pytest.fail("Chromium is missing: `make test-prereqs` (deploy/local/prereqs.sh --test) installs it")
     with sync_playwright() as pw:
         launched = pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
         yield launched
