@@ -93,6 +93,19 @@ def _bearer(authorization: str) -> str:
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
+def _original_request(request: Request) -> tuple[str, str]:
+    """The method and URI of the request the ingress asks about: its X-Forwarded-* (Caddy,
+    Traefik) or X-Original-* (nginx) headers, else (Envoy) this request's own method and the path
+    after /api/edge/authorize."""
+    headers = request.headers
+    forwarded = request.path_params.get("forwarded")
+    if forwarded is not None and not (headers.get("x-forwarded-uri") or headers.get("x-original-uri")):
+        query = request.url.query
+        return request.method, "/" + forwarded + ("?" + query if query else "")
+    method = headers.get("x-forwarded-method") or headers.get("x-original-method") or ""
+    return method, headers.get("x-forwarded-uri") or headers.get("x-original-uri") or ""
+
+
 def build_router(edge: Edge) -> APIRouter:
     router = APIRouter(prefix="/api/edge", tags=["protecting services (v3)"])
     verifier = edge.requires_service(ServiceScope.KEYS_VERIFY)
@@ -146,6 +159,18 @@ def build_router(edge: Edge) -> APIRouter:
 
     accepts(ingress_service, INGRESS_SERVICE_TOKEN)
 
+    @router.api_route(
+        "/authorize/{forwarded:path}",
+        methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
+        status_code=200,
+        response_class=Response,
+        summary="authorize for Envoy's ext_authz HTTP service: the original method, and the path after the prefix",
+        description=(
+            "Envoy sends the auth request with the original method, to `path_prefix` + the original path: "
+            "`/api/edge/authorize/v1/chat` asks about `<method> /v1/chat`. Otherwise as `GET /api/edge/authorize`."
+        ),
+        responses={200: {"description": "Admitted: the caller's identity in X-Tollgate-* headers."}},
+    )
     @router.get(
         "/authorize",
         status_code=200,
@@ -164,13 +189,13 @@ def build_router(edge: Edge) -> APIRouter:
     )
     async def authorize(request: Request, service: Annotated[ServicePrincipal, Depends(ingress_service)]) -> Response:
         headers = request.headers
-        uri = headers.get("x-forwarded-uri") or headers.get("x-original-uri") or ""
+        method, uri = _original_request(request)
         client = request.scope.get("client")
         try:
             body = VerifyRequest.model_validate(
                 {
                     "key": _bearer(headers.get("authorization", "")),
-                    "method": headers.get("x-forwarded-method") or headers.get("x-original-method") or "",
+                    "method": method,
                     "path": uri.partition("?")[0],
                     "ip": client_ip(client[0] if client else "", headers.get("x-forwarded-for", ""), trusted),
                     "user_agent": headers.get("user-agent", "")[:512],

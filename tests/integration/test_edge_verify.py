@@ -139,6 +139,26 @@ async def _true(value: bool) -> bool:
     return value
 
 
+async def call_events(settings: Any, account_id: str, count: int) -> list[dict]:
+    """The account's first `count` calls.v1 events, read from Kafka."""
+    consumer = AIOKafkaConsumer(
+        settings.topic(CALLS.name), bootstrap_servers=settings.kafka_bootstrap_servers, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    seen: list[dict] = []
+    try:
+
+        async def enough() -> bool:
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                seen.extend(e for e in (json.loads(r.value) for r in records) if e["account_id"] == account_id)
+            return len(seen) >= count
+
+        await wait_until(enough, timeout=20)
+    finally:
+        await consumer.stop()
+    return seen
+
+
 async def test_a_valid_answer_is_a_metered_call_naming_the_service_and_a_refusal_counts_nothing(app_client, settings):
     app, client = app_client
     service = bearer(await service_token(client, settings, ["keys:verify", "usage:write"], name="content-service"))
@@ -154,22 +174,7 @@ async def test_a_valid_answer_is_a_metered_call_naming_the_service_and_a_refusal
     refused = (await client.post(VERIFY, json=costly, headers=service)).json()
     assert (refused["status"], refused["code"]) == (403, "insufficient_quota")
 
-    consumer = AIOKafkaConsumer(
-        settings.topic(CALLS.name), bootstrap_servers=settings.kafka_bootstrap_servers, auto_offset_reset="earliest"
-    )
-    await consumer.start()
-    try:
-        seen: list[dict] = []
-
-        async def both_events() -> bool:
-            for records in (await consumer.getmany(timeout_ms=500)).values():
-                seen.extend(json.loads(r.value) for r in records)
-            return len([e for e in seen if e["account_id"] == account["id"]]) >= 2
-
-        await wait_until(both_events, timeout=20)
-    finally:
-        await consumer.stop()
-    events = sorted((e for e in seen if e["account_id"] == account["id"]), key=lambda e: e["status"])
+    events = sorted(await call_events(settings, account["id"], 2), key=lambda e: e["status"])
     assert [(e["status"], e.get("error_code")) for e in events] == [(200, None), (403, "insufficient_quota")]
     assert all(e["service"] == "content-service" for e in events)
     assert events[0]["path"] == "/v1/articles/{id}/publish" and events[0]["ip"] == "2001:db8::7"
@@ -262,3 +267,19 @@ async def test_authorize_answers_an_ingress_in_headers(client, settings):
 
     absurd = await client.get(AUTHORIZE, headers={**ingress, **bearer(key["key"]), "X-Forwarded-Uri": "x" * 10})
     assert (absurd.status_code, code(absurd)) == (422, "validation_error")
+
+
+async def test_authorize_in_envoys_shape_takes_the_method_and_the_path_after_the_prefix(app_client, settings):
+    _, client = app_client
+    account, owner = await signup(client)
+    key = await new_key(client, owner)
+    token = await service_token(client, settings, ["keys:verify"], name="envoy")
+    headers = {"X-Tollgate-Service-Token": token, **bearer(key["key"])}
+    admitted = await client.post(f"{AUTHORIZE}/v1/chat/completions?stream=true", headers=headers)
+    assert admitted.status_code == 200 and admitted.headers["X-Tollgate-Key"] == key["id"]
+    (event,) = await call_events(settings, account["id"], 1)  # the original method and path
+    assert (event["method"], event["path"], event["service"]) == ("POST", "/v1/chat/completions", "envoy")
+    await client.post(f"/api/api-keys/{key['id']}/toggle", headers=owner)
+    refused = await client.delete(f"{AUTHORIZE}/v1/files/1", headers=headers)
+    assert (refused.status_code, code(refused)) == (401, "api_key_disabled")
+
