@@ -4,7 +4,8 @@ Every event has `id` (the idempotency key), `type`, `time` and `account_id`. Con
 idempotent on `id`: a redelivered or republished event changes nothing.
 """
 
-from typing import Annotated, Literal
+from datetime import datetime
+from typing import Annotated, Literal, Protocol
 from uuid import UUID, uuid4
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
@@ -35,6 +36,28 @@ def has_id(event: Event) -> bool:
     """Whether a consumed event carried its id. The model invents one for code that builds events,
     so an event read from a topic without one would get a new id at every redelivery."""
     return "id" in event.__pydantic_fields_set__
+
+
+# ---- the order of one object's states ----------------------------------------------------------
+# The owning service numbers each state of an object (a key, an account, a user, a service token,
+# an account's plan) under the object's row lock, in the transaction that publishes it: states
+# made one after the other by racing requests or by replicas whose clocks disagree still get
+# increasing versions, where their `time`s (read from a clock before the lock) may not.
+Version = Annotated[int, Field(ge=0, le=2**63 - 1)]
+"""0: published before versions existed (then `time` alone orders them, as it used to)."""
+
+
+class Versioned(Protocol):
+    @property
+    def version(self) -> int: ...
+    @property
+    def time(self) -> datetime: ...
+
+
+def order_of(state: Versioned) -> tuple[int, datetime]:
+    """How a consumer orders one object's states: the higher version is the newer state; `time`
+    decides only between equal versions (states from before versions existed are all 0)."""
+    return state.version, state.time
 
 
 # ---- usage.v1 -------------------------------------------------------------------------------
@@ -94,6 +117,7 @@ class KeyState(Event):
     # None in states published before these existed.
     created_at: AwareDatetime | None = None
     created_by: UUID | None = None
+    version: Version = 0  # order_of(): the key row's version
 
 
 # ---- accounts.v1 (compacted, key = account id) -- an extension: API.md is silent here ---------
@@ -105,6 +129,7 @@ class AccountState(Event):
     roles: list[Role]
     user_type: UserType
     deleted: bool = False
+    version: Version = 0  # order_of(): the account row's version
 
 
 # ---- quota.v1 (compacted, key = account:resource) --------------------------------------------
@@ -152,6 +177,7 @@ class PlanChanged(Event):
     previous_plan: Tier | None = None
     quotas: dict[Resource, int]
     rate_limit: RateLimit
+    version: Version = 0  # order_of(): the account's plan version in billing
 
 
 class PackagePurchased(Event):
@@ -165,6 +191,7 @@ class PackagePurchased(Event):
 class UserTypeChanged(Event):
     type: Literal["user_type_changed"] = "user_type_changed"
     user_type: UserType
+    version: Version = 0  # order_of(): the account row's version, as in the accounts.v1 state of the change
 
 
 BillingEvent = Annotated[PlanChanged | PackagePurchased | UserTypeChanged, Field(discriminator="type")]
@@ -188,6 +215,7 @@ class ServiceTokenState(BaseModel):
     hash: str = Field(pattern=r"^[0-9a-f]{64}$")
     scopes: list[ServiceScope]
     revoked: bool = False
+    version: Version = 0  # order_of(): the token row's version
 
 
 # ---- users.v1 (v2; compacted, key = user id) ---------------------------------------------------
@@ -200,6 +228,7 @@ class UserState(Event):
     role: Role
     removed: bool = False
     sessions_not_before: AwareDatetime | None = None
+    version: Version = 0  # order_of(): the user row's version
 
 
 # ---- sessions.v1 (v2; key = session id) ----------------------------------------------------------

@@ -30,7 +30,7 @@ from contracts.billing_api import (
 from contracts.clock import Clock
 from contracts.common import Tier, UserType
 from contracts.domain_errors import Conflict, NotFound
-from contracts.events import AccountState, PackagePurchased, PlanChanged, UserTypeChanged
+from contracts.events import AccountState, PackagePurchased, PlanChanged, UserTypeChanged, order_of
 from contracts.period import bounds_of, period_bounds
 from contracts.plans import catalogue
 from contracts.quota_api import PeriodRange
@@ -49,9 +49,11 @@ class Tx(Protocol):
 
     @property
     def conn(self) -> Any: ...
-    async def lock_account(self, account_id: UUID, default_user_type: UserType, default_time: datetime | None) -> AccountRow: ...
-    async def set_user_type(self, account_id: UUID, user_type: UserType, time: datetime) -> None: ...
-    async def set_plan(self, account_id: UUID, plan: Tier, now: datetime) -> None: ...
+    async def lock_account(
+        self, account_id: UUID, default_user_type: UserType, default_time: datetime | None, default_version: int
+    ) -> AccountRow: ...
+    async def set_user_type(self, account_id: UUID, user_type: UserType, time: datetime, version: int) -> None: ...
+    async def set_plan(self, account_id: UUID, plan: Tier, now: datetime) -> int: ...
     async def insert_order(self, order: OrderRow) -> None: ...
     async def lock_order(self, order_id: UUID, account_id: UUID) -> OrderRow | None: ...
     async def mark_paid(self, order_id: UUID, now: datetime, reference: str) -> None: ...
@@ -95,12 +97,12 @@ class BillingService:
     async def _lock(self, tx: Tx, account_id: UUID) -> AccountRow:
         known = self.accounts.get(account_id)
         if known is None:
-            return await tx.lock_account(account_id, UserType.INDIVIDUAL, None)
-        row = await tx.lock_account(account_id, known.user_type, known.time)
-        if row.user_type_time is None or row.user_type_time < known.time:
+            return await tx.lock_account(account_id, UserType.INDIVIDUAL, None, 0)
+        row = await tx.lock_account(account_id, known.user_type, known.time, known.version)
+        if row.user_type_time is None or (row.user_type_version, row.user_type_time) < order_of(known):
             # The edge already follows a newer accounts.v1 fact than billing's consumer: use it.
-            await tx.set_user_type(account_id, known.user_type, known.time)
-            row = AccountRow(account_id, row.plan, known.user_type, known.time)
+            await tx.set_user_type(account_id, known.user_type, known.time, known.version)
+            row = AccountRow(account_id, row.plan, known.user_type, known.time, known.version)
         return row
 
     # ---- queries --------------------------------------------------------------------------------
@@ -324,9 +326,15 @@ class BillingService:
 
     async def _change_plan(self, tx: Tx, account_id: UUID, old: Tier, new: Tier, now: datetime) -> None:
         plan = catalogue()[new]
-        await tx.set_plan(account_id, new, now)
+        version = await tx.set_plan(account_id, new, now)  # under the account's row lock: the order consumers keep
         event = PlanChanged(
-            time=now, account_id=account_id, plan=new, previous_plan=old, quotas=dict(plan.quotas), rate_limit=plan.rate_limit
+            time=now,
+            account_id=account_id,
+            plan=new,
+            previous_plan=old,
+            quotas=dict(plan.quotas),
+            rate_limit=plan.rate_limit,
+            version=version,
         )
         await self.outbox.add(tx.conn, BILLING, str(account_id).encode(), event.model_dump_json().encode())
 
@@ -335,7 +343,7 @@ class BillingService:
         if isinstance(event, AccountState) and event.deleted:
             return
         async with self.store.transaction() as tx:
-            await tx.set_user_type(event.account_id, event.user_type, event.time)
+            await tx.set_user_type(event.account_id, event.user_type, event.time, event.version)
 
     def _out(self, row: OrderRow) -> Order:
         start, end = period_bounds(row.period, self.tz)

@@ -25,6 +25,7 @@ class AccountRow:
     plan: Tier
     user_type: UserType
     user_type_time: datetime | None
+    user_type_version: int = 0  # with user_type_time: the order of the fact (contracts/events.py, order_of)
 
 
 @dataclass(frozen=True)
@@ -59,33 +60,48 @@ class BillingTx:
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
 
-    async def lock_account(self, account_id: UUID, default_user_type: UserType, default_time: datetime | None) -> AccountRow:
+    async def lock_account(
+        self, account_id: UUID, default_user_type: UserType, default_time: datetime | None, default_version: int
+    ) -> AccountRow:
         """The account's subscription row, created on first use (free tier) and locked FOR UPDATE:
         plan and user-type changes of one account happen one after the other."""
         await self.conn.execute(
-            "INSERT INTO billing.accounts (account_id, user_type, user_type_time) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-            (account_id, default_user_type.value, default_time),
+            """INSERT INTO billing.accounts (account_id, user_type, user_type_time, user_type_version)
+               VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+            (account_id, default_user_type.value, default_time, default_version),
         )
         cur = await self.conn.execute("SELECT * FROM billing.accounts WHERE account_id = %s FOR UPDATE", (account_id,))
         row = await cur.fetchone()
         assert row is not None
-        return AccountRow(row["account_id"], Tier(row["plan"]), UserType(row["user_type"]), row["user_type_time"])
+        return AccountRow(
+            row["account_id"], Tier(row["plan"]), UserType(row["user_type"]), row["user_type_time"], row["user_type_version"]
+        )
 
-    async def set_user_type(self, account_id: UUID, user_type: UserType, time: datetime) -> None:
-        """Apply a user-type fact unless a later one is already in place (events may come reordered)."""
+    async def set_user_type(self, account_id: UUID, user_type: UserType, time: datetime, version: int) -> None:
+        """Apply a user-type fact unless a later one is already in place (events may come reordered,
+        and their times from clocks that disagree: the keys service's version orders them first)."""
         await self.conn.execute(
             """
-            INSERT INTO billing.accounts (account_id, user_type, user_type_time) VALUES (%s, %s, %s)
-            ON CONFLICT (account_id) DO UPDATE SET user_type = EXCLUDED.user_type, user_type_time = EXCLUDED.user_type_time
-             WHERE billing.accounts.user_type_time IS NULL OR billing.accounts.user_type_time < EXCLUDED.user_type_time
+            INSERT INTO billing.accounts AS a (account_id, user_type, user_type_time, user_type_version) VALUES (%s, %s, %s, %s)
+            ON CONFLICT (account_id) DO UPDATE
+               SET user_type = EXCLUDED.user_type, user_type_time = EXCLUDED.user_type_time,
+                   user_type_version = EXCLUDED.user_type_version
+             WHERE a.user_type_time IS NULL
+                OR (a.user_type_version, a.user_type_time) < (EXCLUDED.user_type_version, EXCLUDED.user_type_time)
             """,
-            (account_id, user_type.value, time),
+            (account_id, user_type.value, time, version),
         )
 
-    async def set_plan(self, account_id: UUID, plan: Tier, now: datetime) -> None:
-        await self.conn.execute(
-            "UPDATE billing.accounts SET plan = %s, plan_changed_at = %s WHERE account_id = %s", (plan.value, now, account_id)
+    async def set_plan(self, account_id: UUID, plan: Tier, now: datetime) -> int:
+        """The new plan, at the account's next plan version (the caller holds its row lock)."""
+        cur = await self.conn.execute(
+            """UPDATE billing.accounts SET plan = %s, plan_changed_at = %s, plan_version = plan_version + 1
+               WHERE account_id = %s RETURNING plan_version""",
+            (plan.value, now, account_id),
         )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row["plan_version"])
 
     async def insert_order(self, order: OrderRow) -> None:
         await self.conn.execute(

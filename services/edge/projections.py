@@ -3,7 +3,7 @@
 from uuid import UUID
 
 from contracts.common import Tier
-from contracts.events import AccountState, KeyState, PlanChanged, RateLimit
+from contracts.events import AccountState, KeyState, PlanChanged, RateLimit, order_of
 from contracts.plans import catalogue
 
 
@@ -15,8 +15,8 @@ class AccountProjection:
 
     def apply(self, state: AccountState) -> None:
         current = self._accounts.get(state.account_id)
-        if current is not None and current.time > state.time:
-            return  # an older state redelivered after a newer one
+        if current is not None and order_of(current) > order_of(state):
+            return  # an older state, redelivered or delivered here after a newer one
         self._accounts[state.account_id] = state
 
     def get(self, account_id: UUID) -> AccountState | None:
@@ -37,9 +37,9 @@ class KeyProjection:
         self._max_deleted = max_deleted
 
     def apply(self, state: KeyState) -> None:
-        known = self._hash_by_id.get(state.key_id)
-        current = self._by_hash.get(known) if known else None
-        if current is not None and current.time > state.time:
+        # the key's newest state: live, or deleted (an older state must not bring it back)
+        current = self._by_hash.get(state.hash) or self._deleted.get(state.hash)
+        if current is not None and order_of(current) > order_of(state):
             return
         if state.deleted:
             self.remove(state.key_id)
@@ -83,7 +83,7 @@ class PlanLimits:
 
     def apply(self, event: PlanChanged) -> None:
         current = self._by_account.get(event.account_id)
-        if current is None or current.time <= event.time:
+        if current is None or order_of(current) <= order_of(event):
             self._by_account[event.account_id] = event
 
     def rate_limit(self, account_id: UUID) -> RateLimit:

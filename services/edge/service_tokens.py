@@ -11,7 +11,7 @@ from datetime import datetime
 from uuid import UUID
 
 from contracts.common import ServiceScope
-from contracts.events import ServiceTokenState
+from contracts.events import ServiceTokenState, order_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,14 +30,14 @@ class ServiceTokenProjection:
     def __init__(self) -> None:
         self._by_hash: dict[str, tuple[ServiceTokenState, ServicePrincipal]] = {}
         self._hash_by_id: dict[UUID, str] = {}
-        self._times: dict[UUID, datetime] = {}  # newest state seen per token, revoked ones too
+        self._newest: dict[UUID, tuple[int, datetime]] = {}  # order_of() the newest state per token, revoked ones too
         self._used: dict[UUID, datetime] = {}
 
     def apply(self, state: ServiceTokenState) -> None:
-        seen = self._times.get(state.token_id)
-        if seen is not None and seen > state.time:
+        seen = self._newest.get(state.token_id)
+        if seen is not None and seen > order_of(state):
             return  # an older state redelivered after a newer one
-        self._times[state.token_id] = state.time
+        self._newest[state.token_id] = order_of(state)
         if state.revoked:
             self.remove(state.token_id)
             return

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from datetime import datetime
 from uuid import UUID
 
-from contracts.events import SessionRevoked, UserState
+from contracts.events import SessionRevoked, UserState, order_of
 
 
 class UserSessions:
@@ -22,7 +22,7 @@ class UserSessions:
 
     def apply(self, state: UserState) -> None:
         current = self._users.get(state.user_id)
-        if current is not None and current.time > state.time:
+        if current is not None and order_of(current) > order_of(state):
             return  # an older state redelivered after a newer one
         self._users[state.user_id] = state
 

@@ -23,7 +23,7 @@ def build_router(service: KeysService, broker: KafkaBroker, settings: Settings) 
 
     async def on_billing(event: BillingEvent) -> None:
         if isinstance(event, PlanChanged):
-            await service.set_plan(event.account_id, event.plan, event.time)
+            await service.set_plan(event.account_id, event.plan, event.time, event.version)
 
     async def on_calls(events: list[CallEvent]) -> None:
         used: dict[UUID, datetime] = {}

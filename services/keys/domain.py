@@ -97,6 +97,7 @@ def key_state(
     deleted: bool = False,
     created_at: datetime | None = None,
     created_by: UUID | None = None,
+    version: int = 0,
 ) -> KeyState:
     return KeyState(
         time=now,
@@ -110,17 +111,18 @@ def key_state(
         deleted=deleted,
         created_at=created_at,
         created_by=created_by,
+        version=version,
     )
 
 
-def account_state(*, account_id: UUID, roles: list[Role], user_type: UserType, now: datetime) -> AccountState:
-    return AccountState(time=now, account_id=account_id, roles=roles, user_type=user_type)
+def account_state(*, account_id: UUID, roles: list[Role], user_type: UserType, now: datetime, version: int) -> AccountState:
+    return AccountState(time=now, account_id=account_id, roles=roles, user_type=user_type, version=version)
 
 
 def service_token_state(
-    *, token_id: UUID, name: str, digest: str, scopes: list[ServiceScope], now: datetime, revoked: bool = False
+    *, token_id: UUID, name: str, digest: str, scopes: list[ServiceScope], now: datetime, version: int, revoked: bool = False
 ) -> ServiceTokenState:
-    return ServiceTokenState(time=now, token_id=token_id, name=name, hash=digest, scopes=scopes, revoked=revoked)
+    return ServiceTokenState(time=now, token_id=token_id, name=name, hash=digest, scopes=scopes, revoked=revoked, version=version)
 
 
 def writes_any_key(roles: frozenset[Role]) -> bool:
@@ -143,6 +145,7 @@ def user_state(user: dict[str, Any], now: datetime) -> UserState:
         role=Role(user["role"]),
         removed=user["removed_at"] is not None,
         sessions_not_before=user["sessions_not_before"],
+        version=user["version"],
     )
 
 

@@ -95,7 +95,11 @@ class KeysService:
 
     async def _emit_account(self, tx: KeysTx, row: Row, now: datetime, changes: Changes) -> None:
         state = domain.account_state(
-            account_id=row["id"], roles=[Role(r) for r in row["roles"]], user_type=UserType(row["user_type"]), now=now
+            account_id=row["id"],
+            roles=[Role(r) for r in row["roles"]],
+            user_type=UserType(row["user_type"]),
+            now=now,
+            version=row["version"],
         )
         await tx.publish(ACCOUNTS, str(row["id"]).encode(), state.model_dump_json().encode())
         changes.accounts.append(state)
@@ -247,7 +251,7 @@ class KeysService:
             row = await tx.set_user_type(account_id, user_type.value)
             assert row is not None
             await self._emit_account(tx, row, now, changes)
-            event = UserTypeChanged(time=now, account_id=account_id, user_type=user_type)
+            event = UserTypeChanged(time=now, account_id=account_id, user_type=user_type, version=row["version"])
             await tx.publish(BILLING, str(account_id).encode(), event.model_dump_json().encode())
             await self._audit(
                 tx,
@@ -291,14 +295,15 @@ class KeysService:
             user = await tx.set_user_role(account_id, role.value)
             if user is not None:
                 await self._emit_user(tx, user, now, changes)
-                for key in await tx.live_keys_created_by(account_id, account_id):
+                for key in await tx.restamp_keys_created_by(account_id, account_id):
                     await self._emit_key(tx, self._state(key, [role], now), changes)
         await self.edge.deliver(changes)
         return row
 
-    async def set_plan(self, account_id: UUID, plan: Tier, time: datetime) -> None:
+    async def set_plan(self, account_id: UUID, plan: Tier, time: datetime, version: int) -> None:
+        """billing.v1 `plan_changed` (GET /api/account's plan)."""
         async with self.store.transaction() as tx:
-            await tx.set_plan(account_id, plan.value, time)
+            await tx.set_plan(account_id, plan.value, time, version)
 
     # ---- API keys ------------------------------------------------------------------------------
     @staticmethod
@@ -315,6 +320,7 @@ class KeysService:
             deleted=deleted,
             created_at=row["created_at"],  # alerts' rotation reminder (keys.v1)
             created_by=row["created_by"],
+            version=row["version"],  # taken under the row lock: the order consumers keep
         )
 
     async def _roles(self, tx: KeysTx, key: Row) -> list[Role]:
@@ -391,8 +397,7 @@ class KeysService:
             if row is None:
                 raise NotFound("API key")
             self._check_may_write(row, only_own)
-            row["status"] = domain.toggled(KeyStatus(row["status"])).value
-            await tx.set_status(key_id, row["status"])
+            row = await tx.set_status(key_id, domain.toggled(KeyStatus(row["status"])).value)
             await self._emit_key(tx, self._state(row, await self._roles(tx, row), now), changes)
             await self._audit(tx, audit, account_id, now, AuditAction.API_KEY_TOGGLED, ("api_key", key_id), status=row["status"])
         await self.edge.deliver(changes)
@@ -406,7 +411,7 @@ class KeysService:
             if row is None:
                 raise NotFound("API key")
             self._check_may_write(row, only_own)
-            await tx.mark_deleted(key_id, now)
+            row = await tx.mark_deleted(key_id, now)
             await self._emit_key(tx, self._state(row, await self._roles(tx, row), now, deleted=True), changes)
             await self._audit(tx, audit, account_id, now, AuditAction.API_KEY_DELETED, ("api_key", key_id), name=row["name"])
         await self.edge.deliver(changes)
@@ -431,11 +436,11 @@ class KeysService:
             self._check_may_write(old, only_own)
             roles = await self._roles(tx, old)
             if grace_seconds == 0:
-                await tx.mark_deleted(key_id, now)
+                old = await tx.mark_deleted(key_id, now)
                 await self._emit_key(tx, self._state(old, roles, now, deleted=True), changes)
             else:
-                old["expires_at"] = domain.rotation_expiry(old["expires_at"], now, grace_seconds)
-                await tx.set_expiry(key_id, old["expires_at"], old["expires_at"])
+                expires_at = domain.rotation_expiry(old["expires_at"], now, grace_seconds)
+                old = await tx.set_expiry(key_id, expires_at, expires_at)
                 await self._emit_key(tx, self._state(old, roles, now), changes)
             row, secret = await self._insert_new_key(tx, account_id, user_id, old["name"], None, now, changes)
             await self._audit(
@@ -456,8 +461,8 @@ class KeysService:
         now = self.clock()
         changes = Changes()
         async with self.store.transaction() as tx:
-            for row in await tx.due_for_deletion(now):
-                await tx.mark_deleted(row["id"], now)
+            for due in await tx.due_for_deletion(now):
+                row = await tx.mark_deleted(due["id"], now)
                 await self._emit_key(tx, self._state(row, await self._roles(tx, row), now, deleted=True), changes)
 
     async def note_calls(self, used: dict[UUID, datetime]) -> None:
@@ -522,7 +527,7 @@ class KeysService:
                 role=role.value,
                 previous_role=member["role"],
             )
-            for key in await tx.live_keys_created_by(account_id, member_id):
+            for key in await tx.restamp_keys_created_by(account_id, member_id):
                 await self._emit_key(tx, self._state(key, [role], now), changes)
         await self.edge.deliver(changes)
         return user
@@ -538,8 +543,8 @@ class KeysService:
             assert user is not None
             await self._emit_user(tx, user, now, changes)
             await self._audit(tx, audit, account_id, now, AuditAction.MEMBER_REMOVED, ("user", member_id), email=user["email"])
-            for key in await tx.live_keys_created_by(account_id, member_id):
-                await tx.mark_deleted(key["id"], now)
+            for live in await tx.live_keys_created_by(account_id, member_id):
+                key = await tx.mark_deleted(live["id"], now)
                 await self._emit_key(tx, self._state(key, [Role(member["role"])], now, deleted=True), changes)
         await self.edge.deliver(changes)
 

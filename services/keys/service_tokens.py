@@ -22,6 +22,7 @@ def _state(row: Row, now: datetime) -> ServiceTokenState:
         digest=row["hash"].strip(),
         scopes=[ServiceScope(s) for s in row["scopes"]],
         now=now,
+        version=row["version"],
         revoked=row["revoked_at"] is not None,
     )
 

@@ -20,8 +20,10 @@ from services.runtime.platform.outbox_relay import OutboxRelay
 Conn = AsyncConnection[DictRow]
 Row = dict[str, Any]
 
-_KEY_COLUMNS = "id, account_id, name, hash, masked_key, status, expires_at, delete_at, created_at, last_used_at, created_by"
-_ST_COLUMNS = "id, name, hash, scopes, created_at, last_used_at, revoked_at"
+_KEY_COLUMNS = (
+    "id, account_id, name, hash, masked_key, status, expires_at, delete_at, created_at, last_used_at, created_by, version"
+)
+_ST_COLUMNS = "id, name, hash, scopes, created_at, last_used_at, revoked_at, version"
 
 
 class KeysStore:
@@ -37,6 +39,10 @@ class KeysStore:
 
 
 class KeysTx:
+    """Every write that changes a published state (keys.v1, accounts.v1, users.v1,
+    service-tokens.v1) bumps the row's `version` in its own UPDATE and returns the row: the
+    version is taken under the row lock, so the order of versions is the order of the writes."""
+
     def __init__(self, conn: Conn, relay: OutboxRelay) -> None:
         self.conn = conn
         self._relay = relay
@@ -82,17 +88,22 @@ class KeysTx:
         )
 
     async def set_user_type(self, account_id: UUID, user_type: str) -> Row | None:
-        return await self._one("UPDATE keys.accounts SET user_type = %s WHERE id = %s RETURNING *", (user_type, account_id))
+        return await self._one(
+            "UPDATE keys.accounts SET user_type = %s, version = version + 1 WHERE id = %s RETURNING *", (user_type, account_id)
+        )
 
     async def set_roles(self, account_id: UUID, roles: list[str]) -> Row | None:
-        return await self._one("UPDATE keys.accounts SET roles = %s WHERE id = %s RETURNING *", (roles, account_id))
+        return await self._one(
+            "UPDATE keys.accounts SET roles = %s, version = version + 1 WHERE id = %s RETURNING *", (roles, account_id)
+        )
 
-    async def set_plan(self, account_id: UUID, plan: str, time: datetime) -> None:
-        """Newest plan wins; a redelivered or older event changes nothing."""
+    async def set_plan(self, account_id: UUID, plan: str, time: datetime, version: int) -> None:
+        """Newest plan wins (billing's version, then time: contracts/events.py, order_of); a
+        redelivered or older event changes nothing."""
         await self.conn.execute(
-            """UPDATE keys.accounts SET plan = %s, plan_time = %s
-               WHERE id = %s AND (plan_time IS NULL OR plan_time < %s)""",
-            (plan, time, account_id, time),
+            """UPDATE keys.accounts SET plan = %s, plan_time = %s, plan_version = %s
+               WHERE id = %s AND (plan_time IS NULL OR (plan_version, plan_time) < (%s, %s))""",
+            (plan, time, version, account_id, version, time),
         )
 
     # ---- users (members, v2) ----------------------------------------------------------------------
@@ -120,7 +131,7 @@ class KeysTx:
     async def set_user_password(self, user_id: UUID, password_hash: str, sessions_not_before: datetime) -> Row | None:
         """A new password; every session of the user issued before `sessions_not_before` ends."""
         return await self._one(
-            "UPDATE keys.users SET password_hash = %s, sessions_not_before = %s WHERE id = %s RETURNING *",
+            "UPDATE keys.users SET password_hash = %s, sessions_not_before = %s, version = version + 1 WHERE id = %s RETURNING *",
             (password_hash, sessions_not_before, user_id),
         )
 
@@ -137,17 +148,30 @@ class KeysTx:
         )
 
     async def set_user_role(self, user_id: UUID, role: str) -> Row | None:
-        return await self._one("UPDATE keys.users SET role = %s WHERE id = %s RETURNING *", (role, user_id))
+        return await self._one(
+            "UPDATE keys.users SET role = %s, version = version + 1 WHERE id = %s RETURNING *", (role, user_id)
+        )
 
     async def remove_user(self, user_id: UUID, now: datetime) -> Row | None:
         return await self._one(
-            "UPDATE keys.users SET removed_at = %s, sessions_not_before = %s WHERE id = %s RETURNING *", (now, now, user_id)
+            """UPDATE keys.users SET removed_at = %s, sessions_not_before = %s, version = version + 1
+               WHERE id = %s RETURNING *""",
+            (now, now, user_id),
         )
 
     async def live_keys_created_by(self, account_id: UUID, user_id: UUID) -> list[Row]:
         return await self._all(
             f"""SELECT {_KEY_COLUMNS} FROM keys.api_keys
                 WHERE account_id = %s AND created_by = %s AND deleted_at IS NULL FOR UPDATE""",
+            (account_id, user_id),
+        )
+
+    async def restamp_keys_created_by(self, account_id: UUID, user_id: UUID) -> list[Row]:
+        """The user's live keys, locked, each at its next version: their keys.v1 states change
+        with the user (its role)."""
+        return await self._all(
+            f"""UPDATE keys.api_keys SET version = version + 1
+                WHERE account_id = %s AND created_by = %s AND deleted_at IS NULL RETURNING {_KEY_COLUMNS}""",
             (account_id, user_id),
         )
 
@@ -194,16 +218,22 @@ class KeysTx:
             (account_id,),
         )
 
-    async def set_status(self, key_id: UUID, status: str) -> None:
-        await self.conn.execute("UPDATE keys.api_keys SET status = %s WHERE id = %s", (status, key_id))
-
-    async def set_expiry(self, key_id: UUID, expires_at: datetime, delete_at: datetime) -> None:
-        await self.conn.execute(
-            "UPDATE keys.api_keys SET expires_at = %s, delete_at = %s WHERE id = %s", (expires_at, delete_at, key_id)
+    async def _update_key(self, key_id: UUID, assignments: str, params: tuple[Any, ...]) -> Row:
+        row = await self._one(
+            f"UPDATE keys.api_keys SET {assignments}, version = version + 1 WHERE id = %s RETURNING {_KEY_COLUMNS}",
+            (*params, key_id),
         )
+        assert row is not None  # the caller holds the key's row lock
+        return row
 
-    async def mark_deleted(self, key_id: UUID, now: datetime) -> None:
-        await self.conn.execute("UPDATE keys.api_keys SET deleted_at = %s WHERE id = %s", (now, key_id))
+    async def set_status(self, key_id: UUID, status: str) -> Row:
+        return await self._update_key(key_id, "status = %s", (status,))
+
+    async def set_expiry(self, key_id: UUID, expires_at: datetime, delete_at: datetime) -> Row:
+        return await self._update_key(key_id, "expires_at = %s, delete_at = %s", (expires_at, delete_at))
+
+    async def mark_deleted(self, key_id: UUID, now: datetime) -> Row:
+        return await self._update_key(key_id, "deleted_at = %s", (now,))
 
     async def due_for_deletion(self, now: datetime, limit: int = 200) -> list[Row]:
         """Rotated keys whose grace period is over, locked (replicas skip each other's)."""
@@ -248,7 +278,7 @@ class KeysTx:
     async def revoke_service_token(self, token_id: UUID, now: datetime) -> Row | None:
         """The token, revoked now (or when it first was: revoking twice changes nothing); None if unknown."""
         return await self._one(
-            f"""UPDATE keys.service_tokens SET revoked_at = COALESCE(revoked_at, %s)
+            f"""UPDATE keys.service_tokens SET revoked_at = COALESCE(revoked_at, %s), version = version + 1
                 WHERE id = %s RETURNING {_ST_COLUMNS}""",
             (now, token_id),
         )

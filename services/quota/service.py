@@ -75,7 +75,7 @@ class QuotaService:
         async with self._store.transaction() as tx:
             await tx.lock_accounts([event.account_id])
             await tx.mark_processed([event.id])
-            changed = await tx.set_plan(event.account_id, event.plan, event.quotas, event.time)
+            changed = await tx.set_plan(event.account_id, event.plan, event.quotas, event.time, event.version)
             touched = {(event.account_id, r) for r in Resource}
             await self._publish_states(tx, touched, period, totals_changed=changed)
 

@@ -97,14 +97,15 @@ class QuotaTx:
             ),
         )
 
-    async def set_plan(self, account_id: UUID, plan: Tier, quotas: Mapping[Resource, int], time: datetime) -> bool:
-        """Apply a plan change unless a later one is already in place (events may come reordered)."""
+    async def set_plan(self, account_id: UUID, plan: Tier, quotas: Mapping[Resource, int], time: datetime, version: int) -> bool:
+        """Apply a plan change unless a later one is already in place (events may come reordered,
+        and billing's version orders them before their times: contracts/events.py, order_of)."""
         cur = await self.conn.execute(
             """
-            UPDATE quota.accounts SET plan = %s, quotas = %s, plan_time = %s
-             WHERE account_id = %s AND (plan_time IS NULL OR plan_time < %s)
+            UPDATE quota.accounts SET plan = %s, quotas = %s, plan_time = %s, plan_version = %s
+             WHERE account_id = %s AND (plan_time IS NULL OR (plan_version, plan_time) < (%s, %s))
             """,
-            (plan.value, json.dumps({r.value: n for r, n in quotas.items()}), time, account_id, time),
+            (plan.value, json.dumps({r.value: n for r, n in quotas.items()}), time, version, account_id, version, time),
         )
         return cur.rowcount > 0
 

@@ -82,6 +82,7 @@ class FakeBillingState:
         self.keys: dict[tuple[UUID, str, str], tuple[str, dict[str, Any] | None]] = {}
         self.invoices: dict[UUID, InvoiceRow] = {}
         self.counters: dict[str, int] = {}
+        self.plan_versions: dict[UUID, int] = {}  # billing.accounts.plan_version
 
 
 class FakeBillingTx:
@@ -92,19 +93,24 @@ class FakeBillingTx:
     def __init__(self, state: FakeBillingState) -> None:
         self.state = state
 
-    async def lock_account(self, account_id: UUID, default_user_type: UserType, default_time: datetime | None) -> AccountRow:
-        return self.state.accounts.setdefault(account_id, AccountRow(account_id, Tier.FREE, default_user_type, default_time))
+    async def lock_account(
+        self, account_id: UUID, default_user_type: UserType, default_time: datetime | None, default_version: int
+    ) -> AccountRow:
+        default = AccountRow(account_id, Tier.FREE, default_user_type, default_time, default_version)
+        return self.state.accounts.setdefault(account_id, default)
 
-    async def set_user_type(self, account_id: UUID, user_type: UserType, time: datetime) -> None:
+    async def set_user_type(self, account_id: UUID, user_type: UserType, time: datetime, version: int) -> None:
         row = self.state.accounts.get(account_id)
         if row is None:
-            self.state.accounts[account_id] = AccountRow(account_id, Tier.FREE, user_type, time)
-        elif row.user_type_time is None or row.user_type_time < time:
-            self.state.accounts[account_id] = AccountRow(account_id, row.plan, user_type, time)
+            self.state.accounts[account_id] = AccountRow(account_id, Tier.FREE, user_type, time, version)
+        elif row.user_type_time is None or (row.user_type_version, row.user_type_time) < (version, time):
+            self.state.accounts[account_id] = AccountRow(account_id, row.plan, user_type, time, version)
 
-    async def set_plan(self, account_id: UUID, plan: Tier, now: datetime) -> None:
+    async def set_plan(self, account_id: UUID, plan: Tier, now: datetime) -> int:
         row = self.state.accounts[account_id]
-        self.state.accounts[account_id] = AccountRow(account_id, plan, row.user_type, row.user_type_time)
+        self.state.accounts[account_id] = AccountRow(account_id, plan, row.user_type, row.user_type_time, row.user_type_version)
+        self.state.plan_versions[account_id] = self.state.plan_versions.get(account_id, 0) + 1
+        return self.state.plan_versions[account_id]
 
     async def insert_order(self, order: OrderRow) -> None:
         self.state.orders[order.id] = order
@@ -262,7 +268,7 @@ class FakeQuotaStore:
     (it implements QuotaTx's methods) and restores the state on an error, as a rollback does."""
 
     def __init__(self) -> None:
-        self.plans: dict[UUID, tuple[dict[str, int], datetime]] = {}
+        self.plans: dict[UUID, tuple[dict[str, int], tuple[int, datetime]]] = {}  # quotas, (plan version, time)
         self.processed: set[UUID] = set()
         self.counters: dict[tuple[UUID, Resource, str], tuple[int, datetime]] = {}
         self.packages: dict[UUID, tuple[UUID, Resource, str, int]] = {}
@@ -295,11 +301,11 @@ class FakeQuotaStore:
             used, last = self.counters.get((d.account_id, d.resource, d.period), (0, EPOCH))
             self.counters[(d.account_id, d.resource, d.period)] = (used + d.quantity, max(last, d.last_time))
 
-    async def set_plan(self, account_id: UUID, plan: Tier, quotas: Mapping[Resource, int], time: datetime) -> bool:
+    async def set_plan(self, account_id: UUID, plan: Tier, quotas: Mapping[Resource, int], time: datetime, version: int) -> bool:
         current = self.plans.get(account_id)
-        if current is not None and current[1] >= time:
+        if current is not None and current[1] >= (version, time):
             return False
-        self.plans[account_id] = ({r.value: n for r, n in quotas.items()}, time)
+        self.plans[account_id] = ({r.value: n for r, n in quotas.items()}, (version, time))
         return True
 
     async def add_package(self, order_id: UUID, account_id: UUID, resource: Resource, period: str, amount: int) -> bool:
@@ -780,12 +786,14 @@ _KEY_COLUMNS = (
     "created_at",
     "last_used_at",
     "created_by",
+    "version",
 )
 
 
 class FakeKeysStore:
     """services/keys/store.py's KeysStore and KeysTx in one: the same methods on dicts. A
-    transaction that raises is rolled back (its rows and outbox rows too), as Postgres would."""
+    transaction that raises is rolled back (its rows and outbox rows too), as Postgres would.
+    Rows start at version 1 and every write that changes a published state bumps it, as there."""
 
     def __init__(self) -> None:
         self.accounts: dict[UUID, dict[str, Any]] = {}
@@ -822,8 +830,10 @@ class FakeKeysStore:
             "roles": list(roles),
             "plan": "free",
             "plan_time": None,
+            "plan_version": 0,
             "created_at": datetime(2026, 1, 1, tzinfo=UTC),
             "sessions_not_before": None,
+            "version": 1,
         }
         return dict(self.accounts[account_id])
 
@@ -848,15 +858,15 @@ class FakeKeysStore:
         return await self._update_account(account_id, password_hash=password_hash, sessions_not_before=sessions_not_before)
 
     async def set_user_type(self, account_id: UUID, user_type: str) -> dict[str, Any] | None:
-        return await self._update_account(account_id, user_type=user_type)
+        return await self._update_account(account_id, user_type=user_type, version=self.accounts[account_id]["version"] + 1)
 
     async def set_roles(self, account_id: UUID, roles: list[str]) -> dict[str, Any] | None:
-        return await self._update_account(account_id, roles=list(roles))
+        return await self._update_account(account_id, roles=list(roles), version=self.accounts[account_id]["version"] + 1)
 
-    async def set_plan(self, account_id: UUID, plan: str, time: datetime) -> None:
+    async def set_plan(self, account_id: UUID, plan: str, time: datetime, version: int) -> None:
         row = self.accounts.get(account_id)
-        if row is not None and (row["plan_time"] is None or row["plan_time"] < time):
-            row.update(plan=plan, plan_time=time)
+        if row is not None and (row["plan_time"] is None or (row["plan_version"], row["plan_time"]) < (version, time)):
+            row.update(plan=plan, plan_time=time, plan_version=version)
 
     # ---- users
     async def insert_user(
@@ -874,6 +884,7 @@ class FakeKeysStore:
             "sessions_not_before": None,
             "created_at": created_at,
             "removed_at": None,
+            "version": 1,
         }
         return dict(self.users[user_id])
 
@@ -892,10 +903,11 @@ class FakeKeysStore:
         return await self._update_user(user_id, password_hash=password_hash, sessions_not_before=sessions_not_before)
 
     async def _update_user(self, user_id: UUID, **values: Any) -> dict[str, Any] | None:
+        """A write of the user's published state: its version moves on."""
         row = self.users.get(user_id)
         if row is None:
             return None
-        row.update(values)
+        row.update(values, version=row["version"] + 1)
         return dict(row)
 
     async def members_of(self, account_id: UUID) -> list[dict[str, Any]]:
@@ -913,6 +925,9 @@ class FakeKeysStore:
 
     async def live_keys_created_by(self, account_id: UUID, user_id: UUID) -> list[dict[str, Any]]:
         return [self._key(k) for k in self._live(account_id) if k["created_by"] == user_id]
+
+    async def restamp_keys_created_by(self, account_id: UUID, user_id: UUID) -> list[dict[str, Any]]:
+        return [self._update_key(k["id"]) for k in self._live(account_id) if k["created_by"] == user_id]
 
     # ---- API keys
     @staticmethod
@@ -949,6 +964,7 @@ class FakeKeysStore:
             "deleted_at": None,
             "created_at": created_at,
             "last_used_at": None,
+            "version": 1,
         }
         return self._key(self.keys[key_id])
 
@@ -964,14 +980,20 @@ class FakeKeysStore:
     async def live_keys_of(self, account_id: UUID) -> list[dict[str, Any]]:
         return [self._key(k) for k in self._live(account_id)]
 
-    async def set_status(self, key_id: UUID, status: str) -> None:
-        self.keys[key_id]["status"] = status
+    def _update_key(self, key_id: UUID, **values: Any) -> dict[str, Any]:
+        """A write of the key's published state: its version moves on."""
+        row = self.keys[key_id]
+        row.update(values, version=row["version"] + 1)
+        return self._key(row)
 
-    async def set_expiry(self, key_id: UUID, expires_at: datetime, delete_at: datetime) -> None:
-        self.keys[key_id].update(expires_at=expires_at, delete_at=delete_at)
+    async def set_status(self, key_id: UUID, status: str) -> dict[str, Any]:
+        return self._update_key(key_id, status=status)
 
-    async def mark_deleted(self, key_id: UUID, now: datetime) -> None:
-        self.keys[key_id]["deleted_at"] = now
+    async def set_expiry(self, key_id: UUID, expires_at: datetime, delete_at: datetime) -> dict[str, Any]:
+        return self._update_key(key_id, expires_at=expires_at, delete_at=delete_at)
+
+    async def mark_deleted(self, key_id: UUID, now: datetime) -> dict[str, Any]:
+        return self._update_key(key_id, deleted_at=now)
 
     async def due_for_deletion(self, now: datetime, limit: int = 200) -> list[dict[str, Any]]:
         due = [k for k in self.keys.values() if k["deleted_at"] is None and k["delete_at"] is not None and k["delete_at"] <= now]
@@ -995,6 +1017,7 @@ class FakeKeysStore:
             "created_at": created_at,
             "last_used_at": None,
             "revoked_at": None,
+            "version": 1,
         }
         return dict(self.tokens[token_id])
 
@@ -1009,7 +1032,7 @@ class FakeKeysStore:
         row = self.tokens.get(token_id)
         if row is None:
             return None
-        row["revoked_at"] = row["revoked_at"] or now
+        row.update(revoked_at=row["revoked_at"] or now, version=row["version"] + 1)
         return dict(row)
 
     async def touch_service_tokens(self, used: dict[UUID, datetime]) -> None:

@@ -162,7 +162,7 @@ async def test_account_and_user_type(world: World):
 async def test_an_enterprise_account_cannot_become_individual(world: World):
     account_id = await world.register()
     await world.service.change_user_type(account_id, UserType.ENTERPRISE, audit=ACTOR)
-    await world.service.set_plan(account_id, Tier.ENTERPRISE, world.clock.now)
+    await world.service.set_plan(account_id, Tier.ENTERPRISE, world.clock.now, 1)
     with pytest.raises(UserTypePlanMismatch) as caught:
         await world.service.change_user_type(account_id, UserType.INDIVIDUAL, audit=ACTOR)
     assert caught.value.code == ErrorCode.USER_TYPE_PLAN_MISMATCH
