@@ -35,9 +35,11 @@ def test_every_service_runs_as_its_own_target_with_the_stack_settings():
 
 def test_the_ingress_routes_only_to_services_that_exist():
     conf = (REPO / "deploy" / "ingress.conf").read_text()
-    upstreams = set(re.findall(r"proxy_pass http://(\w+);", conf))
+    proxied = set(re.findall(r"proxy_pass http://(\w+);", conf))
+    servers = dict(re.findall(r"upstream (\w+)\s*\{\s*server (\w+):8080;", conf))
     assert "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;" in conf
-    assert upstreams == set(SERVICES)
+    assert set(servers.values()) == set(SERVICES)  # every upstream is a service's replicas, every service has one
+    assert proxied == set(servers)  # (edge: verify and authorize, served by any replica that mounts the edge)
     ingress = _compose()["services"]["ingress"]
     assert "./deploy/ingress.conf:/etc/nginx/nginx.conf:ro" in ingress["volumes"]
 
