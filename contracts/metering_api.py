@@ -126,6 +126,9 @@ class ActivityItem(BaseModel):
     # many refused calls of this key, code and second the edge folded into this item
     error_code: str | None = None
     count: int = 1
+    # (v3) the platform service that verified the call (its service token's name); null on
+    # Tollgate's own routes
+    service: str | None = None
 
 
 class ActivityLog(BaseModel):

@@ -272,6 +272,7 @@ class Analytics:
             latency_ms=row.latency_ms,
             error_code=row.error_code,
             count=row.count,
+            service=row.service,
         )
 
 

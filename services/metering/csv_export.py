@@ -66,6 +66,7 @@ ACTIVITY = [
     "latency_ms",
     "error_code",
     "count",
+    "service",
 ]
 
 

@@ -44,13 +44,15 @@ CALLS = SinkTable(
     table="call_events",
     fields=(
         "id UUID, time DateTime64(3, 'UTC'), account_id UUID, api_key_id UUID, method String, path String, "
-        "status UInt16, ip String, user_agent String, latency_ms Float64, error_code Nullable(String), count Nullable(UInt32)"
+        "status UInt16, ip String, user_agent String, latency_ms Float64, error_code Nullable(String), count Nullable(UInt32), "
+        "service Nullable(String)"
     ),
-    columns="id, time, account_id, api_key_id, method, path, status, ip, user_agent, latency_ms, error_code, count",
-    # (v2) an admitted call has no error_code (stored ''); an event without `count` is one call
+    columns="id, time, account_id, api_key_id, method, path, status, ip, user_agent, latency_ms, error_code, count, service",
+    # (v2) an admitted call has no error_code (stored ''); an event without `count` is one call;
+    # (v3) a call no service verified has no service (stored '')
     select=(
         "id, time, account_id, api_key_id, method, path, status, ip, user_agent, latency_ms, "
-        "ifNull(error_code, ''), ifNull(count, 1)"
+        "ifNull(error_code, ''), ifNull(count, 1), ifNull(service, '')"
     ),
 )
 

@@ -99,6 +99,7 @@ class CallRow:
     latency_ms: float
     error_code: str | None = None  # (v2) None on an admitted call
     count: int = 1  # (v2) refused calls the edge folded into this one event
+    service: str | None = None  # (v3) the platform service that verified it; None on Tollgate's routes
 
 
 class _Guarded:
@@ -392,7 +393,7 @@ class MeteringStore:
         # drops known ids, and a copy that slipped through (a rebalance race) sits next to its
         # twin in (time, id) order, so LIMIT 1 BY id drops it while the read stays in key order.
         sql = (
-            "SELECT id, time, api_key_id, method, path, status, ip, user_agent, latency_ms, error_code, count "
+            "SELECT id, time, api_key_id, method, path, status, ip, user_agent, latency_ms, error_code, count, service "
             f"FROM {self.db}.call_events WHERE {' AND '.join(clauses)} "
             "ORDER BY time DESC, id DESC LIMIT 1 BY id"
         )
@@ -400,7 +401,8 @@ class MeteringStore:
 
 
 def _call_row(r: Sequence[Any]) -> CallRow:
-    return CallRow(r[0], _utc(r[1]), r[2], r[3], r[4], int(r[5]), r[6], r[7], float(r[8]), r[9] or None, int(r[10]))
+    error_code, count, service = r[9] or None, int(r[10]), r[11] or None
+    return CallRow(r[0], _utc(r[1]), r[2], r[3], r[4], int(r[5]), r[6], r[7], float(r[8]), error_code, count, service)
 
 
 def _usage_row(row: Sequence[Any]) -> UsageRow:

@@ -185,6 +185,18 @@ async def test_a_valid_answer_is_a_metered_call_naming_the_service_and_a_refusal
 
     await wait_until(counted, timeout=20)
 
+    async def logged() -> list[dict]:  # the activity log names the service and its route
+        items = (await client.get("/api/activity-log", headers=owner)).json()["items"]
+        return items if len(items) == 2 else []
+
+    items = sorted(await wait_until(logged, timeout=30), key=lambda i: i["status"])
+    assert [(i["status"], i["service"], i["path"]) for i in items] == [
+        (200, "content-service", "/v1/articles/{id}/publish"),
+        (403, "content-service", "/v1/articles/{id}/publish"),
+    ]
+    csv = await client.get("/api/activity-log", headers={**owner, "Accept": "text/csv"})
+    assert csv.text.splitlines()[0].endswith(",service") and "content-service" in csv.text
+
 
 async def test_what_is_not_a_decision(client, settings):
     _, owner = await signup(client)
