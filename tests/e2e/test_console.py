@@ -143,10 +143,11 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     page_errors: list[str] = []
     page.on("pageerror", lambda exc: page_errors.append(str(exc)))
     api = httpx.Client(base_url=base, timeout=10, headers={"User-Agent": "console-e2e/1.0"})
-    # The platform service (an AI gateway) that reports the user's usage holds a service token.
+    # The platform service (an AI gateway) that admits the user's key and reports the usage it
+    # caused holds a service token.
     made = api.post(
         "/api/admin/service-tokens",
-        json={"name": "ai-gateway", "scopes": ["usage:write"]},
+        json={"name": "ai-gateway", "scopes": ["usage:write", "keys:verify"]},
         headers={"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"},
     )
     assert made.status_code == 201, made.text
@@ -198,6 +199,10 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     key = {"Authorization": f"Bearer {secret}"}
     for _ in range(2):
         assert api.get("/api/geo/projects", headers=key).status_code == 200
+    # (v3) the AI gateway admits a call with the key through verify: a metered call it names
+    call = {"key": secret, "method": "POST", "path": "/v1/chat/completions", "ip": "203.0.113.9", "user_agent": "sdk/2"}
+    verified = api.post("/api/edge/verify", headers=service, json=call)
+    assert verified.status_code == 200 and verified.json()["valid"] is True, verified.text
     events = [
         usage_event(account["id"], 1200, 300, "openai", "gpt-4o"),
         usage_event(account["id"], 600, 400, "anthropic", "claude-sonnet"),
@@ -238,10 +243,12 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     def activity_shows_calls() -> bool:
         filter_button.click()
         page.wait_for_timeout(150)
-        return activity.filter(has_text="/api/geo/projects").count() >= 2
+        return activity.filter(has_text="/api/geo/projects").count() >= 2 and activity.filter(has_text="/v1/chat").count() >= 1
 
     poll(activity_shows_calls, "the activity log to list the key's calls")
-    expect(activity.first).to_contain_text("console-e2e/1.0")
+    expect(activity.filter(has_text="console-e2e/1.0").first).to_be_visible()
+    gateway_call = activity.filter(has_text="/v1/chat/completions")  # the service that verified it
+    expect(gateway_call.locator("td[data-label='Service']")).to_have_text("ai-gateway", timeout=WAIT_MS)
     page.get_by_label("API key").select_option(label=f"ci key ({masked})")
     filter_button.click()
     expect(activity.filter(has_text=masked).first).to_be_visible()

@@ -292,6 +292,8 @@ function activitySection() {
       h("td", { "data-label": "Key" }, keyNames.get(item.api_key_id) || h("code", {}, item.masked_key || item.api_key_id || "–")),
       h("td", { "data-label": "Method" }, item.method),
       h("td", { "data-label": "Path", class: "path" }, item.path),
+      // (v3) the platform service that verified the call; "–": one of Tollgate's own routes
+      h("td", { "data-label": "Service" }, item.service || "–"),
       h("td", { "data-label": "Status" }, h("span", { class: `http http-${String(item.status)[0]}xx` }, String(item.status))),
       // A flood of refusals may be folded into one row per key, code and second: "× count".
       h("td", { "data-label": "Error code", class: "error-code" }, item.error_code ? h("code", {}, item.error_code) : "–", (item.count || 1) > 1 ? ` × ${item.count}` : ""),
@@ -330,7 +332,7 @@ function activitySection() {
       h(
         "table",
         { class: "responsive", id: "activity-table" },
-        h("thead", {}, h("tr", {}, ["Time", "Key", "Method", "Path", "Status", "Error code", "IP", "User agent", "Latency"].map((t) => h("th", { scope: "col" }, t)))),
+        h("thead", {}, h("tr", {}, ["Time", "Key", "Method", "Path", "Service", "Status", "Error code", "IP", "User agent", "Latency"].map((t) => h("th", { scope: "col" }, t)))),
         tbody,
       ),
     ),
