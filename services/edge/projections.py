@@ -89,3 +89,7 @@ class PlanLimits:
     def rate_limit(self, account_id: UUID) -> RateLimit:
         event = self._by_account.get(account_id)
         return self.default if event is None else event.rate_limit
+
+    def latest(self, account_id: UUID) -> PlanChanged | None:
+        """The account's newest plan change (its quotas too), None if it never changed plan."""
+        return self._by_account.get(account_id)
