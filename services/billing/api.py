@@ -132,9 +132,11 @@ def build_router(runtime: Runtime, service: BillingService) -> APIRouter:
         "/api/billing/orders/{order_id}/pay",
         description=(
             "Pays the order through the payment provider; effects are immediate (the billing.v1 event is in Kafka "
-            "when this returns). Paying a paid order returns it unchanged. 409 conflict when the plan changed since "
-            f"the order or the order's period is over. The payment provider is called with the order id as its "
-            f"idempotency key, so a retried payment never charges twice. {RULE} {CONSOLE}"
+            "and applied by this process when this returns: the next call is judged by the new totals; other "
+            "replicas apply it within milliseconds). 503 service_unavailable if Kafka does not acknowledge in time: "
+            "the payment is made and in force shortly. Paying a paid order returns it unchanged. 409 conflict when "
+            f"the plan changed since the order or the order's period is over. The payment provider is called with the "
+            f"order id as its idempotency key, so a retried payment never charges twice. {RULE} {CONSOLE}"
         ),
     )
     async def pay(

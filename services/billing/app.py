@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from services.billing import api, consumers, domain
+from services.billing.delivery import EdgeDelivery
 from services.billing.payments import TestProvider
 from services.billing.service import BillingService
 from services.billing.store import BillingStore
@@ -15,7 +16,13 @@ def build(runtime: Runtime) -> Component:
     relay = OutboxRelay(runtime.pool, runtime.settings, "billing")
     provider = runtime.overrides.payment_provider or TestProvider()
     service = BillingService(
-        BillingStore(runtime.pool), relay, runtime.edge.accounts, provider, runtime.clock, runtime.settings.tz
+        BillingStore(runtime.pool),
+        relay,
+        runtime.edge.accounts,
+        provider,
+        runtime.clock,
+        runtime.settings.tz,
+        edge=EdgeDelivery(relay, runtime.edge),
     )
     keys = Pruner(
         runtime.pool,

@@ -1,17 +1,16 @@
 """Billing's use cases. Each runs in one transaction holding the account's row lock; the rules
 come from services/billing/domain.py and every change is written to the outbox in the same
-transaction, then relayed to billing.v1 before the call returns. The store, the outbox, the
-clock and the payment provider are injected (tests/unit/fakes.py has in-memory ones)."""
+transaction. A payment or a plan switch answers only once its billing.v1 event is in Kafka and
+applied to this process's edge (`LocalEdge.deliver`), as a key toggle does: the caller's next
+call is judged by the new totals. The store, the outbox, the edge, the clock and the payment
+provider are injected (tests/unit/fakes.py has in-memory ones)."""
 
-import logging
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Protocol
 from uuid import UUID, uuid4
 from zoneinfo import ZoneInfo
-
-from aiokafka.errors import KafkaTimeoutError
 
 from contracts import keyset_cursor
 from contracts.audit import AuditAction, AuditContext
@@ -39,9 +38,9 @@ from services.billing import domain
 from services.billing.domain import BillingConflict, Idempotency, OrderToPay, SwitchKind
 from services.billing.payments import PaymentProvider
 from services.billing.store import AccountRow, InvoiceRow, OrderRow
-from services.runtime.platform.kafka import within_publish_timeout
 
-log = logging.getLogger(__name__)
+# What a payment or a switch publishes and this process's edge applies before the answer.
+BillingFact = PlanChanged | PackagePurchased
 
 
 class Tx(Protocol):
@@ -74,7 +73,14 @@ class Outbox(Protocol):
     """The outbox relay: rows written in the caller's transaction, published after commit."""
 
     async def add(self, conn: Any, topic: Topic, key: bytes, value: bytes | None) -> int: ...
-    async def flush(self) -> int: ...
+
+
+class LocalEdge(Protocol):
+    """This process's edge, as the use cases see it (services/billing/delivery.py)."""
+
+    async def deliver(self, facts: list[BillingFact]) -> None:
+        """Wait for Kafka's ack of every committed outbox row, then make this process judge by
+        `facts` (503 if Kafka does not acknowledge in time: the change stands, in force shortly)."""
 
 
 class Accounts(Protocol):
@@ -85,10 +91,19 @@ class Accounts(Protocol):
 
 class BillingService:
     def __init__(
-        self, store: Store, outbox: Outbox, accounts: Accounts, provider: PaymentProvider, clock: Clock, tz: ZoneInfo
+        self,
+        store: Store,
+        outbox: Outbox,
+        accounts: Accounts,
+        provider: PaymentProvider,
+        clock: Clock,
+        tz: ZoneInfo,
+        *,
+        edge: LocalEdge,
     ) -> None:
         self.store = store
         self.outbox = outbox
+        self.edge = edge
         self.accounts = accounts
         self.provider = provider
         self.clock = clock
@@ -228,18 +243,21 @@ class BillingService:
         )
 
     async def pay(self, account_id: UUID, order_id: UUID, idem: Idempotency | None = None, *, audit: AuditContext) -> Order:
+        facts: list[BillingFact] = []
         async with self.store.transaction() as tx:
             if idem is not None and (stored := await tx.claim_key(account_id, idem)) is not None:
-                return Order.model_validate(stored)  # a retry: the first answer, nothing charged
-            paid, charged = await self._pay(tx, account_id, order_id, audit)
-            if idem is not None:
-                await tx.remember_key(account_id, idem, 200, paid.model_dump(mode="json"))
-        if charged:
-            await self._deliver()
+                paid = Order.model_validate(stored)  # a retry: the first answer, nothing charged
+            else:
+                paid, facts = await self._pay(tx, account_id, order_id, audit)
+                if idem is not None:
+                    await tx.remember_key(account_id, idem, 200, paid.model_dump(mode="json"))
+        # Also for a retry (an order paid already): its event may still wait in the outbox (the
+        # first answer was a 503), and a 200 says the payment is in force.
+        await self.edge.deliver(facts)
         return paid
 
-    async def _pay(self, tx: Tx, account_id: UUID, order_id: UUID, audit: AuditContext) -> tuple[Order, bool]:
-        """The paid order, and whether this call charged it (False: it was paid already)."""
+    async def _pay(self, tx: Tx, account_id: UUID, order_id: UUID, audit: AuditContext) -> tuple[Order, list[BillingFact]]:
+        """The paid order and the billing.v1 events this call published (none: it was paid already)."""
         now = self.clock()
         period, _, _ = bounds_of(now, self.tz)
         account = await self._lock(tx, account_id)
@@ -247,7 +265,7 @@ class BillingService:
         if order is None:
             raise NotFound("order")
         if order.status == "paid":
-            return self._out(order), False  # paying twice is harmless: the same paid order, one charge
+            return self._out(order), []  # paying twice is harmless: the same paid order, one charge
         if order.period != period:
             raise BillingConflict("The order was for an earlier period; create a new order.")
         if order.kind == "plan_upgrade":
@@ -261,10 +279,10 @@ class BillingService:
         await self._issue_invoice(tx, order.id, account, now)
         if order.kind == "plan_upgrade":
             assert order.plan is not None
-            await self._change_plan(tx, account_id, account.plan, order.plan, now)
+            fact: BillingFact = await self._change_plan(tx, account_id, account.plan, order.plan, now)
         else:
             assert order.resource is not None and order.quantity is not None
-            event = PackagePurchased(
+            fact = PackagePurchased(
                 time=now,
                 account_id=account_id,
                 resource=order.resource,
@@ -272,10 +290,10 @@ class BillingService:
                 period=order.period,
                 order_id=order.id,
             )
-            await self.outbox.add(tx.conn, BILLING, str(account_id).encode(), event.model_dump_json().encode())
+            await self.outbox.add(tx.conn, BILLING, str(account_id).encode(), fact.model_dump_json().encode())
         paid = await tx.lock_order(order_id, account_id)
         assert paid is not None
-        return self._out(paid), True
+        return self._out(paid), [fact]
 
     async def _issue_invoice(self, tx: Tx, order_id: UUID, account: AccountRow, now: datetime) -> None:
         """The invoice, numbered in the payment's transaction (a rollback takes the number back)."""
@@ -289,13 +307,14 @@ class BillingService:
         period, start, end = bounds_of(now, self.tz)
         plans = catalogue()
         order: OrderRow | None = None
+        facts: list[BillingFact] = []
         async with self.store.transaction() as tx:
             account = await self._lock(tx, account_id)
             current, target = plans[account.plan], plans[tier]
             amount = domain.prorate(current.monthly_price, target.monthly_price, now, start, end)
             kind = domain.classify_switch(account.user_type, current, target, amount)
             if kind is SwitchKind.IMMEDIATE:
-                await self._change_plan(tx, account_id, account.plan, tier, now)
+                facts.append(await self._change_plan(tx, account_id, account.plan, tier, now))
                 entry = audit.entry(
                     account_id,
                     now,
@@ -313,18 +332,10 @@ class BillingService:
             user_type = account.user_type
         if order is not None:
             raise OrderToPay(self._out(order))
-        await self._deliver()
+        await self.edge.deliver(facts)
         return Subscription(plan=tier, user_type=user_type, period=PeriodRange(start=start, end=end))
 
-    async def _deliver(self) -> None:
-        """Publish the committed change now; if Kafka is away the payment or switch still stands
-        (it is committed) and the relay publishes it as soon as Kafka is back."""
-        try:
-            await within_publish_timeout(self.outbox.flush())
-        except KafkaTimeoutError:
-            log.warning("billing.v1 delivery delayed; the outbox relay will publish it")
-
-    async def _change_plan(self, tx: Tx, account_id: UUID, old: Tier, new: Tier, now: datetime) -> None:
+    async def _change_plan(self, tx: Tx, account_id: UUID, old: Tier, new: Tier, now: datetime) -> PlanChanged:
         plan = catalogue()[new]
         version = await tx.set_plan(account_id, new, now)  # under the account's row lock: the order consumers keep
         event = PlanChanged(
@@ -337,6 +348,7 @@ class BillingService:
             version=version,
         )
         await self.outbox.add(tx.conn, BILLING, str(account_id).encode(), event.model_dump_json().encode())
+        return event
 
     # ---- facts from other services ---------------------------------------------------------------
     async def apply_user_type(self, event: UserTypeChanged | AccountState) -> None:

@@ -2,10 +2,13 @@
 
 Each process alone would admit the whole remainder of an account's quota (N replicas: N times
 it). Here an account's admissions of the period are one counter in Redis, beside the newest
-quota state any replica has brought (watermark, used, reserved, total). `ADMIT_FN` judges and
-records a call atomically, inside the rate limiter's script (rate_store.RedisStore: one round
-trip per call), and only for a call the rate limit let through:
-1. a replica whose projection lags is judged by the newest state Redis keeps (by watermark);
+quota state any replica has brought (watermark, used, reserved). `ADMIT_FN` judges and records a
+call atomically, inside the rate limiter's script (rate_store.RedisStore: one round trip per
+call), and only for a call the rate limit let through:
+1. a replica whose projection lags is judged by the newest state Redis keeps (by watermark),
+   against the total the calling replica knows: totals come from billing.v1 (quota_gate.py), which
+   every replica applies within milliseconds of a payment, while a state keeps its watermark when
+   only the total changes, so a state kept here could hold an old total;
 2. admitted := max(admitted, used): calls quota counted without passing here (Redis was away,
    or its key was lost) take their places too;
 3. admitted + reserved >= total refuses; otherwise admitted += 1.
@@ -32,18 +35,18 @@ ADMISSION_STORE_ERRORS = Counter(
 )
 
 # admit(key, argv, at): argv[at .. at + 5] = has a state (1/0), its watermark (us), used,
-# reserved, total, the key's ttl (s). Returns 1 (admitted) or 0.
+# reserved, the caller's total, the key's ttl (s). Returns 1 (admitted) or 0.
 ADMIT_FN = """
 local function admit(key, argv, at)
   local has = argv[at] == '1'
   local w, used, reserved, total = tonumber(argv[at + 1]), tonumber(argv[at + 2]), tonumber(argv[at + 3]), tonumber(argv[at + 4])
-  local kept = redis.call('HMGET', key, 'w', 'used', 'reserved', 'total', 'admitted')
+  local kept = redis.call('HMGET', key, 'w', 'used', 'reserved', 'admitted')
   if kept[1] and (not has or tonumber(kept[1]) > w) then
-    used, reserved, total = tonumber(kept[2]), tonumber(kept[3]), tonumber(kept[4])
+    used, reserved = tonumber(kept[2]), tonumber(kept[3])
   elseif has then
-    redis.call('HSET', key, 'w', argv[at + 1], 'used', argv[at + 2], 'reserved', argv[at + 3], 'total', argv[at + 4])
+    redis.call('HSET', key, 'w', argv[at + 1], 'used', argv[at + 2], 'reserved', argv[at + 3])
   end
-  local admitted = math.max(tonumber(kept[5] or '0'), used)
+  local admitted = math.max(tonumber(kept[4] or '0'), used)
   local allowed = admitted + reserved < total
   if allowed then
     admitted = admitted + 1
@@ -78,7 +81,7 @@ def admission_key(prefix: str, view: CallsView) -> str:
 
 def admission_args(view: CallsView) -> list[int]:
     """ADMIT_FN's arguments for `view`, this process's projection (the newest state Redis keeps
-    wins). A state's `time` is stamped by quota from event times: the account's "no state" view
+    wins; the total is this process's). A state's `time` is stamped by quota from event times: the account's "no state" view
     (nothing counted this period) says so with has = 0 and keeps any newer state Redis has."""
     if view.watermark is None:
         return [0, -1, view.used, view.reserved, view.total, TTL_S]

@@ -25,6 +25,7 @@ from contracts.errors import ErrorCode
 from contracts.events import (
     AccountState,
     KeyState,
+    PackagePurchased,
     PlanChanged,
     QuotaState,
     RateLimit,
@@ -36,6 +37,7 @@ from contracts.quota_api import InsufficientQuotaDetails, counts_as_api_call, qu
 from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA, SERVICE_TOKENS, SESSIONS, USERS
 from services.edge import sessions
 from services.edge.admissions import ADMISSION_STORE_ERRORS
+from services.edge.billing_totals import BillingTotals
 from services.edge.calls import OVERLOADED, Call, CallRecorder, client_ip, parse_networks
 from services.edge.context import CALL_CONTEXT, CallContext, context_of
 from services.edge.errors import ApiError
@@ -119,8 +121,11 @@ class Edge:
         self.accounts = AccountProjection()
         self.keys = KeyProjection()
         self.service_tokens = ServiceTokenProjection()
-        self.quota = QuotaProjection(settings.tz)
         self.plans = PlanLimits()
+        # Totals from billing.v1 (plan + packages), used/reserved from quota.v1: a payment is in
+        # force here as soon as its billing.v1 event is applied (billing_totals.py).
+        self.totals = BillingTotals(self.plans)
+        self.quota = QuotaProjection(settings.tz, self.totals)
         self.users = UserSessions()
         self.revoked_sessions = RevokedSessions(settings.session_ttl_seconds)
         # REDIS_URL: the replicas share the rate limits and the api_calls admissions (one script
@@ -186,8 +191,19 @@ class Edge:
         if value is None:
             return
         body = json.loads(value)
-        if isinstance(body, dict) and body.get("type") == "plan_changed":  # the rest is not the edge's business
-            self.plans.apply(PlanChanged.model_validate(body))
+        kind = body.get("type") if isinstance(body, dict) else None
+        if kind == "plan_changed":
+            self.apply_billing(PlanChanged.model_validate(body))
+        elif kind == "package_purchased":  # the rest (user types) is not the edge's business
+            self.apply_billing(PackagePurchased.model_validate(body))
+
+    def apply_billing(self, event: PlanChanged | PackagePurchased) -> None:
+        """A plan's rate limits and quotas, or a package: in force for this process's next call
+        (billing applies its own events here before it answers, services/billing/delivery.py)."""
+        if isinstance(event, PlanChanged):
+            self.plans.apply(event)
+        else:
+            self.totals.apply_package(event)
 
     def _apply_quota(self, _key: bytes | None, value: bytes | None) -> None:
         if value is not None:

@@ -23,7 +23,15 @@ SCHEMES: dict[str, dict[str, str]] = {
         "type": "http",
         "scheme": "bearer",
         "bearerFormat": "sk-...",
-        "description": "A customer's API key: `sk-` + at least 40 URL-safe characters; acts with its owner's current role.",
+        "description": (
+            "A customer's API key: `sk-` + at least 40 URL-safe characters; acts with its owner's current role. "
+            "Its answers carry X-RateLimit-Limit, -Remaining and -Reset, describing the rate limit that binds: on a "
+            "429 the one that refused (Remaining 0), otherwise the one with the least room left, of the plan's token "
+            "bucket and one-minute sliding window, per account and per key. Limit: that limit's size in calls (the "
+            "bucket's `burst`, or `per_minute`). Remaining: calls it still lets through now. Reset: whole seconds "
+            "(relative) until, with no more calls, it is whole again (Remaining back to Limit: the bucket refilled, or "
+            "the window empty, up to 120 s); on a 429 at least Retry-After."
+        ),
     },
     CONSOLE_SESSION: {
         "type": "http",

@@ -93,3 +93,7 @@ class PlanLimits:
     def plan(self, account_id: UUID) -> Tier:
         event = self._by_account.get(account_id)
         return Tier.FREE if event is None else event.plan
+
+    def latest(self, account_id: UUID) -> PlanChanged | None:
+        """The account's newest plan change (its quotas too), None if it never changed plan."""
+        return self._by_account.get(account_id)

@@ -15,6 +15,11 @@ also counts the api_calls it admits itself, two ways, and takes the larger:
 `used`. With several replicas the api_calls admissions are shared instead (services/edge/
 admissions.py, in the rate limiter's Redis): `calls_view` is what this process knows of the
 account's state, the input of that shared admission.
+
+Totals come from billing.v1 (billing_totals.BillingTotals, quota's own rule) for an account it
+has spoken of, and from the state otherwise: a payment or a downgrade is in force the moment this
+process applies its billing.v1 event, not one quota.v1 round trip later. `used` and `reserved`
+are quota's, so a resource is exhausted when used + reserved >= that total.
 """
 
 from collections import deque
@@ -27,6 +32,7 @@ from contracts.common import STOCK_RESOURCES, Resource, Tier
 from contracts.events import QuotaState
 from contracts.period import bounds_of
 from contracts.plans import catalogue
+from services.edge.billing_totals import BillingTotals
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,14 +69,14 @@ class QuotaProjection:
     """(account, resource) -> latest state. A block holds only within its own period, so the
     monthly reset needs no event: a new period simply finds no block for itself."""
 
-    def __init__(self, tz: ZoneInfo) -> None:
+    def __init__(self, tz: ZoneInfo, totals: BillingTotals | None = None) -> None:
         self._tz = tz
+        self._totals = totals
         self._states: dict[tuple[UUID, Resource], QuotaState] = {}
         # api_calls this process admitted, per account: see _Admissions.
         self._admitted: dict[UUID, _Admissions] = {}
         # Accounts that never changed plan have no state until their first event: the free tier.
         self._free = catalogue()[Tier.FREE].quotas
-        self._default_calls_total = self._free[Resource.API_CALLS]
         # The current period and its bounds in UTC: a call compares two instants instead of
         # converting to the platform zone.
         self._span: tuple[datetime, datetime, str] | None = None
@@ -103,10 +109,13 @@ class QuotaProjection:
             period = self._period(now)
             return self._calls_exhausted(self._view(account_id, period), self._admitted.get(account_id))
         state = self._states.get((account_id, resource))
-        if state is None or not (state.blocked or state.used + state.reserved >= state.total):
+        if state is None:
             return False
-        # Flows reset with the period; a stock's block carries over until the level falls.
-        return resource in STOCK_RESOURCES or state.period == self._period(now)
+        period = self._period(now)
+        # Flows reset with the period; a stock's level carries over, against this period's total.
+        if resource not in STOCK_RESOURCES and state.period != period:
+            return False
+        return state.used + state.reserved >= self._total(account_id, resource, period, state)
 
     def lacks_room(self, account_id: UUID, resource: Resource, cost: int, now: datetime) -> bool:
         """Whether a call that needs `cost` more of `resource` is refused: the resource is
@@ -156,11 +165,20 @@ class QuotaProjection:
 
     def _view(self, account_id: UUID, period: str) -> CallsView:
         state = self._states.get((account_id, Resource.API_CALLS))
+        total = self._total(account_id, Resource.API_CALLS, period, state)
         if state is None:
-            return CallsView(account_id, period, None, 0, 0, self._default_calls_total)
+            return CallsView(account_id, period, None, 0, 0, total)
         if state.period != period:  # a new period: the flow starts again (open reservations still hold)
-            return CallsView(account_id, period, None, 0, state.reserved, state.total)
-        return CallsView(account_id, period, state.time, state.used, state.reserved, state.total)
+            return CallsView(account_id, period, None, 0, state.reserved, total)
+        return CallsView(account_id, period, state.time, state.used, state.reserved, total)
+
+    def _total(self, account_id: UUID, resource: Resource, period: str, state: QuotaState | None) -> int:
+        """billing.v1's total of `period` when it knows the account (in force at once), else the
+        state's, else the free plan's."""
+        known = None if self._totals is None else self._totals.total(account_id, resource, period)
+        if known is not None:
+            return known
+        return self._free[resource] if state is None else state.total
 
     def standing(self, account_id: UUID, resource: Resource, now: datetime) -> tuple[int, int]:
         """(used, total) of `resource` this period as this process knows them: a flow starts
@@ -168,12 +186,8 @@ class QuotaProjection:
         admitted here and not yet counted; an account without a state is on the free plan."""
         period = self._period(now)
         state = self._states.get((account_id, resource))
-        if state is None:
-            used, total = 0, self._free[resource]
-        elif state.period != period and resource not in STOCK_RESOURCES:
-            used, total = 0, state.total
-        else:
-            used, total = state.used, state.total
+        total = self._total(account_id, resource, period, state)
+        used = 0 if state is None or (state.period != period and resource not in STOCK_RESOURCES) else state.used
         if resource is Resource.API_CALLS:
             used += _pending(self._view(account_id, period), self._admitted.get(account_id))
         return used, total

@@ -1,6 +1,15 @@
 """Rate-limit rules, pure: a token bucket (bursts) and a sliding window per minute, judged
 together over several subjects (the account and the key) so that a rejection consumes nothing.
 
+Each subject has two limits, its bucket and its window, and the X-RateLimit-* headers describe
+the one that binds (as the IETF RateLimit draft says of several policies): on a refusal, the
+limit that refused (of those refusing, the one Retry-After waits for), with Remaining 0; on an
+admitted call, the one with the least room left. Limit is that limit's size in requests (the
+bucket's burst, or the window's requests per minute), Remaining what it still lets through now,
+and Reset the seconds until, with no more calls, it is whole again (Remaining back to Limit):
+the bucket full, or the sliding window holding no call, which is up to 120 s, since a minute's
+calls still weigh on the next one.
+
 The sliding window is the two-window estimate (Cloudflare's): the previous fixed minute counts
 in proportion to how much of it still overlaps the last 60 s. `services/edge/rate_store.py`
 runs the same arithmetic in process or, for several replicas, in Redis as one Lua script.
@@ -42,9 +51,9 @@ class Slot:
 @dataclass(slots=True)
 class Decision:
     allowed: bool
-    limit: int  # X-RateLimit-Limit: requests per minute
-    remaining: int  # X-RateLimit-Remaining: the tightest subject's window room after this call
-    reset_s: int  # X-RateLimit-Reset: seconds until the current minute ends
+    limit: int  # X-RateLimit-Limit: the binding limit's size (the burst, or requests per minute)
+    remaining: int  # X-RateLimit-Remaining: what the binding limit still lets through (0 on a refusal)
+    reset_s: int  # X-RateLimit-Reset: seconds until the binding limit is whole again, if no call comes
     retry_after_s: int  # Retry-After when not allowed (>= 1), else 0
 
     def headers(self) -> dict[str, str]:
@@ -103,52 +112,73 @@ def window_wait(slot: Slot, limits: Limits, now: float) -> float:
     return max(0.0, to_next)
 
 
+def bucket_reset(slot: Slot, limits: Limits) -> float:
+    """Seconds until the bucket is full again."""
+    return max(0.0, (limits.burst - slot.tokens) / limits.per_second)
+
+
+def window_reset(slot: Slot, now: float) -> float:
+    """Seconds until the sliding window holds no call: this minute's calls weigh on it until the
+    end of the next minute, the previous minute's until the end of this one."""
+    if slot.cur > 0:
+        return max(0.0, slot.wstart + 2 * WINDOW_S - now)
+    if slot.prev > 0:
+        return max(0.0, slot.wstart + WINDOW_S - now)
+    return 0.0
+
+
 def evaluate(slots: Sequence[Slot | None], limits: Limits, now: float) -> tuple[Decision, list[Slot] | None]:
     """Judge one request against every subject; the new slots only if it is allowed (a rejected
-    request consumes nothing, from no subject and no limit)."""
+    request consumes nothing, from no subject and no limit). The headers describe the limit that
+    binds (the module's docstring)."""
     current = [advance(s, limits, now) for s in slots]
-    blocked = _blocked(current, limits, now)
-    allowed = not blocked
-    wait = _wait(blocked, limits, now)
-    after = [Slot(s.tokens - 1.0, s.updated, s.wstart, s.cur + 1.0, s.prev) for s in current] if allowed else current
-    remaining = min((math.floor(limits.per_minute - estimate(s, now)) for s in after), default=limits.per_minute)
-    reset = math.ceil(window_start(now) + WINDOW_S - now)
-    decision = Decision(
-        allowed=allowed,
-        limit=limits.per_minute,
-        remaining=max(0, remaining),
-        reset_s=max(0, reset),
-        retry_after_s=0 if allowed else max(1, math.ceil(wait)),
+    refusing = _refusing(current, limits, now)
+    if refusing:
+        # The limit that refused: the one whose wait is Retry-After (then the longest Reset).
+        retry, reset, limit = max((_retry(wait), math.ceil(reset), size) for wait, reset, size in refusing)
+        return Decision(False, limit, 0, max(reset, retry), retry), None
+    after = [Slot(s.tokens - 1.0, s.updated, s.wstart, s.cur + 1.0, s.prev) for s in current]
+    # The tightest limit: the least room left (then the longest until it is whole again).
+    remaining, reset, limit = min(
+        min(
+            (math.floor(s.tokens), -math.ceil(bucket_reset(s, limits)), limits.burst),
+            (math.floor(limits.per_minute - estimate(s, now)), -math.ceil(window_reset(s, now)), limits.per_minute),
+        )
+        for s in after
     )
-    return decision, (after if allowed else None)
+    return Decision(True, limit, max(0, remaining), -reset, 0), after
 
 
 # Float rounding may move a boundary the arithmetic below predicts by a few ulps: stop short of it.
 STEADY_MARGIN_S = 0.001
 
 
-def refusal_lasts(slots: Sequence[Slot | None], limits: Limits, now: float, refusal: Decision) -> float:
-    """Seconds from `now` during which `evaluate(slots, limits, t)` answers `refusal` again, the
-    slots unchanged (a refusal writes nothing), so that a flood's refusals can share it. Within
-    the current whole second the window does not roll and X-RateLimit-Reset does not tick; each
-    blocked subject's wait falls by at most a second a second, so Retry-After cannot tick down
-    (nor a call be allowed) before the wait has fallen to the next whole number below; a subject's
-    estimate falls at `prev / 60` a second, so X-RateLimit-Remaining cannot rise before
-    `limit - estimate` has reached the next whole number above."""
+def refusal_lasts(slots: Sequence[Slot | None], limits: Limits, now: float) -> float:
+    """Seconds from `now` during which `evaluate(slots, limits, t)` answers the same refusal, the
+    slots unchanged (a refusal writes nothing), so that a flood's refusals can share it. The
+    answer is made of whole numbers of each refusing limit (Remaining is 0): its Retry-After and
+    its Reset. Within the current whole second the window does not roll and a window's Reset
+    does not tick; a refusing limit's wait and a bucket's Reset fall by a second a second, so
+    neither ticks down (nor may a limit let a call through) before it has fallen to the next
+    whole number below. Limits that refuse no call now cannot start to without a call."""
     current = [advance(s, limits, now) for s in slots]
-    until_retry_ticks = _wait(_blocked(current, limits, now), limits, now) - (refusal.retry_after_s - 1.0)
-    lasts = min(math.floor(now) + 1.0 - now, until_retry_ticks)
-    for slot in current:
-        if slot.prev > 0:
-            room = limits.per_minute - estimate(slot, now)
-            lasts = min(lasts, (math.floor(room) + 1.0 - room) * WINDOW_S / slot.prev)
+    lasts = math.floor(now) + 1.0 - now
+    for wait, reset, _ in _refusing(current, limits, now):
+        lasts = min(lasts, wait - (_retry(wait) - 1.0), reset - (math.ceil(reset) - 1.0))
     return max(0.0, lasts - STEADY_MARGIN_S)
 
 
-def _blocked(current: Sequence[Slot], limits: Limits, now: float) -> list[Slot]:
-    return [s for s in current if s.tokens < 1.0 or estimate(s, now) + 1.0 > limits.per_minute]
+def _retry(wait: float) -> int:
+    return max(1, math.ceil(wait))
 
 
-def _wait(blocked: Sequence[Slot], limits: Limits, now: float) -> float:
-    """Seconds until every blocked subject would let one more request through."""
-    return max((max(bucket_wait(s, limits), window_wait(s, limits, now)) for s in blocked), default=0.0)
+def _refusing(current: Sequence[Slot], limits: Limits, now: float) -> list[tuple[float, float, int]]:
+    """(wait, reset, size) of every limit that refuses a request at `now`: a bucket without a
+    whole token, a window without room for one more."""
+    refusing = []
+    for s in current:
+        if s.tokens < 1.0:
+            refusing.append((bucket_wait(s, limits), bucket_reset(s, limits), limits.burst))
+        if estimate(s, now) + 1.0 > limits.per_minute:
+            refusing.append((window_wait(s, limits, now), window_reset(s, now), limits.per_minute))
+    return refusing

@@ -76,8 +76,9 @@ class MemoryStore:
 
 
 # The same arithmetic as rate_limit.py, statement for statement (keep them in step).
-# rate_limit(keys, now, rate, burst, limit, ttl) -> allowed, remaining, reset, retry, the slots as
-# stored after the call (HMGET-like rows), whether a request at the same time would be refused.
+# rate_limit(keys, now, rate, burst, limit, ttl) -> allowed; the headers' limit, remaining, reset and
+# retry (the binding limit's, as rate_limit.evaluate); the slots as stored after the call (HMGET-like
+# rows); whether a request at the same time would be refused.
 RATE_LIMIT_FN = """
 local function rate_limit(keys, now, rate, burst, limit, ttl)
   local W = 60.0
@@ -107,29 +108,49 @@ local function rate_limit(keys, now, rate, burst, limit, ttl)
     end
     slots[i] = s
   end
-  local allowed = true
-  local wait = 0.0
+  -- The limits that refuse a request now: {retry, reset, size} (rate_limit._refusing), and of
+  -- them the one the headers describe: the longest Retry-After, then Reset, then size.
+  local allowed, retry, reset, size = true, 0, 0, 0
+  local function refusing(wait, full, of)
+    local r, f = math.max(1, math.ceil(wait)), math.ceil(full)
+    if allowed or r > retry or (r == retry and (f > reset or (f == reset and of > size))) then
+      retry, reset, size = r, f, of
+    end
+    allowed = false
+  end
+  local function window_reset(s)
+    if s.cur > 0 then return math.max(0.0, s.wstart + 2 * W - now) end
+    if s.prev > 0 then return math.max(0.0, s.wstart + W - now) end
+    return 0.0
+  end
   for i, s in ipairs(slots) do
+    if s.tokens < 1.0 then
+      refusing((1.0 - s.tokens) / rate, math.max(0.0, (burst - s.tokens) / rate), burst)
+    end
     local est = estimate(s)
-    if s.tokens < 1.0 or est + 1.0 > limit then
-      allowed = false
-      local bw = 0.0
-      if s.tokens < 1.0 then bw = (1.0 - s.tokens) / rate end
-      local ww = 0.0
-      if est + 1.0 > limit then
-        local elapsed = math.max(0.0, now - s.wstart)
-        if s.cur + 1.0 <= limit and s.prev > 0 then
-          ww = math.max(0.0, W - elapsed - W * (limit - s.cur - 1.0) / s.prev)
-        else
-          ww = s.wstart + W - now
-          if s.cur > 0 then ww = ww + math.max(0.0, W - W * (limit - 1.0) / s.cur) end
-          ww = math.max(0.0, ww)
-        end
+    if est + 1.0 > limit then
+      local elapsed = math.max(0.0, now - s.wstart)
+      local ww
+      if s.cur + 1.0 <= limit and s.prev > 0 then
+        ww = math.max(0.0, W - elapsed - W * (limit - s.cur - 1.0) / s.prev)
+      else
+        ww = s.wstart + W - now
+        if s.cur > 0 then ww = ww + math.max(0.0, W - W * (limit - 1.0) / s.cur) end
+        ww = math.max(0.0, ww)
       end
-      wait = math.max(wait, math.max(bw, ww))
+      refusing(ww, window_reset(s), limit)
     end
   end
+  local remaining = 0
   if allowed then
+    -- The tightest limit after the call: the least room, then the longest Reset, then the smaller.
+    local first = true
+    local function room(r, f, of)
+      if first or r < remaining or (r == remaining and (f > reset or (f == reset and of < size))) then
+        remaining, reset, size = r, f, of
+      end
+      first = false
+    end
     for i, s in ipairs(slots) do
       s.tokens = s.tokens - 1.0
       s.cur = s.cur + 1.0
@@ -138,24 +159,22 @@ local function rate_limit(keys, now, rate, burst, limit, ttl)
       redis.call('HSET', keys[i], 'tokens', stored[i][1], 'updated', stored[i][2], 'wstart', stored[i][3],
         'cur', stored[i][4], 'prev', stored[i][5])
       redis.call('EXPIRE', keys[i], ttl)
+      room(math.floor(s.tokens), math.ceil(math.max(0.0, (burst - s.tokens) / rate)), burst)
+      room(math.floor(limit - estimate(s)), math.ceil(window_reset(s)), limit)
     end
+  else
+    reset = math.max(reset, retry)
   end
-  local remaining = limit
-  for i, s in ipairs(slots) do
-    remaining = math.min(remaining, math.floor(limit - estimate(s)))
-  end
-  local retry = 0
-  if not allowed then retry = math.max(1, math.ceil(wait)) end
   local next_refused = not allowed
   for i, s in ipairs(slots) do
     if s.tokens < 1.0 or estimate(s) + 1.0 > limit then next_refused = true end
   end
-  return allowed, math.max(0, remaining), math.max(0, math.ceil(wnow + W - now)), retry, stored, next_refused
+  return allowed, size, math.max(0, remaining), reset, retry, stored, next_refused
 end
 """
 # KEYS: the rate limit's subjects, then (when ARGV[6] = 1) the admission's hash. ARGV[1..5]: now,
 # rate, burst, limit, ttl; ARGV[7..12]: the admission's (admissions.admission_args). Returns
-# {allowed, remaining, reset, retry, admitted (1/0; -1 not judged), and when the subjects' next
+# {allowed, limit, remaining, reset, retry (the headers'), admitted (1/0; -1 not judged), and when the subjects' next
 # request would be refused, their slots as stored...}.
 SCRIPT = (
     RATE_LIMIT_FN
@@ -164,13 +183,13 @@ SCRIPT = (
 local wants = ARGV[6] == '1'
 local subjects = {}
 for i = 1, #KEYS - (wants and 1 or 0) do subjects[i] = KEYS[i] end
-local allowed, remaining, reset, retry, stored, next_refused = rate_limit(
+local allowed, size, remaining, reset, retry, stored, next_refused = rate_limit(
   subjects, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
 local admitted = -1
 if allowed and wants then
   admitted = admit(KEYS[#KEYS], ARGV, 7)
 end
-local result = {allowed and 1 or 0, remaining, reset, retry, admitted}
+local result = {allowed and 1 or 0, size, remaining, reset, retry, admitted}
 if next_refused then
   -- the slots as stored after this call (a refusal writes nothing), for the caller's copy
   for i, h in ipairs(stored) do
@@ -241,7 +260,7 @@ class RedisStore:
             keys.append(admission_key(self._admissions_prefix, admission))
             args += [1, *admission_args(admission)]
         try:
-            allowed, remaining, reset, retry, admitted, *stored = await self._script(keys=keys, args=args)
+            allowed, limit, remaining, reset, retry, admitted, *stored = await self._script(keys=keys, args=args)
         except Exception:  # a limiter outage must not take the API down: let the call through
             STORE_ERRORS.inc()
             self._outage_log.warning("rate-limit store failed; allowing calls (see the store errors metric)", exc_info=True)
@@ -250,7 +269,7 @@ class RedisStore:
             if len(self._copies) >= MAX_COPIES:
                 self._copies.clear()
             self._copies[subjects] = _Copy([_slot(stored[i : i + 5]) for i in range(0, len(stored), 5)])
-        decision = Decision(bool(allowed), limits.per_minute, int(remaining), int(reset), int(retry))
+        decision = Decision(bool(allowed), int(limit), int(remaining), int(reset), int(retry))
         return decision, None if admitted == -1 else bool(admitted)
 
     def refused(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision | None:
@@ -312,7 +331,7 @@ class _Copy:
         if decision.allowed:
             return None
         self.refusal, self.limits, self.since = decision, limits, now
-        self.until = now + refusal_lasts(self.slots, limits, now, decision)
+        self.until = now + refusal_lasts(self.slots, limits, now)
         return decision
 
 

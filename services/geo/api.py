@@ -28,9 +28,10 @@ def build_router(runtime: Runtime, service: GeoService) -> APIRouter:
         description=(
             "Needs `projects:write`; consumes 1 `geo_projects` (usage.v1 +1 through an outbox). Exact: the account's "
             "creations are serialised in geo's Postgres transaction (on every replica) and the live projects are "
-            "counted against the `geo_projects` total (plan + packages, from quota.v1; free plan until the account "
-            "has a quota state), so with any number of concurrent creators the account never holds more; the one "
-            "past the total gets 403 insufficient_quota with resource, used, total, period_end and links."
+            "counted against the `geo_projects` total (plan + packages, from billing.v1: a payment is in force at "
+            "once; the free plan for an account that never changed plan), so with any number of concurrent creators "
+            "the account never holds more; the one past the total gets 403 insufficient_quota with resource, used, "
+            "total, period_end and links."
         ),
     )
     async def create_project(body: GeoProjectCreate, principal: Annotated[Principal, Depends(write)]) -> GeoProject:

@@ -37,7 +37,8 @@ class Outbox(Protocol):
 
 
 class Quota(Protocol):
-    """The edge's quota projection (quota.v1): an account's (used, total) and the period's end."""
+    """The edge's quota projection: an account's (used, total) and the period's end (the total from
+    billing.v1, in force as soon as a payment answers; services/edge/billing_totals.py)."""
 
     def standing(self, account_id: UUID, resource: Resource, now: datetime) -> tuple[int, int]: ...
     def period_end(self, now: datetime) -> datetime: ...

@@ -159,7 +159,7 @@ async def test_garbage_on_every_topic_is_dead_lettered_and_every_consumer_keeps_
 
     # calls.v1 (keys.last-used, quota, metering.calls)
     call = await client.get("/api/geo/projects", headers=bearer(key["key"]))
-    assert call.status_code == 200 and call.headers["X-RateLimit-Limit"] == "120"  # free plan's minute window
+    assert call.status_code == 200 and call.headers["X-RateLimit-Limit"] == "20"  # free plan's burst: the tightest limit
 
     # accounts.v1 (billing) and billing.v1 (billing, keys.plans, quota)
     changed = await client.put("/api/account/user-type", json={"user_type": "enterprise"}, headers=a.headers)

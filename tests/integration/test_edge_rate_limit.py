@@ -1,6 +1,7 @@
 """Rate limits through the real edge (in process and on a real redis-server) and calls.v1 events."""
 
 import asyncio
+import math
 import random
 import time
 import uuid
@@ -9,6 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from aiokafka import AIOKafkaConsumer
 from faststream.kafka import KafkaBroker
+from redis.asyncio import Redis
 
 from contracts.common import Tier
 from contracts.events import CallEvent, PlanChanged, RateLimit
@@ -89,6 +91,17 @@ async def publish_plan(settings, account_id: uuid.UUID, rate: RateLimit) -> None
         await broker.publish(event.model_dump_json().encode(), settings.topic(BILLING.name), key=str(account_id).encode())
 
 
+async def _window_count(edge, subject: str) -> float:
+    """Calls in the subject's current minute, from whichever store the edge limits with."""
+    if isinstance(edge.limiter, MemoryStore):
+        return edge.limiter._slots[subject].cur
+    redis = Redis.from_url(edge.settings.redis_url)
+    try:
+        return float(await redis.hget(f"tollgate:rl:{subject}", "cur") or 0)
+    finally:
+        await redis.aclose()
+
+
 async def _until(predicate, within: float = 10.0) -> None:
     deadline = time.monotonic() + within
     while not predicate():
@@ -107,9 +120,10 @@ async def test_plan_limits_429_with_headers_and_rejections_consume_nothing(setti
 
         first = await client.get("/api/geo/projects", headers=bearer(secret))
         free = catalogue()[Tier.FREE].rate_limit
-        assert first.headers["X-RateLimit-Limit"] == str(free.per_minute)
-        assert first.headers["X-RateLimit-Remaining"] == str(free.per_minute - 1)
-        assert 0 < int(first.headers["X-RateLimit-Reset"]) <= 60
+        # The tightest limit: the bucket (burst - 1 left; full again after one token's refill).
+        assert first.headers["X-RateLimit-Limit"] == str(free.burst)
+        assert first.headers["X-RateLimit-Remaining"] == str(free.burst - 1)
+        assert first.headers["X-RateLimit-Reset"] == str(math.ceil(1 / free.per_second))
 
         tight = RateLimit(per_second=0.001, burst=3, per_minute=50)
         account_id = uuid.UUID(account["id"])
@@ -120,9 +134,13 @@ async def test_plan_limits_429_with_headers_and_rejections_consume_nothing(setti
         limited = await client.get("/api/geo/projects", headers=bearer(secret))
         assert limited.status_code == 429 and code(limited) == "rate_limited"
         assert int(limited.headers["Retry-After"]) >= 1
-        # rejected calls took nothing from the window: 4 of 50 used, whatever the 429s
-        assert limited.headers["X-RateLimit-Remaining"] == "46"
-        assert limited.headers["X-RateLimit-Limit"] == "50"
+        # The headers describe the bucket that refused (issue #41: they said the window's 46
+        # left): nothing left of 3, whole again once 3 tokens are back at 0.001 a second.
+        assert limited.headers["X-RateLimit-Limit"] == "3"
+        assert limited.headers["X-RateLimit-Remaining"] == "0"
+        assert 2000 < int(limited.headers["X-RateLimit-Reset"]) <= 3000
+        # rejected calls took nothing from the window: 4 calls in it, whatever the 429s
+        assert await _window_count(edge, f"a:{account_id}") == 4
 
         # keys follows billing.v1 too: the account now shows its plan
         async def plan() -> str:

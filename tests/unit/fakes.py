@@ -56,23 +56,28 @@ class FakeClock:
 
 class FakeOutbox:
     """The outbox relay's port: `events` holds (topic name, key, value) of every row added;
-    `flushes` and `wakes` count the publications asked for."""
+    `wakes` counts the publications asked for."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, bytes, bytes | None]] = []
-        self.flushes = 0
         self.wakes = 0
 
     async def add(self, conn: Any, topic: Topic, key: bytes, value: bytes | None) -> int:
         self.events.append((topic.name, key, value))
         return len(self.events)
 
-    async def flush(self) -> int:
-        self.flushes += 1
-        return 0
-
     def wake(self) -> None:
         self.wakes += 1
+
+
+class FakeBillingEdge:
+    """services/billing/service.py's LocalEdge: `delivered` holds the facts of each delivery."""
+
+    def __init__(self) -> None:
+        self.delivered: list[list[Any]] = []
+
+    async def deliver(self, facts: list[Any]) -> None:
+        self.delivered.append(list(facts))
 
 
 class FakeBillingState:

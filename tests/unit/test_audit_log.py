@@ -23,6 +23,7 @@ from tests.unit.fakes import (
     ACTOR,
     FakeAccounts,
     FakeAlertsStore,
+    FakeBillingEdge,
     FakeBillingStore,
     FakeClock,
     FakeDeliver,
@@ -222,7 +223,9 @@ async def test_the_operators_entry_shows_only_operator():
 # ---- billing ----------------------------------------------------------------------------------
 async def test_billing_writes_queue_order_and_plan_entries_once():
     outbox, clock = FakeOutbox(), FakeClock(datetime(2026, 11, 11, tzinfo=UTC))
-    service = BillingService(FakeBillingStore(), outbox, FakeAccounts(), FakePaymentProvider(), clock, ZoneInfo("UTC"))
+    service = BillingService(
+        FakeBillingStore(), outbox, FakeAccounts(), FakePaymentProvider(), clock, ZoneInfo("UTC"), edge=FakeBillingEdge()
+    )
     account = uuid4()
     package = PackageOrderIn(kind="quota_package", package=Package(resource=Resource.AI_TOKENS, amount=300_000))
     idem = billing_domain.Idempotency.of("k", "POST /api/billing/orders", "/api/billing/orders", package.model_dump(mode="json"))

@@ -92,7 +92,7 @@ async def test_an_api_key_call_hands_over_its_event_and_headers_once_the_respons
     context = _context(request)
     assert context.principal is principal
     assert context.response_headers is not None
-    assert context.response_headers["X-RateLimit-Remaining"] == str(edge.plans.default.per_minute - 1)
+    assert context.response_headers["X-RateLimit-Remaining"] == str(edge.plans.default.burst - 1)  # the tightest: the bucket
     assert edge.quota.pending_calls(account) == 1  # admitted, so counted
     assert len(edge.calls.lanes) == 0  # nothing yet: status and latency come with the response
     assert edge.calls.lanes.open == 1  # but its place is reserved

@@ -5,7 +5,7 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.edge.rate_limit import STEADY_MARGIN_S, Limits, Slot, evaluate, refusal_lasts
+from services.edge.rate_limit import STEADY_MARGIN_S, Limits, Slot, advance, estimate, evaluate, refusal_lasts
 from services.edge.rate_store import MemoryStore, _Copy
 
 T0 = 1_800_000_000.0  # a minute boundary
@@ -28,15 +28,39 @@ def test_sliding_window_counts_the_previous_minute_by_its_overlap():
     store, limits = MemoryStore(), Limits(per_second=1000, burst=1000, per_minute=10)
     assert all(run(store, ("k",), limits, T0 + 50).allowed for _ in range(10))
     denied = run(store, ("k",), limits, T0 + 50)
-    assert not denied.allowed and denied.remaining == 0 and denied.reset_s == 10
+    # The window refused: its 10 calls weigh until the end of the next minute (Reset 70 s), and
+    # one more fits 16 s from now (10 s to the next minute, where 10 * (60 - 6) / 60 = 9 weigh).
+    assert (denied.allowed, denied.limit, denied.remaining, denied.reset_s, denied.retry_after_s) == (False, 10, 0, 70, 16)
     # 15 s into the next minute the previous one still weighs 10 * 45/60 = 7.5: room for 2
     assert [run(store, ("k",), limits, T0 + 75).allowed for _ in range(3)] == [True, True, False]
     assert run(store, ("k",), limits, T0 + 125).allowed
 
 
-def test_headers_on_success():
-    decision = run(MemoryStore(), ("a", "k"), Limits(per_second=5, burst=20, per_minute=120), T0 + 12.5)
-    assert decision.headers() == {"X-RateLimit-Limit": "120", "X-RateLimit-Remaining": "119", "X-RateLimit-Reset": "48"}
+def test_headers_on_success_describe_the_tightest_limit():
+    store, limits = MemoryStore(), Limits(per_second=5, burst=20, per_minute=120)
+    decision = run(store, ("a", "k"), limits, T0 + 12.5)
+    # The bucket has 19 of 20 left (full again in 1/5 s), the window 119 of 120: the bucket binds.
+    assert decision.headers() == {"X-RateLimit-Limit": "20", "X-RateLimit-Remaining": "19", "X-RateLimit-Reset": "1"}
+    store, limits = MemoryStore(), Limits(per_second=5, burst=20, per_minute=30)
+    assert sum(run(store, ("a", "k"), limits, T0 + 20).allowed for _ in range(40)) == 20  # the burst
+    assert all(run(store, ("a", "k"), limits, T0 + 40).allowed for _ in range(4))  # the bucket refilled
+    # 25 of 30 in this minute (20 tokens left): the window binds, and its calls weigh on the
+    # sliding window until the end of the next minute.
+    window = run(store, ("a", "k"), limits, T0 + 40)
+    assert window.headers() == {"X-RateLimit-Limit": "30", "X-RateLimit-Remaining": "5", "X-RateLimit-Reset": "80"}
+
+
+def test_a_burst_refusal_reports_the_bucket_that_refused_not_the_window():
+    """Issue #41: after a free key's burst the 429 said Remaining 100 (the window's room)."""
+    store, limits = MemoryStore(), Limits(per_second=5, burst=20, per_minute=120)
+    assert all(run(store, ("a", "k"), limits, T0 + 30).allowed for _ in range(20))
+    refused = run(store, ("a", "k"), limits, T0 + 30)
+    assert refused.headers() == {
+        "X-RateLimit-Limit": "20",  # the bucket
+        "X-RateLimit-Remaining": "0",
+        "X-RateLimit-Reset": "4",  # 20 tokens at 5 a second
+        "Retry-After": "1",
+    }
 
 
 def test_a_rejected_request_consumes_nothing_from_the_other_limit_or_subject():
@@ -99,23 +123,54 @@ def test_a_refusal_lasts_until_its_headers_or_its_answer_would_change():
     assert run(store, ("k",), limits, T0 + 10.0).allowed  # the only token
     slots = [store._slots["k"]]
     refusal, _ = evaluate(slots, limits, T0 + 10.25)
-    assert (refusal.allowed, refusal.retry_after_s, refusal.reset_s) == (False, 1, 50)
+    assert (refusal.allowed, refusal.limit, refusal.remaining, refusal.retry_after_s, refusal.reset_s) == (False, 1, 0, 1, 1)
     # The token is back at T0 + 11, when Reset ticks too: the refusal holds until just before.
-    assert refusal_lasts(slots, limits, T0 + 10.25, refusal) == 0.75 - STEADY_MARGIN_S
+    assert refusal_lasts(slots, limits, T0 + 10.25) == 0.75 - STEADY_MARGIN_S
     assert evaluate(slots, limits, T0 + 10.9985)[0] == refusal
     assert evaluate(slots, limits, T0 + 11.0)[0].allowed
 
 
-def test_a_refusal_lasts_until_the_fading_previous_minute_frees_one_more_request():
+def test_a_refusal_with_room_in_the_window_lasts_until_a_whole_second():
     limits = Limits(per_second=1, burst=1, per_minute=100)
     now = T0 + 90.05  # 30.05 s into the minute: the previous minute's 90 calls weigh 44.925
     slots: list[Slot | None] = [Slot(tokens=0.0, updated=now, wstart=T0 + 60, cur=0.0, prev=90.0)]
     refusal, _ = evaluate(slots, limits, now)
-    assert (refusal.allowed, refusal.remaining, refusal.retry_after_s) == (False, 55, 1)
-    lasts = refusal_lasts(slots, limits, now, refusal)  # 0.925 more to fade, at 90/60 a second
-    assert abs(lasts - (0.925 / 1.5 - STEADY_MARGIN_S)) < 1e-6  # (the clock's doubles: ~1e-7 s apart)
+    # The bucket refused: its headers, not the window's 55 of room (which fades on, unreported).
+    assert (refusal.allowed, refusal.limit, refusal.remaining, refusal.reset_s, refusal.retry_after_s) == (False, 1, 0, 1, 1)
+    lasts = refusal_lasts(slots, limits, now)
+    assert abs(lasts - (0.95 - STEADY_MARGIN_S)) < 1e-6  # (the clock's doubles: ~1e-7 s apart)
     assert evaluate(slots, limits, now + lasts)[0] == refusal
-    assert evaluate(slots, limits, now + lasts + 2 * STEADY_MARGIN_S)[0].remaining == 56
+    assert evaluate(slots, limits, now + 1.0)[0].allowed  # the token is back
+
+
+def _whole(slot: Slot | None, limits: Limits, size: int, at: float) -> bool:
+    """Whether the limit of this size is whole again for this subject at `at`."""
+    state = advance(slot, limits, at)
+    full = state.tokens >= limits.burst - 1e-9 if size == limits.burst else False
+    return full or (size == limits.per_minute and estimate(state, at) == 0.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(times=times, limits=limit_sets)
+def test_the_headers_describe_the_binding_limit(times, limits):
+    """A refusal reports the limit that refused, with nothing left; an admitted call the tightest
+    limit; and a caller that waits Reset seconds, calling nothing, finds that limit whole."""
+    slots: list[Slot | None] = [None, None]
+    for i, t in enumerate(times):
+        subjects = [0, 1] if i % 3 else [0]  # the account's slot takes the other key's calls too
+        now = T0 + t
+        decision, after = evaluate([slots[j] for j in subjects], limits, now)
+        assert decision.limit in (limits.burst, limits.per_minute)
+        if after is None:
+            assert decision.remaining == 0 and decision.reset_s >= decision.retry_after_s >= 1
+            continue
+        for j, slot in zip(subjects, after, strict=True):
+            slots[j] = slot
+        rooms = [(int(s.tokens), limits.burst) for s in after]
+        rooms += [(int(limits.per_minute - estimate(s, now)), limits.per_minute) for s in after]
+        assert decision.remaining == min(room for room, _ in rooms)
+        assert (decision.remaining, decision.limit) in rooms
+        assert any(_whole(s, limits, decision.limit, now + decision.reset_s + 1e-6) for s in after), (decision, after)
 
 
 @settings(max_examples=300, deadline=None)
@@ -136,7 +191,7 @@ def test_a_refusal_is_what_evaluate_answers_for_as_long_as_it_lasts(key_times, o
     refusal, _ = evaluate(slots, limits, now)
     if refusal.allowed:
         return
-    lasts = refusal_lasts(slots, limits, now, refusal)
+    lasts = refusal_lasts(slots, limits, now)
     for u in [*later, 1 - 1e-9]:
         assert evaluate(slots, limits, now + u * lasts)[0] == refusal, (slots, now, lasts, u)
 
