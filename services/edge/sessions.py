@@ -4,7 +4,7 @@
 user, since members: absent in older tokens, where the user is the account's registering one, whose
 id is the account id). Any replica of
 any service verifies them with the shared secret; no network hop. Roles are not in the token:
-the edge takes the account's *current* roles from its account projection. `iat` (issue time,
+the edge takes the user's *current* role from its users.v1 projection (edge.acting_roles). `iat` (issue time,
 unix seconds with microseconds) lets the edge refuse sessions issued before a password change
 (users.v1 `sessions_not_before`); a token without it (issued before v2) is refused as malformed:
 the edge could not tell whether a password change ended it (its holder just logs in again).
