@@ -524,7 +524,7 @@ class Edge:
     def _authenticate_session(self, token: str, now: datetime) -> Principal:
         self._check_ready()
         try:
-            claims = sessions.verify(self._secret, token, now)
+            claims = sessions.verify(self._secret, token, now, max_lifetime_s=self.settings.session_ttl_seconds)
         except sessions.InvalidSession:
             raise _unauthorized(ErrorCode.INVALID_SESSION, "The console session is invalid or has expired.") from None
         account = self.accounts.get(claims.account_id)

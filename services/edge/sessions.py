@@ -60,8 +60,11 @@ def issue(secret: bytes, claims: SessionClaims) -> str:
     return f"{PREFIX}.{payload}.{_sign(secret, payload)}"
 
 
-def verify(secret: bytes, token: str, now: datetime) -> SessionClaims:
-    """The claims of a genuine, unexpired token; InvalidSession otherwise."""
+def verify(secret: bytes, token: str, now: datetime, *, max_lifetime_s: int | None = None) -> SessionClaims:
+    """The claims of a genuine, unexpired token; InvalidSession otherwise. With `max_lifetime_s`
+    (the current SESSION_TTL_SECONDS) a token is also over that long after its issue, whatever its
+    own `exp` says: one issued under a longer TTL ends when the shortened one says, and so no
+    session outlives the edge's memory of its logout (session_revocations.py)."""
     parts = token.split(".")
     if len(parts) != 3 or parts[0] != PREFIX:
         raise InvalidSession("malformed session token")
@@ -77,4 +80,6 @@ def verify(secret: bytes, token: str, now: datetime) -> SessionClaims:
         raise InvalidSession("malformed session payload") from exc
     if now.timestamp() >= claims.expires_at:
         raise InvalidSession("session expired")
+    if max_lifetime_s is not None and now.timestamp() >= claims.issued_at + max_lifetime_s:
+        raise InvalidSession("session older than the session lifetime")
     return claims
