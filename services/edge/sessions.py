@@ -65,7 +65,9 @@ def verify(secret: bytes, token: str, now: datetime, *, max_lifetime_s: int | No
     (the current SESSION_TTL_SECONDS) a token is also over that long after its issue, whatever its
     own `exp` says: one issued under a longer TTL ends when the shortened one says, and so no
     session outlives the edge's memory of its logout (session_revocations.py)."""
-    parts = token.split(".")
+    # A genuine token is ASCII (base64url): anything else is refused before hmac.compare_digest,
+    # which raises TypeError on a str that is not (a header's bytes arrive decoded as latin-1).
+    parts = token.split(".") if token.isascii() else []
     if len(parts) != 3 or parts[0] != PREFIX:
         raise InvalidSession("malformed session token")
     payload, signature = parts[1], parts[2]

@@ -3,6 +3,7 @@
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -217,3 +218,21 @@ async def test_a_logout_stays_in_force_after_the_ttl_is_shortened_and_the_platfo
         fresh = await _login(client, account["email"], PASSWORD)
         assert fresh.json()["expires_in"] == 3
         assert (await client.get("/api/account", headers=bearer(fresh.json()["access_token"]))).status_code == 200
+
+
+async def test_a_credential_with_a_byte_that_is_not_ascii_is_a_quiet_401(client, caplog):
+    """Issue #41, item 4: it was a 500 with a traceback (hmac.compare_digest on a str not ASCII)."""
+    _, console = await signup(client)
+    calls = [
+        ("GET", "/api/account", b"tg1.abc.d\xe9f", 401, "invalid_session"),
+        ("POST", "/api/auth/logout", console["Authorization"].encode()[7:-1] + b"\xe9", 401, "invalid_session"),
+        ("GET", "/api/geo/projects", b"sk-" + b"\xe9" * 43, 401, "invalid_api_key"),
+        ("POST", "/api/usage/events", b"st-" + b"\xe9" * 43, 401, "invalid_service_token"),
+        ("GET", "/api/admin/service-tokens", b"admin-\xe9", 403, "permission_denied"),
+    ]
+    with caplog.at_level(logging.WARNING):
+        for method, path, token, status, error in calls:
+            response = await client.request(method, path, headers={"Authorization": b"Bearer " + token}, json={})
+            assert (response.status_code, code(response)) == (status, error), (path, response.text)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert (await client.get("/api/account", headers=console)).status_code == 200

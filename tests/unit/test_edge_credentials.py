@@ -1,10 +1,12 @@
 """Whom the edge lets act, and with which roles, when its projections lack a user's users.v1 state
 or have not read their topics to the end yet (issue #41, item 1). The edge is fed by hand: no I/O."""
 
+import logging
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated
 
+import pytest
 from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 
@@ -47,7 +49,9 @@ class Served:
     the registering user created, and one from before members (no creator)."""
 
     def __init__(self, *, caught_up: bool = True) -> None:
-        settings = Settings(kafka_bootstrap_servers="127.0.0.1:1", database_url="postgresql://u@h/d", session_secret="s")
+        settings = Settings(
+            kafka_bootstrap_servers="127.0.0.1:1", database_url="postgresql://u@h/d", session_secret="s", admin_token="adm"
+        )
         self.edge = edge = Edge(settings)
         edge.calls = CallRecorder(settings)  # not started: the calls stay in its lanes
         if caught_up:
@@ -81,6 +85,10 @@ class Served:
 
         @app.post("/usage")
         async def usage(service: Annotated[ServicePrincipal, Depends(edge.requires_service(ServiceScope.USAGE_WRITE))]) -> None:
+            return None
+
+        @app.get("/admin")
+        async def admin(_: Annotated[None, Depends(edge.requires_operator())]) -> None:
             return None
 
         self.http = TestClient(app, raise_server_exceptions=False)
@@ -160,3 +168,22 @@ def test_an_edge_whose_projections_have_not_caught_up_judges_no_credential():
     served.edge.assume_caught_up()
     for method, path, headers in calls:
         assert served.http.request(method, path, headers=headers).status_code in (200, 204), path
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "token", "status", "code"),
+    [
+        ("GET", "/roles", b"tg1.abc.d\xe9f", 401, "invalid_session"),
+        ("GET", "/roles", b"\xe9\xe9", 401, "invalid_session"),
+        ("GET", "/roles", b"sk-" + b"\xe9" * 43, 401, "invalid_api_key"),
+        ("POST", "/usage", b"st-" + b"\xe9" * 43, 401, "invalid_service_token"),
+        ("POST", "/usage", b"tg1.abc.d\xe9f", 401, "invalid_session"),
+        ("GET", "/admin", b"adm\xe9", 403, "permission_denied"),
+    ],
+)
+def test_a_credential_with_a_byte_that_is_not_ascii_is_refused_quietly(caplog, method, path, token, status, code):
+    served = Served()
+    with caplog.at_level(logging.WARNING):
+        refused = served.http.request(method, path, headers={"Authorization": b"Bearer " + token})
+    assert (refused.status_code, refused.json()["error"]["code"]) == (status, code)
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []  # no traceback, no flood
