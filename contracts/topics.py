@@ -35,10 +35,13 @@ QUOTA_THRESHOLDS = Topic("quota-thresholds.v1", partitions=6)
 BILLING = Topic("billing.v1", partitions=3, config={"retention.ms": "-1"})
 
 # (v2) The edge projects these like keys.v1. A revoked session only needs remembering until it
-# would have expired anyway (SESSION_TTL_SECONDS, 8 h by default): kept 7 days, then deleted.
+# would have expired anyway (SESSION_TTL_SECONDS, 8 h by default, which the settings bound by this
+# retention: an edge restarted later must still read every logout of a session alive): kept 7
+# days, then deleted.
+SESSIONS_RETENTION_S = 7 * 24 * 3600
 SERVICE_TOKENS = Topic("service-tokens.v1", partitions=1, config=COMPACTED)
 USERS = Topic("users.v1", partitions=3, config=COMPACTED)
-SESSIONS = Topic("sessions.v1", partitions=3, config={"retention.ms": str(7 * 24 * 3600 * 1000)})
+SESSIONS = Topic("sessions.v1", partitions=3, config={"retention.ms": str(SESSIONS_RETENTION_S * 1000)})
 # (v2) One audit entry per event (contracts/audit.py), from every service's outbox to the keys
 # service's table; keyed by account, so one account's entries stay in order.
 AUDIT = Topic("audit.v1", partitions=3)

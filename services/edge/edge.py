@@ -9,7 +9,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 from functools import partial
 from uuid import UUID
@@ -49,6 +49,7 @@ from services.edge.rate_limit import Decision, Limits
 from services.edge.rate_store import MemoryStore, RateLimitStore, RedisStore
 from services.edge.service_tokens import ServicePrincipal, ServiceTokenProjection
 from services.edge.session_revocations import RevokedSessions, UserSessions
+from services.edge.unavailable import RETRY_AFTER_S
 from services.edge.verdict import ServiceCall, Verdict
 from services.runtime.platform.logs import Throttled
 from services.runtime.platform.settings import Settings
@@ -99,6 +100,32 @@ def _refusal(principal: Principal, permission: Permission | None, console_only: 
     if permission is not None and not principal.can(permission):
         return ApiError(403, ErrorCode.PERMISSION_DENIED, f"Your roles lack the permission {permission.value}.")
     return None
+
+
+def _not_caught_up() -> ApiError:
+    return ApiError(
+        503,
+        ErrorCode.SERVICE_UNAVAILABLE,
+        "This server is still reading the credentials' state (keys, users, sessions); retry shortly.",
+        headers={"Retry-After": RETRY_AFTER_S},
+    )
+
+
+def acting_roles(
+    user: UserState | None, user_id: UUID, account_id: UUID, account_roles: Iterable[Role] | None
+) -> frozenset[Role]:
+    """The roles a session or an API key acts with: its user's current role (users.v1).
+
+    Until this edge knows that state, only the account's registering user (user id = account id)
+    acts with the account's roles (accounts.v1): accounts from before members never published its
+    users.v1 state, and the operator's role change keeps the two equal. Any other user acts with
+    none (fail closed): a member added while Kafka was away logs in (login reads Postgres) before
+    its users.v1 state reaches the edges, and must not act as the owner meanwhile."""
+    if user is not None:
+        return frozenset({user.role})
+    if user_id == account_id and account_roles is not None:
+        return frozenset(Role(r) for r in account_roles)
+    return frozenset()
 
 
 def _rate_limited(decision: Decision) -> ApiError:
@@ -168,6 +195,17 @@ class Edge:
 
     def is_ready(self) -> bool:
         return self._follower.caught_up.is_set()
+
+    def assume_caught_up(self) -> None:
+        """An edge fed by hand, not from Kafka (unit tests, benchmarks): what it holds is all there is."""
+        self._follower.caught_up.set()
+
+    def _check_ready(self) -> None:
+        """Credentials are judged by the projections alone. Until they have read their topics to
+        the end offsets seen at start (a worker just started or replaced), a removed member, a
+        deleted key, a revoked token or a logged-out session could still pass: 503, as /readyz."""
+        if not self._follower.caught_up.is_set():
+            raise _not_caught_up()
 
     def _apply_account(self, _key: bytes | None, value: bytes | None) -> None:
         if value is not None:
@@ -404,6 +442,7 @@ class Edge:
         return admin is not None and hmac.compare_digest(token.encode(), admin.get_secret_value().encode())
 
     def _authenticate_service(self, token: str) -> ServicePrincipal:
+        self._check_ready()
         service = self.service_tokens.get(hash_secret(token))
         if service is None:
             raise _unauthorized(ErrorCode.INVALID_SERVICE_TOKEN, "The service token is not valid.")
@@ -546,8 +585,9 @@ class Edge:
         return self._authenticate_session(token, now)
 
     def _authenticate_session(self, token: str, now: datetime) -> Principal:
+        self._check_ready()
         try:
-            claims = sessions.verify(self._secret, token, now)
+            claims = sessions.verify(self._secret, token, now, max_lifetime_s=self.settings.session_ttl_seconds)
         except sessions.InvalidSession:
             raise _unauthorized(ErrorCode.INVALID_SESSION, "The console session is invalid or has expired.") from None
         account = self.accounts.get(claims.account_id)
@@ -557,12 +597,11 @@ class Edge:
         ended = revoked or self.users.ended(user_id, claims.issued_at)
         if account is None or ended:
             raise _unauthorized(ErrorCode.INVALID_SESSION, "The console session is invalid or has expired.")
-        # The user's current role (users.v1); the account's roles until its users.v1 state is known.
-        user = self.users.get(user_id)
-        roles = frozenset({user.role}) if user is not None else frozenset(Role(r) for r in account.roles)
+        roles = acting_roles(self.users.get(user_id), user_id, account.account_id, account.roles)
         return Principal(account_id=account.account_id, roles=roles, session_id=claims.session_id, user_id=user_id)
 
     def _authenticate_key(self, secret: str, now: datetime, request: Request) -> Principal:
+        self._check_ready()
         # A dict lookup by SHA-256: timing does not depend on how much of a guess is right.
         digest = hash_secret(secret)
         state = self.keys.get(digest)
@@ -577,9 +616,10 @@ class Edge:
         if state.expires_at is not None and now >= state.expires_at:
             self._record_call(request, state.account_id, state.key_id, now)
             raise _unauthorized(ErrorCode.API_KEY_EXPIRED, "The API key has expired.")
-        # A key acts with its creator's current role (users.v1) and dies with the creator's removal;
-        # a key from before members (no creator) with the account's roles (accounts.v1).
-        creator = self.users.get(state.created_by) if state.created_by is not None else None
+        # A key acts as its creator: with its current role (users.v1), and dies with its removal. A
+        # key from before members (no creator) was created by the registering user (id = account id).
+        user_id = state.created_by or state.account_id
+        creator = self.users.get(user_id)
         if creator is not None and creator.removed:
             self._record_call(request, state.account_id, state.key_id, now)
             raise _unauthorized(ErrorCode.INVALID_API_KEY, "The API key is not valid.")
@@ -590,10 +630,9 @@ class Edge:
         cached = self._principals.get(state.key_id)
         if cached is not None and cached[0] is state and cached[1] is source:
             return cached[2]
-        if creator is not None:
-            roles = frozenset({creator.role})
-        else:
-            roles = frozenset(Role(r) for r in (account.roles if account is not None else state.roles))
+        # (an account this edge does not know: the registering user's role as keys.v1 published it)
+        account_roles = account.roles if account is not None else state.roles
+        roles = acting_roles(creator, user_id, state.account_id, account_roles)
         principal = Principal(account_id=state.account_id, roles=roles, api_key_id=state.key_id, user_id=state.created_by)
         if len(self._principals) >= MAX_CACHED_SUBJECTS:
             self._principals.clear()

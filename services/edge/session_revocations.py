@@ -4,7 +4,11 @@
   to now) and `removed`; a session issued before that instant, or of a removed user, is refused.
 - sessions.v1: one logged-out session id each. Bounded: a revoked session would expire anyway at
   most SESSION_TTL_SECONDS after it was issued, hence after `revoked_at`; the id is forgotten then
-  (a replay of old events does not even store it).
+  (a replay of old events does not even store it). That holds for the TTL of *this* process: the
+  edge refuses a token older than the current TTL whatever its own expiry (sessions.verify), so a
+  session issued under a longer TTL before a restart does not outlive its forgotten logout. The
+  settings keep the TTL within sessions.v1's retention, so a restarted edge reads every logout of
+  a session still alive.
 """
 
 from collections import OrderedDict

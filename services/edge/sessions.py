@@ -4,7 +4,7 @@
 user, since members: absent in older tokens, where the user is the account's registering one, whose
 id is the account id). Any replica of
 any service verifies them with the shared secret; no network hop. Roles are not in the token:
-the edge takes the account's *current* roles from its account projection. `iat` (issue time,
+the edge takes the user's *current* role from its users.v1 projection (edge.acting_roles). `iat` (issue time,
 unix seconds with microseconds) lets the edge refuse sessions issued before a password change
 (users.v1 `sessions_not_before`); a token without it (issued before v2) is refused as malformed:
 the edge could not tell whether a password change ended it (its holder just logs in again).
@@ -60,9 +60,14 @@ def issue(secret: bytes, claims: SessionClaims) -> str:
     return f"{PREFIX}.{payload}.{_sign(secret, payload)}"
 
 
-def verify(secret: bytes, token: str, now: datetime) -> SessionClaims:
-    """The claims of a genuine, unexpired token; InvalidSession otherwise."""
-    parts = token.split(".")
+def verify(secret: bytes, token: str, now: datetime, *, max_lifetime_s: int | None = None) -> SessionClaims:
+    """The claims of a genuine, unexpired token; InvalidSession otherwise. With `max_lifetime_s`
+    (the current SESSION_TTL_SECONDS) a token is also over that long after its issue, whatever its
+    own `exp` says: one issued under a longer TTL ends when the shortened one says, and so no
+    session outlives the edge's memory of its logout (session_revocations.py)."""
+    # A genuine token is ASCII (base64url): anything else is refused before hmac.compare_digest,
+    # which raises TypeError on a str that is not (a header's bytes arrive decoded as latin-1).
+    parts = token.split(".") if token.isascii() else []
     if len(parts) != 3 or parts[0] != PREFIX:
         raise InvalidSession("malformed session token")
     payload, signature = parts[1], parts[2]
@@ -77,4 +82,6 @@ def verify(secret: bytes, token: str, now: datetime) -> SessionClaims:
         raise InvalidSession("malformed session payload") from exc
     if now.timestamp() >= claims.expires_at:
         raise InvalidSession("session expired")
+    if max_lifetime_s is not None and now.timestamp() >= claims.issued_at + max_lifetime_s:
+        raise InvalidSession("session older than the session lifetime")
     return claims

@@ -3,6 +3,7 @@
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -15,6 +16,7 @@ from contracts.events import CallEvent, SessionRevoked, UserState
 from contracts.topics import CALLS, SESSIONS, USERS
 from services.edge import sessions
 from tests.integration.test_keys_api import PASSWORD, bearer, code, new_key, signup
+from tests.support.apps import running_app
 
 pytestmark = pytest.mark.integration
 NEW_PASSWORD = "a brand new passphrase"
@@ -198,3 +200,39 @@ async def test_last_used_at_moves_only_on_admitted_calls(app_client, settings):
     while (seen := await last_used()) != future.isoformat().replace("+00:00", "Z") and datetime.fromisoformat(seen) != future:
         assert time.monotonic() < deadline, seen
         await asyncio.sleep(0.2)
+
+
+async def test_a_logout_stays_in_force_after_the_ttl_is_shortened_and_the_platform_restarts(settings):
+    """Issue #41, item 3: the restarted edge forgets logouts older than the *new* TTL, so a session
+    issued under the old, longer one must end by the new one too."""
+    async with running_app(settings) as (_app, client):
+        account, console = await signup(client)
+        assert (await client.post("/api/auth/logout", headers=console)).status_code == 204
+        other = bearer((await _login(client, account["email"], PASSWORD)).json()["access_token"])
+    await asyncio.sleep(4)
+    shortened = settings.model_copy(update={"session_ttl_seconds": 3})
+    async with running_app(shortened) as (_app, client):
+        for headers in (console, other):  # logged out, and merely issued 4 s ago: both past the new TTL
+            refused = await client.get("/api/account", headers=headers)
+            assert (refused.status_code, code(refused)) == (401, "invalid_session")
+        fresh = await _login(client, account["email"], PASSWORD)
+        assert fresh.json()["expires_in"] == 3
+        assert (await client.get("/api/account", headers=bearer(fresh.json()["access_token"]))).status_code == 200
+
+
+async def test_a_credential_with_a_byte_that_is_not_ascii_is_a_quiet_401(client, caplog):
+    """Issue #41, item 4: it was a 500 with a traceback (hmac.compare_digest on a str not ASCII)."""
+    _, console = await signup(client)
+    calls = [
+        ("GET", "/api/account", b"tg1.abc.d\xe9f", 401, "invalid_session"),
+        ("POST", "/api/auth/logout", console["Authorization"].encode()[7:-1] + b"\xe9", 401, "invalid_session"),
+        ("GET", "/api/geo/projects", b"sk-" + b"\xe9" * 43, 401, "invalid_api_key"),
+        ("POST", "/api/usage/events", b"st-" + b"\xe9" * 43, 401, "invalid_service_token"),
+        ("GET", "/api/admin/service-tokens", b"admin-\xe9", 403, "permission_denied"),
+    ]
+    with caplog.at_level(logging.WARNING):
+        for method, path, token, status, error in calls:
+            response = await client.request(method, path, headers={"Authorization": b"Bearer " + token}, json={})
+            assert (response.status_code, code(response)) == (status, error), (path, response.text)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert (await client.get("/api/account", headers=console)).status_code == 200

@@ -1,5 +1,6 @@
 """Run Tollgate for a test: in this process (ASGI, lifespan) or as real `serve` processes."""
 
+import asyncio
 import json
 import os
 import signal
@@ -29,6 +30,14 @@ async def running_app(
     `overrides` replace the clock or the payment provider at bootstrap."""
     app = create_app(targets, settings, overrides=overrides)
     async with app.router.lifespan_context(app):
+        # as `serve` is ready: the edge judges no credential before its projections caught up
+        edge = app.state.runtime.edge
+        for _ in range(600):
+            if edge.is_ready():
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise TimeoutError("the edge's projections did not catch up in 30 s")
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://tollgate.test") as client:
             yield app, client

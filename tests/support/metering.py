@@ -32,8 +32,9 @@ def metering_sink(app: Any) -> Sink:
 
 def session_token(settings: Settings, account_id: uuid.UUID) -> str:
     """A console session token signed like the edge signs them (same SESSION_SECRET)."""
-    expires = int(time.time()) + 3600
-    return sessions.issue(settings.session_secret.get_secret_value().encode(), sessions.SessionClaims(account_id, "sid", expires))
+    now = time.time()
+    claims = sessions.SessionClaims(account_id, "sid", int(now) + 3600, now)  # issued now: the edge bounds a session's age
+    return sessions.issue(settings.session_secret.get_secret_value().encode(), claims)
 
 
 async def publish_account(broker: KafkaBroker, settings: Settings, account_id: uuid.UUID, roles: list[Role]) -> None:

@@ -145,6 +145,7 @@ def test_the_signature_is_an_hmac_of_timestamp_dot_body_and_verifies() -> None:
     assert not webhook.verify(secret, header, body + b" ")
     assert not webhook.verify("whsec_other", header, body)
     assert not webhook.verify(secret, "garbage", body)
+    assert not webhook.verify(secret, header[:-1] + "\xe9", body)  # not ASCII: refused, not a TypeError
     assert webhook.new_secret() != webhook.new_secret() and len(webhook.new_secret()) > 40
 
 

@@ -195,6 +195,7 @@ SECRET, DISABLED, DELETED, EXPIRED, UNKNOWN = ("sk-" + c * 40 for c in "abcde")
 
 def _app(max_buffer: int = 10_000) -> tuple[TestClient, Edge, uuid.UUID, dict[str, uuid.UUID]]:
     edge = Edge(settings())
+    edge.assume_caught_up()
     edge.calls = CallRecorder(edge.settings, max_buffer=max_buffer)  # not started: nothing leaves the lanes
     account = uuid.uuid4()
     keys = {s: uuid.uuid4() for s in (SECRET, DISABLED, DELETED, EXPIRED)}

@@ -56,6 +56,7 @@ def test_a_full_admitted_lane_refuses_a_reservation_and_drops_nothing_it_holds()
 
 def _edge(**extra: Any) -> tuple[Edge, uuid.UUID, uuid.UUID]:
     edge = Edge(settings(**extra))
+    edge.assume_caught_up()
     account, key = uuid.uuid4(), uuid.uuid4()
     state = KeyState(
         time=datetime.now(UTC), account_id=account, key_id=key, hash=hash_secret(SECRET), status="enabled", roles=[Role.OWNER]

@@ -41,6 +41,7 @@ class Served:
 
     def __init__(self, max_buffer: int = 10_000) -> None:
         self.edge = Edge(_settings())
+        self.edge.assume_caught_up()
         self.edge.calls = CallRecorder(self.edge.settings, max_buffer=max_buffer)  # not started
         self.account = uuid.uuid4()
         self.keys = {SECRET: uuid.uuid4(), DISABLED: uuid.uuid4()}

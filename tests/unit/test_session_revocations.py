@@ -3,9 +3,17 @@
 from datetime import UTC, datetime, timedelta
 from uuid import uuid4
 
-from contracts.common import Role
-from contracts.events import SessionRevoked, UserState
+import pytest
+from pydantic import ValidationError
+
+from contracts.common import Role, UserType
+from contracts.errors import ErrorCode
+from contracts.events import AccountState, SessionRevoked, UserState
+from contracts.topics import SESSIONS_RETENTION_S
+from services.edge.edge import Edge
+from services.edge.errors import ApiError
 from services.edge.session_revocations import RevokedSessions, UserSessions
+from services.runtime.platform.settings import Settings
 
 NOW = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
 TTL = 3600
@@ -56,3 +64,34 @@ def test_sessions_issued_before_a_password_change_end_and_later_ones_do_not():
     assert users.ended(uid, NOW.timestamp() - 1)
     users.apply(_user(uid, NOW + timedelta(seconds=1), not_before=NOW, removed=True))
     assert users.ended(uid, NOW.timestamp() + 10)
+
+
+def _edge(ttl: int) -> Edge:
+    settings = Settings(
+        kafka_bootstrap_servers="127.0.0.1:1", database_url="postgresql://u@h/d", session_secret="s", session_ttl_seconds=ttl
+    )
+    edge = Edge(settings)
+    edge.assume_caught_up()
+    edge.accounts.apply(AccountState(time=NOW, account_id=USER, roles=[Role.OWNER], user_type=UserType.INDIVIDUAL))
+    return edge
+
+
+def test_a_logout_stays_in_force_after_the_ttl_is_shortened_and_the_edge_restarts():
+    week, hour = 7 * 86_400, 3600
+    token = _edge(week).issue_session(USER, "s1", NOW, USER)  # valid for a week by its own expiry
+    logout = _revoked("s1", NOW + timedelta(minutes=1))
+    later = NOW + timedelta(hours=2)
+    restarted = _edge(hour)  # the operator shortened the TTL; the edge replays sessions.v1
+    restarted.revoked_sessions.apply(logout, later)
+    assert (USER, "s1") not in restarted.revoked_sessions  # the logout is forgotten after the new TTL...
+    with pytest.raises(ApiError) as refused:  # ...and the session is over all the same
+        restarted._authenticate_session(token, later)
+    assert refused.value.code == ErrorCode.INVALID_SESSION
+    fresh = restarted.issue_session(USER, "s2", later, USER)
+    assert restarted._authenticate_session(fresh, later).session_id == "s2"
+
+
+def test_the_session_ttl_cannot_outlast_the_retention_of_logouts():
+    assert Settings(session_ttl_seconds=SESSIONS_RETENTION_S).session_ttl_seconds == SESSIONS_RETENTION_S
+    with pytest.raises(ValidationError, match="SESSION_TTL_SECONDS must be at most 604800"):
+        Settings(session_ttl_seconds=SESSIONS_RETENTION_S + 1)

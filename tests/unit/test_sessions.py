@@ -58,3 +58,30 @@ def test_a_token_without_issue_time_is_refused():
     token = f"tg1.{payload}.{sessions._sign(SECRET, payload)}"
     with pytest.raises(sessions.InvalidSession):
         sessions.verify(SECRET, token, NOW)
+
+
+def test_a_token_ends_the_current_lifetime_after_its_issue_whatever_its_own_expiry():
+    # issued under a TTL of a week; the TTL is an hour now
+    claims = sessions.SessionClaims(uuid4(), "sid", int(NOW.timestamp()) + 7 * 86_400, NOW.timestamp())
+    token = sessions.issue(SECRET, claims)
+    assert sessions.verify(SECRET, token, NOW + timedelta(seconds=3599), max_lifetime_s=3600) == claims
+    with pytest.raises(sessions.InvalidSession):
+        sessions.verify(SECRET, token, NOW + timedelta(seconds=3600), max_lifetime_s=3600)
+    # a lifetime longer than the token's own changes nothing
+    with pytest.raises(sessions.InvalidSession):
+        sessions.verify(SECRET, sessions.issue(SECRET, _claims(ttl=60)), NOW + timedelta(seconds=60), max_lifetime_s=3600)
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "tg1.abc.d\xe9f",  # a latin-1 byte of a header, as Starlette decodes it
+        lambda t: t[:-1] + "\xe9",  # a genuine token's signature, one character off
+        lambda t: t.replace(".", ".\u00fc", 1),  # in the payload
+        "tg1.e30.\u2603",
+    ],
+)
+def test_a_token_that_is_not_ascii_is_refused_not_raised(token):
+    text = token(sessions.issue(SECRET, _claims())) if callable(token) else token
+    with pytest.raises(sessions.InvalidSession):
+        sessions.verify(SECRET, text, NOW)

@@ -3,8 +3,10 @@
 from functools import cache
 from zoneinfo import ZoneInfo
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from contracts.topics import SESSIONS_RETENTION_S
 
 
 class Settings(BaseSettings):
@@ -23,6 +25,8 @@ class Settings(BaseSettings):
     platform_timezone: str = "UTC"
     # Signs console sessions; every replica of every service needs the same value.
     session_secret: SecretStr = SecretStr("dev-only-session-secret-change-me")
+    # At most sessions.v1's retention (7 days): a restarted edge reads only that far back, and must
+    # still know the logout of every session alive (validated below).
     session_ttl_seconds: int = Field(default=8 * 3600, gt=0)
     # Protects the operator endpoints (/api/admin/...); unset disables them.
     admin_token: SecretStr | None = None
@@ -55,6 +59,16 @@ class Settings(BaseSettings):
     prune_interval_seconds: float = Field(default=60, gt=0)
     # How often a process that runs consumers reads every group's lag from Kafka (consumer_lag.py).
     consumer_lag_interval_seconds: float = Field(default=15, gt=0)
+
+    @field_validator("session_ttl_seconds")
+    @classmethod
+    def _sessions_outlive_no_logout(cls, ttl: int) -> int:
+        if ttl > SESSIONS_RETENTION_S:
+            raise ValueError(
+                f"SESSION_TTL_SECONDS must be at most {SESSIONS_RETENTION_S} (7 days), the retention of sessions.v1: "
+                "an edge restarted later would no longer know the logouts of sessions still alive"
+            )
+        return ttl
 
     @property
     def tz(self) -> ZoneInfo:
