@@ -80,6 +80,7 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
     edge = runtime.edge
     console = edge.requires(console_only=True)
     console_keys_write = edge.requires(Permission.KEYS_WRITE, console_only=True)
+    console_billing_write = edge.requires(Permission.BILLING_WRITE, console_only=True)
     throttle, trusted = LoginThrottle(), parse_networks(runtime.settings.trusted_proxies)
     operator = edge.requires_operator()
 
@@ -148,11 +149,13 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
 
     @api.put(
         "/api/account/user-type",
-        description=CONSOLE + " Publishes `user_type_changed` to billing.v1. Extension: 409 `user_type_plan_mismatch` "
-        "when an account on the enterprise plan asks to become `individual`.",
+        description=CONSOLE + " Needs `billing:write` (owner, billing; a developer or viewer gets 403 "
+        "`permission_denied`): the user type decides which plans the account may buy. Publishes `user_type_changed` "
+        "to billing.v1. Extension: 409 `user_type_plan_mismatch` when an account on the enterprise plan asks to become "
+        "`individual`.",
     )
     async def put_user_type(
-        body: UserTypeRequest, request: Request, principal: Annotated[Principal, Depends(console)]
+        body: UserTypeRequest, request: Request, principal: Annotated[Principal, Depends(console_billing_write)]
     ) -> Account:
         audit = edge.audit_context(request, principal)
         return _account(await service.change_user_type(principal.account_id, body.user_type, audit=audit))
