@@ -42,6 +42,8 @@ def test_every_operation_declares_the_credentials_it_takes(docs):
     assert operations and all("security" in openapi["paths"][p][m] for p, m in operations)
     assert schemes("/api/geo/projects", "get") == {"ApiKey", "ConsoleSession"}
     assert schemes("/api/api-keys", "post") == {"ConsoleSession"}
+    assert schemes("/api/account", "get") == {"ApiKey", "ConsoleSession"}  # a script learns its account id there
+    assert schemes("/api/account/user-type", "put") == {"ConsoleSession"}
     assert schemes("/api/admin/accounts/{account_id}/roles", "put") == {"AdminToken"}
     assert schemes("/api/admin/service-tokens", "post") == {"AdminToken"}
     assert schemes("/api/usage/events", "post") == {"ServiceToken"}
