@@ -126,8 +126,9 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
         + " (v2) `group_by=api_key` gives one item per provider, model and key, with `api_key_id` (null for usage "
         "reported without a key) and `masked_key` (null for a key metering never saw)."
         + CSV_DOC
-        + " CSV columns: provider, model, [api_key_id, masked_key with group_by=api_key,] calls, total_tokens, "
-        "estimated_cost, priced; ordered by provider, model and key (JSON: by provider, then most tokens first).",
+        + " CSV columns, those of the JSON items: provider, model, api_key_id, masked_key (empty without "
+        "group_by=api_key, as they are null in the JSON), calls, total_tokens, estimated_cost, priced; ordered by "
+        "provider, model and key (JSON: by provider, then most tokens first).",
     )
     async def by_provider(
         request: Request,
@@ -142,9 +143,8 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
         ask = Ask(principal.account_id, range, tz, start, end, api_key_id)
         per_key = group_by == "api_key"
         if csv_export.wants_csv(request):
-            header = csv_export.provider_header(per_key)
             items = analytics.by_provider_stream(ask, per_key)
-            return csv_export.response(header, csv_export.provider_rows(header, items), "usage-by-provider.csv")
+            return csv_export.response(csv_export.PROVIDER, csv_export.provider_rows(items), "usage-by-provider.csv")
         body = await analytics.by_provider(ask, per_key)
         return Response(body.model_dump_json(), media_type="application/json")
 

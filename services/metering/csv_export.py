@@ -69,10 +69,6 @@ ACTIVITY = [
 ]
 
 
-def provider_header(per_key: bool) -> list[str]:
-    return PROVIDER if per_key else [c for c in PROVIDER if c not in ("api_key_id", "masked_key")]
-
-
 async def trend_rows(blocks: AsyncIterator[list[TrendSeries]]) -> AsyncIterator[list[Sequence[object]]]:
     async for series in blocks:
         yield [
@@ -82,9 +78,10 @@ async def trend_rows(blocks: AsyncIterator[list[TrendSeries]]) -> AsyncIterator[
         ]
 
 
-async def provider_rows(header: list[str], blocks: AsyncIterator[list[ProviderItem]]) -> AsyncIterator[list[Sequence[object]]]:
+async def provider_rows(blocks: AsyncIterator[list[ProviderItem]]) -> AsyncIterator[list[Sequence[object]]]:
+    """Every column of the JSON items, with or without group_by=api_key (empty key cells without)."""
     async for items in blocks:
-        yield [[getattr(item, c) for c in header] for item in items]
+        yield [[getattr(item, c) for c in PROVIDER] for item in items]
 
 
 async def activity_rows(blocks: AsyncIterator[list[ActivityItem]]) -> AsyncIterator[list[Sequence[object]]]:
