@@ -36,7 +36,9 @@ RANGE_DOC = (
 )
 CSV_DOC = (
     " (v2) With `Accept: text/csv` the same rows are streamed as CSV (a header line first; an unpriced cost is an "
-    "empty cell), written as they are read from the rollup."
+    "empty cell), written as they are read from the rollup. A text cell that starts with `=`, `+`, `-`, `@`, a tab or "
+    "a carriage return (a provider or model name a platform service reported) is prefixed with `'`, so that a "
+    "spreadsheet shows it as text instead of running it as a formula (OWASP CSV injection)."
 )
 
 
@@ -159,7 +161,9 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
             "their `error_code` (null on admitted calls); `count` > 1 when the edge folded refused calls of one key, "
             "code and second into one item under a flood. `status=` keeps one status; `outcome=admitted|refused`. "
             "(v2) With `Accept: text/csv`: every call the filters match (no limit, no cursor), newest first, streamed as "
-            "CSV with the items' columns."
+            "CSV with the items' columns. A text cell that starts with `=`, `+`, `-`, `@`, a tab or a carriage return "
+            "(a caller's User-Agent or path) is prefixed with `'`, so that a spreadsheet shows it as text instead of "
+            "running it as a formula (OWASP CSV injection)."
         ),
         responses=csv_export.CSV_RESPONSE,
     )
