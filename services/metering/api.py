@@ -34,6 +34,12 @@ RANGE_DOC = (
     "priced usage and `unpriced_tokens` says how much is not in it. `api_key_id=` keeps the usage reported with that "
     "key (usage events name it; a key of another account matches nothing)."
 )
+CALLS_ARE_NOT_API_CALLS = (
+    " `calls` (and `previous.calls`) are usage events of `ai_tokens`, i.e. model calls a platform service reported; "
+    "they are not the `api_calls` quota of `GET /api/billing/check-quota`, which counts the API-key calls the edge "
+    "admitted (every route but the two quota reads). A call to Tollgate with a key moves `api_calls` only; a model "
+    "call reported as usage moves `calls` only."
+)
 CSV_DOC = (
     " (v2) With `Accept: text/csv` the same rows are streamed as CSV (a header line first; an unpriced cost is an "
     "empty cell), written as they are read from the rollup. A text cell that starts with `=`, `+`, `-`, `@`, a tab or "
@@ -74,7 +80,7 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
         return await ingestion.accept(body.events)
 
     # ---- analytics ---------------------------------------------------------------------------
-    @router.get("/api/ai/usage/overview", response_model=Overview, description=RANGE_DOC)
+    @router.get("/api/ai/usage/overview", response_model=Overview, description=RANGE_DOC + CALLS_ARE_NOT_API_CALLS)
     async def overview(
         principal: Annotated[Principal, Depends(usage_reader)],
         range: RangeName = "today",

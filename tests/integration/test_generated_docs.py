@@ -57,3 +57,11 @@ def test_the_audit_log_route_has_its_response_model_and_filters(docs):
     assert operation["responses"]["200"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/AuditLog"}
     assert {p["name"] for p in operation["parameters"]} == {"start", "end", "action", "limit", "cursor"}
     assert "audit:read" in operation["description"]
+
+
+def test_the_overview_says_its_calls_are_not_the_api_calls_quota(docs):
+    """`calls` (model calls reported as usage) and the `api_calls` quota (admitted API-key calls) read alike."""
+    openapi = json.loads((docs / "openapi.json").read_text())
+    described = openapi["paths"]["/api/ai/usage/overview"]["get"]["description"]
+    assert "not the `api_calls` quota" in described
+    assert "api_calls" in openapi["components"]["schemas"]["Overview"]["properties"]["calls"]["description"]
