@@ -577,6 +577,7 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
         + api.post("/api/auth/login", json={"email": email, "password": "correct horse battery"}).json()["access_token"]
     }
     open_page(page, base, "plan", "Plan & account")
+    expect(page.locator("#account-id")).to_have_text(account["id"])  # what usage events name (README)
     password_form = page.get_by_role("form", name="Change password")
     password_form.get_by_label("Current password").fill("not my password")
     password_form.get_by_label("New password").fill("a much better passphrase")

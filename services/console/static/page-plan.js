@@ -101,6 +101,8 @@ export async function render(container, ctx) {
       h(
         "dl",
         { class: "facts" },
+        // The id a platform service names in usage events (`account_id`); a script learns it from GET /api/account.
+        h("div", { class: "wide" }, h("dt", {}, "Account ID"), h("dd", {}, h("code", { id: "account-id" }, account.id))),
         h("div", {}, h("dt", {}, "Name"), h("dd", {}, account.name)),
         h("div", {}, h("dt", {}, "Email"), h("dd", {}, account.email)),
         h("div", {}, h("dt", {}, "User type"), h("dd", { id: "user-type" }, titleCase(account.user_type))),
