@@ -59,7 +59,10 @@ class Overview(BaseModel):
     input_tokens: int
     output_tokens: int
     total_tokens: int
-    calls: int
+    calls: int = Field(
+        description="usage events of ai_tokens (model calls reported by the platform), not the api_calls quota "
+        "(API-key calls the edge admitted)"
+    )
     estimated_cost: str
     currency: str
     daily_average_tokens: float

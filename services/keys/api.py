@@ -79,7 +79,9 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
     api = APIRouter(tags=["keys"])
     edge = runtime.edge
     console = edge.requires(console_only=True)
+    caller = edge.requires()  # a console session or an API key, any role
     console_keys_write = edge.requires(Permission.KEYS_WRITE, console_only=True)
+    console_billing_write = edge.requires(Permission.BILLING_WRITE, console_only=True)
     throttle, trusted = LoginThrottle(), parse_networks(runtime.settings.trusted_proxies)
     operator = edge.requires_operator()
 
@@ -140,19 +142,23 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
 
     @api.get(
         "/api/account",
-        description=CONSOLE + " The account as the calling user sees it: `role` is that user's role (v2) and "
-        "`roles` is `[role]` for v1 clients.",
+        description="A console session or an API key (a script learns its account id here). The account as the "
+        "calling user sees it (with a key: the key's creator): `role` is that user's role (v2) and `roles` is `[role]` "
+        "for v1 clients. Any role may read it. With an API key it is an ordinary call: rate-limited, counted in "
+        "`api_calls` and logged in the activity log (only the two quota reads are exempt).",
     )
-    async def get_account(principal: Annotated[Principal, Depends(console)]) -> Account:
+    async def get_account(principal: Annotated[Principal, Depends(caller)]) -> Account:
         return _account(await service.account(principal.account_id, _user(principal)))
 
     @api.put(
         "/api/account/user-type",
-        description=CONSOLE + " Publishes `user_type_changed` to billing.v1. Extension: 409 `user_type_plan_mismatch` "
-        "when an account on the enterprise plan asks to become `individual`.",
+        description=CONSOLE + " Needs `billing:write` (owner, billing; a developer or viewer gets 403 "
+        "`permission_denied`): the user type decides which plans the account may buy. Publishes `user_type_changed` "
+        "to billing.v1. Extension: 409 `user_type_plan_mismatch` when an account on the enterprise plan asks to become "
+        "`individual`.",
     )
     async def put_user_type(
-        body: UserTypeRequest, request: Request, principal: Annotated[Principal, Depends(console)]
+        body: UserTypeRequest, request: Request, principal: Annotated[Principal, Depends(console_billing_write)]
     ) -> Account:
         audit = edge.audit_context(request, principal)
         return _account(await service.change_user_type(principal.account_id, body.user_type, audit=audit))

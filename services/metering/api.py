@@ -34,9 +34,17 @@ RANGE_DOC = (
     "priced usage and `unpriced_tokens` says how much is not in it. `api_key_id=` keeps the usage reported with that "
     "key (usage events name it; a key of another account matches nothing)."
 )
+CALLS_ARE_NOT_API_CALLS = (
+    " `calls` (and `previous.calls`) are usage events of `ai_tokens`, i.e. model calls a platform service reported; "
+    "they are not the `api_calls` quota of `GET /api/billing/check-quota`, which counts the API-key calls the edge "
+    "admitted (every route but the two quota reads). A call to Tollgate with a key moves `api_calls` only; a model "
+    "call reported as usage moves `calls` only."
+)
 CSV_DOC = (
     " (v2) With `Accept: text/csv` the same rows are streamed as CSV (a header line first; an unpriced cost is an "
-    "empty cell), written as they are read from the rollup."
+    "empty cell), written as they are read from the rollup. A text cell that starts with `=`, `+`, `-`, `@`, a tab or "
+    "a carriage return (a provider or model name a platform service reported) is prefixed with `'`, so that a "
+    "spreadsheet shows it as text instead of running it as a formula (OWASP CSV injection)."
 )
 
 
@@ -72,7 +80,7 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
         return await ingestion.accept(body.events)
 
     # ---- analytics ---------------------------------------------------------------------------
-    @router.get("/api/ai/usage/overview", response_model=Overview, description=RANGE_DOC)
+    @router.get("/api/ai/usage/overview", response_model=Overview, description=RANGE_DOC + CALLS_ARE_NOT_API_CALLS)
     async def overview(
         principal: Annotated[Principal, Depends(usage_reader)],
         range: RangeName = "today",
@@ -126,8 +134,9 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
         + " (v2) `group_by=api_key` gives one item per provider, model and key, with `api_key_id` (null for usage "
         "reported without a key) and `masked_key` (null for a key metering never saw)."
         + CSV_DOC
-        + " CSV columns: provider, model, [api_key_id, masked_key with group_by=api_key,] calls, total_tokens, "
-        "estimated_cost, priced; ordered by provider, model and key (JSON: by provider, then most tokens first).",
+        + " CSV columns, those of the JSON items: provider, model, api_key_id, masked_key (empty without "
+        "group_by=api_key, as they are null in the JSON), calls, total_tokens, estimated_cost, priced; ordered by "
+        "provider, model and key (JSON: by provider, then most tokens first).",
     )
     async def by_provider(
         request: Request,
@@ -142,9 +151,8 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
         ask = Ask(principal.account_id, range, tz, start, end, api_key_id)
         per_key = group_by == "api_key"
         if csv_export.wants_csv(request):
-            header = csv_export.provider_header(per_key)
             items = analytics.by_provider_stream(ask, per_key)
-            return csv_export.response(header, csv_export.provider_rows(header, items), "usage-by-provider.csv")
+            return csv_export.response(csv_export.PROVIDER, csv_export.provider_rows(items), "usage-by-provider.csv")
         body = await analytics.by_provider(ask, per_key)
         return Response(body.model_dump_json(), media_type="application/json")
 
@@ -159,7 +167,9 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
             "their `error_code` (null on admitted calls); `count` > 1 when the edge folded refused calls of one key, "
             "code and second into one item under a flood. `status=` keeps one status; `outcome=admitted|refused`. "
             "(v2) With `Accept: text/csv`: every call the filters match (no limit, no cursor), newest first, streamed as "
-            "CSV with the items' columns."
+            "CSV with the items' columns. A text cell that starts with `=`, `+`, `-`, `@`, a tab or a carriage return "
+            "(a caller's User-Agent or path) is prefixed with `'`, so that a spreadsheet shows it as text instead of "
+            "running it as a formula (OWASP CSV injection)."
         ),
         responses=csv_export.CSV_RESPONSE,
     )

@@ -44,6 +44,7 @@ FETCH_WAIT_MS = 250
 IDLE_WAIT_MS = 2000  # how long `getmany` waits when nothing arrives; records end the wait at once
 
 SINK_EVENTS = Counter("tollgate_metering_sink_events_total", "Events handled by the metering sink", ["topic", "outcome"])
+SINK_OUTCOMES = ("inserted", "duplicate", "dead_lettered", "lost")
 
 
 class TopicSink:
@@ -166,6 +167,8 @@ class Sink:
 
     def _topic_sink(self, use_case: SinkWrite, group: str) -> TopicSink:
         name = use_case.topic.name
+        for outcome in SINK_OUTCOMES:  # on /metrics at 0 from the start, so an alert can watch `lost`
+            SINK_EVENTS.labels(name, outcome)
 
         async def prepare(records: Records) -> list[bytes]:
             prepared = await use_case.prepare(records)

@@ -21,18 +21,29 @@ def wants_csv(request: Request) -> bool:
     return CSV in request.headers.get("accept", "").lower()
 
 
+# A spreadsheet runs a cell that starts with one of these as a formula (`=HYPERLINK(...)` in a
+# caller's User-Agent would become a live link): OWASP's CSV-injection rule prefixes such a text
+# cell with a single quote, so that it is shown as the text it is. Numbers are left alone.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
 def cell(value: object) -> object:
-    """None as an empty cell (an unpriced cost), booleans as true/false like the JSON."""
+    """None as an empty cell (an unpriced cost), booleans as true/false like the JSON, and a text
+    that a spreadsheet would take for a formula as text."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
     return value
 
 
 def lines(rows: Iterable[Sequence[object]]) -> str:
     buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
+    # RFC 4180's CRLF: the writer quotes a field that holds any character of the line terminator,
+    # so a lone CR in a caller's text is quoted too instead of splitting its row in two.
+    writer = csv.writer(buffer, lineterminator="\r\n")
     writer.writerows([cell(v) for v in row] for row in rows)
     return buffer.getvalue()
 
@@ -70,10 +81,6 @@ ACTIVITY = [
 ]
 
 
-def provider_header(per_key: bool) -> list[str]:
-    return PROVIDER if per_key else [c for c in PROVIDER if c not in ("api_key_id", "masked_key")]
-
-
 async def trend_rows(blocks: AsyncIterator[list[TrendSeries]]) -> AsyncIterator[list[Sequence[object]]]:
     async for series in blocks:
         yield [
@@ -83,9 +90,10 @@ async def trend_rows(blocks: AsyncIterator[list[TrendSeries]]) -> AsyncIterator[
         ]
 
 
-async def provider_rows(header: list[str], blocks: AsyncIterator[list[ProviderItem]]) -> AsyncIterator[list[Sequence[object]]]:
+async def provider_rows(blocks: AsyncIterator[list[ProviderItem]]) -> AsyncIterator[list[Sequence[object]]]:
+    """Every column of the JSON items, with or without group_by=api_key (empty key cells without)."""
     async for items in blocks:
-        yield [[getattr(item, c) for c in header] for item in items]
+        yield [[getattr(item, c) for c in PROVIDER] for item in items]
 
 
 async def activity_rows(blocks: AsyncIterator[list[ActivityItem]]) -> AsyncIterator[list[Sequence[object]]]:

@@ -228,6 +228,10 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
         return total.inner_text(timeout=WAIT_MS).replace(",", "") == "2500"
 
     poll(usage_shows_tokens, "the usage overview to count 2,500 tokens")
+    # The overview's calls are the model calls reported as usage, not the API calls quota.
+    model_calls = page.locator("#usage-overview .stat", has_text="Model calls")
+    expect(model_calls.locator(".stat-value")).to_have_text("2")
+    expect(model_calls).to_contain_text("Not the API calls quota")
     expect(page.locator("#provider-table")).to_contain_text("gpt-4o", timeout=WAIT_MS)  # its own request
     expect(page.locator("#provider-table")).to_contain_text("anthropic")
     expect(page.get_by_role("img", name=re.compile("Share of tokens by model"))).to_be_visible()
@@ -580,6 +584,7 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
         + api.post("/api/auth/login", json={"email": email, "password": "correct horse battery"}).json()["access_token"]
     }
     open_page(page, base, "plan", "Plan & account")
+    expect(page.locator("#account-id")).to_have_text(account["id"])  # what usage events name (README)
     password_form = page.get_by_role("form", name="Change password")
     password_form.get_by_label("Current password").fill("not my password")
     password_form.get_by_label("New password").fill("a much better passphrase")

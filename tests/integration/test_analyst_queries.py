@@ -5,6 +5,7 @@ queries are parsed out of the document, so the doc and the test cannot drift. An
 cannot change anything: writes, DDL, SYSTEM, file()/url() and setting changes are refused."""
 
 import asyncio
+import math
 import re
 import uuid
 from collections import Counter, defaultdict
@@ -66,20 +67,30 @@ def _usage(account, at, provider, model, inp, out) -> UsageEvent:
     )  # fmt: skip
 
 
+def _stock(account, at, resource, quantity) -> UsageEvent:
+    """Usage of another resource than tokens: its `total_tokens` is its quantity in the views."""
+    return UsageEvent(time=at, account_id=account, resource=resource, quantity=quantity, source="analyst-doc")
+
+
+def tokens_of(seed: "Seed") -> list[UsageEvent]:
+    return [e for e in seed.usage if e.resource == Resource.AI_TOKENS]
+
+
 REFUSED = {401: "api_key_disabled", 403: "insufficient_quota", 429: "rate_limited"}  # the edge's codes
+FLOOD = 3 * 1000  # the flooding key's refused calls, folded into 3 rows
 
 
-def _call(account, key, at, method, path, status, ip, latency) -> CallEvent:
+def _call(account, key, at, method, path, status, ip, latency, count=1) -> CallEvent:
     return CallEvent(
         time=at, account_id=account, api_key_id=key, method=method, path=path, status=status, ip=ip, latency_ms=latency,
-        error_code=REFUSED.get(status),
+        error_code=REFUSED.get(status), count=count,
     )  # fmt: skip
 
 
 def make_seed() -> Seed:
     now = datetime.now(UTC).replace(microsecond=0)
     a, b, c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
-    k1, k2, k3 = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    k1, k2, k3, k4 = uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     d = timedelta(days=1)
     usage = [_usage(a, now - 2 * d + timedelta(minutes=i), "openai", "gpt-4o", 1000, 500) for i in range(3)]
     usage += [_usage(a, now - d + timedelta(minutes=i), "openai", "gpt-4o", 1000, 500) for i in range(3)]
@@ -88,6 +99,9 @@ def make_seed() -> Seed:
     usage += [_usage(b, now - 3 * d, "openai", "o3", 100_000, 50_000)]
     usage += [_usage(b, now - d, "acme", "mystery-1", 700, 300)]  # no price
     usage += [_usage(c, now - 40 * d, "openai", "gpt-4o", 5, 5)]  # outside 30 days
+    # Other resources: their quantities must never be added to tokens.
+    usage += [_stock(a, now - timedelta(hours=2), Resource.GEO_PROJECTS, 1) for _ in range(3)]
+    usage += [_stock(b, now - timedelta(hours=3), Resource.STORAGE_BYTES, 5_000_000)]
     geo, search = "/api/geo/projects", "/api/geo/search"
     calls = [_call(a, k1, now - timedelta(hours=h, minutes=30), "GET", geo, 200, "10.0.0.1", h % 50 + 1) for h in range(1, 167)]
     calls += [_call(a, k1, now - timedelta(minutes=30), "GET", geo, 200, "10.0.0.1", 7)]
@@ -98,7 +112,10 @@ def make_seed() -> Seed:
     ]
     k3_status = [500] * 4 + [403] * 2 + [201] * 14
     calls += [_call(b, k3, now - 2 * d + timedelta(minutes=i), "POST", geo, k3_status[i], "10.1.1.1", 100 + i) for i in range(20)]
-    return Seed(now, {"a": a, "b": b, "c": c}, {"k1": k1, "k2": k2, "k3": k3}, usage, calls)
+    # A flood from a new address, refused and folded by the edge: 3 rows stand for 3,000 calls.
+    calls += [_call(a, k4, now - timedelta(minutes=20 - i), "GET", search, 429, "10.7.7.7", 0.5, 1000) for i in range(3)]
+    assert sum(c.count for c in calls if c.api_key_id == k4) == FLOOD
+    return Seed(now, {"a": a, "b": b, "c": c}, {"k1": k1, "k2": k2, "k3": k3, "k4": k4}, usage, calls)
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +155,7 @@ def expect_cost_per_model_per_day(seed: Seed, rows) -> None:
     table = prices.load()
     tokens: Counter = Counter()
     split: dict = defaultdict(lambda: [0, 0])
-    for e in seed.usage:
+    for e in tokens_of(seed):
         key = (e.time.date(), e.provider, e.model)
         tokens[key] += e.input_tokens + e.output_tokens
         split[key][0] += e.input_tokens
@@ -153,7 +170,7 @@ def expect_top_accounts(seed: Seed, rows) -> None:
     since = seed.now - timedelta(days=30)
     tokens: Counter = Counter()
     events: Counter = Counter()
-    for e in seed.usage:
+    for e in tokens_of(seed):
         if e.time >= since:
             tokens[e.account_id] += e.input_tokens + e.output_tokens
             events[e.account_id] += 1
@@ -166,27 +183,44 @@ def expect_unpriced(seed: Seed, rows) -> None:
 
 
 def expect_unusual_rates(seed: Seed, rows) -> None:
-    k2 = seed.keys["k2"]
     window = (seed.now - timedelta(days=7, hours=1), seed.now - timedelta(hours=1))
-    prior = sum(1 for c in seed.calls if c.api_key_id == k2 and window[0] <= c.time < window[1])
-    assert [(r[0], r[1], r[2]) for r in rows] == [(k2, seed.accounts["a"], 50)]
-    assert _close(rows[0][3], prior / 168, "0.0001")
+    last: Counter = Counter()
+    prior: Counter = Counter()
+    for c in seed.calls:
+        if c.time >= window[1]:
+            last[(c.api_key_id, c.account_id)] += c.count
+        elif c.time >= window[0]:
+            prior[(c.api_key_id, c.account_id)] += c.count
+    unusual = [(k, n, prior[k] / 168) for k, n in last.items() if n >= 10 and n > 5 * prior[k] / 168]
+    expected = sorted(unusual, key=lambda x: -x[1])
+    assert [(r[0], r[1], r[2]) for r in rows] == [(*k, n) for k, n, _ in expected]
+    for row, (_, _, average) in zip(rows, expected, strict=True):
+        assert _close(row[3], average, "0.0001")
+    # the flood leads, with every call it stands for (counting rows would say 3, below the threshold)
+    a = seed.accounts["a"]
+    assert [r[:3] for r in rows] == [(seed.keys["k4"], a, FLOOD), (seed.keys["k2"], a, 50)]
 
 
 def expect_new_ips(seed: Seed, rows) -> None:
-    firsts = [c.time for c in seed.calls if c.ip == "10.9.9.9"]
-    assert [(r[0], r[1], r[3]) for r in rows] == [(seed.keys["k2"], "10.9.9.9", 50)]
-    assert rows[0][2].replace(tzinfo=UTC) == min(firsts)
+    first: dict = {}
+    calls: Counter = Counter()
+    for c in seed.calls:
+        first[(c.api_key_id, c.ip)] = min(first.get((c.api_key_id, c.ip), c.time), c.time)
+        calls[(c.api_key_id, c.ip)] += c.count
+    new = sorted((t, k) for k, t in first.items() if t >= seed.now - timedelta(days=1))
+    assert [(r[0], r[1], r[2].replace(tzinfo=UTC), r[3]) for r in rows] == [(*k, t, calls[k]) for t, k in new]
+    assert [(r[0], r[1], r[3]) for r in rows] == [(seed.keys["k2"], "10.9.9.9", 50), (seed.keys["k4"], "10.7.7.7", FLOOD)]
 
 
 def expect_p95(seed: Seed, rows) -> None:
     groups: dict = defaultdict(list)
     for c in seed.calls:
-        groups[(c.method, c.path)].append(c.latency_ms)
+        groups[(c.method, c.path)] += [c.latency_ms] * c.count  # a folded row is `count` calls
     expected = []
     for (method, path), values in sorted(groups.items()):
         ordered = sorted(values)
-        expected.append((method, path, len(values), ordered[int(0.95 * len(ordered))]))  # quantileExact's element
+        # quantileExactWeighted's element: the first whose running weight reaches ceil(0.95 x calls)
+        expected.append((method, path, len(values), ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]))
     assert rows == expected
 
 
@@ -197,13 +231,13 @@ def expect_refused(seed: Seed, rows) -> None:
             counted[(c.api_key_id, c.error_code)] += c.count
     assert sorted(rows, key=str) == sorted(((k, s, n) for (k, s), n in counted.items()), key=str)
     assert rows == sorted(rows, key=lambda r: (_uuid_order(r[0]), r[1]))
-    assert sum(r[2] for r in rows) == 12
+    assert sum(r[2] for r in rows) == 12 + FLOOD
 
 
 def expect_burn_down(seed: Seed, rows) -> None:
     month_start = seed.now.replace(day=1, hour=0, minute=0, second=0)
     mtd: Counter = Counter()
-    for e in seed.usage:
+    for e in tokens_of(seed):
         if e.time >= month_start:
             mtd[e.account_id] += e.input_tokens + e.output_tokens
     elapsed = (seed.now - month_start).total_seconds() / 86400
@@ -218,14 +252,14 @@ def expect_burn_down(seed: Seed, rows) -> None:
 
 def expect_error_rate(seed: Seed, rows) -> None:
     assert rows[0][:3] == ("POST", "/api/geo/projects", 20) and _close(rows[0][3], 0.2, "0.000001")
-    assert sorted(r[:3] for r in rows[1:]) == [("GET", "/api/geo/projects", 167), ("GET", "/api/geo/search", 53)]
+    assert sorted(r[:3] for r in rows[1:]) == [("GET", "/api/geo/projects", 167), ("GET", "/api/geo/search", 53 + FLOOD)]
     assert all(r[3] == 0 for r in rows[1:])
 
 
 def expect_busiest_hour(seed: Seed, rows) -> None:
     per: dict = defaultdict(Counter)
     for c in seed.calls:
-        per[c.account_id][c.time.hour] += 1
+        per[c.account_id][c.time.hour] += c.count
     expected = []
     for account in sorted(per, key=_uuid_order):
         hour, n = sorted(per[account].items(), key=lambda kv: (-kv[1], kv[0]))[0]
@@ -244,7 +278,7 @@ def expect_late(seed: Seed, rows) -> None:
 
 def expect_model_mix(seed: Seed, rows) -> None:
     tokens: Counter = Counter()
-    for e in seed.usage:
+    for e in tokens_of(seed):
         tokens[(e.account_id, e.provider, e.model)] += e.input_tokens + e.output_tokens
     per_account: Counter = Counter()
     for (account, _, _), t in tokens.items():
@@ -259,12 +293,15 @@ def expect_cost_this_month(seed: Seed, rows) -> None:
     table = prices.load()
     month_start = seed.now.date().replace(day=1)
     cost: dict = defaultdict(Decimal)
-    for e in seed.usage:
+    tokens: Counter = Counter()
+    for e in tokens_of(seed):
         if e.time.date() >= month_start:
             cost[e.account_id] += table.cost(e.provider, e.model, e.time.date(), e.input_tokens, e.output_tokens)
+            tokens[e.account_id] += e.input_tokens + e.output_tokens
     assert {r[0] for r in rows} == set(cost)
-    for account, c, _ in rows:
+    for account, c, t in rows:
         assert _close(c, cost[account], "0.000001")
+        assert t == tokens[account]  # tokens only: no GEO projects, no bytes
 
 
 CHECKS = [

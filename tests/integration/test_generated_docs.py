@@ -48,6 +48,8 @@ def test_every_operation_declares_the_credentials_it_takes(docs):
     assert operations and all("security" in openapi["paths"][p][m] for p, m in operations)
     assert schemes("/api/geo/projects", "get") == {"ApiKey", "ConsoleSession"}
     assert schemes("/api/api-keys", "post") == {"ConsoleSession"}
+    assert schemes("/api/account", "get") == {"ApiKey", "ConsoleSession"}  # a script learns its account id there
+    assert schemes("/api/account/user-type", "put") == {"ConsoleSession"}
     assert schemes("/api/admin/accounts/{account_id}/roles", "put") == {"AdminToken"}
     assert schemes("/api/admin/service-tokens", "post") == {"AdminToken"}
     assert schemes("/api/usage/events", "post") == {"ServiceToken"}
@@ -64,3 +66,11 @@ def test_the_audit_log_route_has_its_response_model_and_filters(docs):
     assert operation["responses"]["200"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/AuditLog"}
     assert {p["name"] for p in operation["parameters"]} == {"start", "end", "action", "limit", "cursor"}
     assert "audit:read" in operation["description"]
+
+
+def test_the_overview_says_its_calls_are_not_the_api_calls_quota(docs):
+    """`calls` (model calls reported as usage) and the `api_calls` quota (admitted API-key calls) read alike."""
+    openapi = json.loads((docs / "openapi.json").read_text())
+    described = openapi["paths"]["/api/ai/usage/overview"]["get"]["description"]
+    assert "not the `api_calls` quota" in described
+    assert "api_calls" in openapi["components"]["schemas"]["Overview"]["properties"]["calls"]["description"]

@@ -67,6 +67,26 @@ async def test_register_login_account_and_key_lifecycle(client):
     assert (await client.delete(f"/api/api-keys/{key['id']}", headers=console)).status_code == 404
 
 
+async def test_a_script_learns_its_account_id_with_its_api_key(client):
+    """API.md: `GET /api/account` takes a session or an API key ("a script learns its account id here")."""
+    account, console = await signup(client)
+    key = bearer((await new_key(client, console))["key"])
+    me = await client.get("/api/account", headers=key)
+    assert me.status_code == 200, me.text
+    assert me.json() == {**account, "role": "owner"}  # as its creator sees it
+    assert me.headers["X-RateLimit-Limit"]  # an ordinary API-key call: rate-limited (and counted in api_calls)
+    developer = await client.post(
+        "/api/account/members",
+        json={"email": f"d{uuid.uuid4().hex[:8]}@example.com", "name": "Dev", "password": PASSWORD, "role": "developer"},
+        headers=console,
+    )
+    assert developer.status_code == 201, developer.text
+    login = await client.post("/api/auth/login", json={"email": developer.json()["email"], "password": PASSWORD})
+    devs_key = bearer((await new_key(client, bearer(login.json()["access_token"])))["key"])
+    theirs = (await client.get("/api/account", headers=devs_key)).json()
+    assert (theirs["id"], theirs["role"], theirs["roles"]) == (account["id"], "developer", ["developer"])
+
+
 async def admin_roles(client: httpx.AsyncClient, settings, account_id: str, roles: list[str]) -> httpx.Response:
     token = settings.admin_token.get_secret_value()
     return await client.put(f"/api/admin/accounts/{account_id}/roles", json={"roles": roles}, headers=bearer(token))
@@ -105,7 +125,6 @@ async def test_error_table_rows_about_keys_and_sessions(app_client, settings):
         ("POST", f"/api/api-keys/{kid}/toggle", None),
         ("DELETE", f"/api/api-keys/{kid}", None),
         ("POST", f"/api/api-keys/{kid}/rotate", {"grace_seconds": 0}),
-        ("GET", "/api/account", None),
         ("PUT", "/api/account/user-type", {"user_type": "enterprise"}),
     ]:
         response = await client.request(method, path, json=body, headers=api_key)

@@ -138,6 +138,22 @@ async def test_what_each_role_is_refused(client):
     assert (await client.post(f"/api/api-keys/{own['id']}/toggle", headers=owner)).json()["status"] == "enabled"
 
 
+async def test_only_owner_and_billing_change_the_user_type(client):
+    """The user type decides which plans the account may buy: `billing:write`, as the contract's role table says."""
+    account, owner = await signup(client)
+    viewer = await login(client, (await add(client, owner, "viewer"))["email"])
+    dev = await login(client, (await add(client, owner, "developer"))["email"])
+    billing = await login(client, (await add(client, owner, "billing"))["email"])
+    for who in (viewer, dev):
+        denied = await client.put("/api/account/user-type", json={"user_type": "enterprise"}, headers=who)
+        assert (denied.status_code, code(denied)) == (403, "permission_denied")
+    assert (await client.get("/api/account", headers=owner)).json()["user_type"] == "individual"  # unchanged
+    for who, user_type in ((billing, "enterprise"), (owner, "individual")):
+        changed = await client.put("/api/account/user-type", json={"user_type": user_type}, headers=who)
+        assert changed.status_code == 200, changed.text
+        assert changed.json()["id"] == account["id"] and changed.json()["user_type"] == user_type
+
+
 async def test_another_accounts_member_is_404_and_an_api_key_cannot_manage_members(client):
     _, owner = await signup(client)
     _, other_owner = await signup(client)

@@ -225,17 +225,15 @@ async def test_usage_per_key_csv_and_honest_numbers(settings, tmp_path, monkeypa
         )
         assert r.status_code == 200 and r.json()["items"] == grouped
 
-        # CSV: the same rows, streamed (ordered by provider, model, key).
-        for params, columns in (
-            ({"group_by": "api_key"}, ["provider", "model", "api_key_id", "masked_key"]),
-            ({}, ["provider", "model"]),
-            ({"api_key_id": str(k2)}, ["provider", "model"]),
-        ):
+        # CSV: the same rows with the same columns as the JSON items (the key's empty when not grouped
+        # by it), streamed (ordered by provider, model, key).
+        header = ["provider", "model", "api_key_id", "masked_key", "calls", "total_tokens", "estimated_cost", "priced"]
+        for params in ({"group_by": "api_key"}, {}, {"api_key_id": str(k2)}):
             json_items = (await by_provider(params)).json()["items"]
+            assert all(set(i) == set(header) for i in json_items)
             r = await by_provider(params, accept="text/csv")
             assert r.headers["content-type"].startswith("text/csv")
             rows = parse_csv(r.text)
-            header = [*columns, "calls", "total_tokens", "estimated_cost", "priced"]
             assert r.text.splitlines()[0] == ",".join(header)
             # The same rows (the CSV comes in the stream's order: provider, model, key as the engine orders UUIDs).
             assert sorted([row[c] for c in header] for row in rows) == sorted([as_csv(i[c]) for c in header] for i in json_items)

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.parser import text_string_to_metric_families
 
 from contracts.events import RateLimit
 from services.runtime.host.workers import CONSUMERS_NICENESS
@@ -177,3 +178,43 @@ async def _two_workers(parent: int, without: int | None = None) -> list[int]:
 
 async def _consumers(parent: int, without: int | None = None) -> list[int]:
     return [pid for pid in consumers_pids(parent) if pid != without]
+
+
+async def test_every_known_counter_series_is_on_metrics_at_0_before_anything_happened(settings):
+    """An alert on a counter needs its series before the first event (a series that appears at 5 has
+    no increase to see): every labelled counter whose label values are known is exported at 0 by a
+    fresh `serve --workers 2`, added up over its processes."""
+    expected = {
+        ("tollgate_edge_call_events_dropped_total", (("reason", reason),)) for reason in ("refused_fold_full", "shutdown")
+    }
+    expected |= {
+        ("tollgate_metering_sink_events_total", (("outcome", outcome), ("topic", topic)))
+        for topic in ("usage.v1", "calls.v1")
+        for outcome in ("inserted", "duplicate", "dead_lettered", "lost")
+    }
+    expected |= {
+        ("tollgate_pruned_rows_total", (("table", table),))
+        for table in ("metering.ingested_events", "billing.idempotency_keys", "keys.outbox", "billing.outbox", "geo.outbox")
+    }
+    serve = ServeProcess(settings, "all", workers=2)
+    try:
+        serve.wait_ready()
+        async with httpx.AsyncClient(base_url=serve.base_url, timeout=10) as http:
+
+            async def missing() -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+                samples = {
+                    (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+                    for family in text_string_to_metric_families((await http.get("/metrics")).text)
+                    for sample in family.samples
+                }
+                return {series for series in expected if samples.get(series) != 0.0}
+
+            async def none_missing() -> bool:
+                return not await missing()
+
+            try:  # the consumers' process (the metering sink) starts a little after the workers answer
+                await wait_until(none_missing, timeout=30)
+            except TimeoutError:
+                pytest.fail(f"not on /metrics at 0: {sorted(await missing())}")
+    finally:
+        serve.kill()

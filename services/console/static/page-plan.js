@@ -32,6 +32,7 @@ async function openInvoice(order) {
 }
 
 const ORDER = ["free", "basic", "professional", "enterprise"];
+const BILLING_WRITERS = new Set(["owner", "billing"]); // the roles with billing:write (docs/api.md)
 
 /** The 409 user_type_plan_mismatch explained, with the way out offered right there. */
 function mismatchHelp(err, account, onChangeType) {
@@ -76,7 +77,12 @@ export async function render(container, ctx) {
     }
   }
 
-  function accountCard() {
+  /** Only owners and billing members may change the user type (`billing:write`). */
+  function userTypeForm() {
+    const roles = account.role ? [account.role] : account.roles || [];
+    if (!roles.some((r) => BILLING_WRITERS.has(r))) {
+      return h("p", { class: "muted" }, `Your role is ${titleCase(account.role || "viewer")}: only owners and billing members can change the user type.`);
+    }
     const type = select("user_type", [["individual", "Individual"], ["enterprise", "Enterprise"]], account.user_type);
     const save = h("button", { type: "submit", class: "secondary" }, "Save user type");
     const form = h("form", { class: "row", "aria-label": "User type" }, field("User type", type), h("div", { class: "actions" }, save));
@@ -84,6 +90,10 @@ export async function render(container, ctx) {
       event.preventDefault();
       changeUserType(type.value, save);
     });
+    return form;
+  }
+
+  function accountCard() {
     return h(
       "section",
       { class: "card", "aria-labelledby": "account-title" },
@@ -91,12 +101,14 @@ export async function render(container, ctx) {
       h(
         "dl",
         { class: "facts" },
+        // The id a platform service names in usage events (`account_id`); a script learns it from GET /api/account.
+        h("div", { class: "wide" }, h("dt", {}, "Account ID"), h("dd", {}, h("code", { id: "account-id" }, account.id))),
         h("div", {}, h("dt", {}, "Name"), h("dd", {}, account.name)),
         h("div", {}, h("dt", {}, "Email"), h("dd", {}, account.email)),
         h("div", {}, h("dt", {}, "User type"), h("dd", { id: "user-type" }, titleCase(account.user_type))),
         h("div", {}, h("dt", {}, "Roles"), h("dd", {}, (account.roles || []).join(", "))),
       ),
-      form,
+      userTypeForm(),
     );
   }
 

@@ -154,7 +154,7 @@ export async function render(container, ctx) {
     errors,
     pkg.form,
     grid,
-    h("p", { class: "muted" }, "Bars are green below 70%, yellow from 70% to 90%, and red above 90%. GEO projects and storage are levels that carry over; the others start again each period."),
+    h("p", { class: "muted" }, "Bars are green below 70%, yellow from 70% to 90%, and red above 90%. GEO projects and storage are levels that carry over; the others start again each period. API calls counts the calls your API keys made that were admitted (the quota reads aside), not the model calls on the Usage page."),
   );
   await load();
   if (ctx.params.has("buy")) openPackage(ctx.params.get("buy") || undefined); // from a notification's quick link

@@ -15,7 +15,7 @@ const RANGES = [
 
 const TREND_METRICS = [
   ["total_tokens", "Total tokens"],
-  ["calls", "Calls"],
+  ["calls", "Model calls"],
   ["estimated_cost", "Estimated cost"],
 ];
 
@@ -58,10 +58,14 @@ function exportButton(label, path, params, filename, errors) {
 const unpriced = () => h("span", { class: "muted unpriced", title: "No price is known for this model: its cost is not estimated" }, "unpriced");
 const cost = (value, currency) => (value === null ? unpriced() : money(value, currency));
 
-function statCard(label, value, sub, changeValue) {
+function statCard(label, value, sub, changeValue, note) {
   const trend = changeValue === undefined ? null : h("p", { class: `change ${Number(changeValue) > 0 ? "up" : Number(changeValue) < 0 ? "down" : ""}` }, change(changeValue));
-  return h("div", { class: "card stat" }, h("h3", {}, label), h("p", { class: "stat-value" }, value), sub ? h("p", { class: "muted" }, sub) : null, trend);
+  return h("div", { class: "card stat" }, h("h3", {}, label), h("p", { class: "stat-value" }, value), sub ? h("p", { class: "muted" }, sub) : null, trend, note ? h("p", { class: "muted note" }, note) : null);
 }
+
+// The overview's `calls` are usage events (model calls the platform reported), not the API calls
+// quota (API-key calls the edge admitted): two numbers that read alike, said apart where they show.
+const MODEL_CALLS_NOTE = "AI usage events the platform reported. Not the API calls quota, which counts the calls your API keys made (Quota page).";
 
 function rangeControls(state, onApply) {
   const today = new Date();
@@ -139,7 +143,7 @@ function overviewSection(data) {
       "div",
       { class: "stats" },
       statCard("Total tokens", num(data.total_tokens), `${num(data.input_tokens)} in · ${num(data.output_tokens)} out`, data.change_pct?.total_tokens),
-      statCard("Calls", num(data.calls), `previous period: ${num(data.previous?.calls)}${data.previous?.range ? " (same elapsed time)" : ""}`, data.change_pct?.calls),
+      statCard("Model calls", num(data.calls), `previous period: ${num(data.previous?.calls)}${data.previous?.range ? " (same elapsed time)" : ""}`, data.change_pct?.calls, MODEL_CALLS_NOTE),
       statCard(
         "Estimated cost",
         money(data.estimated_cost, cur),
@@ -239,7 +243,7 @@ function providerTable(items, currency, keyNames, perKey) {
     h(
       "table",
       { class: "responsive", id: "provider-table" },
-      h("thead", {}, h("tr", {}, ["Provider", "Model", ...(perKey ? ["Key"] : []), "Calls", "Total tokens", "Estimated cost"].map((t) => h("th", { scope: "col" }, t)))),
+      h("thead", {}, h("tr", {}, ["Provider", "Model", ...(perKey ? ["Key"] : []), "Model calls", "Total tokens", "Estimated cost"].map((t) => h("th", { scope: "col" }, t)))),
       h(
         "tbody",
         {},
@@ -250,7 +254,7 @@ function providerTable(items, currency, keyNames, perKey) {
             h("td", { "data-label": "Provider" }, r.provider),
             h("td", { "data-label": "Model" }, r.model),
             perKey ? h("td", { "data-label": "Key" }, keyName(r)) : null,
-            h("td", { "data-label": "Calls", class: "num" }, num(r.calls)),
+            h("td", { "data-label": "Model calls", class: "num" }, num(r.calls)),
             h("td", { "data-label": "Total tokens", class: "num" }, num(r.total_tokens)),
             h("td", { "data-label": "Estimated cost", class: "num" }, cost(r.estimated_cost, r.currency || currency)),
           ),

@@ -163,11 +163,49 @@ def stack_down() -> None:
 
 @stack_app.command("status")
 def stack_status() -> None:
+    """Each part of the stack; then Tollgate and what `tollgate up` printed (URLs, demo login, demo
+    service token, the analyst's DSNs), so they can be found again."""
     cfg = _config()
     for part, state in stack.status(cfg).items():
         typer.echo(f"{part:11} {state}")
     for interface, dsn in cfg.analyst_dsns().items():
         typer.echo(f"analyst DSN ({interface}): {dsn}")
+    typer.echo(f"clickhouse play: http://127.0.0.1:{cfg.clickhouse_http_port}/play")
+    shown = _what_up_printed()
+    if shown is None:
+        typer.echo(f"{'tollgate':11} not started (tollgate up)")
+        return
+    base_url = str(shown["base_url"])
+    state = "ready" if _is_ready(base_url) else "NOT answering /readyz"
+    typer.echo(f"{'tollgate':11} {state} at {base_url}; as `tollgate up` printed it:")
+    typer.echo(json.dumps(shown, indent=2))
+
+
+def _up_file() -> Path:
+    """What `tollgate up` printed (mode 0600: it holds the demo service token), for `stack status`."""
+    return STATE_DIR / "up.json"
+
+
+def _remember_what_up_printed(shown: dict[str, object]) -> None:
+    path = _up_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(json.dumps(shown, indent=2))
+
+
+def _what_up_printed() -> dict[str, object] | None:
+    try:
+        shown: dict[str, object] = json.loads(_up_file().read_text())
+    except (OSError, ValueError):
+        return None
+    return shown
+
+
+def _is_ready(base_url: str) -> bool:
+    try:
+        return httpx.get(f"{base_url}/readyz", timeout=3).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _wait_ready(base_url: str, timeout: float = 120) -> None:
@@ -324,6 +362,7 @@ def up(
         shown["docs"] = f"{shape.of('keys')[0].base_url}/docs"  # the ingress routes only the API and the console
         shown["replicas"] = {r.name: r.base_url for r in shape.replicas}
         shown["kafka_bootstrap"] = cfg.kafka_bootstrap
+    _remember_what_up_printed(shown)
     typer.echo(json.dumps(shown, indent=2))
 
 
@@ -334,6 +373,7 @@ def down() -> None:
 
     split_shape.stop(STATE_DIR / "split")
     stack.stop_pid_file(STATE_DIR / "tollgate.pid", "tollgate")
+    _up_file().unlink(missing_ok=True)
     stack.down(_config())
 
 

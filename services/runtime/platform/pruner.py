@@ -44,6 +44,7 @@ class Pruner:
     ) -> None:
         self._pool = cast("AsyncConnectionPool[AsyncConnection[DictRow]]", pool)  # dict rows
         self._name = f"{schema}.{table}"
+        PRUNED_ROWS.labels(self._name)  # on /metrics at 0 before the first deletion
         self._keep = timedelta(seconds=keep_s)
         self._chunk = chunk
         self._delete = sql.SQL(
