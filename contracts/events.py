@@ -80,7 +80,8 @@ class UsageEvent(Event):
 
 # ---- calls.v1 -------------------------------------------------------------------------------
 class CallEvent(Event):
-    """One API-key call seen by the edge. `path` is the route template, not the raw URL."""
+    """One API-key call seen by the edge. `path` is the route template, not the raw URL. Its
+    `time` keeps the usage rules' window around the record's timestamp (contracts/usage_rules.py)."""
 
     type: Literal["call"] = "call"
     api_key_id: UUID

@@ -3,6 +3,10 @@ ingestion" and "Events"): POST /api/usage/events judges against now; every consu
 judges against the Kafka record's timestamp, so every consumer, at any replay, judges a record
 the same way. Pure: no I/O, no clock.
 
+Call events (calls.v1) keep the time rule alone, judged the same way by its consumers: the edge
+stamps a call with its own clock, so only a broken or forged producer breaks it, and such a time
+would otherwise reach any month (the metering tables' partitions, quota's periods).
+
 The metering sink judges every record of a 50k batch, so the common case (nothing broken) costs
 about a microsecond: instants are compared as integer microseconds since the epoch (comparing
 aware datetimes with different tzinfo objects calls back into Python for each offset)."""
@@ -10,7 +14,7 @@ aware datetimes with different tzinfo objects calls back into Python for each of
 from datetime import UTC, datetime, timedelta
 
 from contracts.common import STOCK_RESOURCES, Resource
-from contracts.events import UsageEvent
+from contracts.events import Event, UsageEvent
 
 MAX_ABS_QUANTITY = 10**12
 MAX_AHEAD = timedelta(minutes=5)
@@ -69,11 +73,25 @@ def _broken(event: UsageEvent, delta: int, reference_us: int) -> list[str]:
     i, o = event.input_tokens, event.output_tokens
     if i is not None and o is not None and event.resource is _AI_TOKENS and quantity != i + o:
         found.append(f"quantity: {quantity} is not input_tokens + output_tokens ({i} + {o})")
-    if delta > _AHEAD_US:
-        found.append(f"time: more than 5 minutes after {_instant(reference_us)}")
-    elif delta < -_BEHIND_US:
-        found.append(f"time: more than 35 days before {_instant(reference_us)}")
+    late_or_early = _time_broken(delta, reference_us)
+    if late_or_early:
+        found.append(late_or_early)
     return found
+
+
+def time_violations_at(event: Event, reference_us: int) -> list[str]:
+    """The time rule alone (calls.v1's rule), against a reference in microseconds since the epoch."""
+    broken = _time_broken(_epoch_us(event.time) - reference_us, reference_us)
+    return [] if broken is None else [broken]
+
+
+def _time_broken(delta: int, reference_us: int) -> str | None:
+    """The time rule's reason, for an event `delta` microseconds after the reference."""
+    if delta > _AHEAD_US:
+        return f"time: more than 5 minutes after {_instant(reference_us)}"
+    if delta < -_BEHIND_US:
+        return f"time: more than 35 days before {_instant(reference_us)}"
+    return None
 
 
 def _instant(epoch_us: int) -> str:

@@ -11,6 +11,7 @@ from faststream.kafka import KafkaBroker, KafkaRouter
 from contracts.audit import AuditRecorded
 from contracts.events import BILLING_EVENTS, BillingEvent, CallEvent, PlanChanged
 from contracts.topics import AUDIT, BILLING, CALLS
+from contracts.usage_rules import time_violations_at
 from services.keys.service import KeysService
 from services.runtime.platform.settings import Settings
 from services.runtime.platform.subscribe import Reading, Subscriber
@@ -40,7 +41,8 @@ def build_router(service: KeysService, broker: KafkaBroker, settings: Settings) 
     subscribe.each(BILLING, Reading(BILLING_EVENTS), group="keys.plans", handle=on_billing)
     # every service's audit entries (their outboxes): stored once per event id, committed after the write
     subscribe.each(AUDIT, Reading(AuditRecorded), group="keys.audit", handle=service.record_audit)
-    subscribe.batches(
-        {CALLS: Reading(CallEvent)}, group="keys.last-used", handle=on_calls, max_records=10_000, batch_timeout_ms=1000
-    )
+    # Calls judged as by every consumer of calls.v1 (contracts/usage_rules.py): a forged time far
+    # ahead would otherwise hold last_used_at there (GREATEST).
+    calls = Reading(CallEvent, lambda event, ms: time_violations_at(event, ms * 1000))
+    subscribe.batches({CALLS: calls}, group="keys.last-used", handle=on_calls, max_records=10_000, batch_timeout_ms=1000)
     return subscribe.router

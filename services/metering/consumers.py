@@ -3,11 +3,13 @@
 Each topic has its own aiokafka consumer (one consumer group per topic): a batch is whatever
 has arrived, up to `MAX_RECORDS` (`getmany` returns as soon as there is any). The use
 case is `ingest.SinkWrite`: every raw message is validated against its contract model (malformed
-ones, events without an id, and usage events that break contracts/usage_rules.py, go to the
-dead-letter topic with the error, acknowledged before the batch is written); the valid messages'
-JSON then goes to the engine as it came from Kafka (`MeteringStore.insert_*`: dedup by id, one
-INSERT), and only then are the batch's offsets committed (`pipeline.WritePipeline`: a batch's write overlaps the
-next one's validation and the fetch of the one after). A crash before the commit redelivers the batch, and the dedup turns the
+ones, events without an id, usage events that break contracts/usage_rules.py and call events that
+break its time rule go to the dead-letter topic with the error, acknowledged before the batch is
+written); the valid messages' JSON then goes to the engine as it came from Kafka
+(`MeteringStore.insert_*`: dedup by id, one INSERT, or one per group of months for a backfill
+spanning more partitions than one INSERT may touch), and only then are the batch's offsets
+committed (`pipeline.WritePipeline`: a batch's write overlaps the next one's validation and the
+fetch of the one after). A crash before the commit redelivers the batch, and the dedup turns the
 replay into duplicates that are not inserted again.
 
 A plain aiokafka loop rather than a FastStream subscriber: the sink commits, rewinds and drains
@@ -25,7 +27,7 @@ from prometheus_client import Counter
 from contracts.events import CallEvent, UsageEvent
 from contracts.topics import CALLS, USAGE, Topic
 from services.edge import Runtime
-from services.metering.ingest import SinkWrite, usage_rules
+from services.metering.ingest import SinkWrite, call_rules, usage_rules
 from services.metering.pipeline import RETRY_DELAY_S, DrainOnRevoke, Records, WritePipeline
 from services.metering.store import MeteringStore
 from services.runtime.platform.deadletter import send_to_dead_letter
@@ -154,7 +156,7 @@ class Sink:
 
         self.topics = [
             self._topic_sink(SinkWrite(USAGE, UsageEvent, store.insert_usage, dead_letter, usage_rules), "metering.usage"),
-            self._topic_sink(SinkWrite(CALLS, CallEvent, store.insert_calls, dead_letter), "metering.calls"),
+            self._topic_sink(SinkWrite(CALLS, CallEvent, store.insert_calls, dead_letter, call_rules), "metering.calls"),
         ]
 
     async def start(self) -> None:

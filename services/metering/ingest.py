@@ -3,7 +3,8 @@ the sink writes usage.v1 and calls.v1 to ClickHouse in batches.
 
 Both judge a usage event by the same rules (contracts/usage_rules.py): the endpoint against
 now, the sink against the Kafka record's timestamp (every consumer, at any replay, judges a
-record the same way). Neither knows HTTP or Kafka's client: their ports are injected.
+record the same way); the sink judges a call event's time by the same window. Neither knows
+HTTP or Kafka's client: their ports are injected.
 """
 
 import asyncio
@@ -16,7 +17,7 @@ from contracts.clock import Clock
 from contracts.events import Event, UsageEvent
 from contracts.metering_api import IngestResponse
 from contracts.topics import Topic
-from contracts.usage_rules import violations, violations_at
+from contracts.usage_rules import time_violations_at, violations, violations_at
 from services.metering import domain
 from services.metering.domain import UsageRulesBroken
 from services.metering.pipeline import Records
@@ -79,6 +80,16 @@ def usage_rules(records: Records) -> Rules:
     return rules
 
 
+def call_rules(records: Records) -> Rules:
+    """calls.v1's rule (the usage rules' time window, contracts/usage_rules.py), judged the same way."""
+
+    def rules(i: int, event: Event) -> str | None:
+        broken = time_violations_at(event, records[i].timestamp * 1000)
+        return broken[0] if broken else None
+
+    return rules
+
+
 def canonical(model: type[Event]) -> Canonical:
     return lambda line: model.model_validate_json(line).model_dump_json().encode()
 
@@ -91,7 +102,7 @@ class Prepared:
 
 class SinkWrite:
     """One topic's batch, validated against its contract model (malformed messages, events
-    without an id and, for usage.v1, events that break its rules go to the dead-letter topic with
+    without an id and events that break the topic's rules go to the dead-letter topic with
     the error, acknowledged before the batch is written), then written as it came from Kafka (the
     engine deduplicates by id)."""
 

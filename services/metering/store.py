@@ -9,6 +9,7 @@ behind one lock. Every query is parameterised (`{name:Type}` server-side binding
 """
 
 import asyncio
+import json
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -41,6 +42,8 @@ READERS = 4
 # time it sees it, which made one request in a hundred several times slower (BENCHMARKS.md,
 # metering round 3, "Queries"); over a few thousand rows compiled code gains nothing.
 SMALL_READ = "SETTINGS max_threads = 1, compile_expressions = 0, compile_aggregate_expressions = 0"
+# The engine's refusal of an INSERT touching more partitions than max_partitions_per_insert_block.
+TOO_MANY_PARTS = 252
 STREAM_BLOCK_ROWS = 10_000  # rollup rows per block of a streamed read (an export holds one block at a time)
 T = TypeVar("T")
 Canonical = Callable[[bytes], bytes]  # an event's JSON -> the same event as its model serialises it
@@ -224,18 +227,39 @@ class MeteringStore:
         Its rows, rollup and all, are committed part by part; if the process dies between parts,
         the redelivered batch finds the written ids and inserts only the others. The engine's
         cost per statement is mostly fixed, and at a few calls a second a batch holds one or two
-        events (BENCHMARKS.md, http_load round 14).
+        events (BENCHMARKS.md, http_load round 14). A batch of more months than one INSERT may
+        touch (a backfill) is written in several, by months (`_write_months`).
         """
         if not lines:  # every message of the batch was dead-lettered
             return InsertResult(0, 0)
         try:
             inserted = self._write_unseen(client, sink, lines)
-        except DatabaseError:
+        except DatabaseError as exc:
             # A form the contract accepts but the engine does not read (a UUID in braces, a
             # lower-case `t` in a time): send the models' own serialisation instead. Ids written
             # before a failure, if any, are found by the lookup.
-            inserted = self._write_unseen(client, sink, [canonical(line) for line in lines])
+            months = _by_month([canonical(line) for line in lines])
+            if exc.code == TOO_MANY_PARTS and len(months) > 1:  # the batch itself was read
+                inserted = self._write_halves(client, sink, months)
+            else:
+                inserted = self._write_months(client, sink, months)
         return InsertResult(inserted, len(lines) - inserted)
+
+    def _write_months(self, client: Client, sink: SinkTable, months: list[list[bytes]]) -> int:
+        """The events of `months` in one INSERT or, if it would touch more monthly partitions than
+        the engine lets one INSERT touch (`max_partitions_per_insert_block`, 100 by default: a
+        backfill of years), in halves of the months. Each INSERT de-duplicates like a whole batch,
+        so a process killed between two leaves a redelivery to write only what the rest held."""
+        try:
+            return self._write_unseen(client, sink, [line for month in months for line in month])
+        except DatabaseError as exc:
+            if exc.code != TOO_MANY_PARTS or len(months) < 2:
+                raise
+        return self._write_halves(client, sink, months)
+
+    def _write_halves(self, client: Client, sink: SinkTable, months: list[list[bytes]]) -> int:
+        half = len(months) // 2
+        return self._write_months(client, sink, months[:half]) + self._write_months(client, sink, months[half:])
 
     def _write_unseen(self, client: Client, sink: SinkTable, lines: list[bytes]) -> int:
         """The INSERT of the batch's unwritten ids; the number of rows it wrote."""
@@ -398,6 +422,21 @@ class MeteringStore:
             "ORDER BY time DESC, id DESC LIMIT 1 BY id"
         )
         return sql, params
+
+
+def _by_month(lines: list[bytes]) -> list[list[bytes]]:
+    """The events (the models' own JSON) grouped by the UTC month of their time, the tables'
+    partition, in month order, each id once (what the single INSERT's `LIMIT 1 BY id` did)."""
+    months: dict[tuple[int, int], list[bytes]] = {}
+    seen: set[str] = set()
+    for line in lines:
+        event = json.loads(line)
+        if event["id"] in seen:
+            continue
+        seen.add(event["id"])
+        time = datetime.fromisoformat(event["time"]).astimezone(UTC)
+        months.setdefault((time.year, time.month), []).append(line)
+    return [months[month] for month in sorted(months)]
 
 
 def _call_row(r: Sequence[Any]) -> CallRow:

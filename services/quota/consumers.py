@@ -1,7 +1,8 @@
 """Quota's subscribers: usage.v1 + calls.v1 in batches, billing.v1 one event at a time.
 
-Usage events that break a rule of contracts/usage_rules.py (judged against the record's own
-timestamp, like every consumer of usage.v1) go to the dead-letter topic with the reason, like
+Usage events that break a rule of contracts/usage_rules.py, and call events that break its time
+rule (judged against the record's own timestamp, like every consumer of usage.v1 and calls.v1)
+go to the dead-letter topic with the reason, like
 malformed records, and the batch goes on without them: nothing of theirs is counted. A failed
 batch is consumed again; the processed-ids table makes the replay harmless.
 """
@@ -10,7 +11,7 @@ from faststream.kafka import KafkaBroker, KafkaRouter
 
 from contracts.events import BILLING_EVENTS, BillingEvent, CallEvent, PackagePurchased, PlanChanged, UsageEvent
 from contracts.topics import BILLING, CALLS, USAGE
-from contracts.usage_rules import violations_at
+from contracts.usage_rules import time_violations_at, violations_at
 from services.quota.service import QuotaService
 from services.runtime.platform.settings import Settings
 from services.runtime.platform.subscribe import Reading, Subscriber
@@ -18,6 +19,10 @@ from services.runtime.platform.subscribe import Reading, Subscriber
 
 def _usage_rules(event: UsageEvent, timestamp_ms: int) -> list[str]:
     return violations_at(event, timestamp_ms * 1000)
+
+
+def _call_rules(event: CallEvent, timestamp_ms: int) -> list[str]:
+    return time_violations_at(event, timestamp_ms * 1000)
 
 
 def build_router(service: QuotaService, broker: KafkaBroker, settings: Settings) -> KafkaRouter:
@@ -31,7 +36,7 @@ def build_router(service: QuotaService, broker: KafkaBroker, settings: Settings)
         # user_type_changed: nothing to count
 
     subscribe.batches(
-        {USAGE: Reading(UsageEvent, _usage_rules), CALLS: Reading(CallEvent)},
+        {USAGE: Reading(UsageEvent, _usage_rules), CALLS: Reading(CallEvent, _call_rules)},
         group="quota.usage",  # a group per subscriber: no rebalancing each other
         handle=service.count,
         max_records=1000,

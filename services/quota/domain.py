@@ -12,8 +12,9 @@ from contracts.common import Resource
 from contracts.domain_errors import Forbidden
 from contracts.errors import ErrorCode
 from contracts.events import CallEvent, UsageEvent
-from contracts.period import period_of
+from contracts.period import period_bounds, period_of
 from contracts.quota_api import InsufficientQuotaDetails, counts_as_api_call, quota_links
+from contracts.usage_rules import MAX_BEHIND
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _THRESHOLD_NS = UUID("6f1d3f0e-4a59-4f53-9a43-2f4a1f0c5b11")
@@ -53,6 +54,14 @@ def deltas(events: Iterable[UsageEvent | CallEvent], tz: ZoneInfo) -> list[Delta
         qty, last = sums.get(key, (0, EPOCH))
         sums[key] = (qty + quantity, max(last, event.time))
     return [Delta(a, r, p, q, t) for (a, r, p), (q, t) in sums.items()]
+
+
+def announces(period: str, now: datetime, tz: ZoneInfo) -> bool:
+    """Whether crossings in `period` are still announced at `now`: while it runs, and for as long
+    after its end as live usage may still be reported into it (the usage rules accept an event up
+    to MAX_BEHIND before its record). Usage counted into an older period is history (a backfill
+    of years): counted, but an alert about a month long over would only be noise."""
+    return period_bounds(period, tz)[1] > now - MAX_BEHIND
 
 
 def percent_floor(used: int, total: int) -> int:

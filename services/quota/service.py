@@ -5,10 +5,15 @@ then publishes the new states (and crossings) and only then commits: states of o
 reach quota.v1 in the order they were computed, and a crash before the commit simply replays
 the batch (the counters did not move; the published states are re-published, the crossing
 events carry deterministic ids).
+
+An event counts in the period of its own time, and that period's thresholds are the ones it
+crosses: a call at 23:59:58 on Jan 31 counted at 00:00:01 on Feb 1 announces January's crossing,
+for January. quota.v1 carries the states of the current period (on this service's clock), the
+one the edge gates.
 """
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID, uuid4
@@ -22,7 +27,7 @@ from contracts.quota_api import PeriodRange, QuotaItem, QuotaReport
 from contracts.topics import QUOTA, QUOTA_THRESHOLDS
 from services.quota import domain
 from services.quota.publisher import KafkaPublisher
-from services.quota.store import QuotaStore, QuotaTx
+from services.quota.store import Line, QuotaStore, QuotaTx
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +60,8 @@ class QuotaService:
             await tx.lock_accounts(e.account_id for e in events)
             fresh = await tx.mark_processed(list({e.id for e in events}))
             unique = {e.id: e for e in events if e.id in fresh}  # a batch may hold one event twice
-            await tx.add_deltas(domain.deltas(unique.values(), self._tz))
+            counted = domain.deltas(unique.values(), self._tz)
+            await tx.add_deltas(counted)
             # A counted usage event settles its reservation: the actual quantity is now in `used`
             # and the held amount is released (only for fresh events: idempotent on the event id).
             released = await tx.settle_reservations(
@@ -65,6 +71,16 @@ class QuotaService:
             # offsets leaves nothing to recount but the state may never have been sent.
             touched = {(e.account_id, r) for e in events for r in self._resources_of(e)} | released
             await self._publish_states(tx, touched, period)
+            # An event counts in the period of its own time: one late from last month (or a few
+            # seconds ahead into the next) crosses that period's thresholds, announced for it.
+            # (As in the current period, a crossing is published before the commit that moves its mark.)
+            now = self._clock()
+            elsewhere = {
+                (d.account_id, d.resource, d.period)
+                for d in counted
+                if d.period != period and domain.announces(d.period, now, self._tz)
+            }
+            await self._announce_crossings(tx, elsewhere)
 
     @staticmethod
     def _resources_of(event: UsageEvent | CallEvent) -> Iterable[Resource]:
@@ -153,7 +169,7 @@ class QuotaService:
         self, tx: QuotaTx, touched: set[tuple[UUID, Resource]], period: str, *, totals_changed: bool = False
     ) -> None:
         now = self._clock()
-        sends = []
+        sends: list[Awaitable[None]] = []
         by_account: dict[UUID, set[Resource]] = {}
         for account_id, resource in touched:
             by_account.setdefault(account_id, set()).add(resource)
@@ -176,26 +192,50 @@ class QuotaService:
                     blocked=domain.is_blocked(line.used, held[resource], line.total),
                 )
                 sends.append(self._publisher.publish(QUOTA, f"{account_id}:{resource.value}", state.model_dump_json()))
-                mark = marks.get(resource, 0)
                 if totals_changed:
                     # A bigger total lowers the rate: later crossings are announced from there.
                     await tx.set_mark(account_id, resource, period, domain.percent_floor(line.used, line.total))
                     continue
-                pct = domain.crossing(mark, line.used, line.total)
-                if pct is not None:
-                    await tx.set_mark(account_id, resource, period, pct)
-                    crossed = QuotaThresholdCrossed(
-                        id=domain.threshold_event_id(account_id, resource, period, pct),
-                        time=now,
-                        account_id=account_id,
-                        resource=resource,
-                        period=period,
-                        threshold_pct=pct,
-                        used=line.used,
-                        total=line.total,
-                    )
-                    sends.append(self._publisher.publish(QUOTA_THRESHOLDS, str(account_id), crossed.model_dump_json()))
+                sends += await self._crossing(tx, account_id, resource, period, line, marks.get(resource, 0), now)
         await asyncio.gather(*sends)
+
+    async def _announce_crossings(self, tx: QuotaTx, counted: set[tuple[UUID, Resource, str]]) -> None:
+        """The crossings of periods other than the current one that a batch counted into. Their
+        states are not published: quota.v1 keeps one state per account and resource (compacted),
+        and the edge gates only the current period, so a past period's state would replace the
+        current one there (a restarted edge would lose a block) and gate nothing itself."""
+        now = self._clock()
+        sends: list[Awaitable[None]] = []
+        by_period: dict[tuple[UUID, str], set[Resource]] = {}
+        for account_id, resource, period in counted:
+            by_period.setdefault((account_id, period), set()).add(resource)
+        for (account_id, period), resources in sorted(by_period.items()):
+            lines = await tx.lines(account_id, period)
+            marks = await tx.marks(account_id, period)
+            for resource in sorted(resources):
+                sends += await self._crossing(tx, account_id, resource, period, lines[resource], marks.get(resource, 0), now)
+        await asyncio.gather(*sends)
+
+    async def _crossing(
+        self, tx: QuotaTx, account_id: UUID, resource: Resource, period: str, line: Line, mark: int, now: datetime
+    ) -> list[Awaitable[None]]:
+        """The announcement of the highest whole percent `line` crossed above `mark` in `period`,
+        if any, with the mark moved to it."""
+        pct = domain.crossing(mark, line.used, line.total)
+        if pct is None:
+            return []
+        await tx.set_mark(account_id, resource, period, pct)
+        crossed = QuotaThresholdCrossed(
+            id=domain.threshold_event_id(account_id, resource, period, pct),
+            time=now,
+            account_id=account_id,
+            resource=resource,
+            period=period,
+            threshold_pct=pct,
+            used=line.used,
+            total=line.total,
+        )
+        return [self._publisher.publish(QUOTA_THRESHOLDS, str(account_id), crossed.model_dump_json())]
 
     # ---- queries -------------------------------------------------------------------------------
     async def report(self, account_id: UUID) -> QuotaReport:

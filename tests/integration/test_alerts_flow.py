@@ -2,14 +2,17 @@
 
 import asyncio
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from aiokafka import AIOKafkaConsumer
 
 from contracts.common import Resource
 from contracts.events import UsageEvent
+from contracts.period import period_bounds, period_of
 from contracts.topics import QUOTA_THRESHOLDS, USAGE, dead_letter
+from services.edge import Overrides
+from tests.integration.quota_helpers import SettableClock
 from tests.integration.test_alerts_helpers import (  # noqa: F401  (fixtures)
     CONSOLE_URL,
     SmsGateway,
@@ -298,3 +301,32 @@ async def test_usage_counted_by_the_quota_service_fires_the_rules(settings):
         assert (r95.json()["fired_this_period"], r96.json()["fired_this_period"]) == (True, False)
         await eventually(lambda: all_settled(settings, account))
         assert firing_count(settings, account) == 3
+
+
+async def test_a_late_event_of_last_month_fires_last_months_rule_once_for_last_month(settings):
+    """The quota consumer counts an event of 23:59:58 on the month's last day one second after
+    midnight (its clock in the new month): the crossing is last month's, and alerts fire it for
+    last month, once. (Kafka refuses records stamped an hour ahead: the test uses the month
+    that began before now.)"""
+    account = uuid.uuid4()
+    clock = SettableClock()
+    async with running_app(settings, targets=("quota", "alerts"), overrides=Overrides(clock=clock)) as (app, client):
+        broker = app.state.runtime.broker
+        headers = await login(app, account)
+        rule = await client.post("/api/ai/usage/alert", json=_rule(50, channels=("in_site",)), headers=headers)
+        assert rule.status_code == 201
+        midnight = period_bounds(this_period(), UTC)[0]
+        last_month = period_of(midnight - timedelta(seconds=2), UTC)
+        clock.fixed = midnight + timedelta(seconds=1)
+        late = UsageEvent(
+            time=midnight - timedelta(seconds=2), account_id=account, resource=Resource.AI_TOKENS, quantity=60_000, source="test"
+        )
+        stamp = int(clock.fixed.timestamp() * 1000)  # produced at the consumer's "now"
+        for event in (late, late, late.model_copy(update={"id": uuid.uuid4(), "quantity": 1_000})):
+            await broker.publish(event, settings.topic(USAGE.name), key=str(account).encode(), timestamp_ms=stamp)
+
+        marks = "SELECT period, pct FROM quota.threshold_marks WHERE account_id = %s AND resource = 'ai_tokens'"
+        await eventually(lambda: query(settings, marks, account) == [{"period": last_month, "pct": 61}], within=30)
+        await eventually(lambda: firing_count(settings, account) > 0)
+        await asyncio.sleep(0.5)  # a second firing, if any, would follow the same crossing's path
+        assert query(settings, "SELECT period FROM alerts.firings WHERE account_id = %s", account) == [{"period": last_month}]

@@ -74,6 +74,26 @@ async def test_a_large_batch_counts_exactly_what_it_wrote(store):
     assert await rows(store, "SELECT count(), uniqExact(id) FROM {db}.usage_events") == [(40_000, 40_000)]
 
 
+def months_apart(n: int, months: int, **fields) -> UsageEvent:
+    """Event n of a backfill with one event in each of `months` months, back from 2026-10."""
+    year, month = divmod(2026 * 12 + 9 - n % months, 12)
+    return usage(n, time=datetime(year, month + 1, 15, 12, n // months, tzinfo=UTC), **fields)
+
+
+async def test_a_batch_over_more_months_than_one_insert_may_touch_is_written_whole_and_once(store):
+    """The engine refuses an INSERT touching more than 100 partitions (code 252); the tables are
+    partitioned by month, and a backfill's batch may span years. Written in several INSERTs, the
+    batch is still written once: one process killed between two, its redelivery writes the rest."""
+    batch = [line(months_apart(n, 130)) for n in range(260)]
+    done_before_a_kill = batch[::3]  # any of its INSERTs, and any part of one (they commit part by part)
+    assert await store.insert_usage(done_before_a_kill, TO_CANONICAL) == InsertResult(87, 0)
+    assert await store.insert_usage(batch + batch[:5], TO_CANONICAL) == InsertResult(173, 92)
+    assert await rows(store, "SELECT count(), uniqExact(id), uniqExact(toYYYYMM(time)) FROM {db}.usage_events") == [
+        (260, 260, 130)
+    ]
+    assert await rows(store, "SELECT sum(events) FROM {db}.usage_hourly") == [(260,)]
+
+
 async def test_the_engine_stores_what_the_model_reads(store):
     """Forms the contract accepts, some of which the engine cannot read (it then gets the
     model's JSON) or would read differently if it were let (a key given twice)."""

@@ -1,7 +1,8 @@
 """One validator on both ways in (issue 15 item 2), on real Kafka, Postgres and the ClickHouse
 engine: HTTP refuses a batch with a bad event whole (422, details by index, nothing published);
 on Kafka a bad record goes to usage.v1.dlq with the reason, once per consumer group, nothing of
-it is counted by quota or metering, and a valid event after it is."""
+it is counted by quota or metering, and a valid event after it is. A call event outside the
+rules' time window goes to calls.v1.dlq the same way (issue 41, item 5)."""
 
 import json
 import uuid
@@ -12,7 +13,8 @@ import psycopg
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from contracts.topics import USAGE, dead_letter
+from contracts.events import CallEvent
+from contracts.topics import CALLS, USAGE, Topic, dead_letter
 from tests.integration.test_keys_api import signup
 from tests.support.metering import metering_sink, wait_until
 from tests.support.service_tokens import service_headers
@@ -35,9 +37,9 @@ def usage(account_id: str, quantity: int, *, time: datetime | None = None, resou
     }
 
 
-def _usage_groups(app) -> int:
-    """How many consumer groups read usage.v1 (each dead-letters a bad record once)."""
-    topic = app.state.runtime.settings.topic(USAGE.name)
+def _usage_groups(app, of: Topic = USAGE) -> int:
+    """How many consumer groups read usage.v1 (or `of`; each dead-letters a bad record once)."""
+    topic = app.state.runtime.settings.topic(of.name)
     subscribers = sum(topic in s.topic_names for s in app.state.runtime.broker.subscribers)
     return subscribers + sum(s.topic == topic for s in metering_sink(app).topics)
 
@@ -158,3 +160,59 @@ async def test_a_bad_record_on_kafka_is_dead_lettered_by_every_consumer_and_neve
     assert await counted() is not None
     quota = (await client.get("/api/billing/check-quota", headers=console)).json()["items"]
     assert next(i for i in quota if i["resource"] == "storage_bytes")["used"] == 0
+
+
+async def test_a_call_outside_the_time_window_is_dead_lettered_by_every_consumer_and_never_counted(app_client, settings):
+    app, client = app_client
+    account, console = await signup(client)
+    groups = _usage_groups(app, CALLS)
+    assert groups == 3  # quota.usage, keys.last-used and metering.calls
+    now = datetime.now(UTC)
+
+    def call(time: datetime) -> CallEvent:
+        return CallEvent(
+            time=time,
+            account_id=account["id"],
+            api_key_id=uuid.uuid4(),
+            method="GET",
+            path="/api/geo/projects",
+            status=200,
+            ip="10.0.0.1",
+            latency_ms=2,
+        )
+
+    bad = [call(now - timedelta(days=36)), call(now + timedelta(minutes=6))]  # judged against their records, stamped now
+    valid = call(now)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, acks="all")
+    await producer.start()
+    try:
+        for event in [*bad, valid]:  # one partition: the valid call is read after the bad ones
+            await producer.send_and_wait(settings.topic(CALLS.name), event.model_dump_json().encode(), key=account["id"].encode())
+    finally:
+        await producer.stop()
+
+    async def counted() -> bool:
+        quota = (await client.get("/api/billing/check-quota", headers=console)).json()["items"]
+        calls = next(i["used"] for i in quota if i["resource"] == "api_calls")
+        return (calls, await _quota_used(settings, account["id"])) == (1, 1)
+
+    await wait_until(counted, timeout=60, interval=0.2)
+    reasons: Counter[str] = Counter()
+
+    async def all_dead_lettered() -> bool:
+        reasons.clear()
+        for record in await _topic_records(settings, settings.topic(dead_letter(CALLS).name)):
+            assert dict(record.headers)["x-error"].decode().startswith("time: more than")
+            reasons[json.loads(record.value)["id"]] += 1
+        return reasons == {str(e.id): groups for e in bad}
+
+    await wait_until(all_dead_lettered, timeout=30, interval=0.5)
+    since = {"start": (now - timedelta(days=40)).isoformat(), "end": (now + timedelta(hours=1)).isoformat()}
+
+    async def logged() -> list | None:  # metering wrote the valid call alone
+        r = await client.get("/api/activity-log", params=since, headers=console)
+        assert r.status_code == 200, r.text
+        return r.json()["items"] or None
+
+    (item,) = await wait_until(logged, timeout=30)
+    assert item["api_key_id"] == str(valid.api_key_id)

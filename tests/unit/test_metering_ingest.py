@@ -12,7 +12,7 @@ from contracts.domain_errors import Invalid
 from contracts.events import CallEvent, UsageEvent
 from contracts.topics import CALLS, USAGE, Topic
 from services.metering.domain import UsageRulesBroken
-from services.metering.ingest import Ingest, SinkWrite, usage_rules
+from services.metering.ingest import Ingest, SinkWrite, call_rules, usage_rules
 from services.metering.store import Canonical, InsertResult
 from tests.unit.fakes import FakeClock, FakeIngestedIds, FakeUsageTopic
 
@@ -179,19 +179,32 @@ async def test_the_sink_dead_letters_what_breaks_the_contract_and_writes_the_res
     assert ports.written == [[UsageEvent.model_validate_json(good).model_dump_json().encode()]]
 
 
-async def test_the_calls_sink_has_no_usage_rules():
+async def test_the_calls_sink_keeps_the_usage_rules_time_window_and_dead_letters_what_breaks_it():
     ports = FakeSinkPorts()
-    sink = SinkWrite(CALLS, CallEvent, ports.insert, ports.dead_letter)
-    call = CallEvent(
-        time=FakeClock().now - timedelta(days=400),
-        account_id=ACCOUNT,
-        api_key_id=uuid.uuid4(),
-        method="GET",
-        path="/api/geo/projects",
-        status=200,
-        ip="10.0.0.1",
-        latency_ms=1.5,
-    )
-    raw = call.model_dump_json().encode()
-    prepared = await sink.prepare([record(raw, 0)])
-    assert prepared.lines == [raw] and ports.dead == []
+    sink = SinkWrite(CALLS, CallEvent, ports.insert, ports.dead_letter, call_rules)
+    now = FakeClock().now
+    stamp = int(now.timestamp() * 1000)
+
+    def call(time: datetime) -> bytes:
+        return (
+            CallEvent(
+                time=time,
+                account_id=ACCOUNT,
+                api_key_id=uuid.uuid4(),
+                method="GET",
+                path="/api/geo/projects",
+                status=200,
+                ip="10.0.0.1",
+                latency_ms=1.5,
+            )
+            .model_dump_json()
+            .encode()
+        )
+
+    fresh, old, ahead = call(now - timedelta(seconds=1)), call(now - timedelta(days=400)), call(now + timedelta(minutes=6))
+    prepared = await sink.prepare([record(fresh, stamp), record(old, stamp, 1), record(ahead, stamp, 2)])
+    assert prepared.lines == [fresh] and prepared.dead_lettered == 2
+    assert [(t, raw) for t, raw, _, _ in ports.dead] == [("calls.v1", old), ("calls.v1", ahead)]
+    assert "more than 35 days before" in ports.dead[0][2] and "more than 5 minutes after" in ports.dead[1][2]
+    # A backfill of history stamps each record with its call's own time: written.
+    assert (await sink.prepare([record(old, stamp - 400 * 86_400_000)])).lines == [old]

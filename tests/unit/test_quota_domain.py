@@ -127,3 +127,11 @@ def test_accounts_without_a_state_are_held_to_the_free_tier_by_local_counting():
     now = datetime(2026, 3, 10, tzinfo=UTC)
     admitted = sum(gate.admit_call(a, now) for _ in range(1500))
     assert admitted == 1000
+
+
+def test_crossings_are_announced_for_a_period_until_35_days_after_its_end():
+    utc = ZoneInfo("UTC")
+    feb = datetime(2027, 2, 1, tzinfo=UTC)  # January's end
+    assert domain.announces("2027-01", feb + timedelta(days=35) - timedelta(microseconds=1), utc)
+    assert not domain.announces("2027-01", feb + timedelta(days=35), utc)  # only history reaches it now
+    assert domain.announces("2027-02", feb - timedelta(seconds=1), utc)  # an event a little ahead

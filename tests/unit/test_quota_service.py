@@ -136,6 +136,52 @@ async def test_a_new_period_on_the_clock_resets_flows_keeps_stocks_and_lapses_pa
     assert await used(service, account, Resource.AI_TOKENS) == 0
 
 
+def announced(publisher: FakePublisher) -> list[tuple[str, int]]:
+    return [(c["period"], c["threshold_pct"]) for t, _k, p in publisher.sent if t is QUOTA_THRESHOLDS for c in [json.loads(p)]]
+
+
+async def test_a_late_event_of_last_month_announces_its_crossing_for_last_month(service, clock, publisher):
+    account = uuid.uuid4()
+    clock.now = datetime(2027, 1, 31, 12, 0, tzinfo=UTC)
+    await service.count([tokens(account, 49_000, clock())])
+    # Counted one consumer lag after midnight: January's counter moves, and so does its crossing.
+    clock.now = datetime(2027, 2, 1, 0, 0, 1, tzinfo=UTC)
+    await service.count([tokens(account, 2_000, datetime(2027, 1, 31, 23, 59, 58, tzinfo=UTC))])
+    assert announced(publisher) == [("2027-01", 49), ("2027-01", 51)]
+    # The state published is February's, the period the edge gates now: January's would replace it.
+    last = states(publisher, Resource.AI_TOKENS)[-1]
+    assert (last["period"], last["used"]) == ("2027-02", 0)
+    await service.count([tokens(account, 2_000, datetime(2027, 1, 31, 23, 59, 58, tzinfo=UTC))])  # another 2%
+    await service.count([tokens(account, 1_000, clock())])  # February's own 1%
+    assert announced(publisher)[2:] == [("2027-01", 53), ("2027-02", 1)]
+
+
+async def test_a_late_call_announces_its_crossing_for_last_month_once(service, clock, publisher):
+    account = uuid.uuid4()
+    clock.now = datetime(2027, 2, 1, 0, 0, 1, tzinfo=UTC)
+    late = [call(account, datetime(2027, 1, 31, 23, 59, 58, tzinfo=UTC)) for _ in range(CALLS)]
+    await service.count(late)
+    await service.count(late)  # redelivered: nothing counted, nothing new crossed
+    assert announced(publisher) == [("2027-01", 100)]
+
+
+async def test_an_event_a_few_seconds_ahead_of_the_clock_announces_its_crossing_in_the_next_period(service, clock, publisher):
+    account = uuid.uuid4()
+    clock.now = datetime(2027, 1, 31, 23, 59, 59, tzinfo=UTC)
+    await service.count([tokens(account, 10_000, datetime(2027, 2, 1, 0, 0, 2, tzinfo=UTC))])
+    assert announced(publisher) == [("2027-02", 10)]
+    assert states(publisher, Resource.AI_TOKENS)[-1]["period"] == "2027-01"  # the period still gated
+
+
+async def test_history_counted_into_a_period_long_over_is_not_announced(service, clock, publisher):
+    account = uuid.uuid4()  # a backfill of 2025 (its records stamped with their own times)
+    await service.count([tokens(account, 90_000, datetime(2025, 3, 10, tzinfo=UTC))])
+    assert announced(publisher) == []
+    # A period that ended less than 35 days ago still takes late usage: announced.
+    await service.count([tokens(account, 90_000, datetime(2026, 10, 31, 23, 0, tzinfo=UTC))])
+    assert announced(publisher) == [("2026-10", 90)]
+
+
 async def test_reservations_reserve_refuse_settle_release_and_expire(service, clock, publisher):
     account, owner = uuid.uuid4(), uuid.uuid4()
     held = await service.reserve(account, Resource.AI_TOKENS, 60_000, ttl_seconds=600, owner_id=owner)

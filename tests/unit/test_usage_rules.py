@@ -8,8 +8,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts.common import STOCK_RESOURCES, Resource
-from contracts.events import UsageEvent
-from contracts.usage_rules import MAX_ABS_QUANTITY, MAX_AHEAD, MAX_BEHIND, record_time, violations, violations_at
+from contracts.events import CallEvent, UsageEvent
+from contracts.usage_rules import (
+    MAX_ABS_QUANTITY,
+    MAX_AHEAD,
+    MAX_BEHIND,
+    record_time,
+    time_violations_at,
+    violations,
+    violations_at,
+)
 
 REF = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
 FLOWS = [r for r in Resource if r not in STOCK_RESOURCES]
@@ -124,3 +132,14 @@ def test_the_quick_verdict_agrees_with_the_rules_one_by_one(resource, quantity, 
     )
     assert (violations(e, REF) == []) == expected
     assert violations_at(e, int(REF.timestamp()) * 1_000_000) == violations(e, REF)
+
+
+@given(offsets, st.sampled_from([0, 330, -480, 845]))
+def test_a_call_event_keeps_the_same_time_rule_as_a_usage_event(offset_ms, east_min):
+    """calls.v1's rule is the usage rules' time window, with the same reasons."""
+    time = (REF + timedelta(milliseconds=offset_ms)).astimezone(timezone(timedelta(minutes=east_min)))
+    call = CallEvent(
+        time=time, account_id=uuid.uuid4(), api_key_id=uuid.uuid4(), method="GET", path="/p", status=200, ip="::1", latency_ms=1
+    )
+    reference_us = int(REF.timestamp()) * 1_000_000
+    assert time_violations_at(call, reference_us) == violations(event(time=time), REF)
