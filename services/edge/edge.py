@@ -19,7 +19,7 @@ from starlette.routing import BaseRoute
 from starlette.types import Scope
 
 from contracts.audit import AuditContext
-from contracts.common import Permission, Resource, Role, ServiceScope
+from contracts.common import KeyStatus, Permission, Resource, Role, ServiceScope
 from contracts.credentials import API_KEY_PREFIX, SERVICE_TOKEN_PREFIX, hash_secret
 from contracts.errors import ErrorCode
 from contracts.events import (
@@ -46,7 +46,7 @@ from services.edge.principal import Principal
 from services.edge.projections import AccountProjection, KeyProjection, PlanLimits
 from services.edge.quota_gate import CallsView, QuotaProjection
 from services.edge.rate_limit import Decision, Limits
-from services.edge.rate_store import MemoryStore, RateLimitStore, RedisStore
+from services.edge.rate_store import REVOCATION_STORE_ERRORS, KeyCheck, KeyRevoked, MemoryStore, RateLimitStore, RedisStore
 from services.edge.service_tokens import ServicePrincipal, ServiceTokenProjection
 from services.edge.session_revocations import RevokedSessions, UserSessions
 from services.edge.unavailable import RETRY_AFTER_S
@@ -475,7 +475,7 @@ class Edge:
         context.reserved = placed
         exhausted = placed and consumes is not None and self.quota.lacks_room(account_id, consumes, cost, now)
         admission = self.quota.calls_view(account_id, now) if placed and not exhausted and counted else None
-        admitted = await self._rate_limit(context, account_id, principal.api_key_id, admission)
+        admitted = await self._rate_limit(context, principal, admission)
         if refusal is not None:
             raise refusal
         if not placed:
@@ -507,24 +507,52 @@ class Edge:
             self._admission_log.warning("shared api_calls admissions unavailable (Redis): judging by this process alone")
         return self.quota.admit_call(account_id, now)
 
-    async def _rate_limit(self, context: CallContext, account_id: UUID, key_id: UUID, admission: CallsView | None) -> bool | None:
+    async def _rate_limit(self, context: CallContext, principal: Principal, admission: CallsView | None) -> bool | None:
         """429 when the account's or the key's bucket or window is exhausted (the call's place, if
         it took one, is freed); X-RateLimit-* on every API-key response (RequestMiddleware adds
         them, to errors as well). Returns the shared api_calls admission of `admission` judged in
-        the same round trip, or None when it was not judged there."""
+        the same round trip, or None when it was not judged there. With several replicas the same
+        round trip asks whether the key was revoked after the state this process judged it by
+        (`revoke_everywhere`): 401 then, as the state will say once it arrives."""
+        account_id, key_id = principal.account_id, principal.api_key_id
+        assert key_id is not None
         limits, subjects = self._limits_of(account_id), self._subjects_of(key_id, account_id)
         admitted: bool | None = None
-        if self.shared is not None:
-            decision, admitted = await self.shared.hit_and_admit(subjects, limits, time.time(), admission)
-        else:
-            decision = await self.limiter.hit(subjects, limits, time.time())
+        try:
+            if self.shared is not None:
+                known = KeyCheck(key_id, principal.key_version)
+                decision, admitted = await self.shared.hit_and_admit(subjects, limits, time.time(), admission, known)
+            else:
+                decision = await self.limiter.hit(subjects, limits, time.time())
+        except KeyRevoked as revoked:
+            self._free_place(context)
+            if revoked.deleted:
+                raise _unauthorized(ErrorCode.INVALID_API_KEY, "The API key is not valid.") from None
+            raise _unauthorized(ErrorCode.API_KEY_DISABLED, "The API key is disabled.") from None
         context.response_headers = decision.headers()
         if not decision.allowed:
-            if context.reserved:
-                self.calls.release()
-                context.reserved = False
+            self._free_place(context)
             raise _rate_limited(decision)
         return admitted
+
+    def _free_place(self, context: CallContext) -> None:
+        """A call refused after it took its place in the admitted lane gives the place back."""
+        if context.reserved:
+            self.calls.release()
+            context.reserved = False
+
+    async def revoke_everywhere(self, state: KeyState) -> None:
+        """(Keys, before a toggle or delete answers) a disabled or deleted key's state, in the store
+        every replica asks on each admission: refused by all of them from now on, before their
+        keys.v1 projections have it. Without a shared store there is one process, which applies
+        the state itself. A store failure leaves keys.v1 alone to carry it (milliseconds; logged)."""
+        if self.shared is None or (state.status == KeyStatus.ENABLED and not state.deleted):
+            return
+        try:
+            await self.shared.revoke(KeyCheck(state.key_id, state.version), deleted=state.deleted)
+        except Exception:
+            REVOCATION_STORE_ERRORS.inc()
+            self._admission_log.warning("a key's revocation could not be shared (Redis): keys.v1 carries it alone")
 
     def _limits_of(self, account_id: UUID) -> Limits:
         rate = self.plans.rate_limit(account_id)
@@ -633,7 +661,9 @@ class Edge:
         # (an account this edge does not know: the registering user's role as keys.v1 published it)
         account_roles = account.roles if account is not None else state.roles
         roles = acting_roles(creator, user_id, state.account_id, account_roles)
-        principal = Principal(account_id=state.account_id, roles=roles, api_key_id=state.key_id, user_id=state.created_by)
+        principal = Principal(
+            account_id=state.account_id, roles=roles, api_key_id=state.key_id, user_id=state.created_by, key_version=state.version
+        )
         if len(self._principals) >= MAX_CACHED_SUBJECTS:
             self._principals.clear()
         self._principals[state.key_id] = (state, source, principal)

@@ -14,6 +14,9 @@ class Principal:
     session_id: str | None = None  # the console session's id (logout revokes it)
     # The user acting: the session's user, or the key's creator (None: a key from before members)
     user_id: UUID | None = None
+    # (API key) the version of the key's state it was judged by: a revocation of a later version
+    # in the shared store refuses it before this process has that state (rate_store.KeyRevoked)
+    key_version: int = 0
 
     @property
     def is_console(self) -> bool:

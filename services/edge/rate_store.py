@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
+from uuid import UUID
 
 from prometheus_client import Counter
 from redis.asyncio import Redis
@@ -27,6 +28,28 @@ from services.runtime.platform.logs import Throttled
 log = logging.getLogger(__name__)
 
 STORE_ERRORS = Counter("tollgate_edge_rate_limit_store_errors_total", "Rate-limit store failures (the call was let through)")
+REVOCATION_STORE_ERRORS = Counter(
+    "tollgate_edge_revocation_store_errors_total",
+    "Key revocations that could not be shared in Redis (keys.v1 carried them alone)",
+)
+# A revoked key's entry outlives any replica's lag behind keys.v1 but a partition of a week.
+REVOCATION_TTL_S = 7 * 24 * 3600
+
+
+@dataclass(frozen=True, slots=True)
+class KeyCheck:
+    """An API key and the version of its state a process knows (judged by, or revoked at)."""
+
+    key_id: UUID
+    version: int
+
+
+class KeyRevoked(Exception):
+    """The key was disabled or deleted at a version later than the one this process judged it by."""
+
+    def __init__(self, deleted: bool) -> None:
+        super().__init__("deleted" if deleted else "disabled")
+        self.deleted = deleted
 
 
 class RateLimitStore(Protocol):
@@ -172,22 +195,37 @@ local function rate_limit(keys, now, rate, burst, limit, ttl)
   return allowed, size, math.max(0, remaining), reset, retry, stored, next_refused
 end
 """
-# KEYS: the rate limit's subjects, then (when ARGV[6] = 1) the admission's hash. ARGV[1..5]: now,
-# rate, burst, limit, ttl; ARGV[7..12]: the admission's (admissions.admission_args). Returns
-# {allowed, limit, remaining, reset, retry (the headers'), admitted (1/0; -1 not judged), and when the subjects' next
-# request would be refused, their slots as stored...}.
+# KEYS: the rate limit's subjects, then (when ARGV[7] >= 0) the key's revocation entry, then
+# (when ARGV[6] = 1) the admission's hash. ARGV[1..5]: now, rate, burst, limit, ttl; ARGV[7]: the
+# version of the key's state the caller judged it by (-1: no check); ARGV[8..13]: the admission's
+# (admissions.admission_args). Returns {-1, 'deleted' | 'disabled'} when the key was revoked at a
+# later version (nothing is taken), else {allowed, limit, remaining, reset, retry (the headers'),
+# admitted (1/0; -1 not judged), and when the subjects' next request would be refused, their
+# slots as stored...}.
 SCRIPT = (
     RATE_LIMIT_FN
     + ADMIT_FN
     + """
 local wants = ARGV[6] == '1'
+local known = tonumber(ARGV[7])
+local last = #KEYS - (wants and 1 or 0)
+if known >= 0 then
+  local revoked = redis.call('GET', KEYS[last])
+  last = last - 1
+  if revoked then
+    local version, how = string.match(revoked, '^(%d+) (%a+)$')
+    if version and tonumber(version) > known then
+      return {-1, how}
+    end
+  end
+end
 local subjects = {}
-for i = 1, #KEYS - (wants and 1 or 0) do subjects[i] = KEYS[i] end
+for i = 1, last do subjects[i] = KEYS[i] end
 local allowed, size, remaining, reset, retry, stored, next_refused = rate_limit(
   subjects, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
 local admitted = -1
 if allowed and wants then
-  admitted = admit(KEYS[#KEYS], ARGV, 7)
+  admitted = admit(KEYS[#KEYS], ARGV, 8)
 end
 local result = {allowed and 1 or 0, size, remaining, reset, retry, admitted}
 if next_refused then
@@ -199,6 +237,16 @@ end
 return result
 """
 )
+# revoke(entry; version, how, ttl): kept only if newer than what the entry holds.
+REVOKE = """
+local kept = redis.call('GET', KEYS[1])
+if kept then
+  local version = tonumber(string.match(kept, '^(%d+)'))
+  if version and version >= tonumber(ARGV[1]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[2], 'EX', tonumber(ARGV[3]))
+return 1
+"""
 MAX_COPIES = 100_000  # subjects whose slots are copied; forgotten all at once beyond
 
 
@@ -206,12 +254,20 @@ class RedisStore:
     """The rate limits, and with them the api_calls admissions (admissions.py): one Lua script,
     one round trip per API-key call."""
 
-    def __init__(self, url: str, prefix: str = "tollgate:rl:", admissions_prefix: str = "tollgate:adm:") -> None:
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "tollgate:rl:",
+        admissions_prefix: str = "tollgate:adm:",
+        revoked_prefix: str = "tollgate:revoked:",
+    ) -> None:
         # A hung Redis must not hang the API: its calls fail open after half a second.
         self._redis: Redis[bytes] = Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
         self._prefix = prefix
         self._admissions_prefix = admissions_prefix
+        self._revoked_prefix = revoked_prefix
         self._script = self._redis.register_script(SCRIPT)
+        self._revoke = self._redis.register_script(REVOKE)
         self._release = self._redis.register_script(RELEASE)
         self._releases: set[asyncio.Task[None]] = set()
         self._outage_log, self._release_log = Throttled(log), Throttled(log)
@@ -228,11 +284,17 @@ class RedisStore:
         return (await self.hit_and_admit(subjects, limits, now, None))[0]
 
     async def hit_and_admit(
-        self, subjects: Sequence[str], limits: Limits, now: float, admission: CallsView | None
+        self,
+        subjects: Sequence[str],
+        limits: Limits,
+        now: float,
+        admission: CallsView | None,
+        known: KeyCheck | None = None,
     ) -> tuple[Decision, bool | None]:
         """The rate limit's decision and, for a call it lets through, the api_calls admission of
         `admission` (None: not asked, or not judged because Redis failed: the limit then fails
-        open and the caller judges the admission itself)."""
+        open and the caller judges the admission itself). Raises KeyRevoked, taking nothing, when
+        `known`'s key was revoked at a later version than `known`'s."""
         subjects = tuple(subjects)  # the edge's are tuples already
         refusal = self.refused(subjects, limits, now)
         if refusal is not None:
@@ -243,28 +305,34 @@ class RedisStore:
             # subjects that arrive meanwhile wait for that (a flood would send each of them).
             judged = self._judging[subjects] = asyncio.get_running_loop().create_future()
         try:
-            return await self._judge(subjects, limits, now, admission)
+            return await self._judge(subjects, limits, now, admission, known)
         finally:
             if judged is not None:
                 del self._judging[subjects]
                 judged.set_result(None)
 
     async def _judge(
-        self, subjects: tuple[str, ...], limits: Limits, now: float, admission: CallsView | None
+        self, subjects: tuple[str, ...], limits: Limits, now: float, admission: CallsView | None, known: KeyCheck | None
     ) -> tuple[Decision, bool | None]:
         # Idle slots expire once a full bucket and an empty window would be the same thing.
         ttl = int(2 * WINDOW_S + math.ceil(limits.burst / limits.per_second))
         keys = [self._prefix + s for s in subjects]
         args: list[str | int] = [repr(now), repr(limits.per_second), limits.burst, limits.per_minute, ttl]
+        args += [1 if admission is not None else 0, -1 if known is None else known.version]
+        if known is not None:
+            keys.append(self._revoked_prefix + str(known.key_id))
         if admission is not None:
             keys.append(admission_key(self._admissions_prefix, admission))
-            args += [1, *admission_args(admission)]
+            args += admission_args(admission)
         try:
-            allowed, limit, remaining, reset, retry, admitted, *stored = await self._script(keys=keys, args=args)
+            result = await self._script(keys=keys, args=args)
         except Exception:  # a limiter outage must not take the API down: let the call through
             STORE_ERRORS.inc()
             self._outage_log.warning("rate-limit store failed; allowing calls (see the store errors metric)", exc_info=True)
             return Decision(True, limits.per_minute, limits.per_minute, 0, 0), None
+        if result[0] == -1:
+            raise KeyRevoked(deleted=result[1] == b"deleted")
+        allowed, limit, remaining, reset, retry, admitted, *stored = result
         if stored:  # the next request would be refused: keep the slots to refuse it here
             if len(self._copies) >= MAX_COPIES:
                 self._copies.clear()
@@ -280,6 +348,12 @@ class RedisStore:
         """Redis's judgment in flight of the request these subjects' copy let through last, if
         any: a request it would refuse can wait for it and ask `refused` again."""
         return self._judging.get(tuple(subjects))
+
+    async def revoke(self, revoked: KeyCheck, *, deleted: bool) -> None:
+        """Every replica refuses the key from now on, unless its projection has a state of a later
+        version (re-enabled): one entry per key, the newest revocation's. Raises when Redis fails."""
+        args = [revoked.version, "deleted" if deleted else "disabled", REVOCATION_TTL_S]
+        await self._revoke(keys=[self._revoked_prefix + str(revoked.key_id)], args=args)
 
     async def release(self, admission: CallsView) -> None:
         """Give back one admission of `admission`'s account and period: its call ended refused,

@@ -32,6 +32,10 @@ class EdgeDelivery:
             raise ApiError(
                 503, ErrorCode.SERVICE_UNAVAILABLE, "The change is saved but not yet in effect everywhere; it will be shortly."
             ) from exc
+        # A disabled or deleted key is refused by every replica before this answer leaves, from the
+        # store each asks on every admission; keys.v1 brings their projections the same a little later.
+        for key in changes.keys:
+            await self.edge.revoke_everywhere(key)
         for account in changes.accounts:
             self.edge.accounts.apply(account)
         for key in changes.keys:
