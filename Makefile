@@ -6,11 +6,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test unit test-faults test-scale stop lint bench docs clean test-prereqs
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt clients/python/pyproject.toml
 	./deploy/local/prereqs.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e clients/python
 	touch $(STAMP)
 
 run: $(STAMP)  ## the local stack + every service in the background; prints URL and demo login
@@ -20,8 +21,8 @@ stop:  ## stop Tollgate and the local stack
 	$(BIN)/tollgate down
 
 lint: $(STAMP)
-	$(BIN)/ruff check contracts services tests bench
-	$(BIN)/mypy contracts services
+	$(BIN)/ruff check contracts services tests bench clients
+	$(BIN)/mypy contracts services clients/python/src
 	$(BIN)/lint-imports
 
 test-prereqs:  ## what only the tests use: Debian chromium (the console's browser tests; Playwright's driver comes with the pip package) and caddy (the ingress snippets)
