@@ -4,13 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test unit test-faults test-scale stop lint bench docs clean test-prereqs
+.PHONY: run test unit test-faults test-scale stop lint bench docs clean test-prereqs ai-gateway
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt clients/python/pyproject.toml
 	./deploy/local/prereqs.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e clients/python
 	touch $(STAMP)
 
 run: $(STAMP)  ## the local stack + every service in the background; prints URL and demo login
@@ -20,8 +21,8 @@ stop:  ## stop Tollgate and the local stack
 	$(BIN)/tollgate down
 
 lint: $(STAMP)
-	$(BIN)/ruff check contracts services tests bench
-	$(BIN)/mypy contracts services
+	$(BIN)/ruff check contracts services tests bench clients examples
+	$(BIN)/mypy contracts services clients/python/src examples/ai-gateway/ai_gateway
 	$(BIN)/lint-imports
 
 test-prereqs:  ## what only the tests use: Debian chromium (the console's browser tests; Playwright's driver comes with the pip package) and caddy (the ingress snippets)
@@ -43,6 +44,9 @@ bench: $(STAMP)  ## every benchmark in bench/, each against its own baseline
 	./deploy/local/prereqs.sh --bench
 	@# the scripts only: helper modules (bench/stats.py, bench/support.py) have no __main__
 	@for b in $$(grep -l '^if __name__ == "__main__":' bench/*.py); do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+ai-gateway: $(STAMP)  ## examples/ai-gateway on 127.0.0.1:9000 (needs TOLLGATE_SERVICE_TOKEN; examples/ai-gateway/README.md)
+	cd examples/ai-gateway && ../../$(BIN)/python -m ai_gateway
 
 docs: $(STAMP)
 	$(BIN)/tollgate docs
