@@ -22,7 +22,7 @@ stack of its own ports. Figures measured in one run:
    usage.v1, the time from the kill to its first commit past the partition's end at the kill (a
    batch holding an event reported after the kill).
 
-    .venv/bin/python bench/scale.py [--toggles 200] [--callers 200] [--seconds 10] [--skip overshoot,...]
+    .venv/bin/python bench/scale.py [--toggles 200] [--delays 0,2,5,10] [--callers 200] [--seconds 10] [--skip overshoot,...]
 """
 
 import argparse
@@ -132,6 +132,7 @@ class Trial:
     sent_ms: float  # when the calls left, ms after the toggle's response (the delay asked for + scheduling)
     refused: bool  # both replicas answered 401 api_key_disabled
     refused_by_ms: float  # when both had refused (polling on after a call that was admitted)
+    enabled_ms: float = 0.0  # enabled again: when both replicas admitted the key (enabling may lag)
 
 
 async def refused_after(shape: split.SplitShape, delays_ms: list[float], trials: int) -> dict[float, list[Trial]]:
@@ -150,10 +151,10 @@ async def refused_after(shape: split.SplitShape, delays_ms: list[float], trials:
             return all(a.status_code == 401 for a in answers)
 
         async def admitted_by(base_url: str) -> None:
-            for _ in range(500):
+            for _ in range(5000):
                 if (await http.get(f"{base_url}/api/geo/projects", headers=auth)).status_code != 401:
                     return
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.001)
             raise RuntimeError(f"{base_url}: still refusing 5 s after the key was enabled")
 
         for delay in delays_ms:
@@ -170,8 +171,12 @@ async def refused_after(shape: split.SplitShape, delays_ms: list[float], trials:
                     if time.perf_counter() - answered > 5:
                         raise RuntimeError("a geo replica still admits the key 5 s after the toggle")
                 since = (time.perf_counter() - answered) * 1000
-                results[delay].append(Trial((sent - answered) * 1000, refused, since))
-                await http.post(toggle, headers=t.console())
+                on = await http.post(toggle, headers=t.console())
+                assert on.json()["status"] == "enabled", on.text
+                enabling = time.perf_counter()
+                await asyncio.gather(*(admitted_by(g.base_url) for g in geos))
+                enabled_ms = (time.perf_counter() - enabling) * 1000
+                results[delay].append(Trial((sent - answered) * 1000, refused, since, enabled_ms))
     return results
 
 
@@ -369,7 +374,7 @@ async def recovery(shape: split.SplitShape, settings: Settings) -> None:
             stack.kafka_up(BENCH_STACK, victim)
 
 
-async def main(n_toggles: int, callers: int, seconds: float, skip: set[str]) -> None:
+async def main(n_toggles: int, callers: int, seconds: float, skip: set[str], delays: list[float]) -> None:
     stack.up(BENCH_STACK)
     tag = uuid.uuid4().hex[:8]
     settings = _settings(tag)
@@ -380,7 +385,7 @@ async def main(n_toggles: int, callers: int, seconds: float, skip: set[str]) -> 
             lags, polls = await toggles(shape, n_toggles)
             print(f"key toggled off on keys -> refused by both geo replicas: {_ms(lags)}", flush=True)
             print(f"baseline, one accepted poll (GET /api/geo/projects on a geo replica): {_ms(polls)}", flush=True)
-            for delay, trials in (await refused_after(shape, [0, 2, 5, 10], n_toggles)).items():
+            for delay, trials in (await refused_after(shape, delays, n_toggles)).items():
                 refused = sum(t.refused for t in trials)
                 sent = [t.sent_ms for t in trials]
                 late = [t.refused_by_ms for t in trials if not t.refused]
@@ -388,7 +393,8 @@ async def main(n_toggles: int, callers: int, seconds: float, skip: set[str]) -> 
                     f"a call to both geo replicas sent {delay:g} ms after the toggle's response (sent at p50 "
                     f"{percentile(sent, 50):.1f} ms, p99 {percentile(sent, 99):.1f} ms): refused by both in "
                     f"{refused}/{len(trials)} = {refused / len(trials):.3f}"
-                    + (f"; the others refused by a call answered at most {max(late):.1f} ms after" if late else ""),
+                    + (f"; the others refused by a call answered at most {max(late):.1f} ms after" if late else "")
+                    + f"; enabled again -> admitted by both: {_ms([t.enabled_ms / 1000 for t in trials])}",
                     flush=True,
                 )
         if "throughput" not in skip:
@@ -413,5 +419,7 @@ if __name__ == "__main__":
     parser.add_argument("--callers", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--skip", default="", help="comma-separated: toggle,throughput,replication,recovery,overshoot")
+    parser.add_argument("--delays", default="0,2,5,10", help="ms after a toggle's response that the calls leave, comma-separated")
     args = parser.parse_args()
-    asyncio.run(main(args.toggles, args.callers, args.seconds, set(filter(None, args.skip.split(",")))))
+    delays = [float(d) for d in args.delays.split(",")]
+    asyncio.run(main(args.toggles, args.callers, args.seconds, set(filter(None, args.skip.split(","))), delays))
