@@ -58,7 +58,13 @@ def tollgate_up(state: Path, port: int, *up_args: str) -> tuple[dict[str, str], 
     }
     cli = [sys.executable, "-m", "services.runtime.host.cli"]
     up = subprocess.run(
-        [*cli, "up", "--port", str(port), *up_args], env=env, cwd=REPO, capture_output=True, text=True, check=False
+        # an empty demo account: the benchmarks' own tenants make all the load
+        [*cli, "up", "--port", str(port), "--no-demo-data", *up_args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if up.returncode != 0:  # what did start (Postgres, Kafka, ClickHouse, redis) must not outlive the run
         subprocess.run([*cli, "down"], env=env, cwd=REPO, capture_output=True, check=False)

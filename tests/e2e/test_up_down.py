@@ -68,6 +68,10 @@ def test_up_serves_every_dependency_ready_with_a_demo_login_and_down_leaves_no_p
         service = {"Authorization": f"Bearer {printed['demo_service_token']}"}
         assert printed["demo_service_token"].startswith("st-")
         assert httpx.post(f"{base}/api/usage/events", json={"events": []}, headers=service, timeout=10).status_code == 422
+        # the demo account is seeded (services/runtime/host/demo_data.py): a week of usage and the rest
+        seeded = printed["demo_data"]
+        assert seeded["new_usage_events"] == seeded["usage_events"] > 0, seeded
+        assert seeded["paid_order"] and seeded["alert_rule"] and seeded["calls"] > 0 and seeded["refused_calls"] > 0, seeded
         # the analyst's DSNs are printed, and the analyst reads Tollgate's database but cannot write
         analyst = printed["clickhouse_analyst"]
         assert analyst["http"].startswith("http://analyst:")
@@ -83,7 +87,13 @@ def test_up_serves_every_dependency_ready_with_a_demo_login_and_down_leaves_no_p
         # idempotent: a second `up` finds everything running and the demo account there
         again = subprocess.run([*cli, "up", "--port", str(port)], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
         assert again.returncode == 0, again.stdout + again.stderr
-        assert json.loads(again.stdout[again.stdout.index("{") :])["demo_service_token"] == printed["demo_service_token"]
+        printed_again = json.loads(again.stdout[again.stdout.index("{") :])
+        assert printed_again["demo_service_token"] == printed["demo_service_token"]
+        # ... and seeded once: a re-run's events are duplicates, nothing else is made again
+        reseeded = printed_again["demo_data"]
+        # (but for the few of an hour begun in between)
+        assert reseeded["usage_events"] > 0 and reseeded["new_usage_events"] <= 6, reseeded
+        assert not (reseeded["paid_order"] or reseeded["alert_rule"] or reseeded["calls"] or reseeded["refused_calls"]), reseeded
         pids = _pids(state)
         assert len(pids) == 5
         # `serve --workers` defaults to one worker per core, and one process of consumers (one

@@ -2,7 +2,7 @@
 // trend by hour/day/week compared by model, provider or key, per-provider table, activity log;
 // all of it for one API key or all, exportable as CSV, with unpriced usage said as such.
 import { download, get } from "./api.js";
-import { busy, cursorPaged, errorBox, field, h, select } from "./dom.js";
+import { busy, clear, cursorPaged, errorBox, field, h, select } from "./dom.js";
 import { colour, donut, legend, lineChart } from "./charts.js";
 import { browserZone, change, dateTime, dec, money, num, pct } from "./format.js";
 
@@ -200,7 +200,10 @@ function trendSection(state) {
     });
     // Keep colours stable when series are hidden: draw with the index among all series.
     const indexed = all.map((x) => shown.find((y) => y.key === x.key) || { key: x.key, points: [] });
-    chartSlot.replaceChildren(
+    // clear(), not replaceChildren(): the DOM turns a null child into the text "null", which
+    // showed between the two "no usage" lines of an empty range.
+    clear(
+      chartSlot,
       all.length
         ? lineChart(indexed.map((x) => ({ ...x, points: x.points.length ? x.points : [] })), {
             label,

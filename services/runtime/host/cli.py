@@ -230,6 +230,22 @@ def _ensure_demo_account(base_url: str) -> None:
         typer.echo(f"warning: demo account not created ({response.status_code}): {response.text}", err=True)
 
 
+def _seed_demo_data(base_url: str, service_token: str) -> dict[str, int | bool] | None:
+    """Seven days of usage and the rest for the demo account (services/runtime/host/demo_data.py);
+    a warning, not a failed `up`, if the platform refuses some of it."""
+    from services.runtime.host import demo_data
+
+    async def run() -> demo_data.Report:
+        async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+            return await demo_data.seed(http, email=DEMO_EMAIL, password=DEMO_PASSWORD, service_token=service_token)
+
+    try:
+        return asyncio.run(run()).as_dict()
+    except (demo_data.DemoDataError, httpx.HTTPError) as exc:
+        typer.echo(f"warning: demo data not (fully) seeded: {exc}", err=True)
+        return None
+
+
 @service_token_app.command("create")
 def service_token_create(
     name: str,
@@ -315,6 +331,14 @@ def up(
     workers: Annotated[
         int | None, typer.Option(min=1, help="`serve --workers` of the one process (default: the number of cores)")
     ] = None,
+    demo_data: Annotated[
+        bool,
+        typer.Option(
+            "--demo-data/--no-demo-data",
+            help="seed the demo account with seven days of usage, an alert that fired and a paid order "
+            "(idempotent); --no-demo-data leaves it empty (tests, benchmarks)",
+        ),
+    ] = True,
 ) -> None:
     """The local stack plus Tollgate in the background; prints URL and demo login."""
     cfg = _config(kafka_nodes)
@@ -347,6 +371,7 @@ def up(
         _wait_ready(base_url)
     _ensure_demo_account(base_url)
     service_token = _demo_service_token(cfg)
+    seeded = _seed_demo_data(base_url, service_token) if demo_data else None
     shown: dict[str, object] = {
         "base_url": base_url,
         "console": f"{base_url}/console",
@@ -358,6 +383,8 @@ def up(
         "clickhouse_analyst": cfg.analyst_dsns(),
         "clickhouse_play": f"http://127.0.0.1:{cfg.clickhouse_http_port}/play",
     }
+    if seeded is not None:
+        shown["demo_data"] = seeded
     if split:
         shown["docs"] = f"{shape.of('keys')[0].base_url}/docs"  # the ingress routes only the API and the console
         shown["replicas"] = {r.name: r.base_url for r in shape.replicas}

@@ -1,0 +1,142 @@
+"""The usage page in a real browser against a real `tollgate serve`: the demo account seeded as
+`tollgate up` seeds it (services/runtime/host/demo_data.py) shows drawn charts, today and this
+week, and an account without usage shows its empty state; neither page has a literal `null`,
+`undefined` or `NaN` anywhere (the empty trend panel printed `null` between its two "no usage"
+lines). Screenshots go to artifacts/screenshots/."""
+
+import asyncio
+import re
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect
+
+from services.runtime.host import demo_data
+from tests.e2e.test_console import LAPTOP, WAIT_MS, browser, poll, server, shot  # noqa: F401 (fixtures)
+from tests.support.apps import ServeProcess
+
+PASSWORD = "demo-password-123"
+LITERALS = re.compile(r"\b(null|undefined|NaN)\b")
+TEXT_NODES = """() => {
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  const texts = [];
+  while (walker.nextNode()) texts.push(walker.currentNode.nodeValue);
+  return texts;
+}"""
+
+
+def _register(api: httpx.Client, email: str) -> str:
+    made = api.post("/api/auth/register", json={"email": email, "password": PASSWORD, "name": "Demo", "user_type": "individual"})
+    assert made.status_code == 201, made.text
+    return str(made.json()["id"])
+
+
+def _seed(base: str, email: str, token: str) -> demo_data.Report:
+    async def run() -> demo_data.Report:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            return await demo_data.seed(http, email=email, password=PASSWORD, service_token=token)
+
+    with ThreadPoolExecutor(1) as thread:  # the test's own event loop is running: seed beside it
+        return thread.submit(asyncio.run, run()).result()
+
+
+def _sign_in(page: Page, base: str, email: str) -> None:
+    page.goto(f"{base}/console")
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible(timeout=WAIT_MS)
+    page.get_by_label("Email").fill(email)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("API keys", timeout=WAIT_MS)
+
+
+def _no_literals(page: Page, where: str) -> None:
+    """No `null`/`undefined`/`NaN` in any text of the page (hidden text and SVG titles too) nor in
+    the charts' geometry."""
+    # text node by text node: the page's text run together would hide "...range.null" + "No usage..."
+    texts: list[str] = page.evaluate(TEXT_NODES)
+    found = [t for t in texts if LITERALS.search(t)]
+    assert not found, f"{where}: {found} in the page's text"
+    for chart in page.locator("svg").all():
+        markup = chart.evaluate("el => el.outerHTML")
+        assert not LITERALS.search(markup), f"{where}: a chart with {LITERALS.findall(markup)}"
+
+
+def _drawn_trend(page: Page, where: str) -> None:
+    """The trend is a chart with lines that rise above the baseline (not blank, not all zeros)."""
+    lines = page.locator("#main .chart svg.line-chart polyline")
+    expect(lines.first).to_be_visible(timeout=WAIT_MS)
+    heights = {point.split(",")[1] for line in lines.all() for point in (line.get_attribute("points") or "").split()}
+    assert len(heights) > 1, f"{where}: a flat trend {heights}"
+    expect(page.get_by_text("No usage in this range.")).to_have_count(0)
+    expect(page.locator("#usage-overview .donut path, #usage-overview .donut circle").first).to_be_attached()
+
+
+@pytest.mark.integration
+def test_the_seeded_demo_account_shows_drawn_charts_and_an_empty_account_no_null(
+    server: ServeProcess,  # noqa: F811
+    browser: Browser,  # noqa: F811
+    settings,
+) -> None:
+    base = server.base_url
+    api = httpx.Client(base_url=base, timeout=10)
+    made = api.post(
+        "/api/admin/service-tokens",
+        json={"name": "demo platform service", "scopes": ["usage:write"]},
+        headers={"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"},
+    )
+    assert made.status_code == 201, made.text
+    demo = f"demo-{uuid.uuid4().hex[:8]}@tollgate.local"
+    account_id = _register(api, demo)
+    report = _seed(base, demo, made.json()["token"])
+    assert report.new_usage_events > 0, report
+
+    # wait until every event of the seven days is counted, then look
+    planned = demo_data.planned_usage(uuid.UUID(account_id), datetime.now(UTC))
+    start = min(datetime.fromisoformat(e["time"]) for e in planned) - timedelta(hours=1)
+    login = api.post("/api/auth/login", json={"email": demo, "password": PASSWORD}).json()
+    console = {"Authorization": f"Bearer {login['access_token']}"}
+    span = {"range": "custom", "start": start.isoformat(), "end": (datetime.now(UTC) + timedelta(hours=1)).isoformat()}
+
+    def counted() -> bool:
+        overview = api.get("/api/ai/usage/overview", params=span, headers=console).json()
+        return int(overview["calls"]) >= report.usage_events
+
+    poll(counted, "the demo usage in ClickHouse", timeout=60)
+
+    context = browser.new_context(viewport=LAPTOP, base_url=base)
+    page = context.new_page()
+    page_errors: list[str] = []
+    page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+    _sign_in(page, base, demo)
+    page.goto(f"{base}/console/usage")
+    expect(page.get_by_role("heading", level=1)).to_have_text("Usage", timeout=WAIT_MS)
+    expect(page.locator("#trend-as-of")).to_contain_text("Data as of", timeout=WAIT_MS)
+    _drawn_trend(page, "today")
+    expect(page.locator("#provider-table tbody tr")).to_have_count(6, timeout=WAIT_MS)
+    expect(page.locator("#activity-table tbody tr").first).to_be_visible(timeout=WAIT_MS)
+    _no_literals(page, "the demo account's usage today")
+    shot(page, "usage-demo-today")
+
+    page.get_by_text("This week").click()
+    expect(page.locator("select[name=granularity]")).to_have_value("day", timeout=WAIT_MS)
+    expect(page.locator("#trend-as-of")).to_contain_text("Data as of", timeout=WAIT_MS)
+    _drawn_trend(page, "this week")
+    _no_literals(page, "the demo account's usage this week")
+    shot(page, "usage-demo-week")
+
+    # an account without any usage: the empty state, in words only
+    empty = f"empty-{uuid.uuid4().hex[:8]}@example.com"
+    _register(api, empty)
+    page.evaluate("sessionStorage.clear()")
+    _sign_in(page, base, empty)
+    page.goto(f"{base}/console/usage")
+    expect(page.get_by_role("heading", level=1)).to_have_text("Usage", timeout=WAIT_MS)
+    expect(page.locator("#trend-as-of")).to_have_text("No usage recorded in this range yet.", timeout=WAIT_MS)
+    expect(page.get_by_text("No usage in this range.")).to_be_visible()
+    _no_literals(page, "an account without usage")
+    shot(page, "usage-empty")
+    assert page_errors == []
+    context.close()
