@@ -15,13 +15,18 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from aiokafka import AIOKafkaProducer
+from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
+from contracts.topics import USAGE
 from services.runtime.host import stack
-from tests.integration.test_keys_api import PASSWORD
+from tests.integration.test_keys_api import PASSWORD, signup
+from tests.integration.test_usage_rules import usage
 from tests.support.apps import REPO, ServeProcess, free_port, spawned_pids
 from tests.support.metering import wait_until
 from tests.support.monitoring import ALERTS, every_metric
+from tests.support.service_tokens import service_headers
 
 pytestmark = pytest.mark.integration
 ALERT = "TollgateClickHouseUnreachable"
@@ -73,6 +78,59 @@ async def test_a_live_scrape_exposes_every_metric_of_the_rules_and_the_dashboard
         assert alive * 0.66 < values["tollgate_process_resident_memory_bytes"] < alive * 1.5
     finally:
         serve.stop()
+
+
+def value(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_ingest_sink_and_quota_count_what_happens_at_their_stage(app_client, settings):
+    """The counters move where the thing happens: the endpoint's accepted, duplicate and refused
+    events, the sink's and the quota consumer's dead letters by reason, writes and batches."""
+    _, client = app_client
+    account, _console = await signup(client)
+    service = await service_headers(client, settings)
+    metrics = {
+        "accepted": ("tollgate_metering_ingest_events_total", {"outcome": "accepted"}),
+        "duplicate": ("tollgate_metering_ingest_events_total", {"outcome": "duplicate"}),
+        "refused": ("tollgate_metering_ingest_refused_events_total", {"reason": "rules_broken"}),
+        "malformed": ("tollgate_metering_sink_dead_lettered_total", {"topic": "usage.v1", "reason": "malformed"}),
+        "dead_lettered": ("tollgate_dead_lettered_total", {"topic": "usage.v1"}),
+        "inserted": ("tollgate_metering_sink_events_total", {"topic": "usage.v1", "outcome": "inserted"}),
+        "batches": ("tollgate_metering_sink_batch_events_count", {"topic": "usage.v1"}),
+        "inserts": ("tollgate_metering_sink_insert_seconds_count", {"topic": "usage.v1"}),
+        "counted": ("tollgate_quota_events_counted_total", {"topic": "usage.v1"}),
+        "states": ("tollgate_quota_states_published_total", {"blocked": "false"}),
+    }
+    before = {key: value(name, **labels) for key, (name, labels) in metrics.items()}
+
+    def moved() -> dict[str, float]:
+        return {key: value(name, **labels) - before[key] for key, (name, labels) in metrics.items()}
+
+    good = usage(account["id"], 30, input_tokens=10, output_tokens=20)
+    refused = await client.post("/api/usage/events", json={"events": [good, usage(account["id"], -1)]}, headers=service)
+    assert refused.status_code == 422
+    assert (await client.post("/api/usage/events", json={"events": [good]}, headers=service)).status_code == 202
+    assert (await client.post("/api/usage/events", json={"events": [good]}, headers=service)).json()["duplicates"] == 1
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers)
+    await producer.start()
+    try:
+        await producer.send_and_wait(settings.topic(USAGE.name), b"{not json", key=account["id"].encode())
+    finally:
+        await producer.stop()
+
+    expected = {"accepted": 1, "duplicate": 1, "refused": 2, "malformed": 1, "dead_lettered": 2}  # 2: quota's and the sink's
+    expected |= {"inserted": 1, "counted": 1}
+
+    async def settled() -> bool:
+        now = moved()
+        return all(now[key] == count for key, count in expected.items())
+
+    try:
+        await wait_until(settled, timeout=30)
+    except TimeoutError:
+        raise AssertionError(f"moved: {moved()}, expected: {expected}") from None
+    assert moved()["batches"] >= 1 and moved()["inserts"] >= 1 and moved()["states"] >= 1
 
 
 # ---- a real Prometheus, ClickHouse stopped and started --------------------------------------------
