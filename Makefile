@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(BIN)/mypy contracts services clients/python/src examples/ai-gateway/ai_gateway
 	$(BIN)/lint-imports
 
-test-prereqs:  ## what only the tests use: Debian chromium (the console's browser tests; Playwright's driver comes with the pip package) and caddy (the ingress snippets)
+test-prereqs:  ## what only the tests use: Debian chromium (the console's browser tests; Playwright's driver comes with the pip package), caddy (the ingress snippets) and prometheus (promtool and the alert rules' tests)
 	./deploy/local/prereqs.sh --test
 
 test: $(STAMP) test-prereqs lint  ## lint, type-check, and the suite on real Kafka, Postgres, ClickHouse and redis

@@ -12,9 +12,10 @@ command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || missing+=(nginx)
 command -v python3.11 >/dev/null || command -v python3 >/dev/null || missing+=(python3)
 for option in "$@"; do
   case "$option" in
-    --test)  # the console's browser tests (chromium) and the Caddy ingress snippet (caddy)
+    --test)  # the console's browser tests (chromium), the Caddy ingress snippet (caddy), the alert rules (prometheus: promtool, and a real Prometheus)
       command -v chromium >/dev/null || missing+=(chromium)
-      command -v caddy >/dev/null || missing+=(caddy) ;;
+      command -v caddy >/dev/null || missing+=(caddy)
+      command -v promtool >/dev/null || missing+=(prometheus) ;;
     --bench) command -v wrk >/dev/null || missing+=(wrk) ;;  # bench/http.py: a real HTTP load generator
   esac
 done

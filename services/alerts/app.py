@@ -38,7 +38,7 @@ def build(runtime: Runtime) -> Component:
         runtime.clock,
         settings.tz,
         check_target=partial(webhook.creation_refusal, allow_private=settings.webhook_allow_private_targets),
-        deliver=dispatcher.submit,
+        deliver=dispatcher.fire,
     )
 
     # Keys that grow older than 90 days while nothing about them changes get their reminder here.

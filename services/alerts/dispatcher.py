@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
+from prometheus_client import Counter
 from psycopg_pool import AsyncConnectionPool
 from tenacity import (
     AsyncRetrying,
@@ -38,6 +39,28 @@ from services.alerts import domain, store, webhook
 from services.alerts.channels import ChannelSender, DeliveryError, PermanentDeliveryError
 
 log = logging.getLogger(__name__)
+
+FIRED = Counter(
+    "tollgate_alerts_fired_total",
+    "Deliveries recorded when alert rules fired (a threshold crossed, or a rule created above it), "
+    "one per rule and channel (unit: deliveries)",
+)
+NOTIFICATIONS = Counter(
+    "tollgate_alerts_notifications_total",
+    "Alert deliveries finished, by channel and outcome: sent, or failed for good (unit: notifications)",
+    ["channel", "outcome"],
+)
+WEBHOOK_ATTEMPTS = Counter(
+    "tollgate_alerts_webhook_attempts_total",
+    "Webhook delivery attempts, by outcome: delivered, retry_scheduled (failed, tried again later) "
+    "or gave_up (failed after the retry window) (unit: attempts)",
+    ["outcome"],
+)
+for _channel in Channel:  # on /metrics at 0 from the start
+    for _outcome in ("sent", "failed"):
+        NOTIFICATIONS.labels(_channel.value, _outcome)
+for _outcome in ("delivered", "retry_scheduled", "gave_up"):
+    WEBHOOK_ATTEMPTS.labels(_outcome)
 
 
 @dataclass(frozen=True)
@@ -86,6 +109,12 @@ class Dispatcher:
         for task in [*self._tasks, *self._timers]:
             task.cancel()  # the open transaction rolls back: the delivery stays pending
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    def fire(self, delivery_ids: Iterable[UUID]) -> None:
+        """The deliveries a firing just recorded: counted, then sent."""
+        ids = list(delivery_ids)
+        FIRED.inc(len(ids))
+        self.submit(ids)
 
     def submit(self, delivery_ids: Iterable[UUID]) -> None:
         for delivery_id in delivery_ids:
@@ -143,6 +172,8 @@ class Dispatcher:
                     await store.finish_delivery(conn, delivery_id, status, attempts, error)
             if due is not None:
                 self._wake_at(delivery_id, due)
+            if status is not DeliveryStatus.PENDING:
+                NOTIFICATIONS.labels(pending.channel.value, status.value).inc()
             if status is DeliveryStatus.FAILED:
                 log.warning("alert delivery %s (%s) failed for good: %s", delivery_id, pending.channel.value, error)
         except asyncio.CancelledError:
@@ -178,15 +209,18 @@ class Dispatcher:
         if result.error is None:
             await store.record_attempts(conn, pending.id, [store.Attempt(number, now, result.status_code)])
             await store.finish_delivery(conn, pending.id, DeliveryStatus.SENT, 1, None)
+            WEBHOOK_ATTEMPTS.labels("delivered").inc()
             return DeliveryStatus.SENT, None, None
         backoff = self._webhook_backoff
         due = datetime.now(UTC) + timedelta(seconds=backoff.delay(number, random.random()))
         if pending.webhook_secret is None or due > pending.created_at + timedelta(seconds=backoff.window_seconds):
             await store.record_attempts(conn, pending.id, [store.Attempt(number, now, result.status_code, result.error)])
             await store.finish_delivery(conn, pending.id, DeliveryStatus.FAILED, 1, result.error)
+            WEBHOOK_ATTEMPTS.labels("gave_up").inc()
             return DeliveryStatus.FAILED, result.error, None
         await store.record_attempts(conn, pending.id, [store.Attempt(number, now, result.status_code, result.error, due)])
         await store.postpone_delivery(conn, pending.id, result.error, due)
+        WEBHOOK_ATTEMPTS.labels("retry_scheduled").inc()
         return DeliveryStatus.PENDING, result.error, due
 
     async def _send(self, conn: store.Conn, pending: store.PendingDelivery) -> tuple[DeliveryStatus, int, str | None]:

@@ -31,7 +31,7 @@ from services.edge.quota_gate import CallsView
 
 ADMISSION_STORE_ERRORS = Counter(
     "tollgate_edge_admission_store_errors_total",
-    "Shared api_calls admissions that failed in Redis (judged by this process's own count, or not given back)",
+    "Shared api_calls admissions that failed in Redis: judged by this process's own count, or not given back (unit: admissions)",
 )
 
 # admit(key, argv, at): argv[at .. at + 5] = has a state (1/0), its watermark (us), used,

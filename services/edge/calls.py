@@ -40,13 +40,19 @@ from services.runtime.platform.settings import Settings
 
 log = logging.getLogger(__name__)
 
-DROPPED = Counter("tollgate_edge_call_events_dropped_total", "calls.v1 events dropped, by reason", ["reason"])
+DROPPED = Counter("tollgate_edge_call_events_dropped_total", "calls.v1 events dropped, by reason (unit: events)", ["reason"])
 for _reason in ("refused_fold_full", "shutdown"):  # on /metrics at 0 from the start, so an alert can watch them
     DROPPED.labels(_reason)
-SENT = Counter("tollgate_edge_call_events_sent_total", "calls.v1 events acknowledged by Kafka")
-RETRIED = Counter("tollgate_edge_call_events_retried_total", "calls.v1 events Kafka did not acknowledge, sent again")
-OVERLOADED = Counter("tollgate_edge_overloaded_total", "API-key calls refused with 503 overloaded: the admitted lane was full")
-FOLDED = Counter("tollgate_edge_refused_calls_folded_total", "refused calls folded into one event per key, code and second")
+SENT = Counter("tollgate_edge_call_events_sent_total", "calls.v1 events acknowledged by Kafka (unit: events)")
+RETRIED = Counter(
+    "tollgate_edge_call_events_retried_total", "calls.v1 events Kafka did not acknowledge, sent again (unit: events)"
+)
+OVERLOADED = Counter(
+    "tollgate_edge_overloaded_total", "API-key calls refused with 503 overloaded: the admitted lane was full (unit: calls)"
+)
+FOLDED = Counter(
+    "tollgate_edge_refused_calls_folded_total", "Refused calls folded into one event per key, code and second (unit: calls)"
+)
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 

@@ -16,7 +16,7 @@ from services.runtime.platform.logs import current_request_id
 
 HTTP_LATENCY = Histogram(
     "tollgate_http_request_seconds",
-    "HTTP request latency by route",
+    "HTTP request latency by method, route template and status (unit: seconds)",
     ["method", "route", "status"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
 )

@@ -24,13 +24,16 @@ from services.edge.admissions import ADMISSION_STORE_ERRORS, ADMIT_FN, RELEASE, 
 from services.edge.quota_gate import CallsView
 from services.edge.rate_limit import WINDOW_S, Decision, Limits, Slot, evaluate, refusal_lasts
 from services.runtime.platform.logs import Throttled
+from services.runtime.platform.metrics import DEPENDENCY_ERRORS
 
 log = logging.getLogger(__name__)
 
-STORE_ERRORS = Counter("tollgate_edge_rate_limit_store_errors_total", "Rate-limit store failures (the call was let through)")
+STORE_ERRORS = Counter(
+    "tollgate_edge_rate_limit_store_errors_total", "Rate-limit store (Redis) failures: the call was let through (unit: calls)"
+)
 REVOCATION_STORE_ERRORS = Counter(
     "tollgate_edge_revocation_store_errors_total",
-    "Key revocations that could not be shared in Redis (keys.v1 carried them alone)",
+    "Key revocations that could not be shared in Redis: keys.v1 carried them alone (unit: revocations)",
 )
 # A revoked key's entry outlives any replica's lag behind keys.v1 but a partition of a week.
 REVOCATION_TTL_S = 7 * 24 * 3600
@@ -328,6 +331,7 @@ class RedisStore:
             result = await self._script(keys=keys, args=args)
         except Exception:  # a limiter outage must not take the API down: let the call through
             STORE_ERRORS.inc()
+            DEPENDENCY_ERRORS.labels("redis").inc()
             self._outage_log.warning("rate-limit store failed; allowing calls (see the store errors metric)", exc_info=True)
             return Decision(True, limits.per_minute, limits.per_minute, 0, 0), None
         if result[0] == -1:

@@ -13,14 +13,16 @@ from fastapi.responses import Response
 
 from contracts.errors import ErrorCode
 from services.edge.errors import error_response
+from services.runtime.platform.metrics import DEPENDENCY_ERRORS
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = "2"
 
 
 def install_unavailable_handlers(app: FastAPI) -> None:
-    async def _down(request: Request, exc: Exception, dependency: str) -> Response:
+    async def _down(request: Request, exc: Exception, dependency: str, metric: str) -> Response:
         log.warning("%s unavailable: %s", dependency, exc)
+        DEPENDENCY_ERRORS.labels(metric).inc()
         return error_response(
             request,
             503,
@@ -31,10 +33,10 @@ def install_unavailable_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(psycopg.OperationalError)  # includes psycopg_pool.PoolTimeout
     async def _postgres(request: Request, exc: psycopg.OperationalError) -> Response:
-        return await _down(request, exc, "database")
+        return await _down(request, exc, "database", "postgres")
 
     # Any Kafka error on the request path (timeout, lost connection, a producer fenced or out of
     # sequence after a broker restart) means the log did not take the write: retryable.
     @app.exception_handler(KafkaError)
     async def _kafka(request: Request, exc: KafkaError) -> Response:
-        return await _down(request, exc, "event log")
+        return await _down(request, exc, "event log", "kafka")

@@ -8,16 +8,34 @@ from datetime import datetime
 from typing import Annotated, Literal
 from uuid import UUID
 
+import psycopg
+from aiokafka.errors import KafkaError
 from fastapi import APIRouter, Depends, Query, Request, Response
+from prometheus_client import Counter
 
 from contracts.common import Permission, ServiceScope
 from contracts.metering_api import ActivityLog, ByProvider, IngestRequest, IngestResponse, Overview, Trend
 from services.edge import Principal, Runtime, ServicePrincipal
 from services.metering import csv_export
 from services.metering.analytics import Analytics, Ask, TrendShape
-from services.metering.domain import Granularity, GroupBy, RangeName
+from services.metering.domain import Granularity, GroupBy, RangeName, UsageRulesBroken
 from services.metering.ingest import Ingest
 from services.metering.store import ActivityFilter
+
+INGESTED = Counter(
+    "tollgate_metering_ingest_events_total",
+    "Usage events POST /api/usage/events took, by outcome: accepted (published) or duplicate (unit: events)",
+    ["outcome"],
+)
+INGEST_REFUSED = Counter(
+    "tollgate_metering_ingest_refused_events_total",
+    "Usage events POST /api/usage/events refused, by reason: rules_broken (422) or unavailable (503) (unit: events)",
+    ["reason"],
+)
+for _outcome in ("accepted", "duplicate"):  # on /metrics at 0 from the start
+    INGESTED.labels(_outcome)
+for _reason in ("rules_broken", "unavailable"):
+    INGEST_REFUSED.labels(_reason)
 
 RANGE_DOC = (
     "Ranges: `today`, `week` (ISO week, Monday first) and `month` are the whole calendar period containing now in `tz` "
@@ -77,7 +95,17 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
         ),
     )
     async def ingest(body: IngestRequest, _service: Annotated[ServicePrincipal, Depends(usage_writer)]) -> IngestResponse:
-        return await ingestion.accept(body.events)
+        try:
+            result = await ingestion.accept(body.events)
+        except UsageRulesBroken:
+            INGEST_REFUSED.labels("rules_broken").inc(len(body.events))
+            raise
+        except (KafkaError, psycopg.OperationalError):
+            INGEST_REFUSED.labels("unavailable").inc(len(body.events))
+            raise
+        INGESTED.labels("accepted").inc(result.accepted)
+        INGESTED.labels("duplicate").inc(result.duplicates)
+        return result
 
     # ---- analytics ---------------------------------------------------------------------------
     @router.get("/api/ai/usage/overview", response_model=Overview, description=RANGE_DOC + CALLS_ARE_NOT_API_CALLS)

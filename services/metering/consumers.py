@@ -19,10 +19,11 @@ never reads: measurably slower (BENCHMARKS.md, metering round 4).
 
 import asyncio
 import logging
+import time
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 from contracts.events import CallEvent, UsageEvent
 from contracts.topics import CALLS, USAGE, Topic
@@ -30,8 +31,10 @@ from services.edge import Runtime
 from services.metering.ingest import SinkWrite, call_rules, usage_rules
 from services.metering.pipeline import RETRY_DELAY_S, DrainOnRevoke, Records, WritePipeline
 from services.metering.store import MeteringStore
+from services.metering.validation import DEAD_LETTER_REASONS
 from services.runtime.platform.deadletter import send_to_dead_letter
 from services.runtime.platform.kafka import IDLE_WAKE_MS, adapt_started
+from services.runtime.platform.metrics import DEPENDENCY_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +48,34 @@ FETCH_MIN_BYTES = 1024 * 1024
 FETCH_WAIT_MS = 250
 IDLE_WAIT_MS = 2000  # how long `getmany` waits when nothing arrives; records end the wait at once
 
-SINK_EVENTS = Counter("tollgate_metering_sink_events_total", "Events handled by the metering sink", ["topic", "outcome"])
+SINK_EVENTS = Counter(
+    "tollgate_metering_sink_events_total",
+    "Events handled by the metering sink, by topic and outcome (unit: events)",
+    ["topic", "outcome"],
+)
 SINK_OUTCOMES = ("inserted", "duplicate", "dead_lettered", "lost")
+SINK_DEAD_LETTERED = Counter(
+    "tollgate_metering_sink_dead_lettered_total",
+    "Events the metering sink sent to the dead-letter topic, by topic and reason (unit: events)",
+    ["topic", "reason"],
+)
+SINK_BATCH = Histogram(
+    "tollgate_metering_sink_batch_events",
+    "Events in each batch the metering sink wrote to ClickHouse, by topic (unit: events)",
+    ["topic"],
+    buckets=(1, 10, 100, 1_000, 5_000, 10_000, 25_000, 50_000, 100_000),
+)
+SINK_INSERT = Histogram(
+    "tollgate_metering_sink_insert_seconds",
+    "Duration of each batch's write to ClickHouse (deduplication and INSERT), by topic (unit: seconds)",
+    ["topic"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+SINK_WRITE_FAILURES = Counter(
+    "tollgate_metering_sink_write_failures_total",
+    "Batches whose write to ClickHouse failed and is retried, by topic (unit: batches)",
+    ["topic"],
+)
 
 
 class TopicSink:
@@ -171,15 +200,29 @@ class Sink:
         name = use_case.topic.name
         for outcome in SINK_OUTCOMES:  # on /metrics at 0 from the start, so an alert can watch `lost`
             SINK_EVENTS.labels(name, outcome)
+        for reason in DEAD_LETTER_REASONS:
+            SINK_DEAD_LETTERED.labels(name, reason)
+        SINK_WRITE_FAILURES.labels(name)
+        batch_size, insert_seconds = SINK_BATCH.labels(name), SINK_INSERT.labels(name)
 
         async def prepare(records: Records) -> list[bytes]:
             prepared = await use_case.prepare(records)
             if prepared.dead_lettered:
                 SINK_EVENTS.labels(name, "dead_lettered").inc(prepared.dead_lettered)
+                for reason, count in prepared.reasons.items():
+                    SINK_DEAD_LETTERED.labels(name, reason).inc(count)
             return prepared.lines
 
         async def write(lines: list[bytes]) -> None:
-            result = await use_case.write(lines)
+            started = time.perf_counter()
+            try:
+                result = await use_case.write(lines)
+            except Exception:
+                SINK_WRITE_FAILURES.labels(name).inc()
+                DEPENDENCY_ERRORS.labels("clickhouse").inc()
+                raise
+            insert_seconds.observe(time.perf_counter() - started)
+            batch_size.observe(len(lines))
             SINK_EVENTS.labels(name, "inserted").inc(result.inserted)
             SINK_EVENTS.labels(name, "duplicate").inc(result.duplicates)
 

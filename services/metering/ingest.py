@@ -98,6 +98,7 @@ def canonical(model: type[Event]) -> Canonical:
 class Prepared:
     lines: list[bytes]  # the JSON documents to write
     dead_lettered: int
+    reasons: dict[str, int]  # the dead-lettered, by reason (validation.DEAD_LETTER_REASONS)
 
 
 class SinkWrite:
@@ -123,7 +124,7 @@ class SinkWrite:
             await asyncio.gather(
                 *(self.dead_letter(self.topic, values[i], error, records[i].key) for i, error in verdict.rejected)
             )
-        return Prepared(verdict.lines(values), len(verdict.rejected))
+        return Prepared(verdict.lines(values), len(verdict.rejected), verdict.reasons)
 
     async def write(self, lines: list[bytes]) -> InsertResult:
         return await self.insert(lines, self.canonical)

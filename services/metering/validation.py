@@ -11,6 +11,10 @@ from pydantic import ValidationError
 
 from contracts.events import MISSING_ID, Event, has_id
 
+# Why a message is dead-lettered (the `reason` label of tollgate_metering_sink_dead_lettered_total).
+MALFORMED, MISSING_ID_REASON, RULES_BROKEN = "malformed", "missing_id", "rules_broken"
+DEAD_LETTER_REASONS = (MALFORMED, MISSING_ID_REASON, RULES_BROKEN)
+
 # A contract's rules beyond the schema, for the message at an index (its record's timestamp is
 # the reference): the reasons it breaks them, joined, or None.
 Rules = Callable[[int, Event], str | None]
@@ -20,6 +24,11 @@ Rules = Callable[[int, Event], str | None]
 class Verdict:
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (index, error) of the malformed
     rewritten: list[tuple[int, bytes]] = field(default_factory=list)  # (index, strict form) of the lenient
+    reasons: dict[str, int] = field(default_factory=dict)  # how many were refused, by reason
+
+    def refuse(self, index: int, reason: str, error: str) -> None:
+        self.rejected.append((index, error))
+        self.reasons[reason] = self.reasons.get(reason, 0) + 1
 
     def lines(self, values: Sequence[bytes]) -> list[bytes]:
         """The JSON documents to write: `values` without the refused, the lenient rewritten."""
@@ -49,15 +58,15 @@ def judge(model: type[Event], values: Sequence[bytes], rules: Rules | None = Non
             try:
                 event = model.model_validate_json(value)
             except ValidationError as exc:
-                verdict.rejected.append((i, str(exc)))
+                verdict.refuse(i, MALFORMED, str(exc))
                 continue
             lenient = True
         if not has_id(event):
-            verdict.rejected.append((i, MISSING_ID))
+            verdict.refuse(i, MISSING_ID_REASON, MISSING_ID)
             continue
         broken = rules(i, event) if rules is not None else None
         if broken:
-            verdict.rejected.append((i, broken))
+            verdict.refuse(i, RULES_BROKEN, broken)
         elif lenient:
             verdict.rewritten.append((i, event.model_dump_json().encode()))
     return verdict

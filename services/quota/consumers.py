@@ -8,6 +8,7 @@ batch is consumed again; the processed-ids table makes the replay harmless.
 """
 
 from faststream.kafka import KafkaBroker, KafkaRouter
+from prometheus_client import Counter
 
 from contracts.events import BILLING_EVENTS, BillingEvent, CallEvent, PackagePurchased, PlanChanged, UsageEvent
 from contracts.topics import BILLING, CALLS, USAGE
@@ -15,6 +16,14 @@ from contracts.usage_rules import time_violations_at, violations_at
 from services.quota.service import QuotaService
 from services.runtime.platform.settings import Settings
 from services.runtime.platform.subscribe import Reading, Subscriber
+
+COUNTED = Counter(
+    "tollgate_quota_events_counted_total",
+    "usage.v1 and calls.v1 events the quota consumer counted (a replayed batch counts again), by topic (unit: events)",
+    ["topic"],
+)
+for _topic in (USAGE, CALLS):  # on /metrics at 0 from the start
+    COUNTED.labels(_topic.name)
 
 
 def _usage_rules(event: UsageEvent, timestamp_ms: int) -> list[str]:
@@ -35,10 +44,16 @@ def build_router(service: QuotaService, broker: KafkaBroker, settings: Settings)
             await service.apply_package(event)
         # user_type_changed: nothing to count
 
+    async def count(events: list[UsageEvent | CallEvent]) -> None:
+        await service.count(events)
+        calls = sum(1 for event in events if isinstance(event, CallEvent))
+        COUNTED.labels(CALLS.name).inc(calls)
+        COUNTED.labels(USAGE.name).inc(len(events) - calls)
+
     subscribe.batches(
         {USAGE: Reading(UsageEvent, _usage_rules), CALLS: Reading(CallEvent, _call_rules)},
         group="quota.usage",  # a group per subscriber: no rebalancing each other
-        handle=service.count,
+        handle=count,
         max_records=1000,
     )
     subscribe.each(BILLING, Reading(BILLING_EVENTS), group="quota.billing", handle=on_billing)

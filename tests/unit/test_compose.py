@@ -47,3 +47,25 @@ def test_the_ingress_routes_only_to_services_that_exist():
 def test_the_image_entrypoint_is_the_tollgate_command():
     dockerfile = (REPO / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["tollgate", "serve"' in dockerfile
+
+
+def test_the_monitoring_profile_provisions_the_rules_and_the_dashboard():
+    compose = _compose()["services"]
+    prometheus, grafana = compose["prometheus"], compose["grafana"]
+    assert prometheus["profiles"] == ["monitoring"] and grafana["profiles"] == ["monitoring"]
+    mounts = {volume.split(":")[0]: volume.split(":")[1] for volume in prometheus["volumes"] + grafana["volumes"]}
+    config = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    assert config["rule_files"] == [mounts["./deploy/prometheus/alerts.yml"]]
+    assert mounts["./deploy/prometheus/prometheus.yml"] == "/etc/prometheus/prometheus.yml"
+    (job,) = config["scrape_configs"]
+    assert set(job["static_configs"][0]["targets"]) == {f"{name}:8080" for name in SERVICES}  # every service's /metrics
+    assert job["job_name"] == "tollgate"  # what TollgateDown watches
+    provisioning = REPO / "deploy" / "grafana" / "provisioning"
+    assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "tollgate.yml").read_text())["providers"]
+    assert mounts["./deploy/grafana/tollgate.json"] == f"{provider['options']['path']}/tollgate.json"
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    assert source["url"] == "http://prometheus:9090"
+    dashboard = json.loads((REPO / "deploy" / "grafana" / "tollgate.json").read_text())
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == source["uid"]

@@ -107,3 +107,18 @@ def test_a_batch_commits_the_offset_after_the_last_record_of_each_partition():
     batch = Batch.of(fetched)  # type: ignore[arg-type]
     assert {tp.partition: o for tp, o in batch.first.items()} == {0: 5, 1: 7, 2: 40}
     assert {tp.partition: o for tp, o in batch.next.items()} == {0: 10, 1: 9, 2: 41}
+
+
+def test_the_dead_lettered_are_counted_by_reason():
+    no_id = json.loads(event(1).model_dump_json())
+    del no_id["id"]
+    values = [
+        b"{not json",
+        json.dumps(no_id).encode(),
+        event(2).model_dump_json().encode(),
+        b"[]",
+        event(3).model_dump_json().encode(),
+    ]
+    verdict = judge(UsageEvent, values, lambda i, _event: "too old" if i == 4 else None)
+    assert verdict.reasons == {"malformed": 2, "missing_id": 1, "rules_broken": 1}
+    assert [i for i, _ in verdict.rejected] == [0, 1, 3, 4]

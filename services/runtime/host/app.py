@@ -3,6 +3,7 @@
 import asyncio
 import gc
 import importlib
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -19,14 +20,18 @@ from services.edge.openapi_security import install as install_openapi_security
 from services.edge.screen import RefusalScreen
 from services.edge.unavailable import install_unavailable_handlers
 from services.edge.verify_api import build_router as verify_router
-from services.runtime.host.health import health_router, platform_checks
+from services.runtime.host.health import DependencyProbe, health_router, platform_checks
 from services.runtime.host.routing import remember_routes
 from services.runtime.platform import postgres
 from services.runtime.platform.consumer_lag import ConsumerLag
 from services.runtime.platform.kafka import ensure_topics, make_broker, start_subscribers
+from services.runtime.platform.metrics import ProcessStats
+from services.runtime.platform.periodic import Periodic
 from services.runtime.platform.settings import Settings, get_settings
 
+log = logging.getLogger(__name__)
 SERVICES: tuple[str, ...] = ("keys", "billing", "quota", "metering", "alerts", "geo")
+METRICS_INTERVAL_S = 5.0  # how often a process refreshes its CPU and memory, and probes its dependencies
 
 
 def expand_targets(targets: Sequence[str]) -> list[str]:
@@ -56,9 +61,15 @@ def create_app(
     edge = Edge(settings)
     runtime = Runtime(settings=settings, broker=broker, pool=pool, edge=edge, overrides=overrides or Overrides())
     components: list[Component] = [importlib.import_module(f"services.{n}.app").build(runtime) for n in names]
+    checks = platform_checks(broker, pool, edge)
+    for component in components:
+        checks.update(component.checks)
+    stats = ProcessStats()
+    process_stats = Periodic("process-stats", METRICS_INTERVAL_S, stats.refresh_async, what="reading CPU and memory", log=log)
     loops = [loop for component in components for loop in component.consumers] if consumers else []
     if consumers:
         loops.append(ConsumerLag(settings))  # where the consumers run, how far behind their groups are
+        loops.append(DependencyProbe(checks, METRICS_INTERVAL_S))  # and which dependencies answer
     for component in components:
         if consumers and component.subscribers is not None:
             broker.include_router(component.subscribers)
@@ -77,6 +88,8 @@ def create_app(
                 await hook()
         for loop in loops:
             await loop.start()
+        stats.refresh()
+        await process_stats.start()
         await start_subscribers(broker)
         # Everything built so far lives as long as the process: keep it out of the collector's
         # full passes, whose pauses showed in the analytics queries' tail (BENCHMARKS.md, "metering").
@@ -84,6 +97,7 @@ def create_app(
         try:
             yield
         finally:
+            await process_stats.stop()
             for loop in loops:
                 await loop.close()
             await broker.stop()
@@ -112,9 +126,6 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(RequestMiddleware)  # outermost: every response, even a 413, has an id
 
-    checks = platform_checks(broker, pool, edge)
-    for component in components:
-        checks.update(component.checks)
     app.include_router(health_router(checks))
     for component in components:
         if component.router is not None:

@@ -13,6 +13,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from services.edge.component import Check
 from services.edge.edge import Edge
+from services.runtime.platform.metrics import DEPENDENCIES, DEPENDENCY_UP
+from services.runtime.platform.periodic import Periodic
 
 log = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 2.0
@@ -41,6 +43,28 @@ def platform_checks(broker: KafkaBroker, pool: AsyncConnectionPool, edge: Edge) 
         return edge.is_ready()
 
     return {"kafka": kafka, "postgres": postgres, "edge": edge_ready}
+
+
+class DependencyProbe:
+    """Runs the readiness checks of the dependencies every `interval_s` and sets
+    `tollgate_dependency_up`: an alert sees a dependency down even when no request needs it."""
+
+    def __init__(self, checks: Mapping[str, Check], interval_s: float) -> None:
+        self._checks = {name: check for name, check in checks.items() if name in DEPENDENCIES}
+        self._periodic = Periodic("dependency-probe", interval_s, self.probe, what="probing dependencies", log=log)
+
+    async def start(self) -> None:
+        await self.probe()
+        await self._periodic.start()
+
+    async def close(self) -> None:
+        await self._periodic.stop()
+
+    async def probe(self) -> None:
+        names = list(self._checks)
+        results = await asyncio.gather(*(_run(self._checks[n]) for n in names))
+        for name, ok in zip(names, results, strict=True):
+            DEPENDENCY_UP.labels(name).set(1 if ok else 0)
 
 
 def health_router(checks: Mapping[str, Check]) -> APIRouter:

@@ -24,6 +24,7 @@ dies, not yet accepted, are reset with it (Linux hands them to the other listene
 import asyncio
 import logging
 import multiprocessing
+import os
 import signal
 import socket
 import sys
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from prometheus_client import multiprocess
 from starlette.applications import Starlette
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,12 @@ CONSUMERS_NICENESS = 10
 
 
 Job = tuple[Callable[..., None], tuple[Any, ...]]  # a process's function and its arguments
+
+
+def forget_live_metrics(pid: int | None) -> None:
+    """A dead worker's live gauges (its memory) leave /metrics; its counters stay in the sums."""
+    if pid is not None and "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
 
 
 def supervise(jobs: list[Job]) -> int:
@@ -70,6 +78,7 @@ def supervise(jobs: list[Job]) -> int:
                 stop.set()
                 break
             log.warning("worker %s ended (exit code %s); starting another", process.pid, process.exitcode)
+            forget_live_metrics(process.pid)
             processes[index] = start(jobs[index])
     for process in processes:
         if process.is_alive():

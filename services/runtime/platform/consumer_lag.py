@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 LAG = Gauge(
     "tollgate_kafka_consumer_lag",
-    "Records a consumer group has not committed yet: log end offset - committed offset, per partition",
+    "Records a consumer group has not committed yet: log end offset - committed offset, per partition (unit: records)",
     ["group", "topic", "partition"],
     multiprocess_mode="mostrecent",  # one process reads it for the whole cluster (serve's consumers' process)
 )

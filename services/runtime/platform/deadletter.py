@@ -10,14 +10,23 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from faststream.kafka import KafkaBroker
+from prometheus_client import Counter
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from contracts.events import MISSING_ID, Event, has_id
-from contracts.topics import Topic, dead_letter
+from contracts.topics import ALL_TOPICS, Topic, dead_letter
 from services.runtime.platform.settings import Settings
 
 log = logging.getLogger(__name__)
 M = TypeVar("M")
+
+DEAD_LETTERED = Counter(
+    "tollgate_dead_lettered_total",
+    "Messages any consumer sent to a dead-letter topic, by the topic they came from (unit: messages)",
+    ["topic"],
+)
+for _topic in ALL_TOPICS:  # on /metrics at 0 from the start, so an alert can watch them
+    DEAD_LETTERED.labels(_topic.name)
 
 
 async def send_to_dead_letter(
@@ -29,6 +38,7 @@ async def send_to_dead_letter(
         key=key,
         headers={"x-error": error[:1000], "x-original-topic": settings.topic(topic.name)},
     )
+    DEAD_LETTERED.labels(topic.name).inc()
     log.warning("dead-lettered a message from %s: %s", topic.name, error[:200])
 
 

@@ -23,6 +23,7 @@ import logging
 from typing import Any, cast
 
 from aiokafka import AIOKafkaProducer
+from prometheus_client import Gauge
 from psycopg import AsyncConnection, sql
 from psycopg.generators import notifies
 from psycopg.rows import DictRow
@@ -30,6 +31,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from contracts.topics import Topic
 from services.runtime.platform.kafka import PRODUCER_CONFIG, STALE_PRODUCER_ERRORS, retire
+from services.runtime.platform.periodic import Periodic
 from services.runtime.platform.pruner import Pruner
 from services.runtime.platform.settings import Settings
 
@@ -37,6 +39,21 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 0.5  # after a failed pass (Kafka or Postgres away)
 LISTEN_CHECK_S = 3600.0  # the listener's timer while no notification comes (psycopg's: 0.1 s)
+BACKLOG_INTERVAL_S = 15.0  # how often the relay reads its backlog for /metrics
+
+# Every replica's relay reads the same table: the most recent reading is the truth.
+BACKLOG_ROWS = Gauge(
+    "tollgate_outbox_unsent_rows",
+    "Rows of a service's outbox not yet published to Kafka, by service (unit: rows)",
+    ["service"],
+    multiprocess_mode="mostrecent",
+)
+BACKLOG_AGE = Gauge(
+    "tollgate_outbox_oldest_unsent_age_seconds",
+    "Age of the oldest row of a service's outbox not yet published to Kafka, 0 when none, by service (unit: seconds)",
+    ["service"],
+    multiprocess_mode="mostrecent",
+)
 
 
 def _bytes(value: bytes | memoryview | None) -> bytes | None:
@@ -57,6 +74,7 @@ class OutboxRelay:
         self._settings = settings
         self._table = sql.Identifier(schema, "outbox")
         self._lock_name = f"{schema}.outbox"
+        self._schema = schema
         self._channel = f"{schema}_outbox"
         self._interval = interval_s
         self._batch = batch
@@ -74,6 +92,23 @@ class OutboxRelay:
             keep_s=settings.outbox_retention_seconds,
             interval_s=settings.prune_interval_seconds,
         )
+        self._backlog = Periodic(
+            f"relay-backlog:{schema}", BACKLOG_INTERVAL_S, self.export_backlog, what=f"reading {schema}'s outbox backlog", log=log
+        )
+
+    async def export_backlog(self) -> None:
+        """Set the backlog gauges: unsent rows and the oldest one's age (the unsent rows' index)."""
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                sql.SQL(
+                    "SELECT count(*) AS rows, coalesce(extract(epoch FROM now() - min(created_at)), 0) AS age "
+                    "FROM {} WHERE sent_at IS NULL"
+                ).format(self._table)
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        BACKLOG_ROWS.labels(self._schema).set(row["rows"])
+        BACKLOG_AGE.labels(self._schema).set(max(0.0, float(row["age"])))
 
     # ---- writing, inside the caller's transaction --------------------------------------------
     async def add(self, conn: AsyncConnection[Any], topic: Topic, key: bytes, value: bytes | None) -> int:
@@ -103,8 +138,14 @@ class OutboxRelay:
             asyncio.create_task(self._listen(), name=f"relay-listen:{self._lock_name}"),
         ]
         await self._pruner.start()
+        try:
+            await self.export_backlog()  # on /metrics from the start
+        except Exception:
+            log.warning("reading %s's outbox backlog failed; trying again later", self._schema, exc_info=True)
+        await self._backlog.start()
 
     async def stop(self) -> None:
+        await self._backlog.stop()
         await self._pruner.stop()
         for task in self._tasks:
             task.cancel()

@@ -26,7 +26,7 @@ from services.runtime.platform.postgres import try_xact_lock
 
 log = logging.getLogger(__name__)
 
-PRUNED_ROWS = Counter("tollgate_pruned_rows_total", "Rows deleted by a table's retention", ["table"])
+PRUNED_ROWS = Counter("tollgate_pruned_rows_total", "Rows deleted by a table's retention, by table (unit: rows)", ["table"])
 
 
 class Pruner:
