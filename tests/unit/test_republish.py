@@ -18,6 +18,7 @@ from services.billing.service import BillingService
 from services.edge.projections import KeyProjection
 from services.keys.service import REPUBLISHED_TOPICS, KeysService
 from services.quota.service import QuotaService
+from services.runtime.platform.state_guard import short_topics
 from tests.unit.fakes import (
     ACTOR,
     FakeAccounts,
@@ -218,7 +219,14 @@ async def test_quota_republishes_every_resource_of_every_known_account_without_c
     assert not states[f"{other}:{Resource.AI_TOKENS.value}"].blocked
 
 
-# ---- the order consumers keep ------------------------------------------------
+# ---- the guard's rule and the order consumers keep ------------------------------------------------
+def test_a_topic_with_fewer_records_than_live_states_is_republished():
+    held = {"keys.v1": 3, "accounts.v1": 1, "sessions.v1": 0}
+    assert short_topics({"keys.v1": 0, "accounts.v1": 5, "sessions.v1": 0}, held) == ["keys.v1"]
+    assert short_topics({"keys.v1": 3, "accounts.v1": 1}, held) == []  # as many: maybe complete, left alone
+    assert short_topics({}, held) == ["keys.v1", "accounts.v1"]  # a topic that is gone
+
+
 def test_a_republished_older_state_arriving_after_a_newer_one_changes_nothing():
     """A republish racing a toggle: the republish read version 1 (enabled), the toggle wrote
     version 2 (disabled), and version 1 arrives last, with the later time. The key stays disabled."""
