@@ -255,3 +255,44 @@ def test_tollgate_republish_refuses_a_topic_no_owner_republishes():
     result = CliRunner().invoke(app, ["republish", "--topic", "keys.v1", "--topic", "usage.v1"])
     assert result.exit_code == 2 and "usage.v1" in result.output  # before any connection is made
     assert set(OWNERS) == {"accounts.v1", "users.v1", "keys.v1", "service-tokens.v1", "sessions.v1", "billing.v1", "quota.v1"}
+
+
+async def test_the_first_check_holds_the_edge_until_it_succeeds(monkeypatch):
+    """Kafka or Postgres away at start: the edge stays held (not ready) and the check is retried."""
+    import asyncio
+    from contextlib import asynccontextmanager
+
+    from services.runtime.platform import state_guard
+    from services.runtime.platform.settings import Settings
+
+    monkeypatch.setattr(state_guard, "FIRST_RETRY_S", 0.01)
+    held: list[str] = []
+
+    @asynccontextmanager
+    async def hold():  # type: ignore[no-untyped-def]
+        held.append("held")
+        yield
+        held.append("released")
+
+    async def nothing() -> dict[str, int]:
+        return {}
+
+    settings = Settings(kafka_bootstrap_servers="127.0.0.1:1", database_url="postgresql://u@h/d")
+    guard = state_guard.StateGuard(settings, None, "keys", (), nothing, nothing, hold=hold)  # type: ignore[arg-type]
+    attempts = []
+
+    async def check() -> dict[str, int]:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise OSError("broker away")
+        return {}
+
+    monkeypatch.setattr(guard, "check", check)
+    await guard.start()
+    assert held == ["held"]
+    for _ in range(100):
+        if held == ["held", "released"]:
+            break
+        await asyncio.sleep(0.01)
+    assert held == ["held", "released"] and len(attempts) == 3
+    await guard.stop()
