@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from contracts.topics import BILLING
 from services.billing import api, consumers, domain
 from services.billing.delivery import EdgeDelivery
 from services.billing.payments import TestProvider
@@ -10,6 +11,7 @@ from services.billing.store import BillingStore
 from services.edge import Component, Runtime
 from services.runtime.platform.outbox_relay import OutboxRelay
 from services.runtime.platform.pruner import Pruner
+from services.runtime.platform.state_guard import StateGuard
 
 
 def build(runtime: Runtime) -> Component:
@@ -33,11 +35,21 @@ def build(runtime: Runtime) -> Component:
         keep_s=domain.RETENTION_SECONDS,
         interval_s=runtime.settings.prune_interval_seconds,
     )
+    # Kafka lost billing.v1: given again from Postgres (docs/architecture.md, "Kafka is transport")
+    guard = StateGuard(
+        runtime.settings,
+        runtime.pool,
+        "billing",
+        (BILLING,),
+        service.held_states,
+        service.republish,
+        hold=runtime.edge.rebuilding,
+    )
     return Component(
         name="billing",
         router=api.build_router(runtime, service),
         subscribers=consumers.build_router(service, runtime.broker, runtime.settings),
         migrations=Path(__file__).parent / "migrations",
-        on_start=[relay.start, keys.start],
-        on_stop=[keys.stop, relay.stop],
+        on_start=[relay.start, guard.start, keys.start],
+        on_stop=[keys.stop, guard.stop, relay.stop],
     )

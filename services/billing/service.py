@@ -5,6 +5,7 @@ applied to this process's edge (`LocalEdge.deliver`), as a key toggle does: the 
 call is judged by the new totals. The store, the outbox, the edge, the clock and the payment
 provider are injected (tests/unit/fakes.py has in-memory ones)."""
 
+from collections.abc import Collection
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from decimal import Decimal
@@ -37,7 +38,7 @@ from contracts.topics import AUDIT, BILLING, Topic
 from services.billing import domain
 from services.billing.domain import BillingConflict, Idempotency, OrderToPay, SwitchKind
 from services.billing.payments import PaymentProvider
-from services.billing.store import AccountRow, InvoiceRow, OrderRow
+from services.billing.store import AccountRow, InvoiceRow, OrderRow, PlanRow
 
 # What a payment or a switch publishes and this process's edge applies before the answer.
 BillingFact = PlanChanged | PackagePurchased
@@ -63,6 +64,9 @@ class Tx(Protocol):
     async def get_invoice(self, order_id: UUID) -> InvoiceRow | None: ...
     async def claim_key(self, account_id: UUID, request: Idempotency) -> dict[str, Any] | None: ...
     async def remember_key(self, account_id: UUID, request: Idempotency, status: int, response: dict[str, Any]) -> None: ...
+    async def current_plans(self) -> list[PlanRow]: ...
+    async def paid_packages(self, period: str) -> list[OrderRow]: ...
+    async def count_facts(self, period: str) -> int: ...
 
 
 class Store(Protocol):
@@ -349,6 +353,55 @@ class BillingService:
         )
         await self.outbox.add(tx.conn, BILLING, str(account_id).encode(), event.model_dump_json().encode())
         return event
+
+    # ---- republishing (docs/architecture.md, "Kafka is transport") ------------------------------
+    async def republish(self, topics: Collection[str] = (BILLING.name,)) -> dict[str, int]:
+        """billing.v1 again from Postgres: every account's current plan (`plan_changed` with its
+        plan version and time, so a consumer that has it changes nothing) and the quota packages
+        paid this period (each under its order id, which quota and the edge count once)."""
+        unknown = sorted(set(topics) - {BILLING.name})
+        if unknown:
+            raise ValueError(f"the billing service does not own {unknown}")
+        if not topics:
+            return {}
+        period, _, _ = bounds_of(self.clock(), self.tz)
+        plans = catalogue()
+        facts: list[BillingFact] = []
+        async with self.store.transaction() as tx:
+            for row in await tx.current_plans():
+                plan = plans[row.plan]
+                facts.append(
+                    PlanChanged(
+                        time=row.changed_at,
+                        account_id=row.account_id,
+                        plan=row.plan,
+                        quotas=dict(plan.quotas),
+                        rate_limit=plan.rate_limit,
+                        version=row.version,
+                    )
+                )
+            for order in await tx.paid_packages(period):
+                assert order.resource is not None and order.quantity is not None and order.paid_at is not None
+                facts.append(
+                    PackagePurchased(
+                        time=order.paid_at,
+                        account_id=order.account_id,
+                        resource=order.resource,
+                        amount=order.quantity,
+                        period=order.period,
+                        order_id=order.id,
+                    )
+                )
+            for fact in facts:
+                await self.outbox.add(tx.conn, BILLING, str(fact.account_id).encode(), fact.model_dump_json().encode())
+        await self.edge.deliver(facts)
+        return {BILLING.name: len(facts)}
+
+    async def held_states(self) -> dict[str, int]:
+        """How many facts billing.v1 should hold at least (services/runtime/platform/state_guard.py)."""
+        period, _, _ = bounds_of(self.clock(), self.tz)
+        async with self.store.transaction() as tx:
+            return {BILLING.name: await tx.count_facts(period)}
 
     # ---- facts from other services ---------------------------------------------------------------
     async def apply_user_type(self, event: UserTypeChanged | AccountState) -> None:

@@ -54,6 +54,16 @@ class InvoiceRow:
     buyer: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class PlanRow:
+    """An account's current plan, as its last plan_changed said it."""
+
+    account_id: UUID
+    plan: Tier
+    changed_at: datetime
+    version: int
+
+
 class BillingTx:
     """Billing's statements inside one transaction (the account row lock lives as long as it)."""
 
@@ -251,6 +261,36 @@ class BillingTx:
             """,
             (status, json.dumps(response), account_id, request.route, request.key),
         )
+
+    # ---- republishing (docs/architecture.md, "Kafka is transport") ------------------------------
+    async def current_plans(self) -> list[PlanRow]:
+        """Every account that ever changed plan, on its current plan (the others are on free)."""
+        cur = await self.conn.execute(
+            """SELECT account_id, plan, plan_changed_at, plan_version FROM billing.accounts
+               WHERE plan_changed_at IS NOT NULL ORDER BY account_id"""
+        )
+        return [PlanRow(r["account_id"], Tier(r["plan"]), r["plan_changed_at"], r["plan_version"]) for r in await cur.fetchall()]
+
+    async def paid_packages(self, period: str) -> list[OrderRow]:
+        """The quota packages paid for `period` (they add to its totals)."""
+        cur = await self.conn.execute(
+            """SELECT * FROM billing.orders WHERE kind = 'quota_package' AND status = 'paid' AND period = %s
+               ORDER BY paid_at, id""",
+            (period,),
+        )
+        return [self._order(r) for r in await cur.fetchall()]
+
+    async def count_facts(self, period: str) -> int:
+        """How many billing.v1 facts republishing would emit (accounts off free, packages of `period`)."""
+        cur = await self.conn.execute(
+            """SELECT (SELECT count(*) FROM billing.accounts WHERE plan_changed_at IS NOT NULL)
+                    + (SELECT count(*) FROM billing.orders WHERE kind = 'quota_package' AND status = 'paid' AND period = %s)
+                      AS n""",
+            (period,),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row["n"])
 
 
 class BillingStore:

@@ -9,7 +9,8 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
 from uuid import UUID
@@ -170,6 +171,7 @@ class Edge:
         self._guarded: dict[tuple[str, str], BaseRoute] = {}
         self._trusted = parse_networks(settings.trusted_proxies)
         self._secret = settings.session_secret.get_secret_value().encode()
+        self._rebuilding = 0  # owners' checks of their topics in progress (rebuilding())
         self._follower = TopicFollower(
             settings.kafka_bootstrap_servers,
             {
@@ -194,7 +196,20 @@ class Edge:
         await self.limiter.close()
 
     def is_ready(self) -> bool:
-        return self._follower.caught_up.is_set()
+        return self._follower.caught_up.is_set() and not self._rebuilding
+
+    @asynccontextmanager
+    async def rebuilding(self) -> AsyncIterator[None]:
+        """Not ready (/readyz and every credential 503) while an owner checks whether Kafka lost
+        its states and republishes them (services/runtime/platform/state_guard.py), then until
+        the projections have read their topics to the end offsets as of the check's end: an
+        edge never judges keys by a projection an owner is still rebuilding."""
+        self._rebuilding += 1
+        try:
+            yield
+            await self._follower.reach_current_end()
+        finally:
+            self._rebuilding -= 1
 
     def assume_caught_up(self) -> None:
         """An edge fed by hand, not from Kafka (unit tests, benchmarks): what it holds is all there is."""
@@ -204,7 +219,7 @@ class Edge:
         """Credentials are judged by the projections alone. Until they have read their topics to
         the end offsets seen at start (a worker just started or replaced), a removed member, a
         deleted key, a revoked token or a logged-out session could still pass: 503, as /readyz."""
-        if not self._follower.caught_up.is_set():
+        if self._rebuilding or not self._follower.caught_up.is_set():
             raise _not_caught_up()
 
     def _apply_account(self, _key: bytes | None, value: bytes | None) -> None:

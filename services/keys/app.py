@@ -3,6 +3,7 @@
 import logging
 from pathlib import Path
 
+from contracts.topics import ACCOUNTS, KEYS, SERVICE_TOKENS, SESSIONS, SESSIONS_RETENTION_S, USERS
 from services.edge import Component, Runtime
 from services.keys import api, consumers
 from services.keys.delivery import EdgeDelivery
@@ -10,6 +11,8 @@ from services.keys.service import SERVICE_TOKEN_USES_EVERY_S, KeysService
 from services.keys.store import KeysStore
 from services.runtime.platform.outbox_relay import OutboxRelay
 from services.runtime.platform.periodic import Periodic
+from services.runtime.platform.pruner import Pruner
+from services.runtime.platform.state_guard import StateGuard
 
 # Rotated keys past their grace are deleted within this (the edge refuses them from the exact
 # instant on anyway: their state carries the expiry); service tokens' uses are written as often.
@@ -27,11 +30,31 @@ def build(runtime: Runtime) -> Component:
         session_ttl_seconds=runtime.settings.session_ttl_seconds,
     )
     ticks = Periodic("keys:tick", TICK_S, service.tick, what="the keys' periodic work", log=log)
+    # Logouts are kept as long as sessions.v1 keeps them (no session outlives that: settings).
+    logouts = Pruner(
+        runtime.pool,
+        "keys",
+        "session_revocations",
+        key="id",
+        column="revoked_at",
+        keep_s=SESSIONS_RETENTION_S,
+        interval_s=runtime.settings.prune_interval_seconds,
+    )
+    # Kafka lost the keys' states: given again from Postgres (docs/architecture.md, "Kafka is transport")
+    guard = StateGuard(
+        runtime.settings,
+        runtime.pool,
+        "keys",
+        (ACCOUNTS, USERS, KEYS, SERVICE_TOKENS, SESSIONS),
+        service.held_states,
+        service.republish,
+        hold=runtime.edge.rebuilding,
+    )
     return Component(
         name="keys",
         router=api.build_router(runtime, service),
         subscribers=consumers.build_router(service, runtime.broker, runtime.settings),
         migrations=Path(__file__).parent / "migrations",
-        on_start=[relay.start, ticks.start],
-        on_stop=[ticks.stop, relay.stop],
+        on_start=[relay.start, guard.start, ticks.start, logouts.start],
+        on_stop=[logouts.stop, ticks.stop, guard.stop, relay.stop],
     )

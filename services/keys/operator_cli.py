@@ -4,7 +4,8 @@ row in one transaction and flushes the outbox itself, so a revocation is in Kafk
 force on every replica within milliseconds) when the command returns."""
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,6 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 from contracts.audit import OPERATOR_CLI
 from contracts.common import ServiceScope
 from services.keys import service_tokens
+from services.keys.service import REPUBLISHED_TOPICS, Changes, KeysService
 from services.keys.store import KeysStore, KeysTx, Row
 from services.runtime.platform.clock import system_clock
 from services.runtime.platform.kafka import ensure_topics
@@ -31,23 +33,61 @@ class UnknownToken(LookupError):
     pass
 
 
-async def _run(settings: Settings, work: Callable[[KeysTx], Awaitable[T]]) -> T:
+@asynccontextmanager
+async def _outbox(settings: Settings) -> AsyncIterator[tuple[AsyncConnectionPool, OutboxRelay]]:
+    """The keys schema (migrated) and its outbox relay's producer, for one command."""
     await asyncio.to_thread(apply_migrations, settings.database_url, "keys", MIGRATIONS)  # idempotent
     await ensure_topics(settings)  # a fresh stack: the outbox publishes to them
     pool: AsyncConnectionPool = open_pool(settings.database_url, max_size=2)
     await pool.open(wait=True, timeout=30)
     relay = OutboxRelay(pool, settings, "keys")
     try:
-        await relay.open()  # it publishes this command's rows below: no relay loop to stop afterwards
+        await relay.open()  # it publishes this command's rows: no relay loop to stop afterwards
+        yield pool, relay
+    finally:
+        await relay.stop()
+        await pool.close()
+
+
+async def _run(settings: Settings, work: Callable[[KeysTx], Awaitable[T]]) -> T:
+    async with _outbox(settings) as (pool, relay):
         async with KeysStore(pool, relay).transaction() as tx:
             result = await work(tx)
         # committed: now publish it (and whatever else of the keys outbox waits, in order)
         async with asyncio.timeout(FLUSH_TIMEOUT_S):
             await relay.publish_committed()
         return result
-    finally:
-        await relay.stop()
-        await pool.close()
+
+
+class _Flush:
+    """The use cases' LocalEdge in a process without an edge: delivering is publishing the outbox."""
+
+    def __init__(self, relay: OutboxRelay) -> None:
+        self._relay = relay
+
+    async def deliver(self, changes: Changes) -> None:
+        await self._relay.publish_committed()
+
+    def knows_account(self, account_id: UUID) -> bool:
+        return False
+
+    def issue_session(self, account_id: UUID, session_id: str, now: datetime, user_id: UUID) -> str:
+        raise NotImplementedError("the operator's CLI issues no sessions")
+
+    def drain_service_token_uses(self) -> dict[UUID, datetime]:
+        return {}
+
+    def note_service_token_use(self, token_id: UUID, at: datetime) -> None:
+        pass
+
+
+async def republish(settings: Settings, topics: Collection[str] = REPUBLISHED_TOPICS) -> dict[str, int]:
+    """`tollgate republish`: every state of the keys service's topics again, from Postgres."""
+    async with _outbox(settings) as (pool, relay):
+        service = KeysService(
+            KeysStore(pool, relay), _Flush(relay), system_clock, session_ttl_seconds=settings.session_ttl_seconds
+        )
+        return await service.republish(topics)
 
 
 def _item(row: Row) -> dict[str, Any]:

@@ -7,9 +7,10 @@ import asyncio
 import hmac
 import secrets
 import time
+from collections.abc import Collection
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol
 from uuid import UUID, uuid4
 
@@ -25,10 +26,13 @@ from contracts.domain_errors import NotFound
 from contracts.events import AccountState, KeyState, ServiceTokenState, SessionRevoked, UserState, UserTypeChanged
 from contracts.keys_api import RegisterRequest
 from contracts.plans import user_type_may_take
-from contracts.topics import ACCOUNTS, AUDIT, BILLING, KEYS, SESSIONS, USERS
+from contracts.topics import ACCOUNTS, AUDIT, BILLING, KEYS, SERVICE_TOKENS, SESSIONS, USERS
 from services.keys import domain, service_tokens
 from services.keys.domain import EmailTaken, InvalidCredentials, InvalidField, UserTypePlanMismatch, WrongCurrentPassword
 from services.keys.store import KeysTx, Row
+
+# The topics whose every state the keys service owns and can publish again from Postgres.
+REPUBLISHED_TOPICS: tuple[str, ...] = (ACCOUNTS.name, USERS.name, KEYS.name, SERVICE_TOKENS.name, SESSIONS.name)
 
 # Service tokens' last_used_at is written at most this often (approximate to it, by design).
 SERVICE_TOKEN_USES_EVERY_S = 5.0
@@ -191,6 +195,8 @@ class KeysService:
         event = SessionRevoked(time=now, account_id=account_id, session_id=session_id, user_id=user_id, revoked_at=now)
         async with self.store.transaction() as tx:
             await tx.publish(SESSIONS, event.session_id.encode(), event.model_dump_json().encode())
+            # kept in Postgres too, so a Kafka that lost sessions.v1 can be given it again (republish)
+            await tx.insert_session_revocation(account_id, user_id, session_id, now)
             await self._audit(tx, audit, account_id, now, AuditAction.SESSION_LOGOUT, ("user", user_id))
         await self.edge.deliver(Changes(sessions=[event]))
 
@@ -236,6 +242,60 @@ class KeysService:
                 return
             await self._emit_account(tx, row, self.clock(), changes)
         await self.edge.deliver(changes)
+
+    # ---- republishing (docs/architecture.md, "Kafka is transport") --------------------------------
+    async def republish(self, topics: Collection[str] = REPUBLISHED_TOPICS) -> dict[str, int]:
+        """The current state of every object of `topics` again, from Postgres, through the outbox,
+        then applied to this process's edge; how many states per topic. Each state keeps its
+        row's version, so consumers that hold it already change nothing, and the rows are read
+        under a share lock: a write racing this one publishes after it, never before."""
+        unknown = sorted(set(topics) - set(REPUBLISHED_TOPICS))
+        if unknown:
+            raise ValueError(f"the keys service does not own {unknown}")
+        now = self.clock()
+        changes = Changes()
+        async with self.store.transaction() as tx:
+            if ACCOUNTS.name in topics:  # the locking order of the writers: account, users, keys
+                for row in await tx.all_accounts():
+                    await self._emit_account(tx, row, now, changes)
+            if USERS.name in topics:
+                for user in await tx.all_users():
+                    await self._emit_user(tx, user, now, changes)
+            if KEYS.name in topics:
+                for key in await tx.all_live_keys():
+                    if key["creator_role"] is not None:  # a key without its user is refused anyway
+                        await self._emit_key(tx, self._state(key, [Role(key["creator_role"])], now), changes)
+            if SERVICE_TOKENS.name in topics:
+                changes.service_tokens = await service_tokens.republish(tx, now)
+            if SESSIONS.name in topics:
+                for row in await tx.session_revocations_since(self.sessions_matter_since(now)):
+                    event = SessionRevoked(
+                        time=row["revoked_at"],
+                        account_id=row["account_id"],
+                        session_id=row["session_id"],
+                        user_id=row["user_id"],
+                        revoked_at=row["revoked_at"],
+                    )
+                    await tx.publish(SESSIONS, event.session_id.encode(), event.model_dump_json().encode())
+                    changes.sessions.append(event)
+        await self.edge.deliver(changes)
+        counts = {
+            ACCOUNTS.name: len(changes.accounts),
+            USERS.name: len(changes.users),
+            KEYS.name: len(changes.keys),
+            SERVICE_TOKENS.name: len(changes.service_tokens),
+            SESSIONS.name: len(changes.sessions),
+        }
+        return {topic: n for topic, n in counts.items() if topic in topics}
+
+    def sessions_matter_since(self, now: datetime) -> datetime:
+        """A logout before this instant ended a session that has expired by itself since."""
+        return now - timedelta(seconds=self.session_ttl_seconds)
+
+    async def held_states(self) -> dict[str, int]:
+        """How many live states each of the service's topics should hold (services/runtime/platform/state_guard.py)."""
+        async with self.store.transaction() as tx:
+            return await tx.state_counts(self.sessions_matter_since(self.clock()))
 
     async def change_user_type(self, account_id: UUID, user_type: UserType, *, audit: AuditContext) -> Row:
         now = self.clock()

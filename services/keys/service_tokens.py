@@ -64,3 +64,12 @@ async def revoke(tx: KeysTx, token_id: UUID, now: datetime, audit: AuditContext)
     if row["revoked_at"] == now:
         await _audit(tx, audit, now, AuditAction.SERVICE_TOKEN_REVOKED, row)
     return state
+
+
+async def republish(tx: KeysTx, now: datetime) -> list[ServiceTokenState]:
+    """Every live token's current state again (docs/architecture.md, "Kafka is transport");
+    revoked ones are left out: on a topic that lost them they are unknown, hence refused."""
+    states = [_state(row, now) for row in await tx.live_service_tokens()]
+    for state in states:
+        await _emit(tx, state)
+    return states

@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from contracts.audit import AuditRecorded
-from contracts.topics import Topic
+from contracts.topics import ACCOUNTS, KEYS, SERVICE_TOKENS, SESSIONS, USERS, Topic
 from services.runtime.platform.outbox_relay import OutboxRelay
 
 Conn = AsyncConnection[DictRow]
@@ -293,6 +293,64 @@ class KeysTx:
                FROM unnest(%s::uuid[], %s::timestamptz[]) AS u(id, t) WHERE t.id = u.id""",
             (ids, [used[i] for i in ids]),
         )
+
+    # ---- logged-out sessions (sessions.v1) -----------------------------------------------------------
+    async def insert_session_revocation(self, account_id: UUID, user_id: UUID, session_id: str, revoked_at: datetime) -> None:
+        await self.conn.execute(
+            """INSERT INTO keys.session_revocations (user_id, session_id, account_id, revoked_at)
+               VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+            (user_id, session_id, account_id, revoked_at),
+        )
+
+    # ---- republishing every state (docs/architecture.md, "Kafka is transport") ----------------------
+    # FOR SHARE: a write of one of these rows waits until the republish commits, so its own
+    # outbox row comes after the republished one and compaction keeps the newer state.
+    async def all_accounts(self) -> list[Row]:
+        return await self._all("SELECT * FROM keys.accounts ORDER BY id FOR SHARE", ())
+
+    async def all_users(self) -> list[Row]:
+        """Removed users too: their state (`removed`) ends their sessions."""
+        return await self._all("SELECT * FROM keys.users ORDER BY id FOR SHARE", ())
+
+    async def all_live_keys(self) -> list[Row]:
+        """Every live key with its creator's current role (`creator_role`; NULL: no such user)."""
+        return await self._all(
+            f"""SELECT {", ".join("k." + c.strip() for c in _KEY_COLUMNS.split(","))}, u.role AS creator_role
+                FROM keys.api_keys AS k LEFT JOIN keys.users AS u ON u.id = COALESCE(k.created_by, k.account_id)
+                WHERE k.deleted_at IS NULL ORDER BY k.id FOR SHARE OF k""",
+            (),
+        )
+
+    async def live_service_tokens(self) -> list[Row]:
+        return await self._all(
+            f"SELECT {_ST_COLUMNS} FROM keys.service_tokens WHERE revoked_at IS NULL ORDER BY id FOR SHARE", ()
+        )
+
+    async def session_revocations_since(self, since: datetime) -> list[Row]:
+        return await self._all(
+            "SELECT * FROM keys.session_revocations WHERE revoked_at > %s ORDER BY revoked_at, user_id, session_id", (since,)
+        )
+
+    async def state_counts(self, sessions_since: datetime) -> dict[str, int]:
+        """How many live states each topic of the keys service should hold (topic name -> count):
+        what `republish` re-emits (a key only with its creator), so a republish always satisfies it."""
+        row = await self._one(
+            """SELECT (SELECT count(*) FROM keys.api_keys AS k JOIN keys.users AS u ON u.id = COALESCE(k.created_by, k.account_id)
+                       WHERE k.deleted_at IS NULL) AS keys,
+                      (SELECT count(*) FROM keys.accounts) AS accounts,
+                      (SELECT count(*) FROM keys.users) AS users,
+                      (SELECT count(*) FROM keys.service_tokens WHERE revoked_at IS NULL) AS tokens,
+                      (SELECT count(*) FROM keys.session_revocations WHERE revoked_at > %s) AS sessions""",
+            (sessions_since,),
+        )
+        assert row is not None
+        return {
+            KEYS.name: row["keys"],
+            ACCOUNTS.name: row["accounts"],
+            USERS.name: row["users"],
+            SERVICE_TOKENS.name: row["tokens"],
+            SESSIONS.name: row["sessions"],
+        }
 
     # ---- the audit log (v2) -------------------------------------------------------------------------
     async def insert_audit_entry(self, event: AuditRecorded) -> bool:

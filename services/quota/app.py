@@ -3,12 +3,14 @@
 import logging
 from pathlib import Path
 
+from contracts.topics import QUOTA
 from services.edge import Component, Runtime
 from services.quota import api, consumers
 from services.quota.publisher import KafkaPublisher
 from services.quota.service import QuotaService
 from services.quota.store import QuotaStore
 from services.runtime.platform.periodic import Periodic
+from services.runtime.platform.state_guard import StateGuard
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +27,15 @@ def build(runtime: Runtime) -> Component:
     service = quota_service(runtime)
     # Releases reservations at their expiry; one replica at a time does the work (QuotaService.expire).
     sweeper = Periodic("quota:reservation-sweeper", 1.0, service.expire_all, what="expiring reservations", log=log)
+    # Kafka lost quota.v1: given again from Postgres (docs/architecture.md, "Kafka is transport")
+    guard = StateGuard(
+        runtime.settings, runtime.pool, "quota", (QUOTA,), service.held_states, service.republish, hold=runtime.edge.rebuilding
+    )
     return Component(
         name="quota",
         router=api.build_router(runtime, service),
         subscribers=consumers.build_router(service, runtime.broker, runtime.settings),
         migrations=Path(__file__).parent / "migrations",
-        on_start=[sweeper.start],
-        on_stop=[sweeper.stop],
+        on_start=[guard.start, sweeper.start],
+        on_stop=[sweeper.stop, guard.stop],
     )

@@ -13,7 +13,7 @@ one the edge gates.
 """
 
 import asyncio
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID, uuid4
@@ -164,9 +164,45 @@ class QuotaService:
         while await self.expire() > 0:
             pass  # more than one chunk expired: go on at once
 
+    # ---- republishing (docs/architecture.md, "Kafka is transport") ------------------------------
+    async def republish(self, topics: Collection[str] = (QUOTA.name,), chunk: int = 500) -> dict[str, int]:
+        """quota.v1 again from Postgres: the current period's state of every resource of every
+        account quota knows, `chunk` accounts per transaction (each locked, as a count locks them,
+        so a batch being counted publishes after, never before). No crossing is announced: the
+        marks say which were already."""
+        unknown = sorted(set(topics) - {QUOTA.name})
+        if unknown:
+            raise ValueError(f"the quota service does not own {unknown}")
+        if not topics:
+            return {}
+        period = self.current_period()
+        published = 0
+        after: UUID | None = None
+        while True:
+            async with self._store.transaction() as tx:
+                accounts = await tx.known_accounts(after, chunk)
+                if not accounts:
+                    return {QUOTA.name: published}
+                await tx.lock_accounts(accounts)
+                touched = {(account_id, resource) for account_id in accounts for resource in Resource}
+                await self._publish_states(tx, touched, period, crossings=False)
+            published += len(touched)
+            after = accounts[-1]
+
+    async def held_states(self) -> dict[str, int]:
+        """How many states quota.v1 should hold at least: one per known account (state_guard.py)."""
+        async with self._store.transaction() as tx:
+            return {QUOTA.name: await tx.count_accounts()}
+
     # ---- publication ---------------------------------------------------------------------------
     async def _publish_states(
-        self, tx: QuotaTx, touched: set[tuple[UUID, Resource]], period: str, *, totals_changed: bool = False
+        self,
+        tx: QuotaTx,
+        touched: set[tuple[UUID, Resource]],
+        period: str,
+        *,
+        totals_changed: bool = False,
+        crossings: bool = True,
     ) -> None:
         now = self._clock()
         sends: list[Awaitable[None]] = []
@@ -195,6 +231,8 @@ class QuotaService:
                 if totals_changed:
                     # A bigger total lowers the rate: later crossings are announced from there.
                     await tx.set_mark(account_id, resource, period, domain.percent_floor(line.used, line.total))
+                    continue
+                if not crossings:
                     continue
                 sends += await self._crossing(tx, account_id, resource, period, line, marks.get(resource, 0), now)
         await asyncio.gather(*sends)

@@ -76,6 +76,20 @@ class QuotaTx:
             "SELECT account_id FROM quota.accounts WHERE account_id = ANY(%s) ORDER BY account_id FOR UPDATE", (ordered,)
         )
 
+    async def known_accounts(self, after: UUID | None, limit: int) -> list[UUID]:
+        """Accounts quota has published states of (every account it ever locked), in id order."""
+        cur = await self.conn.execute(
+            "SELECT account_id FROM quota.accounts WHERE %s::uuid IS NULL OR account_id > %s ORDER BY account_id LIMIT %s",
+            (after, after, limit),
+        )
+        return [row["account_id"] for row in await cur.fetchall()]
+
+    async def count_accounts(self) -> int:
+        cur = await self.conn.execute("SELECT count(*) AS n FROM quota.accounts")
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row["n"])
+
     async def add_deltas(self, deltas: list[Delta]) -> None:
         if not deltas:
             return

@@ -21,7 +21,7 @@ from services.alerts import domain as alerts_domain
 from services.alerts.store import Firing, Rule, RuleView
 from services.billing.domain import Idempotency, KeyReused
 from services.billing.payments import Charge
-from services.billing.store import AccountRow, InvoiceRow, OrderRow
+from services.billing.store import AccountRow, InvoiceRow, OrderRow, PlanRow
 from services.geo.store import ProjectRow
 from services.metering.domain import NO_KEY, Cursor, GroupBy
 from services.metering.rollups import UsageRow, series_key
@@ -88,6 +88,7 @@ class FakeBillingState:
         self.invoices: dict[UUID, InvoiceRow] = {}
         self.counters: dict[str, int] = {}
         self.plan_versions: dict[UUID, int] = {}  # billing.accounts.plan_version
+        self.plan_times: dict[UUID, datetime] = {}  # billing.accounts.plan_changed_at
 
 
 class FakeBillingTx:
@@ -115,6 +116,7 @@ class FakeBillingTx:
         row = self.state.accounts[account_id]
         self.state.accounts[account_id] = AccountRow(account_id, plan, row.user_type, row.user_type_time, row.user_type_version)
         self.state.plan_versions[account_id] = self.state.plan_versions.get(account_id, 0) + 1
+        self.state.plan_times[account_id] = now
         return self.state.plan_versions[account_id]
 
     async def insert_order(self, order: OrderRow) -> None:
@@ -160,6 +162,18 @@ class FakeBillingTx:
 
     async def remember_key(self, account_id: UUID, request: Idempotency, status: int, response: dict[str, Any]) -> None:
         self.state.keys[(account_id, request.route, request.key)] = (request.fingerprint, response)
+
+    async def current_plans(self) -> list[PlanRow]:
+        return [
+            PlanRow(a, self.state.accounts[a].plan, at, self.state.plan_versions[a])
+            for a, at in sorted(self.state.plan_times.items())
+        ]
+
+    async def paid_packages(self, period: str) -> list[OrderRow]:
+        return [o for o in self.state.orders.values() if o.kind == "quota_package" and o.status == "paid" and o.period == period]
+
+    async def count_facts(self, period: str) -> int:
+        return len(self.state.plan_times) + len(await self.paid_packages(period))
 
 
 class FakeBillingStore:
@@ -280,6 +294,7 @@ class FakeQuotaStore:
         self.threshold_marks: dict[tuple[UUID, Resource, str], int] = {}
         self.reservations: dict[UUID, dict[str, Any]] = {}
         self.locked_by_other: set[str] = set()
+        self.known: set[UUID] = set()  # quota.accounts: every account a use case locked
         self.expiry_checks = 0
         self.transactions = 0
 
@@ -299,7 +314,13 @@ class FakeQuotaStore:
         return fresh
 
     async def lock_accounts(self, account_ids: Iterable[UUID]) -> None:
-        list(account_ids)  # one process, no concurrency: nothing to lock
+        self.known.update(account_ids)  # one process, no concurrency: nothing to lock, rows made
+
+    async def known_accounts(self, after: UUID | None, limit: int) -> list[UUID]:
+        return [a for a in sorted(self.known) if after is None or a > after][:limit]
+
+    async def count_accounts(self) -> int:
+        return len(self.known)
 
     async def add_deltas(self, deltas: list[Delta]) -> None:
         for d in deltas:
@@ -807,14 +828,15 @@ class FakeKeysStore:
         self.users: dict[UUID, dict[str, Any]] = {}
         self.outbox: list[tuple[str, bytes, bytes | None]] = []  # (topic, key, value) committed or in flight
         self.audit_log: dict[UUID, dict[str, Any]] = {}  # event id -> row, as keys.audit_log
+        self.logouts: dict[tuple[UUID, str], dict[str, Any]] = {}  # keys.session_revocations
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator["FakeKeysStore"]:
-        saved = copy.deepcopy((self.accounts, self.keys, self.tokens, self.users, self.outbox, self.audit_log))
+        saved = copy.deepcopy(vars(self))
         try:
             yield self
         except BaseException:
-            self.accounts, self.keys, self.tokens, self.users, self.outbox, self.audit_log = saved
+            vars(self).update(saved)
             raise
 
     async def publish(self, topic: Topic, key: bytes, value: bytes | None) -> None:
@@ -1045,6 +1067,42 @@ class FakeKeysStore:
             row = self.tokens.get(token_id)
             if row is not None and (row["last_used_at"] is None or row["last_used_at"] < at):
                 row["last_used_at"] = at
+
+    # ---- logged-out sessions, republishing
+    async def insert_session_revocation(self, account_id: UUID, user_id: UUID, session_id: str, revoked_at: datetime) -> None:
+        self.logouts.setdefault(
+            (user_id, session_id),
+            {"user_id": user_id, "session_id": session_id, "account_id": account_id, "revoked_at": revoked_at},
+        )
+
+    async def all_accounts(self) -> list[dict[str, Any]]:
+        return [dict(self.accounts[a]) for a in sorted(self.accounts)]
+
+    async def all_users(self) -> list[dict[str, Any]]:
+        return [dict(self.users[u]) for u in sorted(self.users)]
+
+    async def all_live_keys(self) -> list[dict[str, Any]]:
+        live = [k for k in self.keys.values() if k["deleted_at"] is None]
+        rows = []
+        for k in sorted(live, key=lambda k: k["id"]):
+            creator = self.users.get(k["created_by"] or k["account_id"])
+            rows.append({**self._key(k), "creator_role": None if creator is None else creator["role"]})
+        return rows
+
+    async def live_service_tokens(self) -> list[dict[str, Any]]:
+        return [dict(self.tokens[t]) for t in sorted(self.tokens) if self.tokens[t]["revoked_at"] is None]
+
+    async def session_revocations_since(self, since: datetime) -> list[dict[str, Any]]:
+        return sorted((dict(r) for r in self.logouts.values() if r["revoked_at"] > since), key=lambda r: r["revoked_at"])
+
+    async def state_counts(self, sessions_since: datetime) -> dict[str, int]:
+        return {
+            "keys.v1": sum(1 for k in await self.all_live_keys() if k["creator_role"] is not None),
+            "accounts.v1": len(self.accounts),
+            "users.v1": len(self.users),
+            "service-tokens.v1": sum(1 for t in self.tokens.values() if t["revoked_at"] is None),
+            "sessions.v1": len(await self.session_revocations_since(sessions_since)),
+        }
 
     # ---- the audit log
     async def insert_audit_entry(self, event: AuditRecorded) -> bool:

@@ -170,6 +170,22 @@ def test_an_edge_whose_projections_have_not_caught_up_judges_no_credential():
         assert served.http.request(method, path, headers=headers).status_code in (200, 204), path
 
 
+async def test_an_edge_judges_no_credential_while_an_owner_rebuilds_its_topics():
+    """(#39 item 1) An owner checking whether Kafka lost its states, and republishing them, holds
+    the edge (services/runtime/platform/state_guard.py): a key it would refuse on a projection
+    still empty is 503, never 401, until the check is done."""
+    served = Served()
+    calls = [("GET", "/projects", _bearer(OWNERS_KEY)), ("GET", "/roles", served.session(ACCOUNT))]
+    async with served.edge.rebuilding():
+        assert not served.edge.is_ready()
+        for method, path, headers in calls:
+            refused = served.http.request(method, path, headers=headers)
+            assert (refused.status_code, refused.json()["error"]["code"]) == (503, "service_unavailable"), path
+    assert served.edge.is_ready()
+    for method, path, headers in calls:
+        assert served.http.request(method, path, headers=headers).status_code == 200, path
+
+
 @pytest.mark.parametrize(
     ("method", "path", "token", "status", "code"),
     [

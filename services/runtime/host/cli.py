@@ -288,6 +288,22 @@ def service_token_revoke(token_id: UUID) -> None:
     typer.echo(json.dumps({"id": str(token_id), "revoked": True}))
 
 
+@app.command()
+def republish(
+    topic: Annotated[list[str] | None, typer.Option(help="repeatable (e.g. keys.v1); default: every state topic")] = None,
+) -> None:
+    """Re-emit the current state of the compacted topics from their owners' Postgres (Kafka lost
+    them: a wiped disk, a rebuilt cluster, a deleted topic); prints how many states per topic.
+    Harmless while the services run: every state keeps its version."""
+    from services.runtime.host import republish as owners
+    from services.runtime.platform.settings import get_settings
+
+    unknown = owners.unknown_topics(topic or [])
+    if unknown:
+        raise typer.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(owners.OWNERS)}", param_hint="--topic")
+    typer.echo(json.dumps(asyncio.run(owners.republish(get_settings(), topic or [])), indent=2))
+
+
 def _demo_service_token(cfg: stack.StackConfig) -> str:
     """A live service token for the local demo, kept in the state dir (mode 0600) across `up`s."""
     from services.keys import operator_cli

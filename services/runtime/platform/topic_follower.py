@@ -96,6 +96,19 @@ class TopicFollower:
             if not pending and not self.caught_up.is_set():
                 self.caught_up.set()
 
+    async def reach_current_end(self, poll_s: float = 0.05) -> None:
+        """Return once every partition has been read to its end offset as of this call (what an
+        owner just republished, say): the follower's own loop does the reading."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        targets = await consumer.end_offsets(sorted(consumer.assignment()))
+        while True:
+            behind = [tp for tp, end in targets.items() if await consumer.position(tp) < end]
+            if not behind:
+                return
+            await asyncio.sleep(poll_s)
+
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()

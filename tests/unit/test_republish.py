@@ -1,0 +1,298 @@
+"""Republishing every owner's states from Postgres (docs/architecture.md, "Kafka is transport"):
+the keys, billing and quota use cases on fakes, the guard's rule, and the order a consumer keeps
+when a republished state arrives after a newer one."""
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from argon2 import PasswordHasher
+
+from contracts.common import KeyStatus, Resource, Role, ServiceScope, Tier, UserType
+from contracts.events import KeyState, QuotaState, UsageEvent
+from contracts.keys_api import RegisterRequest
+from contracts.topics import QUOTA, QUOTA_THRESHOLDS
+from services.billing.service import BillingService
+from services.edge.projections import KeyProjection
+from services.keys.service import REPUBLISHED_TOPICS, KeysService
+from services.quota.service import QuotaService
+from services.runtime.platform.state_guard import short_topics
+from tests.unit.fakes import (
+    ACTOR,
+    FakeAccounts,
+    FakeBillingEdge,
+    FakeBillingStore,
+    FakeClock,
+    FakeKeysStore,
+    FakeLocalEdge,
+    FakeOutbox,
+    FakePaymentProvider,
+    FakePublisher,
+    FakeQuotaStore,
+)
+from tests.unit.test_billing_service import BASIC, PACKAGE
+
+TTL = 3600
+
+
+# ---- keys ---------------------------------------------------------------------------------------
+class Keys:
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.store = FakeKeysStore()
+        self.edge = FakeLocalEdge()
+        self.service = KeysService(
+            self.store,
+            self.edge,
+            self.clock,
+            session_ttl_seconds=TTL,
+            hasher=PasswordHasher(time_cost=1, memory_cost=8, parallelism=1),
+        )
+
+    def events(self, topic: str) -> list[dict | None]:
+        return [None if v is None else json.loads(v) for t, _k, v in self.store.outbox if t == topic]
+
+    async def populated(self) -> dict[str, uuid.UUID]:
+        """An account with a member, an enabled, a disabled and a deleted key, a live and a
+        revoked service token, an old logout and a recent one."""
+        s = self.service
+        owner = await s.register(
+            RegisterRequest(email="ada@example.com", password="pw-123456789", name="Ada", user_type=UserType.INDIVIDUAL)
+        )
+        account = owner["id"]
+        member = await s.add_member(account, "bob@example.com", "Bob", "pw-123456789", Role.DEVELOPER, audit=ACTOR)
+        enabled, _ = await s.create_key(account, account, "on", None, audit=ACTOR)
+        disabled, _ = await s.create_key(account, member["id"], "off", None, audit=ACTOR)
+        await s.toggle(account, disabled["id"], audit=ACTOR)
+        deleted, _ = await s.create_key(account, account, "gone", None, audit=ACTOR)
+        await s.delete(account, deleted["id"], audit=ACTOR)
+        token, _ = await s.create_service_token("gateway", [ServiceScope.USAGE_WRITE], audit=ACTOR)
+        revoked, _ = await s.create_service_token("old", [ServiceScope.USAGE_WRITE], audit=ACTOR)
+        await s.revoke_service_token(revoked["id"], audit=ACTOR)
+        await s.logout(account, account, "old-session", audit=ACTOR)
+        self.clock.advance(seconds=TTL + 1)  # the old logout's session has expired by itself since
+        await s.logout(account, member["id"], "new-session", audit=ACTOR)
+        return {
+            "account": account,
+            "member": member["id"],
+            "enabled": enabled["id"],
+            "disabled": disabled["id"],
+            "deleted": deleted["id"],
+            "token": token["id"],
+            "revoked": revoked["id"],
+        }
+
+
+@pytest.fixture
+def keys() -> Keys:
+    return Keys()
+
+
+async def test_a_logout_is_kept_in_postgres_with_its_event(keys: Keys):
+    account = (
+        await keys.service.register(
+            RegisterRequest(email="a@example.com", password="pw-123456789", name="A", user_type=UserType.INDIVIDUAL)
+        )
+    )["id"]
+    await keys.service.logout(account, account, "s1", audit=ACTOR)
+    assert list(keys.store.logouts.values()) == [
+        {"user_id": account, "session_id": "s1", "account_id": account, "revoked_at": keys.clock()}
+    ]
+
+
+async def test_keys_republishes_every_live_state_at_its_rows_version_and_applies_it_here(keys: Keys):
+    ids = await keys.populated()
+    keys.store.outbox.clear()  # Kafka lost everything
+    keys.edge.delivered.clear()
+
+    counts = await keys.service.republish()
+
+    assert counts == {"accounts.v1": 1, "users.v1": 2, "keys.v1": 2, "service-tokens.v1": 1, "sessions.v1": 1}
+    states = {e["key_id"]: e for e in keys.events("keys.v1") if e is not None}
+    assert set(states) == {str(ids["enabled"]), str(ids["disabled"])}  # the deleted key stays unknown: refused
+    disabled = states[str(ids["disabled"])]
+    row = keys.store.keys[ids["disabled"]]
+    assert disabled["status"] == KeyStatus.DISABLED.value and disabled["version"] == row["version"] == 2
+    assert disabled["roles"] == [Role.DEVELOPER.value]  # its creator's current role
+    assert None not in keys.events("keys.v1")  # no tombstone: nothing deleted is re-emitted
+    assert [e["user_id"] for e in keys.events("users.v1") if e] == sorted(str(u) for u in (ids["account"], ids["member"]))
+    assert [e["token_id"] for e in keys.events("service-tokens.v1") if e] == [str(ids["token"])]
+    assert [e["session_id"] for e in keys.events("sessions.v1") if e] == ["new-session"]
+    assert [e["version"] for e in keys.events("accounts.v1") if e] == [keys.store.accounts[ids["account"]]["version"]]
+    # and this process's edge judges by them at once
+    (delivered,) = keys.edge.delivered
+    assert {k.key_id for k in delivered.keys} == {ids["enabled"], ids["disabled"]}
+    assert len(delivered.users) == 2 and len(delivered.service_tokens) == 1 and len(delivered.sessions) == 1
+
+
+async def test_keys_republishes_only_the_topics_asked_for(keys: Keys):
+    await keys.populated()
+    keys.store.outbox.clear()
+    assert await keys.service.republish(["service-tokens.v1"]) == {"service-tokens.v1": 1}
+    assert {t for t, _k, _v in keys.store.outbox} == {"service-tokens.v1"}
+
+
+async def test_keys_refuses_a_topic_it_does_not_own(keys: Keys):
+    with pytest.raises(ValueError, match=r"quota\.v1"):
+        await keys.service.republish(["keys.v1", "quota.v1"])
+    assert keys.store.outbox == []
+
+
+async def test_keys_counts_the_states_its_topics_should_hold(keys: Keys):
+    await keys.populated()
+    assert await keys.service.held_states() == {
+        "keys.v1": 2,
+        "accounts.v1": 1,
+        "users.v1": 2,
+        "service-tokens.v1": 1,
+        "sessions.v1": 1,  # the old logout no longer matters
+    }
+    assert set(REPUBLISHED_TOPICS) == set(await keys.service.held_states())
+
+
+# ---- billing ------------------------------------------------------------------------------------
+NOW = datetime(2026, 11, 11, tzinfo=UTC)
+
+
+async def test_billing_republishes_each_accounts_current_plan_and_this_periods_packages():
+    store, outbox, edge, clock = FakeBillingStore(), FakeOutbox(), FakeBillingEdge(), FakeClock(NOW)
+    service = BillingService(store, outbox, FakeAccounts(), FakePaymentProvider(), clock, ZoneInfo("UTC"), edge=edge)
+    upgraded, packaged, untouched = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    await service.pay(upgraded, (await service.create_order(upgraded, BASIC, audit=ACTOR)).id, audit=ACTOR)
+    await service.pay(packaged, (await service.create_order(packaged, PACKAGE, audit=ACTOR)).id, audit=ACTOR)
+    await service.subscription(untouched)
+    assert await service.held_states() == {"billing.v1": 2}
+    outbox.events.clear()
+    edge.delivered.clear()
+
+    assert await service.republish() == {"billing.v1": 2}
+
+    events = [json.loads(v or b"") for _t, _k, v in outbox.events]
+    plan = next(e for e in events if e["type"] == "plan_changed")
+    assert (plan["account_id"], plan["plan"], plan["version"]) == (str(upgraded), Tier.BASIC.value, 1)
+    assert plan["time"] == NOW.isoformat().replace("+00:00", "Z")  # the change's own time: consumers that have it keep it
+    package = next(e for e in events if e["type"] == "package_purchased")
+    assert package["account_id"] == str(packaged) and package["resource"] == Resource.AI_TOKENS.value
+    (bought,) = [o for o in store.state.orders.values() if o.kind == "quota_package"]
+    assert package["order_id"] == str(bought.id)  # the order's id: quota and the edge count it once
+    assert [len(facts) for facts in edge.delivered] == [2]  # applied to this process's edge too
+
+    clock.advance(days=30)  # December: November's package no longer adds to the totals
+    outbox.events.clear()
+    assert await service.republish() == {"billing.v1": 1}
+
+
+async def test_billing_refuses_a_topic_it_does_not_own():
+    service = BillingService(
+        FakeBillingStore(),
+        FakeOutbox(),
+        FakeAccounts(),
+        FakePaymentProvider(),
+        FakeClock(NOW),
+        ZoneInfo("UTC"),
+        edge=FakeBillingEdge(),
+    )
+    with pytest.raises(ValueError, match=r"keys\.v1"):
+        await service.republish(["keys.v1"])
+
+
+# ---- quota --------------------------------------------------------------------------------------
+async def test_quota_republishes_every_resource_of_every_known_account_without_crossings():
+    store, publisher = FakeQuotaStore(), FakePublisher()
+    clock = FakeClock(datetime(2026, 11, 15, 12, tzinfo=UTC))
+    service = QuotaService(store, publisher, clock, ZoneInfo("UTC"), "https://console.test")  # type: ignore[arg-type]
+    blocked, other = sorted([uuid.uuid4(), uuid.uuid4()])
+    await service.count([UsageEvent(time=clock(), account_id=blocked, resource=Resource.AI_TOKENS, quantity=100_000, source="t")])
+    await service.count([UsageEvent(time=clock(), account_id=other, resource=Resource.AI_TOKENS, quantity=1, source="t")])
+    assert await service.held_states() == {"quota.v1": 2}
+    publisher.sent.clear()
+
+    assert await service.republish(chunk=1) == {"quota.v1": 2 * len(Resource)}
+
+    assert {t for t, _k, _p in publisher.sent} == {QUOTA}  # no crossing announced again
+    assert QUOTA_THRESHOLDS not in {t for t, _k, _p in publisher.sent}
+    states = {k: QuotaState.model_validate_json(p) for _t, k, p in publisher.sent}
+    tokens = states[f"{blocked}:{Resource.AI_TOKENS.value}"]
+    assert tokens.blocked and tokens.used == 100_000 and tokens.period == "2026-11"
+    assert not states[f"{other}:{Resource.AI_TOKENS.value}"].blocked
+
+
+# ---- the guard's rule and the order consumers keep ------------------------------------------------
+def test_a_topic_with_fewer_records_than_live_states_is_republished():
+    held = {"keys.v1": 3, "accounts.v1": 1, "sessions.v1": 0}
+    assert short_topics({"keys.v1": 0, "accounts.v1": 5, "sessions.v1": 0}, held) == ["keys.v1"]
+    assert short_topics({"keys.v1": 3, "accounts.v1": 1}, held) == []  # as many: maybe complete, left alone
+    assert short_topics({}, held) == ["keys.v1", "accounts.v1"]  # a topic that is gone
+
+
+def test_a_republished_older_state_arriving_after_a_newer_one_changes_nothing():
+    """A republish racing a toggle: the republish read version 1 (enabled), the toggle wrote
+    version 2 (disabled), and version 1 arrives last, with the later time. The key stays disabled."""
+    key_id, account = uuid.uuid4(), uuid.uuid4()
+    t0 = datetime(2026, 11, 1, tzinfo=UTC)
+
+    def state(version: int, status: KeyStatus, at: datetime) -> KeyState:
+        return KeyState(
+            time=at, account_id=account, key_id=key_id, hash="a" * 64, status=status, roles=[Role.OWNER], version=version
+        )
+
+    projection = KeyProjection()
+    projection.apply(state(2, KeyStatus.DISABLED, t0))
+    projection.apply(state(1, KeyStatus.ENABLED, t0 + timedelta(seconds=5)))
+    current = projection.get("a" * 64)
+    assert current is not None and current.status is KeyStatus.DISABLED
+
+
+# ---- the CLI ---------------------------------------------------------------------------------------
+def test_tollgate_republish_refuses_a_topic_no_owner_republishes():
+    from typer.testing import CliRunner
+
+    from services.runtime.host.cli import app
+    from services.runtime.host.republish import OWNERS
+
+    result = CliRunner().invoke(app, ["republish", "--topic", "keys.v1", "--topic", "usage.v1"])
+    assert result.exit_code == 2 and "usage.v1" in result.output  # before any connection is made
+    assert set(OWNERS) == {"accounts.v1", "users.v1", "keys.v1", "service-tokens.v1", "sessions.v1", "billing.v1", "quota.v1"}
+
+
+async def test_the_first_check_holds_the_edge_until_it_succeeds(monkeypatch):
+    """Kafka or Postgres away at start: the edge stays held (not ready) and the check is retried."""
+    import asyncio
+    from contextlib import asynccontextmanager
+
+    from services.runtime.platform import state_guard
+    from services.runtime.platform.settings import Settings
+
+    monkeypatch.setattr(state_guard, "FIRST_RETRY_S", 0.01)
+    held: list[str] = []
+
+    @asynccontextmanager
+    async def hold():  # type: ignore[no-untyped-def]
+        held.append("held")
+        yield
+        held.append("released")
+
+    async def nothing() -> dict[str, int]:
+        return {}
+
+    settings = Settings(kafka_bootstrap_servers="127.0.0.1:1", database_url="postgresql://u@h/d")
+    guard = state_guard.StateGuard(settings, None, "keys", (), nothing, nothing, hold=hold)  # type: ignore[arg-type]
+    attempts = []
+
+    async def check() -> dict[str, int]:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise OSError("broker away")
+        return {}
+
+    monkeypatch.setattr(guard, "check", check)
+    await guard.start()
+    assert held == ["held"]
+    for _ in range(100):
+        if held == ["held", "released"]:
+            break
+        await asyncio.sleep(0.01)
+    assert held == ["held", "released"] and len(attempts) == 3
+    await guard.stop()
