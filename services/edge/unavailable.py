@@ -8,6 +8,7 @@ import logging
 
 import psycopg
 from aiokafka.errors import KafkaError
+from clickhouse_connect.driver.exceptions import OperationalError as ClickHouseUnreachable
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
@@ -40,3 +41,9 @@ def install_unavailable_handlers(app: FastAPI) -> None:
     @app.exception_handler(KafkaError)
     async def _kafka(request: Request, exc: KafkaError) -> Response:
         return await _down(request, exc, "event log", "kafka")
+
+    # The analytics' store unreachable (refused, reset, timed out): a query it could not answer.
+    # A query it refused (clickhouse_connect's other DatabaseErrors) is a bug, and stays a 500.
+    @app.exception_handler(ClickHouseUnreachable)
+    async def _clickhouse(request: Request, exc: ClickHouseUnreachable) -> Response:
+        return await _down(request, exc, "analytics store", "clickhouse")

@@ -16,15 +16,17 @@ import httpx
 import pytest
 import yaml
 from aiokafka import AIOKafkaProducer
+from faststream.kafka import KafkaBroker
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
+from contracts.common import Role
 from contracts.topics import USAGE
 from services.runtime.host import stack
 from tests.integration.test_keys_api import PASSWORD, signup
 from tests.integration.test_usage_rules import usage
 from tests.support.apps import REPO, ServeProcess, free_port, spawned_pids
-from tests.support.metering import wait_until
+from tests.support.metering import publish_account, session_token, wait_until
 from tests.support.monitoring import ALERTS, every_metric
 from tests.support.service_tokens import service_headers
 
@@ -233,8 +235,19 @@ async def test_prometheus_fires_clickhouse_unreachable_when_it_stops_and_resolve
         up = 'tollgate_dependency_up{dependency="clickhouse"}'
         wait_for(lambda: [r["value"][1] for r in prometheus.query(up)] == ["1"], 60, "Prometheus to scrape ClickHouse up")
         assert prometheus.alert_state(ALERT) is None
+        # A customer reading analytics meanwhile: 200 now, the contract's 503 while ClickHouse is away.
+        account_id = uuid.uuid4()
+        async with KafkaBroker(settings.kafka_bootstrap_servers) as broker:
+            await publish_account(broker, settings, account_id, [Role.OWNER])
+        overview = f"{serve.base_url}/api/ai/usage/overview?range=week"
+        console = {"Authorization": f"Bearer {session_token(settings, account_id)}"}
+        wait_for(lambda: httpx.get(overview, headers=console, timeout=5).status_code == 200, 30, "the overview")
 
         stack.clickhouse_down(own_clickhouse)
+        async with httpx.AsyncClient(timeout=10) as http:
+            down = await http.get(overview, headers=console)
+        assert (down.status_code, down.json()["error"]["code"]) == (503, "service_unavailable"), down.text
+        assert down.headers["Retry-After"]
         wait_for(lambda: prometheus.alert_state(ALERT) == "firing", 60, f"{ALERT} to fire")
 
         stack.clickhouse_up(own_clickhouse)

@@ -163,7 +163,8 @@ async def test_last_used_at_moves_only_on_admitted_calls(app_client, settings):
     account, console = await signup(client)
     key = await new_key(client, console)
     broker = app.state.runtime.broker
-    future = datetime.now(UTC) + timedelta(minutes=10)
+    # later than the admitted call below, within calls.v1's 5 minutes ahead (else dead-lettered)
+    future = datetime.now(UTC) + timedelta(minutes=3)
 
     async def publish_call(error_code: str | None, status: int) -> None:
         event = CallEvent(
