@@ -15,6 +15,12 @@ class Channel(StrEnum):
     EMAIL = "email"
     SMS = "sms"
     WEBHOOK = "webhook"  # v2
+    SLACK = "slack"  # v4: a Slack incoming webhook
+    TEAMS = "teams"  # v4: a Microsoft Teams (Workflows) incoming webhook
+
+
+# The channels that POST to the rule's `{url}` recipients (one of them per rule).
+URL_CHANNELS = (Channel.WEBHOOK, Channel.SLACK, Channel.TEAMS)
 
 
 class DeliveryStatus(StrEnum):
@@ -46,7 +52,8 @@ class UserRecipient(BaseModel):
 
 class WebhookRecipient(BaseModel):
     """(v2) The URL the `webhook` channel POSTs to; http(s) only, and it must not resolve to a
-    loopback, private or link-local address (checked again at every delivery)."""
+    loopback, private or link-local address (checked again at every delivery). (v4) Also the
+    incoming-webhook URL of the `slack` and `teams` channels, which must be https."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     url: str = Field(min_length=1, max_length=2048, examples=["https://hooks.example.com/tollgate"])
@@ -62,7 +69,7 @@ class RuleIn(BaseModel):
 
     metric: AlertMetric
     threshold_pct: int = Field(ge=1, le=100)
-    channels: Annotated[list[Channel], Field(min_length=1, max_length=4)]
+    channels: Annotated[list[Channel], Field(min_length=1, max_length=len(Channel))]
     recipients: Annotated[list[Recipient], Field(default_factory=list, max_length=20)]
 
 

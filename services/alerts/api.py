@@ -27,6 +27,14 @@ address. The 201 carries `webhook_secret`, the rule's signing secret, this once:
 as JSON with `Tollgate-Signature: t=<unix>,v1=<hex HMAC-SHA256 of "t.body">`, retried with backoff for 24 h on a
 non-2xx answer or a connection error (see `.../{id}/deliveries`).
 
+(v4) `slack` and `teams` need a `{url}` recipient: the Slack or Microsoft Teams channel's incoming-webhook URL,
+https (plain http only with `WEBHOOK_ALLOW_PRIVATE_TARGETS=true`) and under the same address rule (else 422).
+Each firing is posted in the platform's own format: Slack `{text, blocks}` (Block Kit header and mrkdwn sections
+with the links; success is 200 with the body `ok`), Teams a message with one Adaptive Card 1.4 attachment
+(`Action.OpenUrl` links; success is any 2xx). These posts are unsigned (neither platform checks a signature: the
+URL is the credential) and have no `webhook_secret`; they are retried and logged like webhooks. A rule names at
+most one of `webhook`, `slack` and `teams`: they share the `{url}` recipients.
+
 Extension: the response also carries `created_at` and `failed_deliveries`."""
 
 

@@ -6,13 +6,15 @@ out per delivery; a sender that dies (even by SIGKILL) loses its connection and 
 the row at once, so the sweeper of any live process resumes it. A delivery whose attempts are
 exhausted is marked failed (visible in the rule listing) and is never sent again.
 
-Webhooks (v2) retry for hours, too long to hold a lock: each call makes one attempt, and a failed
-one leaves the delivery pending with `next_attempt_at`. This process wakes it then; should the
-process die, the sweeper of any live one picks it up once it is due. Every attempt of every
-channel is recorded (`alerts.delivery_attempts`) for the rule's delivery log.
+Webhooks (v2), and the Slack and Teams posts (v4) that are webhooks with another body, retry for
+hours, too long to hold a lock: each call makes one attempt, and a failed one leaves the delivery
+pending with `next_attempt_at`. This process wakes it then; should the process die, the sweeper
+of any live one picks it up once it is due. Every attempt of every channel is recorded
+(`alerts.delivery_attempts`) for the rule's delivery log.
 """
 
 import asyncio
+import json
 import logging
 import random
 from collections.abc import Iterable, Mapping
@@ -33,9 +35,9 @@ from tenacity import (
     wait_random,
 )
 
-from contracts.alerts_api import Channel, DeliveryStatus
+from contracts.alerts_api import URL_CHANNELS, Channel, DeliveryStatus
 from contracts.common import METRIC_RESOURCE
-from services.alerts import domain, store, webhook
+from services.alerts import chat, domain, store, webhook
 from services.alerts.channels import ChannelSender, DeliveryError, PermanentDeliveryError
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,8 @@ NOTIFICATIONS = Counter(
 )
 WEBHOOK_ATTEMPTS = Counter(
     "tollgate_alerts_webhook_attempts_total",
-    "Webhook delivery attempts, by outcome: delivered, retry_scheduled (failed, tried again later) "
+    "Webhook delivery attempts (webhook, slack and teams channels), by outcome: delivered, "
+    "retry_scheduled (failed, tried again later) "
     "or gave_up (failed after the retry window) (unit: attempts)",
     ["outcome"],
 )
@@ -165,7 +168,7 @@ class Dispatcher:
                 pending = await store.lock_pending(conn, delivery_id, datetime.now(UTC))
                 if pending is None:
                     return  # sent, failed, not due yet, or being sent by another sender
-                if pending.channel is Channel.WEBHOOK and self._webhooks is not None:
+                if pending.channel in URL_CHANNELS and self._webhooks is not None:
                     status, error, due = await self._attempt_webhook(conn, pending, self._webhooks)
                 else:
                     status, attempts, error = await self._send(conn, pending)
@@ -197,14 +200,11 @@ class Dispatcher:
     ) -> tuple[DeliveryStatus, str | None, datetime | None]:
         """One attempt; a failure within the retry window is postponed, after it is final."""
         number = pending.attempts + 1
-        if pending.webhook_secret is None:
+        request = self._webhook_request(pending, number)
+        now = datetime.now(UTC)
+        if request is None:
             result = webhook.AttemptResult(None, "the rule has no webhook secret")
-            now = datetime.now(UTC)
         else:
-            body = webhook.payload(pending.id, pending.rule_id, pending.account_id, pending.fired_at, self._message(pending))
-            url = domain.address_of(pending.recipient)
-            request = webhook.WebhookRequest(url, pending.webhook_secret, pending.id, number, body)
-            now = datetime.now(UTC)
             result = await sender.attempt(request, now)
         if result.error is None:
             await store.record_attempts(conn, pending.id, [store.Attempt(number, now, result.status_code)])
@@ -213,7 +213,7 @@ class Dispatcher:
             return DeliveryStatus.SENT, None, None
         backoff = self._webhook_backoff
         due = datetime.now(UTC) + timedelta(seconds=backoff.delay(number, random.random()))
-        if pending.webhook_secret is None or due > pending.created_at + timedelta(seconds=backoff.window_seconds):
+        if request is None or due > pending.created_at + timedelta(seconds=backoff.window_seconds):
             await store.record_attempts(conn, pending.id, [store.Attempt(number, now, result.status_code, result.error)])
             await store.finish_delivery(conn, pending.id, DeliveryStatus.FAILED, 1, result.error)
             WEBHOOK_ATTEMPTS.labels("gave_up").inc()
@@ -222,6 +222,20 @@ class Dispatcher:
         await store.postpone_delivery(conn, pending.id, result.error, due)
         WEBHOOK_ATTEMPTS.labels("retry_scheduled").inc()
         return DeliveryStatus.PENDING, result.error, due
+
+    def _webhook_request(self, pending: store.PendingDelivery, number: int) -> webhook.WebhookRequest | None:
+        """The POST of one attempt: the signed Tollgate alert, or the Slack or Teams message
+        (unsigned: neither platform checks a signature). None: a webhook rule without a secret."""
+        url = domain.address_of(pending.recipient)
+        message = self._message(pending)
+        if pending.channel is Channel.WEBHOOK:
+            if pending.webhook_secret is None:
+                return None
+            body = webhook.payload(pending.id, pending.rule_id, pending.account_id, pending.fired_at, message)
+            return webhook.WebhookRequest(url, pending.webhook_secret, pending.id, number, body)
+        chat_body = json.dumps(chat.chat_message(pending.channel, message, pending.id), separators=(",", ":")).encode()
+        ok_body = chat.SLACK_OK_BODY if pending.channel is Channel.SLACK else None
+        return webhook.WebhookRequest(url, None, pending.id, number, chat_body, https_only=True, ok_body=ok_body)
 
     async def _send(self, conn: store.Conn, pending: store.PendingDelivery) -> tuple[DeliveryStatus, int, str | None]:
         sender = self._senders.get(pending.channel)

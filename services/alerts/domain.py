@@ -5,10 +5,21 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from uuid import UUID
 
-from contracts.alerts_api import Channel, EmailRecipient, PhoneRecipient, Recipient, UserRecipient, WebhookRecipient
+from contracts.alerts_api import (
+    URL_CHANNELS,
+    Channel,
+    EmailRecipient,
+    PhoneRecipient,
+    Recipient,
+    UserRecipient,
+    WebhookRecipient,
+)
 from contracts.common import METRIC_RESOURCE, STOCK_RESOURCES, AlertMetric, Resource
 from contracts.quota_api import quota_links
 from services.alerts import targets
+
+# The channels that post to Slack's and Teams' incoming webhooks (v4): https, unsigned.
+CHAT_CHANNELS = frozenset({Channel.SLACK, Channel.TEAMS})
 
 # ---- rule validation --------------------------------------------------------------------------
 
@@ -26,8 +37,11 @@ def validate_rule(account_id: UUID, channels: Sequence[Channel], recipients: Seq
     """Channels and recipients must fit each other, so no recipient is silently ignored:
 
     - `email` needs at least one `{email}` recipient, and an `{email}` recipient needs `email`;
-    - `sms` likewise with `{phone}`, and `webhook` (v2) with `{url}`, which must be http(s)
-      (where it resolves to is checked by the caller: that needs the resolver);
+    - `sms` likewise with `{phone}`, and `webhook` (v2), `slack` and `teams` (v4) with `{url}`,
+      which must be http(s) (https for Slack and Teams, and where it resolves to, are checked by
+      the caller: they need the operator setting and the resolver). A rule names one of these
+      three: they share the `{url}` recipients, and a Tollgate webhook body posted to a Slack URL
+      (or a Slack message to a Teams one) would only be refused there;
     - `in_site` needs no recipient: it lands in the account's inbox (`GET /api/notifications`).
       A `{user_id}` recipient names that inbox's user and needs `in_site`; an account has one
       user (the account itself), so any other id is refused rather than leaking usage figures.
@@ -40,11 +54,18 @@ def validate_rule(account_id: UUID, channels: Sequence[Channel], recipients: Seq
         problems.append(Problem("recipients", "Each recipient may appear once."))
     kinds = {type(r) for r in recipients}
     wanted = set(channels)
+    judged: set[type[Recipient]] = set()
     for channel, kind, what in _ADDRESSED:
         if channel in wanted and kind not in kinds:
             problems.append(Problem("recipients", f"The {channel.value} channel needs at least one {{{what}}} recipient."))
-        if kind in kinds and channel not in wanted:
-            problems.append(Problem("channels", f"A {{{what}}} recipient needs the {channel.value} channel."))
+        if kind in kinds and kind not in judged:
+            judged.add(kind)
+            fitting = [c.value for c, k, _ in _ADDRESSED if k is kind]
+            if wanted.isdisjoint(fitting):
+                problems.append(Problem("channels", f"A {{{what}}} recipient needs the {' or '.join(fitting)} channel."))
+    if len(wanted.intersection(URL_CHANNELS)) > 1:
+        names = ", ".join(c.value for c in URL_CHANNELS)
+        problems.append(Problem("channels", f"A rule may name only one of {names}: they share the {{url}} recipients."))
     if UserRecipient in kinds and Channel.IN_SITE not in wanted:
         problems.append(Problem("channels", "A {user_id} recipient needs the in_site channel."))
     for index, recipient in enumerate(recipients):
@@ -63,6 +84,8 @@ _ADDRESSED: tuple[tuple[Channel, type[Recipient], str], ...] = (
     (Channel.EMAIL, EmailRecipient, "email"),
     (Channel.SMS, PhoneRecipient, "phone"),
     (Channel.WEBHOOK, WebhookRecipient, "url"),
+    (Channel.SLACK, WebhookRecipient, "url"),
+    (Channel.TEAMS, WebhookRecipient, "url"),
 )
 
 

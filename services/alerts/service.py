@@ -5,7 +5,7 @@ a crash from there on leaves them pending for the dispatcher's sweep."""
 
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
@@ -32,8 +32,13 @@ from contracts.topics import AUDIT
 from services.alerts import domain, webhook
 from services.alerts.store import AlertsStore, AlertsTx, Firing, Row, RuleView
 
-# Why a webhook URL may not be a rule's target (webhook.creation_refusal), or None.
-TargetCheck = Callable[[str], Awaitable[str | None]]
+
+class TargetCheck(Protocol):
+    """Why a `{url}` may not be a rule's target (webhook.creation_refusal), or None."""
+
+    def __call__(self, url: str, *, https_only: bool) -> Awaitable[str | None]: ...
+
+
 Deliver = Callable[[Iterable[UUID]], None]
 
 
@@ -124,10 +129,12 @@ class AlertsService:
         return RuleCreated(**_rule_out(views[0]).model_dump(), webhook_secret=secret)
 
     async def _webhook_problems(self, body: RuleIn) -> list[domain.Problem]:
+        # Slack and Teams only ever give https URLs; plain http is a local test receiver's.
+        https_only = not domain.CHAT_CHANNELS.isdisjoint(body.channels)
         problems: list[domain.Problem] = []
         for index, recipient in enumerate(body.recipients):
             if isinstance(recipient, WebhookRecipient):
-                reason = await self._check_target(recipient.url)
+                reason = await self._check_target(recipient.url, https_only=https_only)
                 if reason is not None:
                     problems.append(domain.Problem(f"recipients.{index}.url", f"The URL may not be a webhook target: {reason}."))
         return problems

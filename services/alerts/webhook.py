@@ -1,4 +1,5 @@
-"""The webhook channel: a signed JSON POST to the rule's URL, one attempt per call.
+"""The webhook channel: a signed JSON POST to the rule's URL, one attempt per call. (v4) The
+`slack` and `teams` channels post through here too: another body, unsigned, https only.
 
 The address rule (services/alerts/targets.py) is applied where the connection is made: the name
 is resolved once, every address it gives is checked, and the request goes to that checked
@@ -93,6 +94,14 @@ async def checked_addresses(target: targets.Target, allow_private: bool) -> list
     return addresses
 
 
+def scheme_refusal(target: targets.Target, https_only: bool, allow_private: bool) -> str | None:
+    """Slack and Teams URLs are https; plain http is for local receivers, as the operator
+    setting that allows private targets says."""
+    if https_only and target.scheme != "https" and not allow_private:
+        return "the URL must be https"
+    return None
+
+
 # ---- one attempt --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AttemptResult:
@@ -107,10 +116,12 @@ class AttemptResult:
 @dataclass(frozen=True)
 class WebhookRequest:
     url: str
-    secret: str = field(repr=False)  # never in a log line
+    secret: str | None = field(repr=False)  # never in a log line; None: unsigned (Slack, Teams)
     delivery_id: Any
     attempt: int
     body: bytes
+    https_only: bool = False
+    ok_body: str | None = None  # the body a success must carry too (Slack answers "ok")
 
 
 class WebhookSender:
@@ -125,6 +136,9 @@ class WebhookSender:
     async def attempt(self, request: WebhookRequest, now: datetime) -> AttemptResult:
         try:
             target = targets.parse_target(request.url)
+            refused = scheme_refusal(target, request.https_only, self._allow_private)
+            if refused is not None:
+                raise TargetRefused(refused)
             async with asyncio.timeout(ATTEMPT_TIMEOUT_SECONDS):
                 addresses = await checked_addresses(target, self._allow_private)
         except (targets.TargetError, TargetRefused) as exc:
@@ -137,8 +151,9 @@ class WebhookSender:
             "User-Agent": USER_AGENT,
             "Tollgate-Delivery": str(request.delivery_id),
             "Tollgate-Attempt": str(request.attempt),
-            SIGNATURE_HEADER: signature(request.secret, int(now.timestamp()), request.body),
         }
+        if request.secret is not None:
+            headers[SIGNATURE_HEADER] = signature(request.secret, int(now.timestamp()), request.body)
         extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
         errors: list[str] = []
         for address in addresses:  # only checked ones; the next when one refuses the connection
@@ -153,9 +168,11 @@ class WebhookSender:
                 return AttemptResult(None, f"{type(exc).__name__} at {address}: {exc}"[:1000])
         else:
             return AttemptResult(None, "; ".join(errors)[:1000])
-        if response.is_success:
+        answer = response.text.strip()[:200]  # Slack's errors name themselves: "invalid_payload"
+        if response.is_success and request.ok_body in (None, answer):
             return AttemptResult(response.status_code, None)
-        return AttemptResult(response.status_code, f"receiver answered {response.status_code}")
+        error = f"receiver answered {response.status_code}" + (f": {answer}" if answer else "")
+        return AttemptResult(response.status_code, error)
 
 
 @dataclass(frozen=True)
@@ -176,12 +193,14 @@ class Backoff:
 DEFAULT_BACKOFF = Backoff()
 
 
-async def creation_refusal(url: str, allow_private: bool) -> str | None:
-    """Why a rule may not name `url` (its host resolves to a refused address), or None. A name
-    that does not resolve now is accepted: its deliveries fail, and are logged, until it does."""
-    if allow_private:
-        return None
+async def creation_refusal(url: str, allow_private: bool, https_only: bool = False) -> str | None:
+    """Why a rule may not name `url` (plain http where https is needed, or its host resolves to a
+    refused address), or None. A name that does not resolve now is accepted: its deliveries fail,
+    and are logged, until it does."""
     target = targets.parse_target(url)
+    scheme = scheme_refusal(target, https_only, allow_private)
+    if scheme is not None or allow_private:
+        return scheme
     try:
         async with asyncio.timeout(ATTEMPT_TIMEOUT_SECONDS):
             await checked_addresses(target, allow_private=False)

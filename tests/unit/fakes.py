@@ -629,7 +629,7 @@ class FakeDeliver:
         self.submitted += list(delivery_ids)
 
 
-async def no_refusal(url: str) -> str | None:
+async def no_refusal(url: str, *, https_only: bool = False) -> str | None:
     """webhook.creation_refusal for tests: every URL may be a target."""
     return None
 

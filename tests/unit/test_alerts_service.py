@@ -122,7 +122,7 @@ async def test_rule_crud_and_another_accounts_rule_is_not_found(service):
 
 
 async def test_a_refused_webhook_target_is_invalid(store, clock, deliver):
-    async def refuse(url: str) -> str | None:
+    async def refuse(url: str, *, https_only: bool) -> str | None:
         return "a private address"
 
     service = AlertsService(store, clock, ZoneInfo("UTC"), refuse, deliver)  # type: ignore[arg-type]

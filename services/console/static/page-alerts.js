@@ -1,7 +1,8 @@
 // Alerts: rules (metric, threshold, channels, recipients), each rule's delivery log, and the
 // in-site notifications with their quick links to upgrade or buy a package (a quota alert) or to
 // the key (the reminder to rotate a key older than 90 days). A webhook rule's
-// signing secret is shown once, right after its creation.
+// signing secret is shown once, right after its creation. Slack and Teams rules post to the
+// channel's incoming-webhook URL (the same URL field: a rule names one URL channel).
 import { del, get, post } from "./api.js";
 import { busy, confirmDialog, consoleLink, errorBox, field, h, select, shownOncePanel } from "./dom.js";
 import { METRICS, dateTime } from "./format.js";
@@ -11,6 +12,8 @@ const CHANNELS = [
   ["email", "E-mail"],
   ["sms", "SMS"],
   ["webhook", "Webhook"],
+  ["slack", "Slack"],
+  ["teams", "Microsoft Teams"],
 ];
 
 const splitList = (text) => text.split(/[\s,;]+/).map((x) => x.trim()).filter(Boolean);
@@ -120,7 +123,7 @@ export async function render(container, ctx) {
     const close = h("button", { type: "button", class: "secondary small" }, "Close");
     close.addEventListener("click", () => { deliveries.hidden = true; deliveries.replaceChildren(); });
     const head = h("div", { class: "page-head" }, title, h("span", { class: "actions" }, reload, close));
-    const hint = h("p", { class: "hint" }, "One line per attempt. Webhooks are retried with backoff for 24 hours until the receiver answers 2xx.");
+    const hint = h("p", { class: "hint" }, "One line per attempt. Webhook, Slack and Teams posts are retried with backoff for 24 hours until the receiver accepts them.");
     try {
       const load = () => get(`/api/ai/usage/alert/${encodeURIComponent(rule.id)}/deliveries`);
       const data = button ? await busy(button, load) : await load();
@@ -206,7 +209,7 @@ export async function render(container, ctx) {
     h("div", { class: "row" }, field("Metric", metric), field("Threshold (% of quota)", threshold)),
     h("fieldset", {}, h("legend", {}, "Channels"), channelBoxes),
     h("div", { class: "row" }, field("E-mail recipients", emails, "Comma-separated; for the e-mail channel."), field("SMS recipients", phones, "Comma-separated phone numbers; for the SMS channel.")),
-    h("div", { class: "row" }, field("Webhook URL", webhookUrl, "For the webhook channel: http(s), reachable from the internet (private and loopback addresses are refused). Alerts are POSTed as signed JSON.")),
+    h("div", { class: "row" }, field("Webhook URL", webhookUrl, "For the webhook, Slack or Microsoft Teams channel (one of them per rule): the receiver's URL, or the Slack or Teams channel's incoming-webhook URL (https). Reachable from the internet: private and loopback addresses are refused. Webhooks get signed JSON; Slack and Teams get a message in their own format.")),
     formErrors,
     h("div", { class: "actions" }, save),
   );
