@@ -172,6 +172,8 @@ class Edge:
         self._trusted = parse_networks(settings.trusted_proxies)
         self._secret = settings.session_secret.get_secret_value().encode()
         self._rebuilding = 0  # owners' checks of their topics in progress (rebuilding())
+        previous = settings.session_secret_previous
+        self._also_accepted = (previous.get_secret_value().encode(),) if previous else ()
         self._follower = TopicFollower(
             settings.kafka_bootstrap_servers,
             {
@@ -630,7 +632,9 @@ class Edge:
     def _authenticate_session(self, token: str, now: datetime) -> Principal:
         self._check_ready()
         try:
-            claims = sessions.verify(self._secret, token, now, max_lifetime_s=self.settings.session_ttl_seconds)
+            claims = sessions.verify(
+                self._secret, token, now, max_lifetime_s=self.settings.session_ttl_seconds, also_accepted=self._also_accepted
+            )
         except sessions.InvalidSession:
             raise _unauthorized(ErrorCode.INVALID_SESSION, "The console session is invalid or has expired.") from None
         account = self.accounts.get(claims.account_id)

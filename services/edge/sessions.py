@@ -14,6 +14,7 @@ import base64
 import hashlib
 import hmac
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
@@ -60,8 +61,12 @@ def issue(secret: bytes, claims: SessionClaims) -> str:
     return f"{PREFIX}.{payload}.{_sign(secret, payload)}"
 
 
-def verify(secret: bytes, token: str, now: datetime, *, max_lifetime_s: int | None = None) -> SessionClaims:
-    """The claims of a genuine, unexpired token; InvalidSession otherwise. With `max_lifetime_s`
+def verify(
+    secret: bytes, token: str, now: datetime, *, max_lifetime_s: int | None = None, also_accepted: Sequence[bytes] = ()
+) -> SessionClaims:
+    """The claims of a genuine, unexpired token; InvalidSession otherwise. Genuine: signed with
+    `secret` or one of `also_accepted` (SESSION_SECRET_PREVIOUS, while the secret is rotated:
+    docs/backup.md, "Rotating SESSION_SECRET"). With `max_lifetime_s`
     (the current SESSION_TTL_SECONDS) a token is also over that long after its issue, whatever its
     own `exp` says: one issued under a longer TTL ends when the shortened one says, and so no
     session outlives the edge's memory of its logout (session_revocations.py)."""
@@ -71,7 +76,7 @@ def verify(secret: bytes, token: str, now: datetime, *, max_lifetime_s: int | No
     if len(parts) != 3 or parts[0] != PREFIX:
         raise InvalidSession("malformed session token")
     payload, signature = parts[1], parts[2]
-    if not hmac.compare_digest(_sign(secret, payload), signature):
+    if not any(hmac.compare_digest(_sign(key, payload), signature) for key in (secret, *also_accepted)):
         raise InvalidSession("bad signature")
     try:
         body = json.loads(_unb64(payload))

@@ -16,12 +16,13 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from contracts.topics import USAGE
 from services.metering.consumers import SINK_EVENTS
-from services.runtime.host import capabilities, stack
+from services.runtime.host import backup, capabilities, stack
 from services.runtime.host.chserver import ServerSpec, sha256_hex
 from services.runtime.platform import clickhouse
 from services.runtime.platform.kafka import ensure_topics
@@ -241,3 +242,22 @@ def test_the_analysts_queries_run_at_nice_19_and_tollgates_own_do_not(own_server
     app.close()
     assert 19 not in _niceness_while(cfg, cfg.clickhouse_dsn)
     assert 19 in _niceness_while(cfg, cfg.analyst_dsns()["http"])
+
+
+def test_only_the_launchers_ctl_backs_up_and_only_into_the_backups_folder(own_server):
+    """`tollgate backup`/`restore` (services/runtime/host/backup.py) need BACKUP and READ, WRITE ON
+    FILE: the launcher's `ctl` has them; the application and the analyst do not, and ctl's File
+    backups are confined to the data path's backups folder."""
+    cfg = own_server
+    app = clickhouse.connect(cfg.clickhouse_dsn)
+    app.command("CREATE DATABASE IF NOT EXISTS tollgate")
+    app.command("CREATE TABLE tollgate.kept (n UInt32) ENGINE = MergeTree ORDER BY n")
+    app.command("INSERT INTO tollgate.kept SELECT number FROM numbers(10)")
+    for dsn in (cfg.clickhouse_dsn, cfg.analyst_dsns()["http"]):
+        refused = httpx.post(dsn, content="BACKUP DATABASE tollgate TO File('stolen')", timeout=10)
+        assert refused.status_code != 200 and "ACCESS_DENIED" in refused.text, refused.text
+    outside = backup._ch_response(cfg, "BACKUP DATABASE tollgate TO File('/tmp/outside')")
+    assert outside.status_code != 200 and "not allowed" in outside.text.lower(), outside.text
+    backup._ch(cfg, "BACKUP DATABASE tollgate TO File('mine')")
+    assert (cfg.state_dir / "clickhouse" / "data" / "backups" / "mine" / ".backup").exists()
+    app.close()

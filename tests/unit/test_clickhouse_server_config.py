@@ -4,7 +4,7 @@ the host safe, checked on the rendered file (the integration tests check the ser
 import re
 import xml.etree.ElementTree as ET
 
-from services.runtime.host.chserver import CONST_SETTINGS, ServerSpec, config_xml, sha256_hex, users_xml
+from services.runtime.host.chserver import BACKUPS_DIR, CONST_SETTINGS, ServerSpec, config_xml, sha256_hex, users_xml
 
 SPEC = ServerSpec(18123, 19000, "m", "ctl-pw", sha256_hex("app-pw"), sha256_hex("an-pw"), extra_database_patterns=("t_*",))
 
@@ -18,6 +18,9 @@ def test_listens_on_loopback_only_and_reads_the_users_file():
     assert [e.text for e in config.findall("listen_host")] == ["127.0.0.1"]
     assert config.findtext("users_config") == "users.xml"
     assert (config.findtext("http_port"), config.findtext("tcp_port")) == ("18123", "19000")
+    # BACKUP/RESTORE ... File(...) (tollgate backup/restore) reach one folder under the data path, nothing else
+    assert [e.text for e in config.findall("backups/allowed_path")] == [f"{BACKUPS_DIR}/"]
+    assert config.find("backups/allowed_disk") is None
 
 
 def test_every_profile_makes_the_host_path_settings_constant():
@@ -34,9 +37,18 @@ def test_grants_are_listed_never_all_and_table_engines_by_name():
     grants = {u.tag: [q.text or "" for q in u.iter("query")] for u in users}
     assert grants["default"] == ["GRANT SYSTEM LISTEN ON *.*", "GRANT SELECT ON system.numbers"]
     assert users.find("default").findtext("password") in ("", None)
-    assert grants["ctl"] == ["GRANT SELECT ON system.processes", "GRANT KILL QUERY ON *.*"]
-    assert grants["analyst"] == ["GRANT SHOW TABLES, SHOW COLUMNS, SELECT ON tollgate.*"]
     app = grants["tollgate"]
+    assert grants["ctl"][:3] == ["GRANT SELECT ON system.processes", "GRANT KILL QUERY ON *.*", "GRANT READ, WRITE ON FILE"]
+    # ctl also backs up and restores (tollgate backup/restore): Tollgate's database and the copy a
+    # restore sets aside, listed privileges, table engines by name
+    ctl_backup = grants["ctl"][3:]
+    assert all(not re.search(r"\bALL\b", g) and "DICTIONARY" not in g for g in ctl_backup)
+    on = {g.rsplit(" ON ", 1)[1] for g in ctl_backup if "TABLE ENGINE" not in g}
+    assert on == {"tollgate.*", "tollgate_replaced_*.*"}
+    assert {g.removeprefix("GRANT TABLE ENGINE ON ") for g in ctl_backup if "TABLE ENGINE" in g} == {
+        g.removeprefix("GRANT TABLE ENGINE ON ") for g in app if "TABLE ENGINE" in g
+    }
+    assert grants["analyst"] == ["GRANT SHOW TABLES, SHOW COLUMNS, SELECT ON tollgate.*"]
     assert all(not re.search(r"\bALL\b", g) and not g.endswith(" ON *.*") and "DICTIONARY" not in g for g in app)
     assert any(g.endswith(" ON tollgate.*") for g in app) and any(g.endswith(" ON t_*.*") for g in app)
     engines = [g.removeprefix("GRANT TABLE ENGINE ON ") for g in app if "TABLE ENGINE" in g]

@@ -58,6 +58,8 @@ APP_PRIVILEGES = (
 )
 # Table engines by name: `TABLE ENGINE ON *` would admit File(...) and URL(...).
 APP_TABLE_ENGINES = ("MergeTree", "ReplacingMergeTree", "SummingMergeTree", "AggregatingMergeTree", "Memory")
+# The folder under the data path BACKUP and RESTORE use (`tollgate backup`/`restore` move files in and out).
+BACKUPS_DIR = "backups"
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,9 @@ def config_xml(spec: ServerSpec) -> str:
     <http_port>{spec.http_port}</http_port>
     <tcp_port>{spec.tcp_port}</tcp_port>
     <users_config>users.xml</users_config>
+    <!-- `tollgate backup`/`restore` (services/runtime/host/backup.py): BACKUP ... TO File('NAME')
+         reads and writes NAME in this folder, relative to the data path, and nowhere else. -->
+    <backups><allowed_path>{BACKUPS_DIR}/</allowed_path></backups>
 </clickhouse>
 """
 
@@ -127,6 +132,18 @@ def users_xml(spec: ServerSpec) -> str:
         "<os_thread_priority>19</os_thread_priority>"
         "<priority>10</priority>"
     )
+    # `tollgate backup`/`restore` (run by the launcher, which alone knows this password): BACKUP of
+    # the database, and RESTORE into it while a replaced copy waits under `<db>_replaced_*`.
+    # The File backup engine needs READ/WRITE ON FILE; config.xml confines it to BACKUPS_DIR.
+    ctl_backup_grants = (
+        "<query>GRANT READ, WRITE ON FILE</query>"
+        + "".join(
+            f"<query>GRANT BACKUP, SHOW, SELECT, INSERT, CREATE DATABASE, CREATE TABLE, CREATE VIEW, "
+            f"DROP DATABASE, DROP TABLE, DROP VIEW ON {escape(db)}.*</query>"
+            for db in (spec.database, f"{spec.database}_replaced_*")
+        )
+        + "".join(f"<query>GRANT TABLE ENGINE ON {escape(engine)}</query>" for engine in engines)
+    )
     return f"""<clickhouse>
     <profiles>
         <default>{_profile()}</default>
@@ -153,6 +170,7 @@ def users_xml(spec: ServerSpec) -> str:
             <grants>
                 <query>GRANT SELECT ON system.processes</query>
                 <query>GRANT KILL QUERY ON *.*</query>
+                {ctl_backup_grants}
             </grants>
         </ctl>
         <tollgate>

@@ -421,6 +421,36 @@ def down() -> None:
 
 
 @app.command()
+def backup(directory: Annotated[Path, typer.Argument(help="a new (or empty) folder")]) -> None:
+    """Back up the local stack's Postgres (every service's schema), ClickHouse (its own BACKUP)
+    and generated secrets into DIRECTORY, with a manifest; Kafka is rebuilt, not backed up
+    (docs/backup.md). Works while the stack runs."""
+    from services.runtime.host import backup as backups
+
+    try:
+        typer.echo(json.dumps(backups.backup(_config(), directory), indent=2))
+    except backups.BackupError as exc:
+        typer.echo(f"backup: {exc} (no backup written)", err=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def restore(
+    directory: Annotated[Path, typer.Argument(help="a folder `tollgate backup` wrote")],
+    force: Annotated[bool, typer.Option("--force", help="replace a stack that already holds data")] = False,
+) -> None:
+    """Restore a backup into the stopped local stack (then `tollgate up`); all or nothing. Kafka
+    is left alone: its topics come back at start and through `tollgate republish` (docs/backup.md)."""
+    from services.runtime.host import backup as backups
+
+    try:
+        typer.echo(json.dumps(backups.restore(_config(), directory, force=force), indent=2))
+    except backups.BackupError as exc:
+        typer.echo(f"restore: {exc} (the stack is as it was)", err=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
 def docs(out: Path = Path("docs/generated")) -> None:
     """Write the OpenAPI (FastAPI) and AsyncAPI (FastStream) documents generated from the code."""
     from faststream.specification import AsyncAPI

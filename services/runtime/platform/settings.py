@@ -25,6 +25,9 @@ class Settings(BaseSettings):
     platform_timezone: str = "UTC"
     # Signs console sessions; every replica of every service needs the same value.
     session_secret: SecretStr = SecretStr("dev-only-session-secret-change-me")
+    # Also accepted, never used to sign: while SESSION_SECRET is rotated, the old (or the coming)
+    # secret, so that no session ends when a replica's secret changes (docs/backup.md).
+    session_secret_previous: SecretStr | None = None
     # At most sessions.v1's retention (7 days): a restarted edge reads only that far back, and must
     # still know the logout of every session alive (validated below).
     session_ttl_seconds: int = Field(default=8 * 3600, gt=0)
