@@ -1,12 +1,13 @@
 """`tollgate backup` then `tollgate restore` on a stack of its own (free ports, own state dir):
 state made through the API (keys, seven days of usage, a paid order and its invoice, an alert
-rule, the audit log), backed up while it runs; the stack stopped and its Postgres, ClickHouse and
-secrets wiped; restored; `tollgate up` again. The same API key answers 200 and the overview,
+rule, the audit log), backed up while it runs; the stack stopped and its whole state folder wiped
+(Postgres, ClickHouse, secrets and Kafka's data); restored; `tollgate up` again. The same API key answers 200 and the overview,
 quota counters, invoices and audit log read the same JSON as before. A second restore into the
 now non-empty stack is refused without --force and changes nothing; with --force it replaces it.
 
-Kafka's folder is kept across the wipe: restore leaves Kafka alone (its topics come back through
-`tollgate republish`, docs/backup.md), and the key's verification at the edge reads `keys.v1`.
+Restore leaves Kafka alone: its topics come back from the owners' Postgres when they start (the
+state guard's republish, docs/architecture.md "Kafka is transport"), so the key the edge verifies
+from `keys.v1` is there again without a manual step.
 """
 
 import asyncio
