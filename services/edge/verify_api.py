@@ -161,7 +161,7 @@ def build_router(edge: Edge) -> APIRouter:
 
     @router.api_route(
         "/authorize/{forwarded:path}",
-        methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
+        methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],  # (HEAD: no body for a refusal)
         status_code=200,
         response_class=Response,
         summary="authorize for Envoy's ext_authz HTTP service: the original method, and the path after the prefix",

@@ -42,7 +42,7 @@ BY_ID: dict[tuple[str, str], tuple[str, dict | None]] = {
 OPERATOR = ("PUT", "/api/admin/accounts/{account_id}/roles")
 SERVICE_TOKEN_REVOKE = ("DELETE", "/api/admin/service-tokens/{token_id}")  # operator too, not the tenant's
 # (v3) authorize in Envoy's shape takes a path, not an object's id, and only an ingress's service token
-ENVOY_AUTHORIZE = {(m, "/api/edge/authorize/{forwarded}") for m in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")}
+ENVOY_AUTHORIZE = {(m, "/api/edge/authorize/{forwarded}") for m in ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")}
 
 
 def _routes_with_ids(app) -> set[tuple[str, str]]:
