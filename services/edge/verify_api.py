@@ -88,6 +88,21 @@ def answer_of(edge: Edge, call: ServiceCall, verdict: Verdict, request_id: str) 
     )
 
 
+def _call(body: VerifyRequest, service: ServicePrincipal) -> ServiceCall:
+    """The call verify's body (or authorize's headers) describe, as the service holding `service` received it."""
+    return ServiceCall(
+        key=body.key,
+        method=body.method,
+        path=body.path,
+        ip=body.ip,
+        user_agent=body.user_agent,
+        service=service.name,
+        resource=body.resource,
+        cost=body.cost,
+        permission=body.permission,
+    )
+
+
 def _bearer(authorization: str) -> str:
     scheme, _, token = authorization.partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
@@ -129,17 +144,7 @@ def build_router(edge: Edge) -> APIRouter:
     async def verify(
         body: VerifyRequest, request: Request, service: Annotated[ServicePrincipal, Depends(verifier)]
     ) -> VerifyAnswer:
-        call = ServiceCall(
-            key=body.key,
-            method=body.method,
-            path=body.path,
-            ip=body.ip,
-            user_agent=body.user_agent,
-            service=service.name,
-            resource=body.resource,
-            cost=body.cost,
-            permission=body.permission,
-        )
+        call = _call(body, service)
         request_id = request_id_of(request)
         return answer_of(edge, call, await edge.decide(call, request_id), request_id)
 
@@ -207,17 +212,7 @@ def build_router(edge: Edge) -> APIRouter:
         except ValidationError as invalid:
             details = [{"field": ".".join(map(str, e["loc"])), "message": e["msg"]} for e in invalid.errors()]
             return error_response(request, 422, ErrorCode.VALIDATION_ERROR, "The forwarded request is not valid.", details)
-        call = ServiceCall(
-            key=body.key,
-            method=body.method,
-            path=body.path,
-            ip=body.ip,
-            user_agent=body.user_agent,
-            service=service.name,
-            resource=body.resource,
-            cost=body.cost,
-            permission=body.permission,
-        )
+        call = _call(body, service)
         request_id = request_id_of(request)
         verdict = await edge.decide(call, request_id)
         answer = dict(verdict.headers)
