@@ -1,8 +1,10 @@
-"""Session-wide real infrastructure; per-test isolation by topic prefix, database and CH database."""
+"""Session-wide real infrastructure; per-test isolation by topic prefix, database and CH database
+(tests/support/environments.py makes them ahead and drops them behind)."""
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 
 import httpx
 import pytest
@@ -14,7 +16,8 @@ from services.runtime.platform.postgres import open_pool
 from services.runtime.platform.settings import Settings
 from tests.support import databases
 from tests.support.apps import running_app
-from tests.support.infra import Endpoints, delete_topics_with_prefix, drop_clickhouse_database, endpoints
+from tests.support.environments import Environment, Environments
+from tests.support.infra import Endpoints, delete_topics_with_prefix, drop_clickhouse_database, endpoints, exported_endpoints
 from tests.support.redis_server import running_redis
 
 # Property tests write no example database (the unit suite does no I/O; a failure prints its
@@ -24,6 +27,21 @@ from tests.support.redis_server import running_redis
 hypothesis_settings.register_profile("tollgate", deadline=None, database=None)
 hypothesis_settings.register_profile("quick", deadline=None, database=None, max_examples=25)
 hypothesis_settings.load_profile("tollgate")
+
+
+_CONTROLLER_STACK = ExitStack()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With pytest-xdist (`-n N`, as `make test` runs), the controller finds or starts the shared
+    stack once and hands it to its workers: N workers racing to start one stack, and the first to
+    finish stopping it under the others, would not work."""
+    if config.getoption("numprocesses", default=None) and "PYTEST_XDIST_WORKER" not in os.environ:
+        _CONTROLLER_STACK.enter_context(exported_endpoints())
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _CONTROLLER_STACK.close()
 
 
 @pytest.fixture(scope="session")
@@ -39,39 +57,42 @@ def template_db(infra: Endpoints) -> Iterator[str]:
     databases.drop_template(infra.database_url, name)
 
 
+@pytest.fixture(scope="session")
+def environments(infra: Endpoints, template_db: str) -> Iterator[Environments]:
+    made = Environments(infra, template_db)
+    yield made
+    made.close()
+
+
 @pytest.fixture
-def database_url(infra: Endpoints, template_db: str) -> Iterator[str]:
-    url = databases.clone(infra.database_url, template_db)
-    yield url
-    databases.drop(infra.database_url, url)
+def environment(environments: Environments) -> Iterator[Environment]:
+    """The test's own database, ClickHouse database and topic prefix, made before it asked."""
+    taken = environments.take()
+    yield taken
+    environments.give_back(taken)
+
+
+@pytest.fixture
+def database_url(environment: Environment) -> str:
+    return environment.database_url
 
 
 @asynccontextmanager
 async def own_settings(infra: Endpoints, database_url: str) -> AsyncIterator[Settings]:
-    """Settings of their own: unique topics, consumer groups and CH database on `database_url`.
-    The topics are deleted afterwards so the one broker does not pile up partitions."""
+    """Settings of their own on `database_url`: unique topics, consumer groups and CH database,
+    deleted afterwards so the one broker does not pile up partitions."""
     tag = uuid.uuid4().hex[:10]
     try:
-        yield Settings(
-            kafka_bootstrap_servers=infra.kafka_bootstrap,
-            database_url=database_url,
-            clickhouse_dsn=infra.clickhouse_dsn,
-            clickhouse_database=f"t_{tag}",
-            redis_url=infra.redis_url,
-            topic_prefix=f"t{tag}.",
-            session_secret=f"test-secret-{tag}",
-            admin_token=f"admin-{tag}",
-        )
+        yield Environment(tag, database_url).settings(infra)
     finally:
         await delete_topics_with_prefix(infra.kafka_bootstrap, f"t{tag}.")
         drop_clickhouse_database(infra.clickhouse_dsn, f"t_{tag}")
 
 
 @pytest.fixture
-async def settings(infra: Endpoints, database_url: str) -> AsyncIterator[Settings]:
-    """Settings of a test of its own (own_settings on the test's own database)."""
-    async with own_settings(infra, database_url) as own:
-        yield own
+def settings(infra: Endpoints, environment: Environment) -> Settings:
+    """Settings of a test of its own (its environment: topics, consumer groups, CH database)."""
+    return environment.settings(infra)
 
 
 @pytest.fixture

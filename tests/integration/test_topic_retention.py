@@ -58,6 +58,7 @@ async def test_records_stamped_long_ago_stay_on_the_metered_topics(settings):
 
 
 async def test_a_metered_topic_an_older_version_made_is_brought_to_size_retention_keeping_other_settings(settings):
+    settings = settings.model_copy(update={"topic_prefix": f"{settings.topic_prefix}old."})  # topics not made yet
     topic = settings.topic(USAGE.name)
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
     await admin.start()

@@ -124,3 +124,27 @@ def endpoints() -> Iterator[Endpoints]:
         finally:
             if not already_running and os.environ.get("TOLLGATE_KEEP_TEST_STACK") != "1":
                 stack.down(TEST_STACK)
+
+
+@contextmanager
+def exported_endpoints() -> Iterator[Endpoints]:
+    """The endpoints, found or started once here and exported to child processes through the
+    TEST_* variables (pytest-xdist's workers take the environment path of endpoints())."""
+    with endpoints() as found:
+        exported = {
+            "TEST_KAFKA_BOOTSTRAP_SERVERS": found.kafka_bootstrap,
+            "TEST_DATABASE_URL": found.database_url,
+            "TEST_CLICKHOUSE_URL": found.clickhouse_dsn,
+            "TEST_CLICKHOUSE_ANALYST_URL": found.clickhouse_analyst_dsn,
+            "TEST_REDIS_URL": found.redis_url,
+        }
+        saved = {name: os.environ.get(name) for name in exported}
+        os.environ.update(exported)
+        try:
+            yield found
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
