@@ -74,6 +74,8 @@ INGRESS_PORT, FIRST_REPLICA_PORT, ALL_PORT = 27750, 27751, 27760
 
 def _ms(samples_s: list[float]) -> str:
     ms = [s * 1000 for s in samples_s]
+    if not ms:
+        return "none (n=0)"
     return f"p50={percentile(ms, 50):.2f}ms p99={percentile(ms, 99):.2f}ms max={max(ms):.2f}ms n={len(ms)}"
 
 
@@ -384,6 +386,7 @@ async def main(n_toggles: int, callers: int, seconds: float, skip: set[str], del
         if "toggle" not in skip:
             lags, polls = await toggles(shape, n_toggles)
             print(f"key toggled off on keys -> refused by both geo replicas: {_ms(lags)}", flush=True)
+            # none when strict revocation held: every first poll after a toggle was already refused
             print(f"baseline, one accepted poll (GET /api/geo/projects on a geo replica): {_ms(polls)}", flush=True)
             for delay, trials in (await refused_after(shape, delays, n_toggles)).items():
                 refused = sum(t.refused for t in trials)
