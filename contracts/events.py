@@ -11,6 +11,8 @@ from uuid import UUID, uuid4
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
 from contracts.common import KeyStatus, Resource, Role, ServiceScope, Tier, UserType
+from contracts.key_limits import KeyRules
+from contracts.rate_limit import RateLimit
 
 Period = Annotated[str, Field(pattern=r"^\d{4}-(0[1-9]|1[0-2])$", examples=["2026-11"])]
 """A quota period: the calendar month `YYYY-MM` in the platform time zone."""
@@ -101,8 +103,10 @@ class CallEvent(Event):
 
 
 # ---- keys.v1 (compacted, key = key id; tombstone on delete) ----------------------------------
-class KeyState(Event):
-    """The full state of one API key. `hash` is the hex SHA-256 of the whole `sk-...` secret."""
+class KeyState(Event, KeyRules):
+    """The full state of one API key. `hash` is the hex SHA-256 of the whole `sk-...` secret.
+    (v4) It carries the key's own rules (KeyRules: limits, allowed models, routes, addresses,
+    rate limit); a state published before them allows everything, as an empty rule does."""
 
     type: Literal["key_state"] = "key_state"
     key_id: UUID
@@ -159,17 +163,6 @@ class QuotaThresholdCrossed(Event):
 
 
 # ---- billing.v1 ------------------------------------------------------------------------------
-class RateLimit(BaseModel):
-    """A plan's limits. Bounded so that the limiter's arithmetic stays finite (a refill of
-    5e-324 a second, or an infinite one, would overflow a wait or a TTL on every call)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    per_second: float = Field(ge=1e-6, le=1e9, allow_inf_nan=False)
-    burst: int = Field(gt=0, le=10**9)
-    per_minute: int = Field(gt=0, le=10**9)
-
-
 class PlanChanged(Event):
     """The account's plan is now `plan`, with these quotas and rate limits, from `time` on."""
 

@@ -29,12 +29,12 @@ from contracts.events import (
     PackagePurchased,
     PlanChanged,
     QuotaState,
-    RateLimit,
     ServiceTokenState,
     SessionRevoked,
     UserState,
 )
 from contracts.quota_api import InsufficientQuotaDetails, counts_as_api_call, quota_links
+from contracts.rate_limit import RateLimit
 from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA, SERVICE_TOKENS, SESSIONS, USERS
 from services.edge import sessions
 from services.edge.admissions import ADMISSION_STORE_ERRORS

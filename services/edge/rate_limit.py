@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from contracts.events import RateLimit
+from contracts.rate_limit import RateLimit
 
 WINDOW_S = 60.0
 
