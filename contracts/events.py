@@ -11,7 +11,7 @@ from uuid import UUID, uuid4
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
 from contracts.common import KeyStatus, Resource, Role, ServiceScope, Tier, UserType
-from contracts.key_limits import KeyRules
+from contracts.key_limits import KeyRules, LimitPeriod
 from contracts.rate_limit import RateLimit
 
 Period = Annotated[str, Field(pattern=r"^\d{4}-(0[1-9]|1[0-2])$", examples=["2026-11"])]
@@ -150,6 +150,26 @@ class QuotaState(Event):
     reserved: int = 0
 
 
+class KeyQuotaState(Event):
+    """(v4) One key's standing against one of its own limits (quota.v1 record key
+    `key:<api_key_id>:<resource>:<period>`). `window` names the window it counts in (day
+    `2026-11-26`, ISO week `2026-W48`, month `2026-11`, or `once`); `blocked` means used + reserved
+    >= amount. `removed`: the limit was cleared or the key deleted, the edge forgets it."""
+
+    type: Literal["key_quota_state"] = "key_quota_state"
+    api_key_id: UUID
+    resource: Resource
+    period: LimitPeriod
+    window: str = Field(max_length=16)
+    amount: int
+    used: int
+    reserved: int = 0
+    blocked: bool
+    resets_at: AwareDatetime | None = None  # None for `once`
+    removed: bool = False
+    version: Version = 0  # order_of(): the counter row's version
+
+
 # ---- quota-thresholds.v1 ---------------------------------------------------------------------
 class QuotaThresholdCrossed(Event):
     """Usage of `resource` rose across whole percent `threshold_pct` (the highest one crossed)."""
@@ -160,6 +180,11 @@ class QuotaThresholdCrossed(Event):
     threshold_pct: int = Field(ge=1, le=100)
     used: int
     total: int
+    # (v4) set when the crossing is of one key's own limit (`total` is the limit's amount): fired
+    # once per (rule, threshold, window) by rules whose scope names that key
+    api_key_id: UUID | None = None
+    limit_period: LimitPeriod | None = None
+    window: str | None = Field(default=None, max_length=16)
 
 
 # ---- billing.v1 ------------------------------------------------------------------------------
