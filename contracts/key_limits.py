@@ -6,10 +6,10 @@ a rate limit of its own. keys owns them (keys.v1), quota counts the limits, the 
 import ipaddress
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Annotated, Self
+from typing import Annotated
 from zoneinfo import ZoneInfo
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from contracts.common import Resource
 from contracts.period import period_bounds, period_of
@@ -62,6 +62,13 @@ RoutePattern = Annotated[str, Field(max_length=530), AfterValidator(_route_patte
 Cidr = Annotated[str, Field(max_length=64), AfterValidator(_cidr)]
 
 
+def one_per_resource_and_period(limits: list[KeyLimit]) -> list[KeyLimit]:
+    seen = [(limit.resource, limit.period) for limit in limits]
+    if len(seen) != len(set(seen)):
+        raise ValueError("one limit per resource and period")
+    return limits
+
+
 class KeyRules(BaseModel):
     """Everything that narrows a key. An empty list allows everything; `rate_limit` None = the plan's."""
 
@@ -73,12 +80,8 @@ class KeyRules(BaseModel):
     allowed_ips: list[Cidr] = Field(default_factory=list, max_length=MAX_LIST)
     rate_limit: RateLimit | None = None
 
-    @model_validator(mode="after")
-    def _one_limit_per_resource_and_period(self) -> Self:
-        seen = [(limit.resource, limit.period) for limit in self.limits]
-        if len(seen) != len(set(seen)):
-            raise ValueError("one limit per resource and period")
-        return self
+    # a field validator, so that the 422 names the field (`limits`)
+    _one_limit_per_resource_and_period = field_validator("limits")(one_per_resource_and_period)
 
 
 class KeyLimitUsage(BaseModel):
