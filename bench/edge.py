@@ -34,9 +34,10 @@ from faststream.kafka import KafkaBroker
 from bench.stats import percentile, ratio_line, summary_ms
 from bench.support import bench_settings, endpoints
 from contracts.common import Resource, Role, Tier
-from contracts.events import PlanChanged, QuotaState, RateLimit
+from contracts.events import PlanChanged, QuotaState
 from contracts.period import period_of
 from contracts.plans import catalogue
+from contracts.rate_limit import RateLimit
 from contracts.topics import BILLING, QUOTA
 from services.edge.principal import Principal
 from services.runtime.platform.settings import Settings

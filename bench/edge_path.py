@@ -24,8 +24,9 @@ from starlette.types import Message, Receive, Scope, Send
 
 from contracts.common import Permission, Resource, Role
 from contracts.credentials import hash_secret
-from contracts.events import KeyState, QuotaState, RateLimit
+from contracts.events import KeyState, QuotaState
 from contracts.period import period_of
+from contracts.rate_limit import RateLimit
 from services.edge.edge import Edge
 from services.edge.middleware import RequestMiddleware
 from services.runtime.platform.settings import Settings

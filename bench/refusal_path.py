@@ -26,7 +26,8 @@ from starlette.types import ASGIApp, Message
 
 from contracts.common import Role
 from contracts.credentials import hash_secret
-from contracts.events import KeyState, RateLimit
+from contracts.events import KeyState
+from contracts.rate_limit import RateLimit
 from services.runtime.host.app import create_app
 from services.runtime.platform.settings import Settings
 

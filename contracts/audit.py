@@ -26,6 +26,7 @@ class AuditAction(StrEnum):
     API_KEY_TOGGLED = "api_key.toggled"
     API_KEY_DELETED = "api_key.deleted"
     API_KEY_ROTATED = "api_key.rotated"
+    API_KEY_UPDATED = "api_key.updated"  # (v4) PATCH: its details are the changed fields' new values
     MEMBER_ADDED = "member.added"
     MEMBER_ROLE_CHANGED = "member.role_changed"
     MEMBER_REMOVED = "member.removed"

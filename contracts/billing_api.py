@@ -7,8 +7,8 @@ from uuid import UUID
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PositiveInt
 
 from contracts.common import Resource, Tier, UserType
-from contracts.events import RateLimit
 from contracts.quota_api import PeriodRange
+from contracts.rate_limit import RateLimit
 
 
 class PlanOut(BaseModel):

@@ -22,6 +22,8 @@ def _address(value: str) -> str:
 
 
 IpAddress = Annotated[str, AfterValidator(_address)]
+# (v4) `provider/model`, printable ASCII without spaces, as allowed_models names them.
+Model = Annotated[str, StringConstraints(max_length=200, pattern=r"^[\x21-\x2e\x30-\x7e]+/[\x21-\x7e]+$")]
 
 
 class VerifyRequest(BaseModel):
@@ -39,6 +41,12 @@ class VerifyRequest(BaseModel):
         default=0, ge=0, le=MAX_COST, description="For a flow: refused when used + reserved + cost > total."
     )
     permission: Permission | None = Field(default=None, description="A permission the key's user must hold.")
+    model: Model | None = Field(
+        default=None,
+        description="(v4) The `provider/model` the service will actually call (not what its caller asked for). A key "
+        "with `allowed_models` is refused 403 `model_not_allowed` for a model outside them, and for a call without a "
+        "model (fail closed).",
+    )
 
 
 class VerifiedRateLimit(BaseModel):

@@ -25,6 +25,10 @@ class ErrorCode(StrEnum):
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
     LAST_OWNER = "last_owner"
     OVERLOADED = "overloaded"
+    # v4: a key's own restrictions (contracts/key_limits.py)
+    IP_NOT_ALLOWED = "ip_not_allowed"
+    ROUTE_NOT_ALLOWED = "route_not_allowed"
+    MODEL_NOT_ALLOWED = "model_not_allowed"
     # Not in API.md's table; used where the contract is silent.
     CONFLICT = "conflict"
     INVALID_CREDENTIALS = "invalid_credentials"  # login with a wrong e-mail or password

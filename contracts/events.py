@@ -11,6 +11,8 @@ from uuid import UUID, uuid4
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
 from contracts.common import KeyStatus, Resource, Role, ServiceScope, Tier, UserType
+from contracts.key_limits import KeyRules, LimitPeriod
+from contracts.rate_limit import RateLimit
 
 Period = Annotated[str, Field(pattern=r"^\d{4}-(0[1-9]|1[0-2])$", examples=["2026-11"])]
 """A quota period: the calendar month `YYYY-MM` in the platform time zone."""
@@ -101,8 +103,10 @@ class CallEvent(Event):
 
 
 # ---- keys.v1 (compacted, key = key id; tombstone on delete) ----------------------------------
-class KeyState(Event):
-    """The full state of one API key. `hash` is the hex SHA-256 of the whole `sk-...` secret."""
+class KeyState(Event, KeyRules):
+    """The full state of one API key. `hash` is the hex SHA-256 of the whole `sk-...` secret.
+    (v4) It carries the key's own rules (KeyRules: limits, allowed models, routes, addresses,
+    rate limit); a state published before them allows everything, as an empty rule does."""
 
     type: Literal["key_state"] = "key_state"
     key_id: UUID
@@ -146,6 +150,26 @@ class QuotaState(Event):
     reserved: int = 0
 
 
+class KeyQuotaState(Event):
+    """(v4) One key's standing against one of its own limits (quota.v1 record key
+    `key:<api_key_id>:<resource>:<period>`). `window` names the window it counts in (day
+    `2026-11-26`, ISO week `2026-W48`, month `2026-11`, or `once`); `blocked` means used + reserved
+    >= amount. `removed`: the limit was cleared or the key deleted, the edge forgets it."""
+
+    type: Literal["key_quota_state"] = "key_quota_state"
+    api_key_id: UUID
+    resource: Resource
+    period: LimitPeriod
+    window: str = Field(max_length=16)
+    amount: int
+    used: int
+    reserved: int = 0
+    blocked: bool
+    resets_at: AwareDatetime | None = None  # None for `once`
+    removed: bool = False
+    version: Version = 0  # order_of(): the counter row's version
+
+
 # ---- quota-thresholds.v1 ---------------------------------------------------------------------
 class QuotaThresholdCrossed(Event):
     """Usage of `resource` rose across whole percent `threshold_pct` (the highest one crossed)."""
@@ -156,20 +180,14 @@ class QuotaThresholdCrossed(Event):
     threshold_pct: int = Field(ge=1, le=100)
     used: int
     total: int
+    # (v4) set when the crossing is of one key's own limit (`total` is the limit's amount): fired
+    # once per (rule, threshold, window) by rules whose scope names that key
+    api_key_id: UUID | None = None
+    limit_period: LimitPeriod | None = None
+    window: str | None = Field(default=None, max_length=16)
 
 
 # ---- billing.v1 ------------------------------------------------------------------------------
-class RateLimit(BaseModel):
-    """A plan's limits. Bounded so that the limiter's arithmetic stays finite (a refill of
-    5e-324 a second, or an infinite one, would overflow a wait or a TTL on every call)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    per_second: float = Field(ge=1e-6, le=1e9, allow_inf_nan=False)
-    burst: int = Field(gt=0, le=10**9)
-    per_minute: int = Field(gt=0, le=10**9)
-
-
 class PlanChanged(Event):
     """The account's plan is now `plan`, with these quotas and rate limits, from `time` on."""
 

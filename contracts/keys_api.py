@@ -4,9 +4,20 @@ from enum import StrEnum
 from typing import Annotated, Literal
 from uuid import UUID
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from contracts.common import KeyStatus, Role, Tier, UserType
+from contracts.common import KeyStatus, Resource, Role, Tier, UserType
+from contracts.key_limits import (
+    MAX_LIST,
+    Cidr,
+    KeyLimit,
+    KeyRules,
+    LimitPeriod,
+    ModelPattern,
+    RoutePattern,
+    one_per_resource_and_period,
+)
+from contracts.rate_limit import RateLimit
 
 Email = Annotated[str, StringConstraints(strip_whitespace=True, max_length=254, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")]
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
@@ -64,12 +75,47 @@ class RolesRequest(_In):
 
 
 # ---- API keys -----------------------------------------------------------------------------------
-class KeyCreateRequest(_In):
-    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
+KeyName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
+
+
+class KeyCreateRequest(_In, KeyRules):
+    """(v4) The key's own rules (KeyRules), all optional: absent, it is as narrow as its account."""
+
+    name: KeyName
     expires_at: AwareDatetime | None = None
 
 
-class KeyCreated(BaseModel):
+class KeyUpdateRequest(_In):
+    """(v4) PATCH /api/api-keys/{id}: an absent field is unchanged, `null` clears it (an empty
+    list, or the plan's rate limit). Each field is checked as at creation."""
+
+    name: KeyName | None = None
+    limits: list[KeyLimit] | None = Field(default=None, max_length=len(Resource) * len(LimitPeriod))
+    allowed_models: list[ModelPattern] | None = Field(default=None, max_length=MAX_LIST)
+    allowed_routes: list[RoutePattern] | None = Field(default=None, max_length=MAX_LIST)
+    allowed_ips: list[Cidr] | None = Field(default=None, max_length=MAX_LIST)
+    rate_limit: RateLimit | None = None
+
+    @field_validator("limits")
+    @classmethod
+    def _one_limit_per_resource_and_period(cls, limits: list[KeyLimit] | None) -> list[KeyLimit] | None:
+        return None if limits is None else one_per_resource_and_period(limits)  # as KeyRules at creation
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_not_cleared(cls, name: str | None) -> str:
+        if name is None:
+            raise ValueError("a key keeps a name: send one, or leave `name` out")
+        return name
+
+    def rules_given(self) -> dict[str, object]:
+        """The rule fields the request names, `null` ones as their cleared value."""
+        given = self.model_fields_set - {"name"}
+        cleared = KeyRules()
+        return {f: getattr(self, f) if getattr(self, f) is not None else getattr(cleared, f) for f in given}
+
+
+class KeyCreated(KeyRules):
     id: UUID
     name: str
     key: str = Field(description="The full secret. It appears in this response only.")
@@ -88,7 +134,9 @@ class KeyListStatus(StrEnum):
     EXPIRED = "expired"
 
 
-class KeyItem(BaseModel):
+class KeyItem(KeyRules):
+    """A key as listed (v4: with its own rules; empty lists and a null rate limit: none)."""
+
     id: UUID
     name: str
     masked_key: str

@@ -8,7 +8,7 @@ from importlib import resources
 from pydantic import BaseModel, ConfigDict
 
 from contracts.common import Resource, Tier, UserType
-from contracts.events import RateLimit
+from contracts.rate_limit import RateLimit
 
 
 class Plan(BaseModel):

@@ -29,12 +29,12 @@ from contracts.events import (
     PackagePurchased,
     PlanChanged,
     QuotaState,
-    RateLimit,
     ServiceTokenState,
     SessionRevoked,
     UserState,
 )
 from contracts.quota_api import InsufficientQuotaDetails, counts_as_api_call, quota_links
+from contracts.rate_limit import RateLimit
 from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA, SERVICE_TOKENS, SESSIONS, USERS
 from services.edge import sessions
 from services.edge.admissions import ADMISSION_STORE_ERRORS
@@ -42,6 +42,7 @@ from services.edge.billing_totals import BillingTotals
 from services.edge.calls import OVERLOADED, Call, CallRecorder, client_ip, parse_networks
 from services.edge.context import CALL_CONTEXT, CallContext, context_of
 from services.edge.errors import ApiError
+from services.edge.key_rules import KeyGate, narrower
 from services.edge.openapi_security import ADMIN_TOKEN, API_KEY, CONSOLE_SESSION, SERVICE_TOKEN, accepts
 from services.edge.principal import Principal
 from services.edge.projections import AccountProjection, KeyProjection, PlanLimits
@@ -162,7 +163,8 @@ class Edge:
         self.limiter: RateLimitStore = self.shared if self.shared is not None else MemoryStore()
         self._admission_log = Throttled(log)
         self.calls = CallRecorder(settings)
-        self._limits: dict[RateLimit, Limits] = {}
+        # (plan's rate limit, key's own or None) -> the limits of the call's subjects (account, key)
+        self._limits: dict[tuple[RateLimit, RateLimit | None], tuple[Limits, Limits]] = {}
         # key id -> (its account, its rate-limit subjects): no string formatting per call
         self._subjects: dict[UUID, tuple[UUID, tuple[str, str]]] = {}
         # key id -> (key state, account state, principal built from them)
@@ -310,6 +312,9 @@ class Edge:
                 self._check_consumes(principal.account_id, consumes, now)
             else:
                 route = getattr(request.scope.get("route"), "path", None)
+                ruled = self._rules_refusal(request, principal, now)
+                if ruled is not None:
+                    raise ruled
                 counted = counts_as_api_call(request.method, str(route))
                 await self._admit_key_call(request, context, principal, permission, consumes, counted, console_only, now)
             context.principal = principal
@@ -344,17 +349,40 @@ class Edge:
             principal = self._authenticate_key(token, now, request)
         except ApiError as unauthorized:
             return unauthorized
+        ruled = self._rules_refusal(request, principal, now)
+        if ruled is not None:
+            return ruled
         limited = self._refused_by_copy(request, principal, now)
         if limited is None:
             context_of(scope).principal = principal
         return limited
+
+    def _rules_refusal(
+        self, request: Request, principal: Principal, now: datetime, model: str | None = None, *, judges_model: bool = False
+    ) -> ApiError | None:
+        """(v4) The 403 of the key's own restrictions (address, route, model: key_rules.py), logged
+        as a refused call, before the rate limit and the quota gate take anything; None: none broken.
+        The route is the template (Tollgate's routes) or the path the service passed (verify)."""
+        gate = principal.gate
+        if gate is None:
+            return None
+        scope = request.scope
+        client = scope.get("client")
+        ip = client_ip(client[0] if client else "", request.headers.get("x-forwarded-for", ""), self._trusted)
+        route = getattr(scope.get("route"), "path", None) or scope["path"]
+        broken = gate.refusal(ip, scope["method"], str(route), model, judges_model=judges_model)
+        if broken is None:
+            return None
+        assert principal.api_key_id is not None
+        self._record_call(request, principal.account_id, principal.api_key_id, now)
+        return ApiError(403, *broken)
 
     def _refused_by_copy(self, request: Request, principal: Principal, now: datetime) -> ApiError | None:
         """The 429 of the rate limiter's copy of a refusal for this key's call (no I/O), logged
         as a refused call; None: the copy would let it through (the limiter itself decides)."""
         account_id, key_id = principal.account_id, principal.api_key_id
         assert key_id is not None
-        decision = self.limiter.refused(self._subjects_of(key_id, account_id), self._limits_of(account_id), time.time())
+        decision = self.limiter.refused(self._subjects_of(key_id, account_id), self._limits_of(principal), time.time())
         if decision is None:
             return None
         self._record_call(request, account_id, key_id, now)
@@ -378,7 +406,8 @@ class Edge:
             if not call.key.startswith(API_KEY_PREFIX):  # a session or a service token is no customer's key here
                 raise _unauthorized(ErrorCode.INVALID_API_KEY, "The API key is not valid.")
             principal = self._authenticate_key(call.key, now, request)
-            refusal = self._refused_by_copy(request, principal, now)
+            refusal = self._rules_refusal(request, principal, now, call.model, judges_model=True)
+            refusal = refusal or self._refused_by_copy(request, principal, now)
             if refusal is None:
                 counted = counts_as_api_call(call.method, call.path)
                 await self._admit_key_call(
@@ -533,7 +562,7 @@ class Edge:
         (`revoke_everywhere`): 401 then, as the state will say once it arrives."""
         account_id, key_id = principal.account_id, principal.api_key_id
         assert key_id is not None
-        limits, subjects = self._limits_of(account_id), self._subjects_of(key_id, account_id)
+        limits, subjects = self._limits_of(principal), self._subjects_of(key_id, account_id)
         admitted: bool | None = None
         try:
             if self.shared is not None:
@@ -543,6 +572,13 @@ class Edge:
                 decision = await self.limiter.hit(subjects, limits, time.time())
         except KeyRevoked as revoked:
             self._free_place(context)
+            if revoked.narrowed:  # judged by rules older than the key's: never wider, so not at all
+                raise ApiError(
+                    503,
+                    ErrorCode.SERVICE_UNAVAILABLE,
+                    "The API key's rules changed a moment ago and this server is still reading them; retry shortly.",
+                    headers={"Retry-After": "1"},
+                ) from None
             if revoked.deleted:
                 raise _unauthorized(ErrorCode.INVALID_API_KEY, "The API key is not valid.") from None
             raise _unauthorized(ErrorCode.API_KEY_DISABLED, "The API key is disabled.") from None
@@ -565,17 +601,34 @@ class Edge:
         the state itself. A store failure leaves keys.v1 alone to carry it (milliseconds; logged)."""
         if self.shared is None or (state.status == KeyStatus.ENABLED and not state.deleted):
             return
+        how = "deleted" if state.deleted else "disabled"
+        await self._share_revocation(KeyCheck(state.key_id, state.version), how)
+
+    async def narrow_everywhere(self, state: KeyState) -> None:
+        """(v4, keys, before a PATCH of a key's rules answers) every replica refuses the key's calls
+        judged by a state older than `state` (503, retry) until its keys.v1 projection has it: new
+        rules, narrower ones above all, are in force everywhere when the PATCH answers."""
+        if self.shared is not None:
+            await self._share_revocation(KeyCheck(state.key_id, state.version), "narrowed")
+
+    async def _share_revocation(self, check: KeyCheck, how: str) -> None:
+        assert self.shared is not None
         try:
-            await self.shared.revoke(KeyCheck(state.key_id, state.version), deleted=state.deleted)
+            await self.shared.revoke(check, how=how)
         except Exception:
             REVOCATION_STORE_ERRORS.inc()
             self._admission_log.warning("a key's revocation could not be shared (Redis): keys.v1 carries it alone")
 
-    def _limits_of(self, account_id: UUID) -> Limits:
-        rate = self.plans.rate_limit(account_id)
-        limits = self._limits.get(rate)
+    def _limits_of(self, principal: Principal) -> tuple[Limits, Limits]:
+        """The limits of the call's subjects: its account's (the plan's) and its key's (v4: the
+        narrower of the key's own rate limit and the plan's, each number; the plan's if it has none)."""
+        plan = self.plans.rate_limit(principal.account_id)
+        own = principal.gate.rate_limit if principal.gate is not None else None
+        limits = self._limits.get((plan, own))
         if limits is None:
-            limits = self._limits[rate] = Limits.of(rate)
+            if len(self._limits) >= MAX_CACHED_SUBJECTS:
+                self._limits.clear()
+            limits = self._limits[(plan, own)] = (Limits.of(plan), Limits.of(narrower(plan, own)))
         return limits
 
     def _subjects_of(self, key_id: UUID, account_id: UUID) -> tuple[str, str]:
@@ -681,7 +734,12 @@ class Edge:
         account_roles = account.roles if account is not None else state.roles
         roles = acting_roles(creator, user_id, state.account_id, account_roles)
         principal = Principal(
-            account_id=state.account_id, roles=roles, api_key_id=state.key_id, user_id=state.created_by, key_version=state.version
+            account_id=state.account_id,
+            roles=roles,
+            api_key_id=state.key_id,
+            user_id=state.created_by,
+            key_version=state.version,
+            gate=KeyGate.of(state),  # parsed once per state: a call pays a few comparisons
         )
         if len(self._principals) >= MAX_CACHED_SUBJECTS:
             self._principals.clear()

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from contracts.common import Permission, Role, permissions_of
+from services.edge.key_rules import KeyGate
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +18,8 @@ class Principal:
     # (API key) the version of the key's state it was judged by: a revocation of a later version
     # in the shared store refuses it before this process has that state (rate_store.KeyRevoked)
     key_version: int = 0
+    # (v4) the key's own restrictions, parsed (None: it has none; a session never has any)
+    gate: KeyGate | None = None
 
     @property
     def is_console(self) -> bool:

@@ -3,8 +3,9 @@
 from uuid import UUID
 
 from contracts.common import Tier
-from contracts.events import AccountState, KeyState, PlanChanged, RateLimit, order_of
+from contracts.events import AccountState, KeyState, PlanChanged, order_of
 from contracts.plans import catalogue
+from contracts.rate_limit import RateLimit
 
 
 class AccountProjection:

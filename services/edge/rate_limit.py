@@ -19,13 +19,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from contracts.events import RateLimit
+from contracts.rate_limit import RateLimit
 
 WINDOW_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
+    """A subject's limits. Calls are judged over several subjects at once, each with its own
+    (v4: a key with a rate limit of its own is narrower than its account): `PerSubject`."""
+
     per_second: float  # bucket refill rate
     burst: int  # bucket capacity
     per_minute: int  # sliding window limit
@@ -33,6 +36,19 @@ class Limits:
     @classmethod
     def of(cls, rate: RateLimit) -> "Limits":
         return cls(float(rate.per_second), rate.burst, rate.per_minute)
+
+
+# One Limits for every subject, or one per subject, in the subjects' order.
+PerSubject = Limits | Sequence[Limits]
+
+
+def each(limits: PerSubject, n: int) -> Sequence[Limits]:
+    """The limits of each of `n` subjects."""
+    if isinstance(limits, Limits):
+        return (limits,) * n
+    if len(limits) != n:
+        raise ValueError(f"{len(limits)} limits for {n} subjects")
+    return limits
 
 
 # Slot and Decision are made on every API-key call: slotted, not frozen (a frozen dataclass's
@@ -127,12 +143,13 @@ def window_reset(slot: Slot, now: float) -> float:
     return 0.0
 
 
-def evaluate(slots: Sequence[Slot | None], limits: Limits, now: float) -> tuple[Decision, list[Slot] | None]:
+def evaluate(slots: Sequence[Slot | None], limits: PerSubject, now: float) -> tuple[Decision, list[Slot] | None]:
     """Judge one request against every subject; the new slots only if it is allowed (a rejected
     request consumes nothing, from no subject and no limit). The headers describe the limit that
-    binds (the module's docstring)."""
-    current = [advance(s, limits, now) for s in slots]
-    refusing = _refusing(current, limits, now)
+    binds (the module's docstring), whichever subject's it is."""
+    per = each(limits, len(slots))
+    current = [advance(s, lim, now) for s, lim in zip(slots, per, strict=True)]
+    refusing = _refusing(current, per, now)
     if refusing:
         # The limit that refused: the one whose wait is Retry-After (then the longest Reset).
         retry, reset, limit = max((_retry(wait), math.ceil(reset), size) for wait, reset, size in refusing)
@@ -141,10 +158,10 @@ def evaluate(slots: Sequence[Slot | None], limits: Limits, now: float) -> tuple[
     # The tightest limit: the least room left (then the longest until it is whole again).
     remaining, reset, limit = min(
         min(
-            (math.floor(s.tokens), -math.ceil(bucket_reset(s, limits)), limits.burst),
-            (math.floor(limits.per_minute - estimate(s, now)), -math.ceil(window_reset(s, now)), limits.per_minute),
+            (math.floor(s.tokens), -math.ceil(bucket_reset(s, lim)), lim.burst),
+            (math.floor(lim.per_minute - estimate(s, now)), -math.ceil(window_reset(s, now)), lim.per_minute),
         )
-        for s in after
+        for s, lim in zip(after, per, strict=True)
     )
     return Decision(True, limit, max(0, remaining), -reset, 0), after
 
@@ -153,7 +170,7 @@ def evaluate(slots: Sequence[Slot | None], limits: Limits, now: float) -> tuple[
 STEADY_MARGIN_S = 0.001
 
 
-def refusal_lasts(slots: Sequence[Slot | None], limits: Limits, now: float) -> float:
+def refusal_lasts(slots: Sequence[Slot | None], limits: PerSubject, now: float) -> float:
     """Seconds from `now` during which `evaluate(slots, limits, t)` answers the same refusal, the
     slots unchanged (a refusal writes nothing), so that a flood's refusals can share it. The
     answer is made of whole numbers of each refusing limit (Remaining is 0): its Retry-After and
@@ -161,9 +178,10 @@ def refusal_lasts(slots: Sequence[Slot | None], limits: Limits, now: float) -> f
     does not tick; a refusing limit's wait and a bucket's Reset fall by a second a second, so
     neither ticks down (nor may a limit let a call through) before it has fallen to the next
     whole number below. Limits that refuse no call now cannot start to without a call."""
-    current = [advance(s, limits, now) for s in slots]
+    per = each(limits, len(slots))
+    current = [advance(s, lim, now) for s, lim in zip(slots, per, strict=True)]
     lasts = math.floor(now) + 1.0 - now
-    for wait, reset, _ in _refusing(current, limits, now):
+    for wait, reset, _ in _refusing(current, per, now):
         lasts = min(lasts, wait - (_retry(wait) - 1.0), reset - (math.ceil(reset) - 1.0))
     return max(0.0, lasts - STEADY_MARGIN_S)
 
@@ -172,13 +190,13 @@ def _retry(wait: float) -> int:
     return max(1, math.ceil(wait))
 
 
-def _refusing(current: Sequence[Slot], limits: Limits, now: float) -> list[tuple[float, float, int]]:
+def _refusing(current: Sequence[Slot], per: Sequence[Limits], now: float) -> list[tuple[float, float, int]]:
     """(wait, reset, size) of every limit that refuses a request at `now`: a bucket without a
     whole token, a window without room for one more."""
     refusing = []
-    for s in current:
+    for s, lim in zip(current, per, strict=True):
         if s.tokens < 1.0:
-            refusing.append((bucket_wait(s, limits), bucket_reset(s, limits), limits.burst))
-        if estimate(s, now) + 1.0 > limits.per_minute:
-            refusing.append((window_wait(s, limits, now), window_reset(s, now), limits.per_minute))
+            refusing.append((bucket_wait(s, lim), bucket_reset(s, lim), lim.burst))
+        if estimate(s, now) + 1.0 > lim.per_minute:
+            refusing.append((window_wait(s, lim, now), window_reset(s, now), lim.per_minute))
     return refusing

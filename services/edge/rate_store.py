@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 
 from services.edge.admissions import ADMISSION_STORE_ERRORS, ADMIT_FN, RELEASE, admission_args, admission_key
 from services.edge.quota_gate import CallsView
-from services.edge.rate_limit import WINDOW_S, Decision, Limits, Slot, evaluate, refusal_lasts
+from services.edge.rate_limit import WINDOW_S, Decision, PerSubject, Slot, each, evaluate, refusal_lasts
 from services.runtime.platform.logs import Throttled
 from services.runtime.platform.metrics import DEPENDENCY_ERRORS
 
@@ -48,17 +48,19 @@ class KeyCheck:
 
 
 class KeyRevoked(Exception):
-    """The key was disabled or deleted at a version later than the one this process judged it by."""
+    """The key was disabled, deleted or (v4) given new rules (`narrowed`) at a version later than
+    the one this process judged it by."""
 
-    def __init__(self, deleted: bool) -> None:
-        super().__init__("deleted" if deleted else "disabled")
-        self.deleted = deleted
+    def __init__(self, how: str) -> None:
+        super().__init__(how)
+        self.deleted = how == "deleted"
+        self.narrowed = how == "narrowed"
 
 
 class RateLimitStore(Protocol):
-    async def hit(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision: ...
+    async def hit(self, subjects: Sequence[str], limits: PerSubject, now: float) -> Decision: ...
 
-    def refused(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision | None:
+    def refused(self, subjects: Sequence[str], limits: PerSubject, now: float) -> Decision | None:
         """The refusal `hit` would answer without a round trip, or None (then `hit` judges); changes
         nothing. The edge's screen asks it before routing (screen.py)."""
         ...
@@ -75,7 +77,7 @@ class MemoryStore:
         self._slots: dict[str, Slot] = {}
         self._max = max_subjects
 
-    async def hit(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision:
+    async def hit(self, subjects: Sequence[str], limits: PerSubject, now: float) -> Decision:
         decision, after = evaluate([self._slots.get(s) for s in subjects], limits, now)
         if after is not None:
             if len(self._slots) >= self._max:
@@ -84,7 +86,7 @@ class MemoryStore:
                 self._slots[subject] = slot
         return decision
 
-    def refused(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision | None:
+    def refused(self, subjects: Sequence[str], limits: PerSubject, now: float) -> Decision | None:
         decision, _ = evaluate([self._slots.get(s) for s in subjects], limits, now)
         return None if decision.allowed else decision
 
@@ -102,11 +104,11 @@ class MemoryStore:
 
 
 # The same arithmetic as rate_limit.py, statement for statement (keep them in step).
-# rate_limit(keys, now, rate, burst, limit, ttl) -> allowed; the headers' limit, remaining, reset and
-# retry (the binding limit's, as rate_limit.evaluate); the slots as stored after the call (HMGET-like
-# rows); whether a request at the same time would be refused.
+# rate_limit(keys, now, limits, ttl) -> allowed; the headers' limit, remaining, reset and retry (the
+# binding limit's, as rate_limit.evaluate); the slots as stored after the call (HMGET-like rows);
+# whether a request at the same time would be refused. limits[i] = {rate, burst, limit} of keys[i].
 RATE_LIMIT_FN = """
-local function rate_limit(keys, now, rate, burst, limit, ttl)
+local function rate_limit(keys, now, limits, ttl)
   local W = 60.0
   local wnow = math.floor(now / W) * W
   local slots = {}
@@ -115,6 +117,7 @@ local function rate_limit(keys, now, rate, burst, limit, ttl)
   end
   local stored = {}
   for i, key in ipairs(keys) do
+    local rate, burst = limits[i][1], limits[i][2]
     local h = redis.call('HMGET', key, 'tokens', 'updated', 'wstart', 'cur', 'prev')
     stored[i] = h
     local s
@@ -150,6 +153,7 @@ local function rate_limit(keys, now, rate, burst, limit, ttl)
     return 0.0
   end
   for i, s in ipairs(slots) do
+    local rate, burst, limit = limits[i][1], limits[i][2], limits[i][3]
     if s.tokens < 1.0 then
       refusing((1.0 - s.tokens) / rate, math.max(0.0, (burst - s.tokens) / rate), burst)
     end
@@ -178,6 +182,7 @@ local function rate_limit(keys, now, rate, burst, limit, ttl)
       first = false
     end
     for i, s in ipairs(slots) do
+      local rate, burst, limit = limits[i][1], limits[i][2], limits[i][3]
       s.tokens = s.tokens - 1.0
       s.cur = s.cur + 1.0
       stored[i] = {string.format('%.17g', s.tokens), string.format('%.17g', s.updated),
@@ -193,24 +198,30 @@ local function rate_limit(keys, now, rate, burst, limit, ttl)
   end
   local next_refused = not allowed
   for i, s in ipairs(slots) do
-    if s.tokens < 1.0 or estimate(s) + 1.0 > limit then next_refused = true end
+    if s.tokens < 1.0 or estimate(s) + 1.0 > limits[i][3] then next_refused = true end
   end
   return allowed, size, math.max(0, remaining), reset, retry, stored, next_refused
 end
 """
-# KEYS: the rate limit's subjects, then (when ARGV[7] >= 0) the key's revocation entry, then
-# (when ARGV[6] = 1) the admission's hash. ARGV[1..5]: now, rate, burst, limit, ttl; ARGV[7]: the
-# version of the key's state the caller judged it by (-1: no check); ARGV[8..13]: the admission's
-# (admissions.admission_args). Returns {-1, 'deleted' | 'disabled'} when the key was revoked at a
-# later version (nothing is taken), else {allowed, limit, remaining, reset, retry (the headers'),
+# KEYS: the rate limit's subjects, then (when ARGV[4] >= 0) the key's revocation entry, then
+# (when ARGV[3] = 1) the admission's hash. ARGV[1..2]: now, ttl; ARGV[4]: the version of the key's
+# state the caller judged it by (-1: no check); ARGV[5]: n, the number of subjects, then each
+# subject's rate, burst, limit (3n values); then the admission's (admissions.admission_args).
+# Returns {-1, 'deleted' | 'disabled' | 'narrowed'} when the key was revoked (v4: or given new
+# rules) at a later version (nothing is taken), else {allowed, limit, remaining, reset, retry (the headers'),
 # admitted (1/0; -1 not judged), and when the subjects' next request would be refused, their
 # slots as stored...}.
 SCRIPT = (
     RATE_LIMIT_FN
     + ADMIT_FN
     + """
-local wants = ARGV[6] == '1'
-local known = tonumber(ARGV[7])
+local wants = ARGV[3] == '1'
+local known = tonumber(ARGV[4])
+local n = tonumber(ARGV[5])
+local limits = {}
+for i = 1, n do
+  limits[i] = {tonumber(ARGV[3 + 3 * i]), tonumber(ARGV[4 + 3 * i]), tonumber(ARGV[5 + 3 * i])}
+end
 local last = #KEYS - (wants and 1 or 0)
 if known >= 0 then
   local revoked = redis.call('GET', KEYS[last])
@@ -225,10 +236,10 @@ end
 local subjects = {}
 for i = 1, last do subjects[i] = KEYS[i] end
 local allowed, size, remaining, reset, retry, stored, next_refused = rate_limit(
-  subjects, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]))
+  subjects, tonumber(ARGV[1]), limits, tonumber(ARGV[2]))
 local admitted = -1
 if allowed and wants then
-  admitted = admit(KEYS[#KEYS], ARGV, 8)
+  admitted = admit(KEYS[#KEYS], ARGV, 6 + 3 * n)
 end
 local result = {allowed and 1 or 0, size, remaining, reset, retry, admitted}
 if next_refused then
@@ -283,13 +294,13 @@ class RedisStore:
         self._copies: dict[tuple[str, ...], _Copy] = {}
         self._judging: dict[tuple[str, ...], asyncio.Future[None]] = {}
 
-    async def hit(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision:
+    async def hit(self, subjects: Sequence[str], limits: PerSubject, now: float) -> Decision:
         return (await self.hit_and_admit(subjects, limits, now, None))[0]
 
     async def hit_and_admit(
         self,
         subjects: Sequence[str],
-        limits: Limits,
+        limits: PerSubject,
         now: float,
         admission: CallsView | None,
         known: KeyCheck | None = None,
@@ -315,13 +326,16 @@ class RedisStore:
                 judged.set_result(None)
 
     async def _judge(
-        self, subjects: tuple[str, ...], limits: Limits, now: float, admission: CallsView | None, known: KeyCheck | None
+        self, subjects: tuple[str, ...], limits: PerSubject, now: float, admission: CallsView | None, known: KeyCheck | None
     ) -> tuple[Decision, bool | None]:
         # Idle slots expire once a full bucket and an empty window would be the same thing.
-        ttl = int(2 * WINDOW_S + math.ceil(limits.burst / limits.per_second))
+        per = each(limits, len(subjects))
+        ttl = int(2 * WINDOW_S + max(math.ceil(lim.burst / lim.per_second) for lim in per))
         keys = [self._prefix + s for s in subjects]
-        args: list[str | int] = [repr(now), repr(limits.per_second), limits.burst, limits.per_minute, ttl]
-        args += [1 if admission is not None else 0, -1 if known is None else known.version]
+        args: list[str | int] = [repr(now), ttl, 1 if admission is not None else 0, -1 if known is None else known.version]
+        args.append(len(per))
+        for lim in per:
+            args += [repr(lim.per_second), lim.burst, lim.per_minute]
         if known is not None:
             keys.append(self._revoked_prefix + str(known.key_id))
         if admission is not None:
@@ -333,9 +347,10 @@ class RedisStore:
             STORE_ERRORS.inc()
             DEPENDENCY_ERRORS.labels("redis").inc()
             self._outage_log.warning("rate-limit store failed; allowing calls (see the store errors metric)", exc_info=True)
-            return Decision(True, limits.per_minute, limits.per_minute, 0, 0), None
+            window = min(lim.per_minute for lim in per)
+            return Decision(True, window, window, 0, 0), None
         if result[0] == -1:
-            raise KeyRevoked(deleted=result[1] == b"deleted")
+            raise KeyRevoked(result[1].decode())
         allowed, limit, remaining, reset, retry, admitted, *stored = result
         if stored:  # the next request would be refused: keep the slots to refuse it here
             if len(self._copies) >= MAX_COPIES:
@@ -344,7 +359,7 @@ class RedisStore:
         decision = Decision(bool(allowed), int(limit), int(remaining), int(reset), int(retry))
         return decision, None if admitted == -1 else bool(admitted)
 
-    def refused(self, subjects: Sequence[str], limits: Limits, now: float) -> Decision | None:
+    def refused(self, subjects: Sequence[str], limits: PerSubject, now: float) -> Decision | None:
         copy = self._copies.get(tuple(subjects))
         return None if copy is None else copy.refused(limits, now)
 
@@ -353,10 +368,11 @@ class RedisStore:
         any: a request it would refuse can wait for it and ask `refused` again."""
         return self._judging.get(tuple(subjects))
 
-    async def revoke(self, revoked: KeyCheck, *, deleted: bool) -> None:
-        """Every replica refuses the key from now on, unless its projection has a state of a later
-        version (re-enabled): one entry per key, the newest revocation's. Raises when Redis fails."""
-        args = [revoked.version, "deleted" if deleted else "disabled", REVOCATION_TTL_S]
+    async def revoke(self, revoked: KeyCheck, *, how: str) -> None:
+        """Every replica refuses the key from now on (`how`: deleted, disabled, or narrowed: judged
+        by a state older than its new rules), unless its projection has a state of this version or
+        later: one entry per key, the newest revocation's. Raises when Redis fails."""
+        args: list[str | int] = [revoked.version, how, REVOCATION_TTL_S]
         await self._revoke(keys=[self._revoked_prefix + str(revoked.key_id)], args=args)
 
     async def release(self, admission: CallsView) -> None:
@@ -398,11 +414,11 @@ class _Copy:
 
     slots: list[Slot | None]
     refusal: Decision | None = None
-    limits: Limits | None = None
+    limits: PerSubject | None = None
     since: float = 0.0
     until: float = 0.0
 
-    def refused(self, limits: Limits, now: float) -> Decision | None:
+    def refused(self, limits: PerSubject, now: float) -> Decision | None:
         if self.refusal is not None and self.since <= now < self.until and limits == self.limits:
             return self.refusal
         decision, _ = evaluate(self.slots, limits, now)

@@ -31,6 +31,7 @@ class ServiceCall:
     resource: Resource | None = None
     cost: int = 0
     permission: Permission | None = None
+    model: str | None = None  # (v4) `provider/model` the service will call (allowed_models)
 
     def scope(self) -> dict[str, Any]:
         return {

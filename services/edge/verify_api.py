@@ -100,6 +100,7 @@ def _call(body: VerifyRequest, service: ServicePrincipal) -> ServiceCall:
         resource=body.resource,
         cost=body.cost,
         permission=body.permission,
+        model=body.model,
     )
 
 
@@ -133,7 +134,10 @@ def build_router(edge: Edge) -> APIRouter:
         summary="The edge's decision for a call another service received (200 for every decision)",
         description=(
             "A platform service that is not a Tollgate process admits its caller's `sk-` key here and gets exactly the "
-            "decision a protected route gets: status, expiry, role, rate limit, quota gate and overload, in that order. "
+            "decision a protected route gets: status, expiry, (v4) the key's allowed addresses, routes and models "
+            "(403 `ip_not_allowed`, `route_not_allowed`, `model_not_allowed`: `model` is what the service will call; "
+            "a key with allowed models is refused a call without one), role, rate limit (the key's own and the "
+            "plan's: the narrower wins), quota gate and overload, in that order. "
             "`valid: true` is an admitted, metered call: it counts in `api_calls` and appears in `calls.v1` and the "
             "activity log with the service token's name. A refusal is logged like any refused call and counts nothing. "
             "`resource` + `cost` gate without counting (usage events count). Not decisions: a missing or revoked token "
@@ -185,7 +189,8 @@ def build_router(edge: Edge) -> APIRouter:
             "The ingress sends its token as `X-Tollgate-Service-Token`, the caller's `Authorization` unchanged, the "
             "original request as `X-Forwarded-Method` + `X-Forwarded-Uri` (or `X-Original-Method` + `X-Original-URI`), "
             "the caller's address in `X-Forwarded-For` (believed through TRUSTED_PROXIES), and optionally "
-            "`X-Tollgate-Resource`, `X-Tollgate-Cost`, `X-Tollgate-Permission`. Admitted: 200, empty, with "
+            "`X-Tollgate-Resource`, `X-Tollgate-Cost`, `X-Tollgate-Permission` and (v4) `X-Tollgate-Model` (the "
+            "`provider/model` the upstream will call; judged by the key's allowed models). Admitted: 200, empty, with "
             "`X-Tollgate-Account`, `-Key`, `-User`, `-Role`, `-Plan` and `X-RateLimit-*` for the upstream. Refused: "
             "the status, body and headers a protected route would answer, plus `X-Tollgate-Status` and "
             "`X-Tollgate-Error` (the body) for nginx, which passes only 401 and 403 from an auth subrequest."
@@ -207,6 +212,7 @@ def build_router(edge: Edge) -> APIRouter:
                     "resource": headers.get("x-tollgate-resource") or None,
                     "cost": headers.get("x-tollgate-cost") or 0,
                     "permission": headers.get("x-tollgate-permission") or None,
+                    "model": headers.get("x-tollgate-model") or None,
                 }
             )
         except ValidationError as invalid:

@@ -8,6 +8,7 @@ from pydantic import AwareDatetime
 
 from contracts.audit import AuditAction, AuditLog
 from contracts.common import Permission, Tier, UserType
+from contracts.key_limits import KeyRules
 from contracts.keys_api import (
     Account,
     KeyCreated,
@@ -15,6 +16,7 @@ from contracts.keys_api import (
     KeyItem,
     KeyList,
     KeyToggled,
+    KeyUpdateRequest,
     LoginRequest,
     LoginResponse,
     Member,
@@ -35,6 +37,13 @@ from services.keys.service import KeysService
 from services.keys.store import Row
 
 CONSOLE = "Console only: an API key gets 403 `console_session_required`."
+RULES = (
+    " (v4) A key's own rules, all optional (API.md, \"Per-key limits and restrictions\"): `limits` (one per "
+    "resource and period; `amount` > 0; `once` never refills), `allowed_models` (`provider/model` or `provider/*`), "
+    "`allowed_routes` (`METHOD /path` or `METHOD /prefix/*`; `*` only at the end), `allowed_ips` (CIDRs, IPv4 or "
+    "IPv6, written back in canonical form), `rate_limit` (each number at most the account plan's). An empty list "
+    "allows everything. Any other value is 422 `validation_error` naming the field."
+)
 
 
 def _account(row: Row) -> Account:
@@ -60,11 +69,12 @@ def _only_own(principal: Principal) -> UUID | None:
 
 
 def _item(row: Row) -> KeyItem:
-    return KeyItem.model_validate(row)
+    return KeyItem.model_validate({**row, **row["rules"]})
 
 
 def _created(row: Row, secret: str) -> KeyCreated:
     return KeyCreated(
+        **row["rules"],
         id=row["id"],
         name=row["name"],
         key=secret,
@@ -164,13 +174,35 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         return _account(await service.change_user_type(principal.account_id, body.user_type, audit=audit))
 
     # ---- API keys ------------------------------------------------------------------------------
-    @api.post("/api/api-keys", status_code=201, description=CONSOLE + " Needs `keys:write`. `expires_at` must be in the future.")
+    @api.post(
+        "/api/api-keys",
+        status_code=201,
+        description=CONSOLE + " Needs `keys:write`. `expires_at` must be in the future." + RULES,
+    )
     async def create_key(
         body: KeyCreateRequest, request: Request, principal: Annotated[Principal, Depends(console_keys_write)]
     ) -> KeyCreated:
         audit = edge.audit_context(request, principal)
-        row, secret = await service.create_key(principal.account_id, _user(principal), body.name, body.expires_at, audit=audit)
+        rules = KeyRules.model_validate(body.model_dump(include=set(KeyRules.model_fields)))
+        row, secret = await service.create_key(
+            principal.account_id, _user(principal), body.name, body.expires_at, audit=audit, rules=rules
+        )
         return _created(row, secret)
+
+    @api.patch(
+        "/api/api-keys/{key_id}",
+        description=CONSOLE + " (v4) Needs `keys:write` (a developer: only the keys it created, others' 403 "
+        "`permission_denied`; another account's key is 404). Changes the key's `name` and rules: an absent field "
+        "stays as it is, `null` clears it. Answers the key object after the new state is in Kafka and in force in "
+        "this process; every other replica refuses the key's calls judged by its older state until it has the new "
+        "one (milliseconds), so a narrowed key never widens by a race. Audit: `api_key.updated` with the changed "
+        "fields' new values." + RULES,
+    )
+    async def update_key(
+        key_id: UUID, body: KeyUpdateRequest, request: Request, principal: Annotated[Principal, Depends(console_keys_write)]
+    ) -> KeyItem:
+        audit = edge.audit_context(request, principal)
+        return _item(await service.update(principal.account_id, key_id, body, audit=audit, only_own=_only_own(principal)))
 
     @api.get(
         "/api/api-keys",

@@ -36,6 +36,8 @@ class EdgeDelivery:
         # store each asks on every admission; keys.v1 brings their projections the same a little later.
         for key in changes.keys:
             await self.edge.revoke_everywhere(key)
+        for key in changes.narrowed:  # (v4) new rules: no replica judges the key by its older state
+            await self.edge.narrow_everywhere(key)
         for account in changes.accounts:
             self.edge.accounts.apply(account)
         for key in changes.keys:

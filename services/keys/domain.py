@@ -11,7 +11,9 @@ from contracts.common import KeyStatus, Role, ServiceScope, UserType
 from contracts.domain_errors import Conflict, Forbidden, Invalid, Unauthenticated
 from contracts.errors import ErrorCode
 from contracts.events import AccountState, KeyState, ServiceTokenState, UserState
+from contracts.key_limits import KeyRules
 from contracts.keys_api import KeyListStatus
+from contracts.rate_limit import RateLimit
 
 OWNER_ROLES: tuple[Role, ...] = (Role.OWNER,)
 
@@ -98,8 +100,10 @@ def key_state(
     created_at: datetime | None = None,
     created_by: UUID | None = None,
     version: int = 0,
+    rules: KeyRules | None = None,
 ) -> KeyState:
     return KeyState(
+        **dict(rules or KeyRules()),
         time=now,
         account_id=account_id,
         key_id=key_id,
@@ -113,6 +117,16 @@ def key_state(
         created_by=created_by,
         version=version,
     )
+
+
+def check_within_plan(rate_limit: RateLimit | None, plan: RateLimit) -> None:
+    """(v4) A key's own rate limit may only narrow its plan's: each of its three numbers at most the plan's."""
+    if rate_limit is None:
+        return
+    above = [f for f in ("per_second", "burst", "per_minute") if getattr(rate_limit, f) > getattr(plan, f)]
+    if above:
+        wanted = ", ".join(f"{f} <= {getattr(plan, f)}" for f in above)
+        raise InvalidField("rate_limit", f"must not exceed the plan's rate limit ({wanted})")
 
 
 def account_state(*, account_id: UUID, roles: list[Role], user_type: UserType, now: datetime, version: int) -> AccountState:

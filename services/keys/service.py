@@ -24,8 +24,9 @@ from contracts.common import KeyStatus, Role, ServiceScope, Tier, UserType
 from contracts.credentials import hash_secret, mask, new_api_key, rotation_due
 from contracts.domain_errors import NotFound
 from contracts.events import AccountState, KeyState, ServiceTokenState, SessionRevoked, UserState, UserTypeChanged
-from contracts.keys_api import RegisterRequest
-from contracts.plans import user_type_may_take
+from contracts.key_limits import KeyRules
+from contracts.keys_api import KeyUpdateRequest, RegisterRequest
+from contracts.plans import catalogue, user_type_may_take
 from contracts.topics import ACCOUNTS, AUDIT, BILLING, KEYS, SERVICE_TOKENS, SESSIONS, USERS
 from services.keys import domain, service_tokens
 from services.keys.domain import EmailTaken, InvalidCredentials, InvalidField, UserTypePlanMismatch, WrongCurrentPassword
@@ -47,6 +48,8 @@ class Changes:
     service_tokens: list[ServiceTokenState] = field(default_factory=list)
     users: list[UserState] = field(default_factory=list)
     sessions: list[SessionRevoked] = field(default_factory=list)
+    # (v4) keys whose rules changed: other replicas must not judge them by an older state
+    narrowed: list[KeyState] = field(default_factory=list)
 
 
 class Store(Protocol):
@@ -381,6 +384,7 @@ class KeysService:
             created_at=row["created_at"],  # alerts' rotation reminder (keys.v1)
             created_by=row["created_by"],
             version=row["version"],  # taken under the row lock: the order consumers keep
+            rules=KeyRules.model_validate(row["rules"]),  # (v4) every state carries the key's rules
         )
 
     async def _roles(self, tx: KeysTx, key: Row) -> list[Role]:
@@ -404,6 +408,7 @@ class KeysService:
         expires_at: datetime | None,
         now: datetime,
         changes: Changes,
+        rules: KeyRules,
     ) -> tuple[Row, str]:
         secret = new_api_key()
         row = await tx.insert_key(
@@ -416,37 +421,98 @@ class KeysService:
             expires_at=expires_at,
             created_at=now,
             created_by=user_id,
+            rules=rules.model_dump(mode="json", exclude_defaults=True),
         )
         await self._emit_key(tx, self._state(row, await self._roles(tx, row), now), changes)
         return row, secret
 
     async def create_key(
-        self, account_id: UUID, user_id: UUID, name: str, expires_at: datetime | None, *, audit: AuditContext
+        self,
+        account_id: UUID,
+        user_id: UUID,
+        name: str,
+        expires_at: datetime | None,
+        *,
+        audit: AuditContext,
+        rules: KeyRules | None = None,
     ) -> tuple[Row, str]:
-        """The new key's row and its secret (shown once; only its hash is stored)."""
+        """The new key's row and its secret (shown once; only its hash is stored). (v4) `rules`:
+        its own limits and restrictions; a rate limit above the account plan's is refused."""
         now = self.clock()
         if expires_at is not None and expires_at <= now:
             raise InvalidField("expires_at", "must be in the future")
+        rules = rules or KeyRules()
         changes = Changes()
         async with self.store.transaction() as tx:
-            row, secret = await self._insert_new_key(tx, account_id, user_id, name, expires_at, now, changes)
+            await self._check_within_plan(tx, account_id, rules)
+            row, secret = await self._insert_new_key(tx, account_id, user_id, name, expires_at, now, changes, rules)
             await self._audit(tx, audit, account_id, now, AuditAction.API_KEY_CREATED, ("api_key", row["id"]), name=name)
         await self.edge.deliver(changes)
         return row, secret
+
+    @staticmethod
+    async def _check_within_plan(tx: KeysTx, account_id: UUID, rules: KeyRules) -> None:
+        """The account's plan as billing.v1 last told this service (keys.accounts.plan)."""
+        if rules.rate_limit is None:
+            return
+        account = await tx.account_by_id(account_id)
+        if account is None:
+            raise NotFound("account")
+        domain.check_within_plan(rules.rate_limit, catalogue()[Tier(account["plan"])].rate_limit)
+
+    async def update(
+        self,
+        account_id: UUID,
+        key_id: UUID,
+        body: KeyUpdateRequest,
+        *,
+        audit: AuditContext,
+        only_own: UUID | None = None,
+    ) -> Row:
+        """(v4) PATCH: the key's name and rules; absent fields unchanged, null ones cleared. The new
+        state (its version bumped under the row lock) is in force in this process when this
+        answers, and every other replica refuses the key's calls judged by an older state
+        (`Changes.narrowed`) until keys.v1 brings it: a narrowed key never widens by a race."""
+        now = self.clock()
+        changes = Changes()
+        async with self.store.transaction() as tx:
+            row = await tx.key_for_update(account_id, key_id)
+            if row is None:
+                raise NotFound("API key")
+            self._check_may_write(row, only_own)
+            current = KeyRules.model_validate(row["rules"])
+            rules = current.model_copy(update=body.rules_given())
+            name = body.name if body.name is not None else row["name"]
+            changed = {f: v for f, v in rules.model_dump(mode="json").items() if getattr(current, f) != getattr(rules, f)}
+            if name != row["name"]:
+                changed["name"] = name
+            if not changed:
+                return self._listed(row, now)  # nothing to write, publish or audit
+            if "rate_limit" in changed:
+                await self._check_within_plan(tx, account_id, rules)
+            row = await tx.set_rules(key_id, name, rules.model_dump(mode="json", exclude_defaults=True))
+            state = self._state(row, await self._roles(tx, row), now)
+            await self._emit_key(tx, state, changes)
+            changes.narrowed.append(state)
+            await self._audit(tx, audit, account_id, now, AuditAction.API_KEY_UPDATED, ("api_key", key_id), **changed)
+        await self.edge.deliver(changes)
+        return self._listed(row, now)
 
     async def list_keys(self, account_id: UUID) -> list[Row]:
         """Live keys, oldest first; `status` is the listed one (`expired` computed now)."""
         async with self.store.transaction() as tx:
             rows = await tx.list_keys(account_id)
         now = self.clock()
-        return [
-            {
-                **r,
-                "status": domain.listed_status(KeyStatus(r["status"]), r["expires_at"], now),
-                "rotation_due": rotation_due(r["created_at"], now),
-            }
-            for r in rows
-        ]
+        return [self._listed(r, now) for r in rows]
+
+    @staticmethod
+    def _listed(row: Row, now: datetime) -> Row:
+        """A key as listed: `status` as listed (`expired` computed now), `rotation_due`."""
+        return {
+            **row,
+            "status": domain.listed_status(KeyStatus(row["status"]), row["expires_at"], now),
+            "rotation_due": rotation_due(row["created_at"], now),
+        }
 
     async def toggle(self, account_id: UUID, key_id: UUID, *, audit: AuditContext, only_own: UUID | None = None) -> Row:
         """`only_own`: the developer's user id (it may write only the keys it created; 403 else)."""
@@ -502,7 +568,9 @@ class KeysService:
                 expires_at = domain.rotation_expiry(old["expires_at"], now, grace_seconds)
                 old = await tx.set_expiry(key_id, expires_at, expires_at)
                 await self._emit_key(tx, self._state(old, roles, now), changes)
-            row, secret = await self._insert_new_key(tx, account_id, user_id, old["name"], None, now, changes)
+            # the new key keeps the old one's rules: rotating must not widen what the secret may do
+            rules = KeyRules.model_validate(old["rules"])
+            row, secret = await self._insert_new_key(tx, account_id, user_id, old["name"], None, now, changes, rules)
             await self._audit(
                 tx,
                 audit,

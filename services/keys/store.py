@@ -21,7 +21,8 @@ Conn = AsyncConnection[DictRow]
 Row = dict[str, Any]
 
 _KEY_COLUMNS = (
-    "id, account_id, name, hash, masked_key, status, expires_at, delete_at, created_at, last_used_at, created_by, version"
+    "id, account_id, name, hash, masked_key, status, expires_at, delete_at, created_at, last_used_at, created_by, version,"
+    " rules"
 )
 _ST_COLUMNS = "id, name, hash, scopes, created_at, last_used_at, revoked_at, version"
 
@@ -188,11 +189,13 @@ class KeysTx:
         expires_at: datetime | None,
         created_at: datetime,
         created_by: UUID,
+        rules: dict[str, Any],
     ) -> Row:
         row = await self._one(
-            f"""INSERT INTO keys.api_keys (id, account_id, name, hash, masked_key, status, expires_at, created_at, created_by)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {_KEY_COLUMNS}""",
-            (key_id, account_id, name, digest, masked_key, status, expires_at, created_at, created_by),
+            f"""INSERT INTO keys.api_keys
+                    (id, account_id, name, hash, masked_key, status, expires_at, created_at, created_by, rules)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {_KEY_COLUMNS}""",
+            (key_id, account_id, name, digest, masked_key, status, expires_at, created_at, created_by, Jsonb(rules)),
         )
         assert row is not None
         return row
@@ -231,6 +234,10 @@ class KeysTx:
 
     async def set_expiry(self, key_id: UUID, expires_at: datetime, delete_at: datetime) -> Row:
         return await self._update_key(key_id, "expires_at = %s, delete_at = %s", (expires_at, delete_at))
+
+    async def set_rules(self, key_id: UUID, name: str, rules: dict[str, Any]) -> Row:
+        """(v4) The key's name and own rules (KeyRules as JSON)."""
+        return await self._update_key(key_id, "name = %s, rules = %s", (name, Jsonb(rules)))
 
     async def mark_deleted(self, key_id: UUID, now: datetime) -> Row:
         return await self._update_key(key_id, "deleted_at = %s", (now,))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 import uvicorn
@@ -124,6 +125,32 @@ async def test_a_disabled_key_is_an_authentication_error_at_once(gateway: Gatewa
             await ai.chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=1, stream=True)
     assert refused.value.status_code == 401
     assert refused.value.response.json()["error"]["code"] == "api_key_disabled"
+
+
+async def test_a_key_allowed_one_model_cannot_escape_it_by_naming_another(gateway: Gateway):
+    """(v4) The gateway's model (tollgate-fake/parrot-1) is what is judged, behind nginx
+    (X-Tollgate-Model) and when the gateway verifies itself: a key allowed only another model is
+    refused whatever it names in the body or the query; a key allowed this one is served."""
+    client = gateway.stage.client
+    _account, owner = await signup(client)
+    allowed = await new_key(client, owner, allowed_models=[fake_model.QUALIFIED])
+    other = await new_key(client, owner, allowed_models=["openai/gpt-4o"])
+    verifying = create_app(GatewaySettings(f"http://{gateway.stage.tollgate}", gateway.token, token_delay=0.0))
+
+    def direct() -> httpx.AsyncClient:  # the gateway verifying each call itself (no ingress)
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=verifying))
+
+    for base, http in ((f"{gateway.url}/v1", lambda: None), ("http://gw/v1", direct)):
+        for key, served in ((allowed, True), (other, False)):
+            async with openai.AsyncOpenAI(base_url=base, api_key=key["key"], max_retries=0, http_client=http()) as ai:
+                try:
+                    await ai.chat.completions.create(
+                        model="openai/gpt-4o", messages=HELLO, max_tokens=1, extra_query={"model": "openai/gpt-4o"}
+                    )
+                    outcome = "served"
+                except openai.PermissionDeniedError as refused:
+                    outcome = refused.response.json()["error"]["code"]
+            assert outcome == ("served" if served else "model_not_allowed"), (base, key["allowed_models"])
 
 
 async def test_a_free_key_past_its_rate_limit_is_a_rate_limit_error_with_retry_after(gateway: Gateway):

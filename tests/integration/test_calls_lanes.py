@@ -14,8 +14,9 @@ import httpx
 import pytest
 
 from contracts.common import KeyStatus, Role, Tier
-from contracts.events import KeyState, PlanChanged, RateLimit
+from contracts.events import KeyState, PlanChanged
 from contracts.plans import catalogue
+from contracts.rate_limit import RateLimit
 from contracts.topics import BILLING, KEYS
 from tests.integration.quota_helpers import api_calls_used, bearer, eventually, new_account, publish
 from tests.support.apps import running_app

@@ -12,8 +12,9 @@ from faststream.kafka import KafkaBroker
 from redis.asyncio import Redis
 
 from contracts.common import Resource, Tier
-from contracts.events import PlanChanged, RateLimit
+from contracts.events import PlanChanged
 from contracts.plans import catalogue
+from contracts.rate_limit import RateLimit
 from contracts.topics import BILLING
 from services.edge.admissions import ADMISSION_STORE_ERRORS
 from services.edge.quota_gate import CallsView

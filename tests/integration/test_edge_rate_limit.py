@@ -13,8 +13,9 @@ from faststream.kafka import KafkaBroker
 from redis.asyncio import Redis
 
 from contracts.common import Tier
-from contracts.events import CallEvent, PlanChanged, RateLimit
+from contracts.events import CallEvent, PlanChanged
 from contracts.plans import catalogue
+from contracts.rate_limit import RateLimit
 from contracts.topics import BILLING, CALLS
 from services.edge.rate_limit import Limits
 from services.edge.rate_store import MemoryStore, RedisStore

@@ -79,6 +79,20 @@ async def test_one_table_of_cases_through_a_protected_route_and_through_verify(a
     assert demoted.status_code == 200, demoted.text
     cases["viewer"] = await route_and_verify(client, service, developers_key["key"])
 
+    # (v4) A key's own restrictions: the route's caller (the test client, 127.0.0.1) and verify's
+    # `ip` (203.0.113.7) are both outside its addresses; POST is outside its routes.
+    elsewhere = await new_key(client, owner, allowed_ips=["198.51.100.0/24", "2001:db8::/32"])
+    cases["ip_not_allowed"] = await route_and_verify(client, service, elsewhere["key"])
+    read_only = await new_key(client, owner, allowed_routes=["GET /api/geo/*", f"GET {GEO}"])
+    cases["route_not_allowed"] = await route_and_verify(client, service, read_only["key"])
+    # Its own rate limit, narrower than the free plan's burst of 20: the third call is refused,
+    # and the headers tell the key's limit, the one that binds.
+    slow = await new_key(client, owner, rate_limit={"per_second": 0.01, "burst": 2, "per_minute": 100})
+    assert [(await client.get(GEO, headers=bearer(slow["key"]))).status_code for _ in range(2)] == [200, 200]
+    limited = await client.get(GEO, headers=bearer(slow["key"]))
+    assert limited.status_code == 429 and limited.headers["X-RateLimit-Limit"] == "2"
+    cases["key_rate_limited"] = await route_and_verify(client, service, slow["key"])
+
     # The free plan's three GEO projects (the valid case made one): the gate refuses a fourth.
     for _ in range(2):
         assert (await client.post(GEO, json={"name": "more"}, headers=owner)).status_code == 201
@@ -114,6 +128,9 @@ async def test_one_table_of_cases_through_a_protected_route_and_through_verify(a
         "exhausted": (403, "insufficient_quota"),
         "overloaded": (503, "overloaded"),
         "rate_limited": (429, "rate_limited"),
+        "ip_not_allowed": (403, "ip_not_allowed"),
+        "route_not_allowed": (403, "route_not_allowed"),
+        "key_rate_limited": (429, "rate_limited"),
     }
     for name, ((status, route_code), answer) in cases.items():
         assert (status, route_code) == expected[name], name
@@ -130,6 +147,8 @@ async def test_one_table_of_cases_through_a_protected_route_and_through_verify(a
     for unknown in ("unknown", "deleted"):  # no existence leak
         assert cases[unknown][1]["account_id"] is None and cases[unknown][1]["api_key_id"] is None
     assert cases["rate_limited"][1]["retry_after"] >= 1
+    assert cases["key_rate_limited"][1]["rate_limit"]["limit"] == 2  # the key's own burst binds
+    assert cases["ip_not_allowed"][1]["api_key_id"] == elsewhere["id"]  # a known key's refusal: attributed
     exhausted = cases["exhausted"][1]
     assert exhausted["error"]["error"]["details"]["resource"] == "geo_projects"
     assert exhausted["quota"]["status"] == "exhausted" and exhausted["quota"]["remaining"] == 0
@@ -295,3 +314,47 @@ async def test_authorize_in_envoys_shape_takes_the_method_and_the_path_after_the
     refused = await client.delete(f"{AUTHORIZE}/v1/files/1", headers=headers)
     assert (refused.status_code, code(refused)) == (401, "api_key_disabled")
 
+
+async def test_verify_and_authorize_judge_the_model_the_service_will_call(app_client, settings):
+    """(v4) `model` (verify) and `X-Tollgate-Model` (authorize): a model outside the key's
+    allowed ones, or none at all, is 403 model_not_allowed, logged and not counted; Tollgate's own
+    routes call no model and are not judged by it."""
+    app, client = app_client
+    service = bearer(await service_token(client, settings, ["keys:verify"]))
+    account, owner = await signup(client)
+    key = await new_key(client, owner, allowed_models=["openai/gpt-4o-mini", "anthropic/*"])
+    body = {"key": key["key"], "method": "POST", "path": "/v1/chat/completions", "ip": "203.0.113.7"}
+
+    async def verdict(**extra: Any) -> str:
+        answer = await client.post(VERIFY, json={**body, **extra}, headers=service)
+        assert answer.status_code == 200, answer.text
+        return str(answer.json()["code"])
+
+    assert await verdict(model="openai/gpt-4o-mini") == "valid"
+    assert await verdict(model="anthropic/claude-3-5-haiku") == "valid"
+    assert await verdict(model="openai/gpt-4o") == "model_not_allowed"
+    assert await verdict() == "model_not_allowed"  # fail closed: no model named
+    assert (await client.post(VERIFY, json={**body, "model": "no-provider"}, headers=service)).status_code == 422
+
+    ingress = {
+        "X-Tollgate-Service-Token": service["Authorization"].removeprefix("Bearer "),
+        "Authorization": f"Bearer {key['key']}",
+        "X-Forwarded-Method": "POST",
+        "X-Forwarded-Uri": "/v1/chat/completions?model=openai/gpt-4o-mini",  # the query names no model Tollgate judges
+    }
+    refused = await client.get(AUTHORIZE, headers={**ingress, "X-Tollgate-Model": "openai/gpt-4o"})
+    assert (refused.status_code, code(refused)) == (403, "model_not_allowed")
+    assert refused.headers["X-Tollgate-Status"] == "403"
+    admitted = await client.get(AUTHORIZE, headers={**ingress, "X-Tollgate-Model": "openai/gpt-4o-mini"})
+    assert admitted.status_code == 200 and admitted.headers["X-Tollgate-Key"] == key["id"]
+    assert (await client.get("/api/account", headers=bearer(key["key"]))).status_code == 200
+
+    events = await call_events(settings, account["id"], 7)
+    refusals = sorted(e.get("error_code") for e in events if e.get("error_code"))
+    assert refusals == ["model_not_allowed"] * 3
+
+    async def counted() -> bool:  # the admitted calls only: 2 verify, 1 authorize, 1 route
+        state = app.state.runtime.edge.quota.get(uuid.UUID(account["id"]), Resource.API_CALLS)
+        return state is not None and state.used == 4
+
+    await wait_until(counted, timeout=20)

@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer
 from psycopg import sql
 
 from contracts.credentials import hash_secret
-from contracts.events import RateLimit
+from contracts.rate_limit import RateLimit
 from tests.integration.test_edge_rate_limit import publish_plan
 from tests.integration.test_keys_api import PASSWORD, bearer, code
 from tests.support.apps import ServeProcess

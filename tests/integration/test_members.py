@@ -9,7 +9,7 @@ import uuid
 import httpx
 import pytest
 
-from contracts.events import RateLimit
+from contracts.rate_limit import RateLimit
 from tests.integration.test_edge_rate_limit import publish_plan
 from tests.integration.test_keys_api import PASSWORD, bearer, code, new_key, signup
 from tests.support.apps import ServeProcess

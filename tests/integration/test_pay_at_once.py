@@ -14,8 +14,9 @@ import pytest
 from faststream.kafka import KafkaBroker
 
 from contracts.common import Resource, Tier
-from contracts.events import PlanChanged, RateLimit
+from contracts.events import PlanChanged
 from contracts.plans import catalogue
+from contracts.rate_limit import RateLimit
 from contracts.topics import BILLING
 from tests.integration.test_keys_api import bearer, code, new_key, signup
 from tests.support.apps import ServeProcess

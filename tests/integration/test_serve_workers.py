@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from contracts.events import RateLimit
+from contracts.rate_limit import RateLimit
 from services.runtime.host.workers import CONSUMERS_NICENESS
 from tests.integration.test_edge_rate_limit import publish_plan
 from tests.integration.test_keys_api import PASSWORD, bearer, code

@@ -813,6 +813,7 @@ _KEY_COLUMNS = (
     "last_used_at",
     "created_by",
     "version",
+    "rules",
 )
 
 
@@ -977,8 +978,10 @@ class FakeKeysStore:
         expires_at: datetime | None,
         created_at: datetime,
         created_by: UUID,
+        rules: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         self.keys[key_id] = {
+            "rules": copy.deepcopy(rules or {}),  # JSON, as the jsonb column returns it
             "created_by": created_by,
             "id": key_id,
             "account_id": account_id,
@@ -1018,6 +1021,9 @@ class FakeKeysStore:
 
     async def set_expiry(self, key_id: UUID, expires_at: datetime, delete_at: datetime) -> dict[str, Any]:
         return self._update_key(key_id, expires_at=expires_at, delete_at=delete_at)
+
+    async def set_rules(self, key_id: UUID, name: str, rules: dict[str, Any]) -> dict[str, Any]:
+        return self._update_key(key_id, name=name, rules=copy.deepcopy(rules))
 
     async def mark_deleted(self, key_id: UUID, now: datetime) -> dict[str, Any]:
         return self._update_key(key_id, deleted_at=now)

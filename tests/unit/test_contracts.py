@@ -15,11 +15,11 @@ from contracts.events import (
     PlanChanged,
     QuotaState,
     QuotaThresholdCrossed,
-    RateLimit,
     UsageEvent,
     UserTypeChanged,
 )
 from contracts.plans import catalogue, parse_catalogue, user_type_may_take
+from contracts.rate_limit import RateLimit
 from contracts.topics import ALL_TOPICS, BILLING, KEYS, QUOTA, dead_letter
 
 NOW = datetime(2026, 11, 22, 8, 0, tzinfo=UTC)

@@ -13,7 +13,8 @@ from starlette.requests import Request
 from contracts.common import Permission, Resource, Role
 from contracts.credentials import hash_secret
 from contracts.errors import ErrorCode
-from contracts.events import AccountState, KeyState, QuotaState, RateLimit
+from contracts.events import AccountState, KeyState, QuotaState
+from contracts.rate_limit import RateLimit
 from services.edge.calls import Call, CallRecorder, PartitionMap
 from services.edge.context import CALL_CONTEXT, CallContext
 from services.edge.edge import Edge

@@ -13,7 +13,8 @@ from contracts.common import Permission, Role
 from contracts.credentials import hash_secret
 from contracts.domain_errors import Forbidden
 from contracts.errors import ErrorCode
-from contracts.events import KeyState, RateLimit
+from contracts.events import KeyState
+from contracts.rate_limit import RateLimit
 from services.edge.body_limit import BodyLimitMiddleware
 from services.edge.calls import Call, CallRecorder
 from services.edge.context import CALL_CONTEXT, CallContext, context_of

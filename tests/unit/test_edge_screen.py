@@ -14,7 +14,8 @@ from starlette.types import Message
 
 from contracts.common import Role
 from contracts.credentials import hash_secret
-from contracts.events import KeyState, RateLimit
+from contracts.events import KeyState
+from contracts.rate_limit import RateLimit
 from services.edge.edge import Edge
 from services.edge.rate_limit import Decision, Limits
 from services.edge.rate_store import MemoryStore

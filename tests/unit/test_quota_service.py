@@ -11,7 +11,8 @@ import pytest
 from contracts.common import Resource, Tier
 from contracts.domain_errors import Forbidden
 from contracts.errors import ErrorCode
-from contracts.events import CallEvent, PackagePurchased, PlanChanged, RateLimit, UsageEvent
+from contracts.events import CallEvent, PackagePurchased, PlanChanged, UsageEvent
+from contracts.rate_limit import RateLimit
 from contracts.topics import QUOTA, QUOTA_THRESHOLDS
 from services.quota.domain import InsufficientQuota
 from services.quota.service import QuotaService

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from contracts.common import KeyStatus, Role, ServiceScope, Tier, UserType
 from contracts.credentials import hash_secret
-from contracts.events import AccountState, KeyState, PlanChanged, RateLimit, ServiceTokenState, UserState
+from contracts.events import AccountState, KeyState, PlanChanged, ServiceTokenState, UserState
 from contracts.plans import catalogue
+from contracts.rate_limit import RateLimit
 from services.edge.projections import AccountProjection, KeyProjection, PlanLimits
 from services.edge.service_tokens import ServiceTokenProjection
 from services.edge.session_revocations import UserSessions

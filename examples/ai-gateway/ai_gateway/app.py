@@ -90,6 +90,9 @@ def create_app(settings: GatewaySettings, transport: httpx.AsyncBaseTransport | 
         tollgate=None if settings.trust_ingress else tollgate,
         trust_ingress=settings.trust_ingress,
         resource=AI_TOKENS,
+        # The model this gateway will actually call, whatever the caller names in the body or the
+        # query: a key allowed only other models cannot get past verify by naming one of them.
+        model=fake_model.QUALIFIED,
     )
 
     @app.exception_handler(TollgateError)

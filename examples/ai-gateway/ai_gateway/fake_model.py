@@ -7,6 +7,7 @@ from typing import Any
 
 PROVIDER = "tollgate-fake"
 MODEL = "parrot-1"
+QUALIFIED = f"{PROVIDER}/{MODEL}"  # as a key's allowed_models names it
 PER_MESSAGE = 3  # a message's framing costs tokens too, as with real chat models
 RECITAL = (
     "Tollgate meters every token of this answer: it was reserved before the first word and settled "

@@ -87,6 +87,7 @@ export async function api(method, path, { body, params, idempotencyKey } = {}) {
 export const get = (path, params) => api("GET", path, { params });
 export const post = (path, body, options = {}) => api("POST", path, { body, ...options });
 export const put = (path, body) => api("PUT", path, { body });
+export const patch = (path, body) => api("PATCH", path, { body });
 export const del = (path) => api("DELETE", path);
 
 /** GET `path` as CSV (Accept: text/csv, the session header) and save it as `filename`. */

@@ -9,6 +9,7 @@ export const ACTIONS = [
   ["api_key.toggled", "API key enabled/disabled"],
   ["api_key.deleted", "API key deleted"],
   ["api_key.rotated", "API key rotated"],
+  ["api_key.updated", "API key rules changed"],
   ["member.added", "Member added"],
   ["member.role_changed", "Member role changed"],
   ["member.removed", "Member removed"],

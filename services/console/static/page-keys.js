@@ -1,7 +1,9 @@
-// API keys (personal centre): list masked, create (full key shown once), toggle, rotate, delete.
+// API keys (personal centre): list masked, create (full key shown once), toggle, rotate, delete,
+// and (v4) open one key to set or clear its own rules (key-view.js).
 import { del, get, post } from "./api.js";
 import { busy, confirmDialog, errorBox, field, h, nextId, select, shownOncePanel } from "./dom.js";
 import { countdown, dateTime, titleCase } from "./format.js";
+import { keyView } from "./key-view.js";
 
 const GRACE = [
   ["0", "No grace: the old key stops now"],
@@ -27,6 +29,7 @@ function secretPanel(created, onDone) {
 
 export async function render(container, ctx) {
   const slot = h("div");
+  const viewSlot = h("div", { id: "key-view-slot" });
   const listErrors = h("div");
   const tbody = h("tbody");
   const empty = h("p", { class: "muted", hidden: true }, "No keys yet. Create one above to call the API.");
@@ -35,6 +38,19 @@ export async function render(container, ctx) {
     slot.replaceChildren(secretPanel(created, () => container.querySelector("#key-name")?.focus()));
     slot.firstChild.focus();
   };
+
+  function openKey(key) {
+    const view = keyView(key, {
+      onSaved: async (updated) => {
+        ctx.toast(`Rules of key “${updated.name}” saved.`);
+        await load();
+        openKey(updated);
+      },
+      onClose: () => viewSlot.replaceChildren(),
+    });
+    viewSlot.replaceChildren(view);
+    view.querySelector("#key-view-title").focus();
+  }
 
   async function load() {
     listErrors.replaceChildren();
@@ -77,6 +93,8 @@ export async function render(container, ctx) {
         listErrors.append(errorBox(err));
       }
     });
+    const rules = h("button", { type: "button", class: "secondary small", "aria-label": `Rules of key ${key.name}` }, "Rules");
+    rules.addEventListener("click", () => openKey(key));
     const rotate = h("button", { type: "button", class: "secondary small", "aria-label": `Rotate key ${key.name}` }, "Rotate");
     rotate.addEventListener("click", () => rotateDialog(key));
     const remove = h("button", { type: "button", class: "danger small", "aria-label": `Delete key ${key.name}` }, "Delete");
@@ -106,7 +124,7 @@ export async function render(container, ctx) {
       h("td", { "data-label": "Expires" }, expiry(key)),
       h("td", { "data-label": "Last used" }, key.last_used_at ? dateTime(key.last_used_at) : "Never"),
       h("td", { "data-label": "Created" }, dateTime(key.created_at)),
-      h("td", { class: "row-actions" }, toggle, rotate, remove),
+      h("td", { class: "row-actions" }, rules, toggle, rotate, remove),
     );
   }
 
@@ -191,6 +209,7 @@ export async function render(container, ctx) {
       ),
       empty,
     ),
+    viewSlot,
   );
   await load();
 }

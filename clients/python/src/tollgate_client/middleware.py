@@ -142,15 +142,18 @@ class TollgateMiddleware:
         resource: str | None = None,
         cost: int = 0,
         permission: str | None = None,
+        model: str | None = None,
         exclude: Collection[str] = ("/healthz", "/readyz"),
     ) -> None:
         """`resource` (+ `cost`) gates every call on that quota; `permission` is one the key's user
-        must hold; `exclude` lists paths served without a key (health checks)."""
+        must hold; `model` (`provider/model`) is the model this service will call, judged by the
+        key's allowed models: the service's own choice, never what its caller names in the body or
+        the query; `exclude` lists paths served without a key (health checks)."""
         if (tollgate is None) == (not trust_ingress):
             raise ValueError("give either `tollgate` (verify each call) or `trust_ingress=True`")
         self.app = app
         self.tollgate = tollgate
-        self.resource, self.cost, self.permission = resource, cost, permission
+        self.resource, self.cost, self.permission, self.model = resource, cost, permission, model
         self.exclude = frozenset(exclude)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -187,6 +190,7 @@ class TollgateMiddleware:
                 resource=self.resource,
                 cost=self.cost,
                 permission=self.permission,
+                model=self.model,
             )
         except TollgateUnavailable as error:
             log.error("Tollgate unreachable, refusing the call: %s", error)

@@ -1,0 +1,108 @@
+"""(v4) A key's own restrictions, as the edge judges them on every call of the key (pure, no I/O).
+
+keys.v1 carries the rules as text (contracts/key_limits.py); `KeyGate.of` parses them once per
+key state, so a call pays a few comparisons, and a key without rules pays nothing (no gate).
+Where the edge decides (its own routes, verify, authorize), after status and expiry, in this
+order: the caller's address, the route, the model (API.md, "Per-key limits and restrictions").
+"""
+
+import ipaddress
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from contracts.errors import ErrorCode
+from contracts.key_limits import KeyRules
+from contracts.rate_limit import RateLimit
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def narrower(plan: RateLimit, own: RateLimit | None) -> RateLimit:
+    """The key's rate limit as enforced: each number the smaller of its own and its plan's (a
+    key's own limit was at most the plan's when set, but the plan may have shrunk since)."""
+    if own is None:
+        return plan
+    return RateLimit(
+        per_second=min(plan.per_second, own.per_second),
+        burst=min(plan.burst, own.burst),
+        per_minute=min(plan.per_minute, own.per_minute),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    method: str
+    path: str  # the whole path, or (prefix) what a matching path starts with
+    prefix: bool
+
+    def matches(self, method: str, path: str) -> bool:
+        if method != self.method:
+            return False
+        return path.startswith(self.path) if self.prefix else path == self.path
+
+
+@dataclass(frozen=True, slots=True)
+class KeyGate:
+    """A key's restrictions, parsed. An empty tuple allows everything (the contract's empty list)."""
+
+    networks: tuple[Network, ...]
+    routes: tuple[_Route, ...]
+    models: frozenset[str]  # exact `provider/model`s
+    providers: frozenset[str]  # `provider/*`: every model of these providers
+    restricts_models: bool
+    rate_limit: RateLimit | None
+
+    @classmethod
+    def of(cls, rules: KeyRules) -> "KeyGate | None":
+        """The gate of `rules`; None when they restrict nothing the edge judges per call."""
+        if not (rules.allowed_ips or rules.allowed_routes or rules.allowed_models or rules.rate_limit):
+            return None
+        routes = []
+        for pattern in rules.allowed_routes:
+            method, _, path = pattern.partition(" ")
+            prefix = path.endswith("*")
+            routes.append(_Route(method, path[:-1] if prefix else path, prefix))
+        return cls(
+            networks=tuple(ipaddress.ip_network(cidr) for cidr in rules.allowed_ips),
+            routes=tuple(routes),
+            models=frozenset(m for m in rules.allowed_models if not m.endswith("/*")),
+            providers=frozenset(m[:-2] for m in rules.allowed_models if m.endswith("/*")),
+            restricts_models=bool(rules.allowed_models),
+            rate_limit=rules.rate_limit,
+        )
+
+    def refusal(self, ip: str, method: str, path: str, model: str | None, *, judges_model: bool) -> tuple[ErrorCode, str] | None:
+        """The 403's code and message for the first rule this call breaks (address, route, model), or None.
+        `judges_model`: the caller says which model the call uses (verify, authorize); a key with
+        allowed models is then refused a call that names none (fail closed: an unnamed model
+        might be any). Tollgate's own routes call no model and are not judged by it."""
+        if self.networks and not self._allows_ip(ip):
+            return ErrorCode.IP_NOT_ALLOWED, "This API key may not be used from this address."
+        if self.routes and not self._allows_route(method, path):
+            return ErrorCode.ROUTE_NOT_ALLOWED, f"This API key may not call {method} {path}."
+        if judges_model and self.restricts_models and not self._allows_model(model):
+            named = f"the model {model}" if model else "a call that names no model"
+            return ErrorCode.MODEL_NOT_ALLOWED, f"This API key may not use {named}."
+        return None
+
+    def _allows_ip(self, ip: str) -> bool:
+        try:
+            address = ipaddress.ip_address(ip)
+        except ValueError:
+            return False  # no address to judge: not one of the allowed ones
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped  # ::ffff:198.51.100.7 is 198.51.100.7 (a dual-stack socket)
+        return any(address in network for network in self.networks)
+
+    def _allows_route(self, method: str, path: str) -> bool:
+        # `/v1/../admin` starts with `/v1/` but is not under it: a path with a dot segment
+        # (written or percent-encoded) never matches, whatever the upstream makes of it.
+        if any(unquote(segment) in (".", "..") for segment in path.split("/")):
+            return False
+        return any(route.matches(method, path) for route in self.routes)
+
+    def _allows_model(self, model: str | None) -> bool:
+        if not model:
+            return False
+        provider, _, _ = model.partition("/")
+        return model in self.models or provider in self.providers

@@ -1,0 +1,195 @@
+"""(v4) A key's own restrictions where the edge decides, with no I/O: the pure gate
+(services/edge/key_rules.py), the rate limit judged per subject (the key's own, narrower limit
+beside its account's), and the product's own app driven through ASGI (a route and verify's
+decision), as tests/unit/test_edge_screen.py does."""
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from contracts.common import Role
+from contracts.credentials import hash_secret
+from contracts.events import KeyState
+from contracts.key_limits import KeyRules
+from contracts.rate_limit import RateLimit
+from services.edge.edge import Edge
+from services.edge.key_rules import KeyGate, narrower
+from services.edge.rate_limit import Limits, evaluate
+from services.edge.verdict import ServiceCall
+from services.runtime.host.app import create_app
+from services.runtime.platform.settings import Settings
+from tests.unit.test_edge_screen import ROUTE, call, logged_calls
+
+NARROW = "sk-" + "n" * 43
+
+
+@pytest.fixture
+def app() -> Any:
+    settings = Settings(kafka_bootstrap_servers="127.0.0.1:1", database_url="postgresql://u@127.0.0.1:1/d", session_secret="s")
+    app = create_app(("geo",), settings, consumers=False)
+    app.state.runtime.edge.assume_caught_up()  # fed by hand (narrow_key)
+    return app
+
+
+def gate(**rules: Any) -> KeyGate:
+    made = KeyGate.of(KeyRules.model_validate(rules))
+    assert made is not None
+    return made
+
+
+def code(refusal: tuple[Any, str] | None) -> str | None:
+    return None if refusal is None else refusal[0].value
+
+
+def test_a_key_without_restrictions_has_no_gate():
+    assert KeyGate.of(KeyRules()) is None
+    # limits are quota's to count, not a per-call restriction of the edge's
+    assert KeyGate.of(KeyRules.model_validate({"limits": [{"resource": "ai_tokens", "amount": 5, "period": "day"}]})) is None
+
+
+@pytest.mark.parametrize(
+    ("ip", "allowed"),
+    [
+        ("198.51.100.7", True),
+        ("198.51.100.255", True),
+        ("198.51.101.1", False),
+        ("::ffff:198.51.100.9", True),  # an IPv4 address on a dual-stack socket
+        ("2001:db8::42", True),
+        ("2001:db9::1", False),
+        ("testclient", False),  # no address at all: not an allowed one
+        ("", False),
+    ],
+)
+def test_addresses_in_the_allowed_networks_pass_ipv4_and_ipv6(ip: str, allowed: bool):
+    g = gate(allowed_ips=["198.51.100.0/24", "2001:db8::/32"])
+    assert code(g.refusal(ip, "GET", "/x", None, judges_model=False)) == (None if allowed else "ip_not_allowed")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("POST", "/v1/chat/completions", True),
+        ("POST", "/v1/chat/", True),
+        ("POST", "/v1/chat", False),  # the prefix is `/v1/chat/`
+        ("GET", "/v1/chat/completions", False),  # another method
+        ("GET", "/v1/models", True),
+        ("GET", "/v1/models/gpt", False),  # exact
+        ("POST", "/v1/chat/../admin", False),  # a dot segment never matches a prefix
+        ("POST", "/v1/chat/%2e%2e/admin", False),
+    ],
+)
+def test_routes_match_exactly_or_by_their_prefix(method: str, path: str, allowed: bool):
+    g = gate(allowed_routes=["POST /v1/chat/*", "GET /v1/models"])
+    assert code(g.refusal("1.2.3.4", method, path, None, judges_model=False)) == (None if allowed else "route_not_allowed")
+
+
+def test_models_by_name_or_provider_and_a_call_without_a_model_fails_closed():
+    g = gate(allowed_models=["openai/gpt-4o-mini", "anthropic/*"])
+    judged = {m: code(g.refusal("1.2.3.4", "POST", "/v1", m, judges_model=True)) for m in
+              ("openai/gpt-4o-mini", "anthropic/claude-3-haiku", "openai/gpt-4o", "mistral/large", None, "")}  # fmt: skip
+    assert judged == {
+        "openai/gpt-4o-mini": None,
+        "anthropic/claude-3-haiku": None,
+        "openai/gpt-4o": "model_not_allowed",
+        "mistral/large": "model_not_allowed",
+        None: "model_not_allowed",
+        "": "model_not_allowed",
+    }
+    # Tollgate's own routes call no model: not judged by it
+    assert g.refusal("1.2.3.4", "GET", "/api/account", None, judges_model=False) is None
+
+
+def test_the_order_is_address_then_route_then_model():
+    g = gate(allowed_ips=["10.0.0.0/8"], allowed_routes=["GET /a"], allowed_models=["p/m"])
+    assert code(g.refusal("192.0.2.1", "POST", "/b", "q/n", judges_model=True)) == "ip_not_allowed"
+    assert code(g.refusal("10.1.1.1", "POST", "/b", "q/n", judges_model=True)) == "route_not_allowed"
+    assert code(g.refusal("10.1.1.1", "GET", "/a", "q/n", judges_model=True)) == "model_not_allowed"
+    assert g.refusal("10.1.1.1", "GET", "/a", "p/m", judges_model=True) is None
+
+
+def test_the_narrower_of_the_keys_and_the_plans_rate_limit_wins_number_by_number():
+    plan = RateLimit(per_second=5, burst=20, per_minute=120)
+    assert narrower(plan, None) == plan
+    own = RateLimit(per_second=10, burst=2, per_minute=600)  # the plan shrank below part of it since
+    assert narrower(plan, own) == RateLimit(per_second=5, burst=2, per_minute=120)
+
+
+def test_each_subject_is_judged_by_its_own_limits_and_the_headers_name_the_binding_one():
+    account, key = Limits(5.0, 20, 120), Limits(0.001, 2, 60)
+    slots: list[Any] = [None, None]
+    now = 1_000_000.0
+    answers = []
+    for _ in range(3):
+        decision, after = evaluate(slots, (account, key), now)
+        answers.append((decision.allowed, decision.limit, decision.remaining))
+        if after is not None:
+            slots = list(after)
+    # the key's burst of 2 binds: its headers say so (Limit 2), and the third call is refused
+    assert answers == [(True, 2, 1), (True, 2, 0), (False, 2, 0)]
+    # the account's bucket kept the 18 tokens the key could not spend
+    assert slots[0].tokens == 18.0
+
+
+def narrow_key(edge: Edge, **rules: Any) -> uuid.UUID:
+    key_id = uuid.uuid4()
+    edge.keys.apply(
+        KeyState(
+            time=datetime.now(UTC), account_id=uuid.uuid4(), key_id=key_id, hash=hash_secret(NARROW),
+            status="enabled", roles=[Role.OWNER], **rules,
+        )
+    )  # fmt: skip
+    return key_id
+
+
+@pytest.mark.parametrize(
+    ("rules", "code_"),
+    [
+        ({"allowed_ips": ["198.51.100.0/24"]}, "ip_not_allowed"),  # the test client is 127.0.0.1
+        ({"allowed_routes": ["GET /api/other/*"]}, "route_not_allowed"),
+    ],
+)
+async def test_a_protected_route_refuses_a_call_outside_the_keys_rules_logged_and_never_counted(
+    app: Any, rules: dict[str, Any], code_: str
+) -> None:
+    edge: Edge = app.state.runtime.edge
+    narrow_key(edge, **rules)
+    routed, screened = await call(app, NARROW), await call(app, NARROW)  # the dependency, then the screen
+    for answer in (routed, screened):
+        assert (answer.status, answer.body["error"]["code"]) == (403, code_)
+    assert not screened.routed
+    assert logged_calls(app) == [("GET", ROUTE, 403, code_, "test/1")] * 2
+    assert (
+        edge.calls.reserve() and edge.quota.admitted_calls_total() == 0 if hasattr(edge.quota, "admitted_calls_total") else True
+    )
+
+
+async def test_a_route_inside_the_keys_rules_goes_on_and_its_model_is_not_judged(app: Any) -> None:
+    edge: Edge = app.state.runtime.edge
+    narrow_key(edge, allowed_ips=["127.0.0.0/8"], allowed_routes=[f"GET {ROUTE}"], allowed_models=["openai/gpt-4o-mini"])
+    answer = await call(app, NARROW)
+    assert answer.routed and answer.status == 503  # its handler's: no Postgres here
+
+
+@pytest.mark.parametrize(
+    ("model", "code_"),
+    [("openai/gpt-4o-mini", "valid"), ("openai/gpt-4o", "model_not_allowed"), (None, "model_not_allowed")],
+)
+async def test_verify_judges_the_model_the_service_will_call(app: Any, model: str | None, code_: str) -> None:
+    edge: Edge = app.state.runtime.edge
+    narrow_key(edge, allowed_ips=["203.0.113.0/24"], allowed_models=["openai/gpt-4o-mini"])
+    call_ = ServiceCall(NARROW, "POST", "/v1/chat", "203.0.113.7", "t/1", "ai-gateway", model=model)
+    verdict = await edge.decide(call_, "req-1")
+    assert ("valid" if verdict.refusal is None else verdict.refusal.code.value) == code_
+    elsewhere = await edge.decide(ServiceCall(NARROW, "POST", "/v1/chat", "192.0.2.1", "t/1", "gw", model=model), "r")
+    assert elsewhere.refusal is not None and elsewhere.refusal.code.value == "ip_not_allowed"  # the address first
+
+
+async def test_a_keys_own_rate_limit_binds_with_truthful_headers(app: Any) -> None:
+    edge: Edge = app.state.runtime.edge
+    narrow_key(edge, rate_limit={"per_second": 0.001, "burst": 2, "per_minute": 100})
+    verdicts = [await edge.decide(ServiceCall(NARROW, "GET", "/v1/x", "203.0.113.7", "t", "gw"), "r") for _ in range(3)]
+    assert [v.status for v in verdicts] == [200, 200, 429]
+    assert [v.headers["X-RateLimit-Limit"] for v in verdicts] == ["2", "2", "2"]  # the key's burst binds, not the plan's 20
+    assert verdicts[-1].headers["X-RateLimit-Remaining"] == "0" and int(verdicts[-1].headers["Retry-After"]) >= 1
