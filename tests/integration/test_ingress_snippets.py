@@ -244,6 +244,27 @@ async def test_tollgate_unreachable_is_the_contracts_503_never_a_pass(stage: Sta
     assert answer.headers["retry-after"] == "1"
 
 
+@pytest.mark.parametrize("kind", ["nginx", "caddy"])
+async def test_the_model_is_the_ingress_configs_never_the_callers(stage: Stage, kind: str, tmp_path: Path):
+    """(v4) The example location calls `tollgate-fake/parrot-1`: a key allowed only `openai/*` is
+    refused even when the caller names an allowed model in X-Tollgate-Model itself."""
+    if not _installed(kind):
+        pytest.fail(f"{kind} is not installed: `make test-prereqs` (deploy/local/prereqs.sh --test) installs it")
+    _, owner = await signup(stage.client)
+    openai_only = await new_key(stage.client, owner)
+    parrot_only = await new_key(stage.client, owner)
+    for key, allowed in ((openai_only, "openai/*"), (parrot_only, "tollgate-fake/*")):
+        patched = await stage.client.patch(f"/api/api-keys/{key['id']}", headers=owner, json={"allowed_models": [allowed]})
+        assert patched.status_code == 200, patched.text  # the answering process applied it already
+    with INGRESSES[kind](stage, tmp_path) as ingress:
+        async with httpx.AsyncClient(base_url=ingress, timeout=10) as http:
+            forged = {"X-Tollgate-Model": "openai/gpt-4o"}
+            refused = await http.get("/v1/models", headers={**bearer(openai_only["key"]), **forged})
+            assert (refused.status_code, _body(refused)["error"]["code"]) == (403, "model_not_allowed")
+            admitted = await http.get("/v1/models", headers={**bearer(parrot_only["key"]), **forged})
+            assert admitted.status_code == 200, admitted.text
+
+
 async def _exhaust_ai_tokens(stage: Stage, account_id: uuid.UUID) -> None:
     """Report the free plan's whole ai_tokens through the usage API; wait until the edge blocks."""
     from datetime import UTC, datetime
