@@ -34,7 +34,7 @@ from contracts.events import (
     SessionRevoked,
     UserState,
 )
-from contracts.key_limits import KeyLimit
+from contracts.key_limits import KeyLimit, KeyLimitUsage
 from contracts.quota_api import InsufficientQuotaDetails, counts_as_api_call, quota_links
 from contracts.rate_limit import RateLimit
 from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA, SERVICE_TOKENS, SESSIONS, USERS
@@ -278,6 +278,11 @@ class Edge:
         """The key's own limits as keys.v1 has them now (a PATCH is in force when applied here)."""
         state = self.keys.by_id(key_id)
         return [] if state is None else state.limits
+
+    def key_usage(self, key_id: UUID, now: datetime) -> list[KeyLimitUsage]:
+        """(v4) The key's standing against each of its limits in the window that holds now, from
+        this process's projections (keys.v1's limits, quota.v1's counts): what key objects show."""
+        return [self.key_quota.standing(key_id, limit, now).usage() for limit in self.key_limits(key_id)]
 
     def _apply_user(self, _key: bytes | None, value: bytes | None) -> None:
         if value is not None:

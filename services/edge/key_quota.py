@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 
 from contracts.common import Resource
 from contracts.events import KeyQuotaState, order_of
-from contracts.key_limits import KeyLimit, LimitPeriod, window_of
+from contracts.key_limits import KeyLimit, KeyLimitUsage, LimitPeriod, window_of
 from services.edge.quota_gate import CallsView, _Admissions, _pending
 
 
@@ -35,6 +35,19 @@ class KeyStanding:
     @property
     def remaining(self) -> int:
         return max(0, self.limit.amount - self.used - self.reserved)
+
+    def usage(self) -> KeyLimitUsage:
+        """As key objects show it: `used` is what was counted (open reservations not in it);
+        `remaining` is what is left once the reservations are held too."""
+        limit = self.limit
+        return KeyLimitUsage(
+            resource=limit.resource,
+            period=limit.period,
+            used=self.used,
+            amount=limit.amount,
+            remaining=self.remaining,
+            resets_at=self.resets_at,
+        )
 
 
 class KeyQuotaProjection:

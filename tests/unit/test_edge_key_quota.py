@@ -59,3 +59,17 @@ def test_this_process_admits_exactly_a_keys_api_calls_limit_and_takes_back_a_ref
     # quota's state covers the admissions up to its watermark: still 3 used, never more
     gate.apply(state(key, CALLS, "once", 3))
     assert gate.standing(key, CALLS, T0).used == 3
+
+
+def test_a_keys_usage_shows_what_was_counted_what_is_left_after_reservations_and_when_it_resets():
+    gate, key = KeyQuotaProjection(ZoneInfo("UTC")), uuid.uuid4()
+    gate.apply(state(key, DAY_TOKENS, "2026-11-26", 60, reserved=30))
+    usage = gate.standing(key, DAY_TOKENS, T0).usage()
+    assert (usage.resource, usage.period, usage.used, usage.amount, usage.remaining) == ("ai_tokens", "day", 60, 100, 10)
+    assert usage.resets_at == datetime(2026, 11, 27, tzinfo=ZoneInfo("UTC"))
+    # the next day: nothing used in it yet, the open reservation still held
+    tomorrow = gate.standing(key, DAY_TOKENS, T0 + timedelta(days=1)).usage()
+    assert (tomorrow.used, tomorrow.remaining) == (0, 70)
+    # a limit quota has not counted against yet, and `once` credits, which never reset
+    fresh = gate.standing(key, CALLS, T0).usage()
+    assert (fresh.used, fresh.remaining, fresh.resets_at) == (0, 3, None)
