@@ -81,8 +81,9 @@ class QuotaService:
             counted = domain.deltas(unique.values(), self._tz)
             await tx.add_deltas(counted)
             # (v4) the same events against their keys' own limits, in the same transaction
-            charged = {c[0]: c[1] for e in events if (c := domain.event_key(e)) is not None}
-            rules = await tx.key_rules(charged)
+            # every (key, resource) the batch charges: one key's events may be on several resources
+            charged = {(c[0], c[1]) for e in events if (c := domain.event_key(e)) is not None}
+            rules = await tx.key_rules(key for key, _ in charged)
             limits = {k: (row.account_id, row.limits) for k, row in rules.items() if not row.deleted and row.limits}
             await tx.add_key_deltas(domain.key_deltas(unique.values(), limits, self._tz))
             # A counted usage event settles its reservation: the actual quantity is now in `used`
@@ -94,7 +95,7 @@ class QuotaService:
             # offsets leaves nothing to recount but the state may never have been sent.
             touched = {(e.account_id, r) for e in events for r in self._resources_of(e)} | _accounts_of(released)
             await self._publish_states(tx, touched, period)
-            key_touched = {(k, r) for k, r in charged.items() if k in limits} | _keys_of(released)
+            key_touched = {(k, r) for k, r in charged if k in limits} | _keys_of(released)
             await self._publish_key_states(tx, key_touched)
             # An event counts in the period of its own time: one late from last month (or a few
             # seconds ahead into the next) crosses that period's thresholds, announced for it.

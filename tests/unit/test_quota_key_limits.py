@@ -208,3 +208,14 @@ async def test_states_of_one_key_carry_increasing_versions_and_republish_include
     await service.republish()
     versions = [s["version"] for s in key_states(publisher, key)]
     assert versions == sorted(versions) and len(set(versions)) == len(versions) == 3
+
+
+async def test_one_batch_of_a_keys_usage_on_two_resources_publishes_its_standing_on_both(service, publisher):
+    account, key = uuid.uuid4(), uuid.uuid4()
+    await service.apply_key(key_state(account, key, [month(1_000), month(10, Resource.CONTENT_PUBLISHES)]))
+    publishes = UsageEvent(
+        time=T0, account_id=account, resource=Resource.CONTENT_PUBLISHES, quantity=3, source="t", api_key_id=key
+    )
+    await service.count([tokens(account, key, 400, T0), publishes])
+    assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["used"] == 400
+    assert last_state(publisher, key, Resource.CONTENT_PUBLISHES, LimitPeriod.MONTH)["used"] == 3
