@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 from contracts.common import Permission, Resource, Role, Tier
 from contracts.errors import ErrorBody
+from contracts.key_limits import LimitPeriod
 
 MAX_COST = 10**12
 # The protected service's own request: an HTTP method token and an absolute path (its route
@@ -37,9 +38,7 @@ class VerifyRequest(BaseModel):
     resource: Resource | None = Field(
         default=None, description="Gate on this resource too (nothing is counted: usage events count)."
     )
-    cost: int = Field(
-        default=0, ge=0, le=MAX_COST, description="For a flow: refused when used + reserved + cost > total."
-    )
+    cost: int = Field(default=0, ge=0, le=MAX_COST, description="For a flow: refused when used + reserved + cost > total.")
     permission: Permission | None = Field(default=None, description="A permission the key's user must hold.")
     model: Model | None = Field(
         default=None,
@@ -64,6 +63,14 @@ class VerifiedQuota(BaseModel):
     status: str = Field(description="`available` or `exhausted`.")
 
 
+class VerifiedKeyLimit(BaseModel):
+    """(v4) What is left of one of the key's own limits in its current window."""
+
+    resource: Resource
+    period: LimitPeriod
+    remaining: int
+
+
 class VerifyAnswer(BaseModel):
     """200 for every decision: `valid`, or the code and status a protected route would answer."""
 
@@ -79,3 +86,8 @@ class VerifyAnswer(BaseModel):
     retry_after: int | None
     quota: VerifiedQuota | None
     error: ErrorBody | None = Field(description="The error body a protected route would answer; null when valid.")
+    key_limits: list[VerifiedKeyLimit] = Field(
+        default_factory=list,
+        description="(v4) The key's own limits: what remains of each in its current window (amount - used - reserved); "
+        "empty when the key has none (or is unknown).",
+    )

@@ -170,6 +170,11 @@ class KeyQuotaState(Event):
     version: Version = 0  # order_of(): the counter row's version
 
 
+QuotaRecord = Annotated[QuotaState | KeyQuotaState, Field(discriminator="type")]
+# quota.v1 holds both (v4): a reader tells them apart by `type`
+QUOTA_RECORDS: TypeAdapter[QuotaState | KeyQuotaState] = TypeAdapter(QuotaRecord)
+
+
 # ---- quota-thresholds.v1 ---------------------------------------------------------------------
 class QuotaThresholdCrossed(Event):
     """Usage of `resource` rose across whole percent `threshold_pct` (the highest one crossed)."""

@@ -11,6 +11,7 @@ from contracts.key_limits import (
     MAX_LIST,
     Cidr,
     KeyLimit,
+    KeyLimitUsage,
     KeyRules,
     LimitPeriod,
     ModelPattern,
@@ -22,6 +23,13 @@ from contracts.rate_limit import RateLimit
 Email = Annotated[str, StringConstraints(strip_whitespace=True, max_length=254, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")]
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
 MAX_GRACE_SECONDS = 7 * 24 * 3600
+KeyUsage = Annotated[
+    list[KeyLimitUsage],
+    Field(
+        description="(v4) The key's standing against each of its own limits, in the window that holds now. `used` "
+        "is what was counted, without open reservations; `remaining` = amount - used - reserved, at least 0."
+    ),
+]
 
 
 class _In(BaseModel):
@@ -123,6 +131,7 @@ class KeyCreated(KeyRules):
     status: KeyStatus
     expires_at: AwareDatetime | None
     created_at: AwareDatetime
+    usage: KeyUsage = Field(default_factory=list)
 
 
 class KeyListStatus(StrEnum):
@@ -146,6 +155,7 @@ class KeyItem(KeyRules):
     last_used_at: AwareDatetime | None
     created_by: UUID | None = None  # (v2) the user who created it
     rotation_due: bool = Field(default=False, description="(v2) Older than 90 days: rotate it (create a new key, move, delete).")
+    usage: KeyUsage = Field(default_factory=list)
 
 
 class KeyList(BaseModel):

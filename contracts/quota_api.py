@@ -7,6 +7,7 @@ from uuid import UUID
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from contracts.common import Resource
+from contracts.key_limits import LimitPeriod
 
 
 class PeriodRange(BaseModel):
@@ -65,8 +66,18 @@ class InsufficientQuotaDetails(BaseModel):
     resource: Resource
     used: int
     total: int
-    period_end: AwareDatetime = Field(description="End of the current period in the platform time zone.")
+    period_end: AwareDatetime | None = Field(
+        description="End of the current period in the platform time zone; (v4) for a key's limit, when it resets "
+        "(null for a `once` limit, which never does)."
+    )
     links: QuotaLinks
+    # (v4) whose limit refused: the key's own (`total` is the limit's amount) or the account's
+    scope: Literal["account", "api_key"] = "account"
+    limit_period: LimitPeriod | None = Field(default=None, description="(v4) The period of the key's limit that refused.")
+
+    def body(self) -> dict[str, object]:
+        """As `error.details` carries it: `limit_period` only on a key limit's refusal."""
+        return self.model_dump(mode="json", exclude={"limit_period"} if self.limit_period is None else None)
 
 
 class ReservationCreate(BaseModel):
@@ -78,6 +89,11 @@ class ReservationCreate(BaseModel):
     resource: Resource
     amount: int = Field(ge=1, le=10**12, description="What the service may spend (tokens, bytes, ...).")
     ttl_seconds: int = Field(ge=1, le=3600, description="Released at created + ttl unless settled or released before.")
+    api_key_id: UUID | None = Field(
+        default=None,
+        description="(v4) The key whose call this is (verify's `api_key_id`): the reservation must also fit the key's "
+        "own limits on the resource, and holds room in them until settled, released or expired.",
+    )
 
 
 class ReservationCreated(BaseModel):

@@ -5,7 +5,7 @@ the dead-letter topic)."""
 
 from faststream.kafka import KafkaBroker, KafkaRouter
 
-from contracts.events import KeyState, QuotaState, QuotaThresholdCrossed
+from contracts.events import QUOTA_RECORDS, KeyQuotaState, KeyState, QuotaState, QuotaThresholdCrossed
 from contracts.topics import KEYS, QUOTA, QUOTA_THRESHOLDS
 from services.alerts.service import AlertsService
 from services.runtime.platform.settings import Settings
@@ -21,8 +21,11 @@ def build_router(service: AlertsService, broker: KafkaBroker, settings: Settings
         title="alerts.on_threshold",
         handle=service.fire_crossing,
     )
-    subscribe.each(
-        QUOTA, Reading(QuotaState), group="alerts.quota", title="alerts.on_quota_state", handle=service.save_quota_state
-    )
+
+    async def on_quota_record(record: QuotaState | KeyQuotaState) -> None:
+        if isinstance(record, QuotaState):  # (v4) a key's standing (KeyQuotaState) is the edge's business
+            await service.save_quota_state(record)
+
+    subscribe.each(QUOTA, Reading(QUOTA_RECORDS), group="alerts.quota", title="alerts.on_quota_state", handle=on_quota_record)
     subscribe.each(KEYS, Reading(KeyState), group="alerts.keys", handle=service.save_key)
     return subscribe.router

@@ -34,10 +34,13 @@ ADMISSION_STORE_ERRORS = Counter(
     "Shared api_calls admissions that failed in Redis: judged by this process's own count, or not given back (unit: admissions)",
 )
 
-# admit(key, argv, at): argv[at .. at + 5] = has a state (1/0), its watermark (us), used,
-# reserved, the caller's total, the key's ttl (s). Returns 1 (admitted) or 0.
+# room(key, argv, at): argv[at .. at + 5] = has a state (1/0), its watermark (us), used,
+# reserved, the caller's total, the key's ttl (s). Brings the hash up to the newest state and
+# returns its admissions and whether one more fits; take(key, admitted) records one more.
+# (v4) A call may need several admissions at once (its account's and its key's own api_calls
+# limits): each is asked for room first, and all are taken only if every one has it.
 ADMIT_FN = """
-local function admit(key, argv, at)
+local function room(key, argv, at)
   local has = argv[at] == '1'
   local w, used, reserved, total = tonumber(argv[at + 1]), tonumber(argv[at + 2]), tonumber(argv[at + 3]), tonumber(argv[at + 4])
   local kept = redis.call('HMGET', key, 'w', 'used', 'reserved', 'admitted')
@@ -47,13 +50,9 @@ local function admit(key, argv, at)
     redis.call('HSET', key, 'w', argv[at + 1], 'used', argv[at + 2], 'reserved', argv[at + 3])
   end
   local admitted = math.max(tonumber(kept[4] or '0'), used)
-  local allowed = admitted + reserved < total
-  if allowed then
-    admitted = admitted + 1
-  end
   redis.call('HSET', key, 'admitted', admitted)
   redis.call('EXPIRE', key, tonumber(argv[at + 5]))
-  return allowed and 1 or 0
+  return admitted, admitted + reserved < total
 end
 """
 
@@ -75,8 +74,8 @@ def micros(moment: datetime) -> int:
 
 
 def admission_key(prefix: str, view: CallsView) -> str:
-    """The Redis hash of `view`'s account and period."""
-    return f"{prefix}{view.account_id}:{view.period}"
+    """The Redis hash of `view`'s account and period, or (v4) of a key's limit and window."""
+    return f"{prefix}{view.subject or view.account_id}:{view.period}"
 
 
 def admission_args(view: CallsView) -> list[int]:

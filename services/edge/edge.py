@@ -24,6 +24,7 @@ from contracts.common import KeyStatus, Permission, Resource, Role, ServiceScope
 from contracts.credentials import API_KEY_PREFIX, SERVICE_TOKEN_PREFIX, hash_secret
 from contracts.errors import ErrorCode
 from contracts.events import (
+    QUOTA_RECORDS,
     AccountState,
     KeyState,
     PackagePurchased,
@@ -33,6 +34,7 @@ from contracts.events import (
     SessionRevoked,
     UserState,
 )
+from contracts.key_limits import KeyLimit, KeyLimitUsage
 from contracts.quota_api import InsufficientQuotaDetails, counts_as_api_call, quota_links
 from contracts.rate_limit import RateLimit
 from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA, SERVICE_TOKENS, SESSIONS, USERS
@@ -42,6 +44,7 @@ from services.edge.billing_totals import BillingTotals
 from services.edge.calls import OVERLOADED, Call, CallRecorder, client_ip, parse_networks
 from services.edge.context import CALL_CONTEXT, CallContext, context_of
 from services.edge.errors import ApiError
+from services.edge.key_quota import KeyQuotaProjection, KeyStanding
 from services.edge.key_rules import KeyGate, narrower
 from services.edge.openapi_security import ADMIN_TOKEN, API_KEY, CONSOLE_SESSION, SERVICE_TOKEN, accepts
 from services.edge.principal import Principal
@@ -91,7 +94,7 @@ def insufficient_quota(console_url: str, resource: Resource, used: int, total: i
         ErrorCode.INSUFFICIENT_QUOTA,
         f"The {resource.value} quota of this period is exhausted ({used} of {total} used); "
         "upgrade the plan or buy a quota package.",
-        details=details.model_dump(mode="json"),
+        details=details.body(),
     )
 
 
@@ -155,6 +158,8 @@ class Edge:
         # force here as soon as its billing.v1 event is applied (billing_totals.py).
         self.totals = BillingTotals(self.plans)
         self.quota = QuotaProjection(settings.tz, self.totals)
+        # (v4) each key's standing against its own limits (quota.v1), the limits from keys.v1
+        self.key_quota = KeyQuotaProjection(settings.tz)
         self.users = UserSessions()
         self.revoked_sessions = RevokedSessions(settings.session_ttl_seconds)
         # REDIS_URL: the replicas share the rate limits and the api_calls admissions (one script
@@ -263,8 +268,23 @@ class Edge:
             self.totals.apply_package(event)
 
     def _apply_quota(self, _key: bytes | None, value: bytes | None) -> None:
-        if value is not None:
-            self.quota.apply(QuotaState.model_validate(json.loads(value)))
+        if value is None:
+            return
+        record = QUOTA_RECORDS.validate_python(json.loads(value))
+        if isinstance(record, QuotaState):
+            self.quota.apply(record)
+        else:  # (v4) a key's standing against one of its limits
+            self.key_quota.apply(record)
+
+    def key_limits(self, key_id: UUID) -> list[KeyLimit]:
+        """The key's own limits as keys.v1 has them now (a PATCH is in force when applied here)."""
+        state = self.keys.by_id(key_id)
+        return [] if state is None else state.limits
+
+    def key_usage(self, key_id: UUID, now: datetime) -> list[KeyLimitUsage]:
+        """(v4) The key's standing against each of its limits in the window that holds now, from
+        this process's projections (keys.v1's limits, quota.v1's counts): what key objects show."""
+        return [self.key_quota.standing(key_id, limit, now).usage() for limit in self.key_limits(key_id)]
 
     def _apply_user(self, _key: bytes | None, value: bytes | None) -> None:
         if value is not None:
@@ -512,33 +532,78 @@ class Edge:
         share one Redis round trip; a call any check refuses is not admitted. Every API-key call
         consumes api_calls except the quota reads (`counted`, contracts/quota_api.py); a route may
         name one more resource (`consumes`), and verify a `cost` of it that must still fit."""
-        account_id = principal.account_id
-        assert principal.api_key_id is not None
-        self._record_call(request, account_id, principal.api_key_id, now)
+        account_id, key_id = principal.account_id, principal.api_key_id
+        assert key_id is not None
+        self._record_call(request, account_id, key_id, now)
         refusal = _refusal(principal, permission, console_only)
         # The call's event gets its place before the handler runs (or 503), if it may run at all.
         placed = refusal is None and self.calls.reserve()
         context.reserved = placed
+        # (v4) the key's own limits first (the narrower bound), then the account's
+        limits = self.key_limits(key_id)
+        key_out = self.key_quota.refusing(key_id, limits, consumes, cost, now) if placed and consumes and limits else None
         exhausted = placed and consumes is not None and self.quota.lacks_room(account_id, consumes, cost, now)
-        admission = self.quota.calls_view(account_id, now) if placed and not exhausted and counted else None
-        admitted = await self._rate_limit(context, principal, admission)
+        admission = self.quota.calls_view(account_id, now) if placed and not exhausted and not key_out and counted else None
+        key_views = self.key_quota.calls_views(key_id, limits, now) if admission is not None and limits else []
+        refused_by = await self._rate_limit(context, principal, admission, key_views)
         if refusal is not None:
             raise refusal
         if not placed:
             raise _overloaded()
+        if key_out is not None:
+            raise self.key_insufficient_quota(key_out)
         if exhausted and consumes is not None:
             raise self.insufficient_quota(account_id, consumes, now)
         if admission is None:
             return
-        if admitted is None:  # no Redis, or Redis failed: this process's own count
-            admitted = self._admit_here(account_id, now)
-            give_back = partial(self.quota.give_back, account_id, now)
+        if refused_by is None:  # no Redis, or Redis failed: this process's own count
+            key_out = self.key_quota.refusing(key_id, limits, Resource.API_CALLS, 1, now) if key_views else None
+            if key_out is not None:
+                raise self.key_insufficient_quota(key_out)
+            if not self._admit_here(account_id, now):
+                raise self.insufficient_quota(account_id, Resource.API_CALLS, now)
+            if key_views:
+                self.key_quota.admit_call(key_id, limits, now)  # room was just seen (no await since)
+            give_back = partial(self._give_back_here, account_id, key_id, limits, now)
+        elif refused_by == 1:
+            raise self.insufficient_quota(account_id, Resource.API_CALLS, now)
+        elif refused_by > 1:
+            api_calls_limits = [limit for limit in limits if limit.resource is Resource.API_CALLS]
+            raise self.key_insufficient_quota(self.key_quota.standing(key_id, api_calls_limits[refused_by - 2], now))
         else:
             assert self.shared is not None
-            give_back = partial(self.shared.release_soon, admission)
-        if not admitted:
-            raise self.insufficient_quota(account_id, Resource.API_CALLS, now)
+            give_back = partial(self._release_shared, (admission, *key_views))
         context.give_back = give_back  # if the call ends refused, quota will not count it
+
+    def _give_back_here(self, account_id: UUID, key_id: UUID, limits: list[KeyLimit], admitted_at: datetime) -> None:
+        self.quota.give_back(account_id, admitted_at)
+        self.key_quota.give_back(key_id, limits, admitted_at)
+
+    def _release_shared(self, admissions: tuple[CallsView, ...]) -> None:
+        assert self.shared is not None
+        for admission in admissions:
+            self.shared.release_soon(admission)
+
+    def key_insufficient_quota(self, standing: KeyStanding) -> ApiError:
+        """(v4) 403 insufficient_quota for the key's own limit: `total` is its amount, `period_end`
+        when its window ends (null for `once`), `details.scope: "api_key"`."""
+        limit = standing.limit
+        details = InsufficientQuotaDetails(
+            resource=limit.resource,
+            used=standing.used,
+            total=limit.amount,
+            period_end=standing.resets_at,
+            links=quota_links(self.settings.console_url, limit.resource),
+            scope="api_key",
+            limit_period=limit.period,
+        )
+        return ApiError(
+            403,
+            ErrorCode.INSUFFICIENT_QUOTA,
+            f"This key's own {limit.period.value} limit of {limit.resource.value} is exhausted "
+            f"({standing.used} + {standing.reserved} reserved of {limit.amount}).",
+            details=details.body(),
+        )
 
     def _check_consumes(self, account_id: UUID, consumes: Resource | None, now: datetime) -> None:
         if consumes is not None and self.quota.is_blocked(account_id, consumes, now):
@@ -553,21 +618,26 @@ class Edge:
             self._admission_log.warning("shared api_calls admissions unavailable (Redis): judging by this process alone")
         return self.quota.admit_call(account_id, now)
 
-    async def _rate_limit(self, context: CallContext, principal: Principal, admission: CallsView | None) -> bool | None:
+    async def _rate_limit(
+        self, context: CallContext, principal: Principal, admission: CallsView | None, key_views: list[CallsView]
+    ) -> int | None:
         """429 when the account's or the key's bucket or window is exhausted (the call's place, if
         it took one, is freed); X-RateLimit-* on every API-key response (RequestMiddleware adds
         them, to errors as well). Returns the shared api_calls admission of `admission` judged in
         the same round trip, or None when it was not judged there. With several replicas the same
         round trip asks whether the key was revoked after the state this process judged it by
-        (`revoke_everywhere`): 401 then, as the state will say once it arrives."""
+        (`revoke_everywhere`): 401 then, as the state will say once it arrives. (v4) The key's own
+        api_calls limits (`key_views`) are admitted with the account's, all or none: 0 admitted,
+        1 the account had no room, 1 + i the key's i-th api_calls limit had none."""
         account_id, key_id = principal.account_id, principal.api_key_id
         assert key_id is not None
         limits, subjects = self._limits_of(principal), self._subjects_of(key_id, account_id)
-        admitted: bool | None = None
+        admitted: int | None = None
         try:
             if self.shared is not None:
                 known = KeyCheck(key_id, principal.key_version)
-                decision, admitted = await self.shared.hit_and_admit(subjects, limits, time.time(), admission, known)
+                admissions = () if admission is None else (admission, *key_views)
+                decision, admitted = await self.shared.hit_and_admit_all(subjects, limits, time.time(), admissions, known)
             else:
                 decision = await self.limiter.hit(subjects, limits, time.time())
         except KeyRevoked as revoked:

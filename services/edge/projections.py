@@ -66,6 +66,11 @@ class KeyProjection:
     def get(self, digest: str) -> KeyState | None:
         return self._by_hash.get(digest)
 
+    def by_id(self, key_id: UUID) -> KeyState | None:
+        """A live key's state by its id (v4: its limits, for the quota gate)."""
+        digest = self._hash_by_id.get(key_id)
+        return None if digest is None else self._by_hash.get(digest)
+
     def deleted(self, digest: str) -> KeyState | None:
         """The last state of a deleted key with this secret's hash, if still remembered."""
         return self._deleted.get(digest)

@@ -46,6 +46,8 @@ class CallsView:
     used: int
     reserved: int
     total: int
+    # (v4) a key's own api_calls limit: `k:<key id>:<period>` (its admissions' own Redis hash); "" the account's
+    subject: str = ""
 
 
 @dataclass(slots=True)

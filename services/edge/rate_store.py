@@ -203,26 +203,27 @@ local function rate_limit(keys, now, limits, ttl)
   return allowed, size, math.max(0, remaining), reset, retry, stored, next_refused
 end
 """
-# KEYS: the rate limit's subjects, then (when ARGV[4] >= 0) the key's revocation entry, then
-# (when ARGV[3] = 1) the admission's hash. ARGV[1..2]: now, ttl; ARGV[4]: the version of the key's
-# state the caller judged it by (-1: no check); ARGV[5]: n, the number of subjects, then each
-# subject's rate, burst, limit (3n values); then the admission's (admissions.admission_args).
-# Returns {-1, 'deleted' | 'disabled' | 'narrowed'} when the key was revoked (v4: or given new
-# rules) at a later version (nothing is taken), else {allowed, limit, remaining, reset, retry (the headers'),
-# admitted (1/0; -1 not judged), and when the subjects' next request would be refused, their
-# slots as stored...}.
+# KEYS: the rate limit's subjects, then (when ARGV[4] >= 0) the key's revocation entry, then the
+# ARGV[3] admissions' hashes. ARGV[1..2]: now, ttl; ARGV[4]: the version of the key's state the
+# caller judged it by (-1: no check); ARGV[5]: n, the number of subjects, then each subject's rate,
+# burst, limit (3n values); then 6 per admission (admissions.admission_args). Returns
+# {-1, 'deleted' | 'disabled' | 'narrowed'} when the key was revoked (v4: or given new rules) at a
+# later version (nothing is taken), else {allowed, limit, remaining, reset, retry (the headers'),
+# admitted (0: every admission taken; i: the i-th had no room, none taken; -1 not judged), and
+# when the subjects' next request would be refused, their slots as stored...}.
 SCRIPT = (
     RATE_LIMIT_FN
     + ADMIT_FN
     + """
-local wants = ARGV[3] == '1'
+local wants = tonumber(ARGV[3])
 local known = tonumber(ARGV[4])
 local n = tonumber(ARGV[5])
 local limits = {}
 for i = 1, n do
   limits[i] = {tonumber(ARGV[3 + 3 * i]), tonumber(ARGV[4 + 3 * i]), tonumber(ARGV[5 + 3 * i])}
 end
-local last = #KEYS - (wants and 1 or 0)
+local last = #KEYS - wants
+local before_admissions = last
 if known >= 0 then
   local revoked = redis.call('GET', KEYS[last])
   last = last - 1
@@ -238,8 +239,17 @@ for i = 1, last do subjects[i] = KEYS[i] end
 local allowed, size, remaining, reset, retry, stored, next_refused = rate_limit(
   subjects, tonumber(ARGV[1]), limits, tonumber(ARGV[2]))
 local admitted = -1
-if allowed and wants then
-  admitted = admit(KEYS[#KEYS], ARGV, 6 + 3 * n)
+if allowed and wants > 0 then
+  admitted = 0
+  local counts = {}
+  for i = 1, wants do
+    local count, fits = room(KEYS[before_admissions + i], ARGV, 6 + 3 * n + (i - 1) * 6)
+    counts[i] = count
+    if not fits and admitted == 0 then admitted = i end
+  end
+  if admitted == 0 then
+    for i = 1, wants do redis.call('HSET', KEYS[before_admissions + i], 'admitted', counts[i] + 1) end
+  end
 end
 local result = {allowed and 1 or 0, size, remaining, reset, retry, admitted}
 if next_refused then
@@ -305,14 +315,30 @@ class RedisStore:
         admission: CallsView | None,
         known: KeyCheck | None = None,
     ) -> tuple[Decision, bool | None]:
-        """The rate limit's decision and, for a call it lets through, the api_calls admission of
-        `admission` (None: not asked, or not judged because Redis failed: the limit then fails
-        open and the caller judges the admission itself). Raises KeyRevoked, taking nothing, when
+        """`hit_and_admit_all` of one admission: whether it was taken (None: not judged)."""
+        decision, refused_by = await self.hit_and_admit_all(
+            subjects, limits, now, () if admission is None else (admission,), known
+        )
+        return decision, None if refused_by is None else refused_by == 0
+
+    async def hit_and_admit_all(
+        self,
+        subjects: Sequence[str],
+        limits: PerSubject,
+        now: float,
+        admissions: Sequence[CallsView],
+        known: KeyCheck | None = None,
+    ) -> tuple[Decision, int | None]:
+        """The rate limit's decision and, for a call it lets through, the api_calls admissions of
+        `admissions` (the account's, then (v4) its key's own api_calls limits), taken all or none:
+        0 when taken, i when the i-th had no room; None: not asked, or not judged because Redis
+        failed (the limit then fails open and the caller judges the admissions itself). Raises KeyRevoked, taking nothing, when
         `known`'s key was revoked at a later version than `known`'s."""
         subjects = tuple(subjects)  # the edge's are tuples already
         refusal = self.refused(subjects, limits, now)
         if refusal is not None:
             return refusal, None
+        admission = tuple(admissions) or None
         judged: asyncio.Future[None] | None = None
         if self._copies.pop(subjects, None) is not None and subjects not in self._judging:
             # The copy would let this one through: Redis judges it, and the requests of the same
@@ -326,21 +352,26 @@ class RedisStore:
                 judged.set_result(None)
 
     async def _judge(
-        self, subjects: tuple[str, ...], limits: PerSubject, now: float, admission: CallsView | None, known: KeyCheck | None
-    ) -> tuple[Decision, bool | None]:
+        self,
+        subjects: tuple[str, ...],
+        limits: PerSubject,
+        now: float,
+        admission: tuple[CallsView, ...] | None,
+        known: KeyCheck | None,
+    ) -> tuple[Decision, int | None]:
         # Idle slots expire once a full bucket and an empty window would be the same thing.
         per = each(limits, len(subjects))
         ttl = int(2 * WINDOW_S + max(math.ceil(lim.burst / lim.per_second) for lim in per))
         keys = [self._prefix + s for s in subjects]
-        args: list[str | int] = [repr(now), ttl, 1 if admission is not None else 0, -1 if known is None else known.version]
-        args.append(len(per))
+        args: list[str | int] = [repr(now), ttl, 0 if admission is None else len(admission)]
+        args += [-1 if known is None else known.version, len(per)]
         for lim in per:
             args += [repr(lim.per_second), lim.burst, lim.per_minute]
         if known is not None:
             keys.append(self._revoked_prefix + str(known.key_id))
-        if admission is not None:
-            keys.append(admission_key(self._admissions_prefix, admission))
-            args += admission_args(admission)
+        for view in admission or ():
+            keys.append(admission_key(self._admissions_prefix, view))
+            args += admission_args(view)
         try:
             result = await self._script(keys=keys, args=args)
         except Exception:  # a limiter outage must not take the API down: let the call through
@@ -357,7 +388,7 @@ class RedisStore:
                 self._copies.clear()
             self._copies[subjects] = _Copy([_slot(stored[i : i + 5]) for i in range(0, len(stored), 5)])
         decision = Decision(bool(allowed), int(limit), int(remaining), int(reset), int(retry))
-        return decision, None if admitted == -1 else bool(admitted)
+        return decision, None if admitted == -1 else int(admitted)
 
     def refused(self, subjects: Sequence[str], limits: PerSubject, now: float) -> Decision | None:
         copy = self._copies.get(tuple(subjects))

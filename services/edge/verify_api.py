@@ -18,7 +18,7 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 
 from contracts.common import Role, ServiceScope
-from contracts.edge_api import VerifiedQuota, VerifiedRateLimit, VerifyAnswer, VerifyRequest
+from contracts.edge_api import VerifiedKeyLimit, VerifiedQuota, VerifiedRateLimit, VerifyAnswer, VerifyRequest
 from contracts.errors import ErrorBody, ErrorCode, ErrorDetail
 from services.edge.calls import client_ip, parse_networks
 from services.edge.edge import Edge
@@ -71,6 +71,12 @@ def answer_of(edge: Edge, call: ServiceCall, verdict: Verdict, request_id: str) 
             remaining=max(0, total - used - reserved),
             status="exhausted" if exhausted else "available",
         )
+    key_limits = []
+    if principal is not None and principal.api_key_id is not None:
+        now = datetime.now(UTC)
+        for limit in edge.key_limits(principal.api_key_id):
+            standing = edge.key_quota.standing(principal.api_key_id, limit, now)
+            key_limits.append(VerifiedKeyLimit(resource=limit.resource, period=limit.period, remaining=standing.remaining))
     retry_after = verdict.headers.get("Retry-After")
     return VerifyAnswer(
         valid=verdict.refusal is None,
@@ -85,6 +91,7 @@ def answer_of(edge: Edge, call: ServiceCall, verdict: Verdict, request_id: str) 
         retry_after=int(retry_after) if retry_after is not None else None,
         quota=quota,
         error=_error_body(verdict, request_id),
+        key_limits=key_limits,
     )
 
 

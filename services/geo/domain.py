@@ -25,7 +25,7 @@ class ProjectsExhausted(Forbidden):
             f"The {RESOURCE.value} quota of this period is exhausted ({used} of {total} used); "
             "upgrade the plan or buy a quota package.",
             code=ErrorCode.INSUFFICIENT_QUOTA,
-            details=details.model_dump(mode="json"),
+            details=details.body(),
         )
 
 

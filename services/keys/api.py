@@ -1,6 +1,6 @@
 """HTTP routes of the keys service: accounts, console sessions, API keys, operator roles."""
 
-from typing import Annotated
+from typing import Annotated, TypeVar
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -36,6 +36,7 @@ from services.keys.login_throttle import LoginThrottle
 from services.keys.service import KeysService
 from services.keys.store import Row
 
+KeyObject = TypeVar("KeyObject", KeyItem, KeyCreated)
 CONSOLE = "Console only: an API key gets 403 `console_session_required`."
 RULES = (
     " (v4) A key's own rules, all optional (API.md, \"Per-key limits and restrictions\"): `limits` (one per "
@@ -94,6 +95,11 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
     console_billing_write = edge.requires(Permission.BILLING_WRITE, console_only=True)
     throttle, trusted = LoginThrottle(), parse_networks(runtime.settings.trusted_proxies)
     operator = edge.requires_operator()
+
+    def with_usage(key: KeyObject) -> KeyObject:
+        # (v4) The key's usage against its limits comes from this process's edge, which holds every
+        # key's standing (quota.v1) for its gate: keys never imports quota nor calls it per listing.
+        return key.model_copy(update={"usage": edge.key_usage(key.id, runtime.clock())})
 
     # ---- accounts ----------------------------------------------------------------------------
     @api.post(
@@ -187,7 +193,7 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         row, secret = await service.create_key(
             principal.account_id, _user(principal), body.name, body.expires_at, audit=audit, rules=rules
         )
-        return _created(row, secret)
+        return with_usage(_created(row, secret))
 
     @api.patch(
         "/api/api-keys/{key_id}",
@@ -202,7 +208,8 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         key_id: UUID, body: KeyUpdateRequest, request: Request, principal: Annotated[Principal, Depends(console_keys_write)]
     ) -> KeyItem:
         audit = edge.audit_context(request, principal)
-        return _item(await service.update(principal.account_id, key_id, body, audit=audit, only_own=_only_own(principal)))
+        updated = await service.update(principal.account_id, key_id, body, audit=audit, only_own=_only_own(principal))
+        return with_usage(_item(updated))
 
     @api.get(
         "/api/api-keys",
@@ -211,7 +218,7 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         "moves only on calls the key was admitted for (refused calls, which carry `error_code` on calls.v1, do not move it).",
     )
     async def list_keys(principal: Annotated[Principal, Depends(console)]) -> KeyList:
-        return KeyList(items=[_item(r) for r in await service.list_keys(principal.account_id)])
+        return KeyList(items=[with_usage(_item(r)) for r in await service.list_keys(principal.account_id)])
 
     @api.post(
         "/api/api-keys/{key_id}/toggle",
@@ -254,7 +261,7 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
             audit=edge.audit_context(request, principal),
             only_own=_only_own(principal),
         )
-        return _created(row, secret)
+        return with_usage(_created(row, secret))
 
     # ---- members (v2) ---------------------------------------------------------------------------
     members_write = edge.requires(Permission.MEMBERS_WRITE, console_only=True)

@@ -26,7 +26,11 @@ RESERVE_DESCRIPTION = (
     "reservations on any replica never exceed the total). The reservation counts against the quota at once "
     "(quota.v1 `reserved`; `blocked` = used + reserved >= total) until a usage event carrying its id as "
     "`reservation_id` settles it (the actual quantity is counted, the hold released), DELETE releases it, "
-    "or it expires after `ttl_seconds` (1..3600). It counts against whatever period is current while open."
+    "or it expires after `ttl_seconds` (1..3600). It counts against whatever period is current while open. "
+    "(v4) With `api_key_id` (verify's answer) it must also fit each of the key's own limits on the resource "
+    "(used in the limit's current window + the key's open reservations + amount <= the limit's amount), judged "
+    "first, under the same lock: a refusal is 403 insufficient_quota with `details.scope` `api_key` (total = the "
+    "limit's amount, period_end = when it resets, null for `once`) or `account`. Another account's key is 404."
 )
 RELEASE_DESCRIPTION = (
     "**Service** endpoint (`usage:write`). Releases an open reservation early: 204. An unknown, already "
@@ -47,7 +51,9 @@ def build_router(runtime: Runtime, service: QuotaService) -> APIRouter:
 
     @router.post("/api/quota/reservations", status_code=201, description=RESERVE_DESCRIPTION)
     async def reserve(body: ReservationCreate, caller: Annotated[ServicePrincipal, Depends(usage_writer)]) -> ReservationCreated:
-        made = await service.reserve(body.account_id, body.resource, body.amount, body.ttl_seconds, caller.token_id)
+        made = await service.reserve(
+            body.account_id, body.resource, body.amount, body.ttl_seconds, caller.token_id, body.api_key_id
+        )
         return ReservationCreated(id=made.id, expires_at=made.expires_at)
 
     @router.delete(

@@ -1,4 +1,4 @@
-"""Quota's subscribers: usage.v1 + calls.v1 in batches, billing.v1 one event at a time.
+"""Quota's subscribers: usage.v1 + calls.v1 in batches, billing.v1 and (v4) keys.v1 one event at a time.
 
 Usage events that break a rule of contracts/usage_rules.py, and call events that break its time
 rule (judged against the record's own timestamp, like every consumer of usage.v1 and calls.v1)
@@ -10,8 +10,8 @@ batch is consumed again; the processed-ids table makes the replay harmless.
 from faststream.kafka import KafkaBroker, KafkaRouter
 from prometheus_client import Counter
 
-from contracts.events import BILLING_EVENTS, BillingEvent, CallEvent, PackagePurchased, PlanChanged, UsageEvent
-from contracts.topics import BILLING, CALLS, USAGE
+from contracts.events import BILLING_EVENTS, BillingEvent, CallEvent, KeyState, PackagePurchased, PlanChanged, UsageEvent
+from contracts.topics import BILLING, CALLS, KEYS, USAGE
 from contracts.usage_rules import time_violations_at, violations_at
 from services.quota.service import QuotaService
 from services.runtime.platform.settings import Settings
@@ -57,4 +57,6 @@ def build_router(service: QuotaService, broker: KafkaBroker, settings: Settings)
         max_records=1000,
     )
     subscribe.each(BILLING, Reading(BILLING_EVENTS), group="quota.billing", handle=on_billing)
+    # (v4) each key's limits (a projection: the newest state by order_of wins, so a replay is harmless)
+    subscribe.each(KEYS, Reading(KeyState), group="quota.keys", handle=service.apply_key)
     return subscribe.router

@@ -1,6 +1,6 @@
 """Pure quota rules: periods, totals, usage rates, bands, blocks and threshold crossings."""
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
@@ -12,6 +12,7 @@ from contracts.common import Resource
 from contracts.domain_errors import Forbidden
 from contracts.errors import ErrorCode
 from contracts.events import CallEvent, UsageEvent
+from contracts.key_limits import KeyLimit, LimitPeriod, window_of
 from contracts.period import period_bounds, period_of
 from contracts.quota_api import InsufficientQuotaDetails, counts_as_api_call, quota_links
 from contracts.usage_rules import MAX_BEHIND
@@ -115,7 +116,7 @@ class InsufficientQuota(Forbidden):
             f"The {resource.value} quota cannot hold a reservation of this size: used {used} + reserved "
             f"{reserved} of {total}; upgrade the plan or buy a quota package.",
             code=ErrorCode.INSUFFICIENT_QUOTA,
-            details={**details.model_dump(mode="json"), "reserved": reserved},
+            details={**details.body(), "reserved": reserved},
         )
         self.resource = resource
         self.used = used
@@ -133,3 +134,75 @@ def crossing(mark: int, used: int, total: int) -> int | None:
 def threshold_event_id(account_id: UUID, resource: Resource, period: str, pct: int) -> UUID:
     """Deterministic, so a crossing re-announced after a crash is the same event for alerts."""
     return uuid5(_THRESHOLD_NS, f"{account_id}:{resource.value}:{period}:{pct}")
+
+
+# ---- (v4) limits per key ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class KeyDelta:
+    """What a batch adds to one key's counter in one window of one of its limits."""
+
+    api_key_id: UUID
+    resource: Resource
+    period: LimitPeriod
+    window: str
+    quantity: int
+    last_time: datetime
+
+
+def event_key(event: UsageEvent | CallEvent) -> tuple[UUID, Resource, int] | None:
+    """The key an event counts against, with its resource and quantity; None: no key, or nothing used."""
+    if isinstance(event, CallEvent):
+        return (event.api_key_id, Resource.API_CALLS, 1) if call_counts(event) else None
+    return None if event.api_key_id is None else (event.api_key_id, event.resource, event.quantity)
+
+
+def key_deltas(
+    events: Iterable[UsageEvent | CallEvent], limits: Mapping[UUID, tuple[UUID, list[KeyLimit]]], tz: ZoneInfo
+) -> list[KeyDelta]:
+    """Sum events per key limit and window of the event's own time. `limits`: key id -> (its
+    account, its limits). An event counts only against a key of its own account (a platform
+    service cannot charge another tenant's key) and only against the limits in force."""
+    sums: dict[tuple[UUID, Resource, LimitPeriod, str], tuple[int, datetime]] = {}
+    for event in events:
+        charged = event_key(event)
+        if charged is None or charged[0] not in limits:
+            continue
+        key_id, resource, quantity = charged
+        account_id, key_limits = limits[key_id]
+        if account_id != event.account_id:
+            continue
+        for limit in key_limits:
+            if limit.resource is not resource:
+                continue
+            window, _ = window_of(limit.period, event.time, tz)
+            qty, last = sums.get((key_id, resource, limit.period, window), (0, EPOCH))
+            sums[(key_id, resource, limit.period, window)] = (qty + quantity, max(last, event.time))
+    return [KeyDelta(k, r, p, w, q, t) for (k, r, p, w), (q, t) in sums.items()]
+
+
+class KeyLimitExhausted(Forbidden):
+    """A reservation that does not fit one of the key's own limits: 403 insufficient_quota with
+    `details.scope: "api_key"`; `total` is the limit's amount and `period_end` when it resets
+    (null for `once`, which never does)."""
+
+    def __init__(self, limit: KeyLimit, used: int, reserved: int, resets_at: datetime | None, console_url: str) -> None:
+        details = InsufficientQuotaDetails(
+            resource=limit.resource,
+            used=used,
+            total=limit.amount,
+            period_end=resets_at,
+            links=quota_links(console_url, limit.resource),
+            scope="api_key",
+            limit_period=limit.period,
+        )
+        super().__init__(
+            f"The key's own {limit.period.value} limit of {limit.resource.value} cannot hold a reservation of this "
+            f"size: used {used} + reserved {reserved} of {limit.amount}.",
+            code=ErrorCode.INSUFFICIENT_QUOTA,
+            details={**details.body(), "reserved": reserved},
+        )
+
+
+def key_threshold_event_id(api_key_id: UUID, resource: Resource, period: LimitPeriod, window: str, pct: int) -> UUID:
+    """Deterministic, as the account's: a re-announced crossing of a key's limit is the same event."""
+    return uuid5(_THRESHOLD_NS, f"key:{api_key_id}:{resource.value}:{period.value}:{window}:{pct}")

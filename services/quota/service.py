@@ -13,7 +13,7 @@ one the edge gates.
 """
 
 import asyncio
-from collections.abc import Awaitable, Collection, Iterable
+from collections.abc import Awaitable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID, uuid4
@@ -21,13 +21,24 @@ from zoneinfo import ZoneInfo
 
 from contracts.clock import Clock
 from contracts.common import Resource
-from contracts.events import CallEvent, PackagePurchased, PlanChanged, QuotaState, QuotaThresholdCrossed, UsageEvent
+from contracts.domain_errors import NotFound
+from contracts.events import (
+    CallEvent,
+    KeyQuotaState,
+    KeyState,
+    PackagePurchased,
+    PlanChanged,
+    QuotaState,
+    QuotaThresholdCrossed,
+    UsageEvent,
+)
+from contracts.key_limits import KeyLimit, LimitPeriod, window_of
 from contracts.period import period_bounds, period_of
 from contracts.quota_api import PeriodRange, QuotaItem, QuotaReport
 from contracts.topics import QUOTA, QUOTA_THRESHOLDS
 from services.quota import domain
 from services.quota.publisher import KafkaPublisher
-from services.quota.store import Line, QuotaStore, QuotaTx
+from services.quota.store import Held, Line, QuotaStore, QuotaTx
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +48,12 @@ class Reservation:
     resource: Resource
     amount: int
     expires_at: datetime
+    api_key_id: UUID | None = None
+
+
+def key_record(api_key_id: UUID, resource: Resource, period: LimitPeriod) -> str:
+    """quota.v1's record key of a key's standing against one limit (compacted: the newest wins)."""
+    return f"key:{api_key_id}:{resource.value}:{period.value}"
 
 
 class QuotaService:
@@ -46,6 +63,7 @@ class QuotaService:
         self._clock = clock
         self._tz = tz
         self._console_url = console_url  # the links of a refusal's details
+        self._day: str | None = None  # the day window the last window check saw (roll_key_windows)
 
     def current_period(self) -> str:
         return period_of(self._clock(), self._tz)
@@ -62,6 +80,12 @@ class QuotaService:
             unique = {e.id: e for e in events if e.id in fresh}  # a batch may hold one event twice
             counted = domain.deltas(unique.values(), self._tz)
             await tx.add_deltas(counted)
+            # (v4) the same events against their keys' own limits, in the same transaction
+            # every (key, resource) the batch charges: one key's events may be on several resources
+            charged = {(c[0], c[1]) for e in events if (c := domain.event_key(e)) is not None}
+            rules = await tx.key_rules(key for key, _ in charged)
+            limits = {k: (row.account_id, row.limits) for k, row in rules.items() if not row.deleted and row.limits}
+            await tx.add_key_deltas(domain.key_deltas(unique.values(), limits, self._tz))
             # A counted usage event settles its reservation: the actual quantity is now in `used`
             # and the held amount is released (only for fresh events: idempotent on the event id).
             released = await tx.settle_reservations(
@@ -69,8 +93,10 @@ class QuotaService:
             )
             # Re-publish even for duplicates: a crash after publishing and before committing
             # offsets leaves nothing to recount but the state may never have been sent.
-            touched = {(e.account_id, r) for e in events for r in self._resources_of(e)} | released
+            touched = {(e.account_id, r) for e in events for r in self._resources_of(e)} | _accounts_of(released)
             await self._publish_states(tx, touched, period)
+            key_touched = {(k, r) for k, r in charged if k in limits} | _keys_of(released)
+            await self._publish_key_states(tx, key_touched)
             # An event counts in the period of its own time: one late from last month (or a few
             # seconds ahead into the next) crosses that period's thresholds, announced for it.
             # (As in the current period, a crossing is published before the commit that moves its mark.)
@@ -105,24 +131,54 @@ class QuotaService:
 
     # ---- reservations (v2) ----------------------------------------------------------------------
     async def reserve(
-        self, account_id: UUID, resource: Resource, amount: int, ttl_seconds: int, owner_id: UUID | None = None
+        self,
+        account_id: UUID,
+        resource: Resource,
+        amount: int,
+        ttl_seconds: int,
+        owner_id: UUID | None = None,
+        api_key_id: UUID | None = None,
     ) -> Reservation:
         """Hold `amount` of `resource` for `ttl_seconds`, or raise InsufficientQuota when
         used + reserved + amount > total. Under the account's row lock, so concurrent reservations
-        on any number of replicas are judged one after the other."""
+        on any number of replicas are judged one after the other. (v4) With `api_key_id` it must
+        also fit each of the key's own limits on the resource (KeyLimitExhausted, judged first:
+        the narrower bound), and holds room in them too."""
         now = self._clock()
         period = self.current_period()
         async with self._store.transaction() as tx:
             await tx.lock_accounts([account_id])
+            key_limits = [] if api_key_id is None else await self._key_limits(tx, api_key_id, account_id, resource)
+            if key_limits:
+                assert api_key_id is not None
+                key_held = (await tx.key_reserved(api_key_id, now))[resource]
+                for limit in key_limits:
+                    window, resets_at = window_of(limit.period, now, self._tz)
+                    key_line = await tx.key_line(api_key_id, resource, limit.period, window)
+                    if not domain.fits(key_line.used, key_held, amount, limit.amount):
+                        raise domain.KeyLimitExhausted(limit, key_line.used, key_held, resets_at, self._console_url)
             line = (await tx.lines(account_id, period))[resource]
             held = (await tx.reserved(account_id, now))[resource]
             if not domain.fits(line.used, held, amount, line.total):
                 end = period_bounds(period, self._tz)[1]
                 raise domain.InsufficientQuota(resource, line.used, held, line.total, end, self._console_url)
-            reservation = Reservation(uuid4(), account_id, resource, amount, now + timedelta(seconds=ttl_seconds))
-            await tx.add_reservation(reservation.id, account_id, resource, amount, owner_id, now, reservation.expires_at)
+            expires_at = now + timedelta(seconds=ttl_seconds)
+            reservation = Reservation(uuid4(), account_id, resource, amount, expires_at, api_key_id)
+            await tx.add_reservation(reservation.id, account_id, resource, amount, owner_id, now, expires_at, api_key_id)
             await self._publish_states(tx, {(account_id, resource)}, period)
+            if key_limits:
+                assert api_key_id is not None
+                await self._publish_key_states(tx, {(api_key_id, resource)})
         return reservation
+
+    async def _key_limits(self, tx: QuotaTx, api_key_id: UUID, account_id: UUID, resource: Resource) -> list[KeyLimit]:
+        """The key's limits on `resource`; another account's key is not found (no existence leak)."""
+        row = (await tx.key_rules([api_key_id])).get(api_key_id)
+        if row is None:
+            return []  # a key quota has no limits of (yet): the account's quota alone
+        if row.account_id != account_id:
+            raise NotFound("api key")
+        return [] if row.deleted else [limit for limit in row.limits if limit.resource is resource]
 
     async def release(self, reservation_id: UUID, owner_id: UUID | None = None) -> bool:
         """Release an open reservation early; False when there is none of this owner by that id."""
@@ -132,10 +188,12 @@ class QuotaService:
             if account_id is None:
                 return False
             await tx.lock_accounts([account_id])  # first the account, as every writer does
-            resource = await tx.delete_reservation(reservation_id, owner_id)
-            if resource is None:  # settled or expired meanwhile
+            released = await tx.delete_reservation(reservation_id, owner_id)
+            if released is None:  # settled or expired meanwhile
                 return False
+            resource, api_key_id = released
             await self._publish_states(tx, {(account_id, resource)}, period)
+            await self._publish_key_states(tx, _keys_of({(account_id, resource, api_key_id)}))
         return True
 
     async def expire(self, limit: int = 500) -> int:
@@ -154,7 +212,8 @@ class QuotaService:
                 return 0
             await tx.lock_accounts(accounts)
             freed = await tx.delete_expired(accounts, now)
-            await self._publish_states(tx, freed, period)
+            await self._publish_states(tx, _accounts_of(freed), period)
+            await self._publish_key_states(tx, _keys_of(freed))
         return len(freed)
 
     async def expire_all(self) -> None:
@@ -163,6 +222,54 @@ class QuotaService:
         (quota reads only unexpired ones); the pass publishes the freed states."""
         while await self.expire() > 0:
             pass  # more than one chunk expired: go on at once
+        await self.roll_key_windows()
+
+    # ---- (v4) limits per key --------------------------------------------------------------------
+    async def apply_key(self, state: KeyState) -> None:
+        """A key's state from keys.v1: keep its limits (the newest state by order_of wins; a
+        redelivered or older one changes nothing) and publish its standing against each, with
+        `removed: true` for a limit it no longer has (cleared, or the key deleted)."""
+        async with self._store.transaction() as tx:
+            await tx.lock_accounts([state.account_id])
+            before = (await tx.key_rules([state.key_id])).get(state.key_id)
+            limits = [] if state.deleted else list(state.limits)
+            if not await tx.set_key_rules(state.key_id, state.account_id, limits, state.deleted, state.version, state.time):
+                return
+            kept = {(limit.resource, limit.period) for limit in limits}
+            was = [] if before is None or before.deleted else before.limits
+            gone = [limit for limit in was if (limit.resource, limit.period) not in kept]
+            # a new limit, or one whose amount changed, announces no crossing for where it already stands
+            changed = {(limit.resource, limit.period) for limit in limits if limit not in was}
+            await self._publish_key_states(
+                tx, {(state.key_id, limit.resource) for limit in limits}, removed={state.key_id: gone}, amounts_changed=changed
+            )
+
+    async def roll_key_windows(self) -> None:
+        """At a day's start (the first pass of the sweeper in a new day window: a week and a month
+        start on one too), every limited key's standing again, in its new window, from 0: the edge
+        projects the new window's state at once, as the account's period rolls over."""
+        day, _ = window_of(LimitPeriod.DAY, self._clock(), self._tz)
+        if self._day == day:
+            return
+        first, self._day = self._day is None, day
+        if not first:  # a process that just started republishes nothing: the states are there
+            await self._republish_keys()
+
+    async def _republish_keys(self, chunk: int = 500) -> int:
+        published = 0
+        after: UUID | None = None
+        while True:
+            async with self._store.transaction() as tx:
+                accounts = await tx.known_accounts(after, chunk)
+                if not accounts:
+                    return published
+                await tx.lock_accounts(accounts)
+                keys = await tx.limited_keys(accounts)
+                rules = await tx.key_rules(keys)
+                touched = {(k, limit.resource) for k, row in rules.items() for limit in row.limits}
+                await self._publish_key_states(tx, touched, crossings=False)
+            published += len(touched)
+            after = accounts[-1]
 
     # ---- republishing (docs/architecture.md, "Kafka is transport") ------------------------------
     async def republish(self, topics: Collection[str] = (QUOTA.name,), chunk: int = 500) -> dict[str, int]:
@@ -186,7 +293,10 @@ class QuotaService:
                 await tx.lock_accounts(accounts)
                 touched = {(account_id, resource) for account_id in accounts for resource in Resource}
                 await self._publish_states(tx, touched, period, crossings=False)
-            published += len(touched)
+                rules = await tx.key_rules(await tx.limited_keys(accounts))
+                key_touched = {(k, limit.resource) for k, row in rules.items() for limit in row.limits}
+                await self._publish_key_states(tx, key_touched, crossings=False)
+            published += len(touched) + len(key_touched)
             after = accounts[-1]
 
     async def held_states(self) -> dict[str, int]:
@@ -235,6 +345,106 @@ class QuotaService:
                 if not crossings:
                     continue
                 sends += await self._crossing(tx, account_id, resource, period, line, marks.get(resource, 0), now)
+        await asyncio.gather(*sends)
+
+    async def _publish_key_states(
+        self,
+        tx: QuotaTx,
+        touched: set[tuple[UUID, Resource]],
+        *,
+        removed: Mapping[UUID, Collection[KeyLimit]] | None = None,
+        amounts_changed: Collection[tuple[Resource, LimitPeriod]] = (),
+        crossings: bool = True,
+    ) -> None:
+        """Each touched key's standing against its limits on the touched resources, in the window
+        that holds now (and `removed: true` for `removed` limits), and the crossings of whole
+        percents of a limit in that window. A limit whose amount changed moves its mark to where
+        it stands (as a bigger account total does), announcing nothing."""
+        now = self._clock()
+        account_period = period_of(now, self._tz)
+        sends: list[Awaitable[None]] = []
+        by_key: dict[UUID, set[Resource]] = {}
+        for api_key_id, resource in touched:
+            by_key.setdefault(api_key_id, set()).add(resource)
+        removed = removed or {}
+        for api_key_id in removed:
+            by_key.setdefault(api_key_id, set())
+        rules = await tx.key_rules(by_key)
+        for api_key_id, resources in sorted(by_key.items()):
+            row = rules.get(api_key_id)
+            if row is None:
+                continue
+            live = [] if row.deleted else [limit for limit in row.limits if limit.resource in resources]
+            gone = removed.get(api_key_id, ())
+            if not live and not gone:
+                continue
+            version = await tx.next_key_state_version(api_key_id)
+            held = await tx.key_reserved(api_key_id, now)
+            for limit in gone:
+                window, resets_at = window_of(limit.period, now, self._tz)
+                forgotten = KeyQuotaState(
+                    time=now,
+                    account_id=row.account_id,
+                    api_key_id=api_key_id,
+                    resource=limit.resource,
+                    period=limit.period,
+                    window=window,
+                    amount=limit.amount,
+                    used=0,
+                    blocked=False,
+                    resets_at=resets_at,
+                    removed=True,
+                    version=version,
+                )
+                sends.append(
+                    self._publisher.publish(
+                        QUOTA, key_record(api_key_id, limit.resource, limit.period), forgotten.model_dump_json()
+                    )
+                )
+            for limit in sorted(live, key=lambda x: (x.resource, x.period)):
+                window, resets_at = window_of(limit.period, now, self._tz)
+                line = await tx.key_line(api_key_id, limit.resource, limit.period, window)
+                reserved = held[limit.resource]
+                state = KeyQuotaState(
+                    # as the account's: the latest counted event's time (the edge counts its own
+                    # admissions after it as not yet included)
+                    time=line.watermark,
+                    account_id=row.account_id,
+                    api_key_id=api_key_id,
+                    resource=limit.resource,
+                    period=limit.period,
+                    window=window,
+                    amount=limit.amount,
+                    used=line.used,
+                    reserved=reserved,
+                    blocked=domain.is_blocked(line.used, reserved, limit.amount),
+                    resets_at=resets_at,
+                    version=version,
+                )
+                record = key_record(api_key_id, limit.resource, limit.period)
+                sends.append(self._publisher.publish(QUOTA, record, state.model_dump_json()))
+                if (limit.resource, limit.period) in amounts_changed:
+                    pct = domain.percent_floor(line.used, limit.amount)
+                    await tx.set_key_mark(api_key_id, limit.resource, limit.period, window, pct)
+                    continue
+                pct_crossed = domain.crossing(line.mark, line.used, limit.amount) if crossings else None
+                if pct_crossed is None:
+                    continue
+                await tx.set_key_mark(api_key_id, limit.resource, limit.period, window, pct_crossed)
+                crossed = QuotaThresholdCrossed(
+                    id=domain.key_threshold_event_id(api_key_id, limit.resource, limit.period, window, pct_crossed),
+                    time=now,
+                    account_id=row.account_id,
+                    resource=limit.resource,
+                    period=account_period,
+                    threshold_pct=pct_crossed,
+                    used=line.used,
+                    total=limit.amount,
+                    api_key_id=api_key_id,
+                    limit_period=limit.period,
+                    window=window,
+                )
+                sends.append(self._publisher.publish(QUOTA_THRESHOLDS, str(row.account_id), crossed.model_dump_json()))
         await asyncio.gather(*sends)
 
     async def _announce_crossings(self, tx: QuotaTx, counted: set[tuple[UUID, Resource, str]]) -> None:
@@ -297,3 +507,11 @@ class QuotaService:
                 )
             )
         return QuotaReport(period=PeriodRange(start=start, end=end), items=items)
+
+
+def _accounts_of(held: set[Held]) -> set[tuple[UUID, Resource]]:
+    return {(account_id, resource) for account_id, resource, _ in held}
+
+
+def _keys_of(held: set[Held]) -> set[tuple[UUID, Resource]]:
+    return {(api_key_id, resource) for _, resource, api_key_id in held if api_key_id is not None}

@@ -14,8 +14,9 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from contracts.common import STOCK_RESOURCES, Resource, Tier
+from contracts.key_limits import KeyLimit, LimitPeriod
 from contracts.plans import catalogue
-from services.quota.domain import EPOCH, Delta
+from services.quota.domain import EPOCH, Delta, KeyDelta
 from services.runtime.platform.postgres import autocommit, try_xact_lock
 
 Conn = AsyncConnection[Any]  # dict rows (see services/runtime/platform/postgres.py)
@@ -28,6 +29,28 @@ class Line:
     total: int
     used: int
     watermark: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRulesRow:
+    """What quota knows of one key (keys.v1): its account, limits, and whether it was deleted."""
+
+    api_key_id: UUID
+    account_id: UUID
+    limits: list[KeyLimit]
+    deleted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLine:
+    """One key's counter in one window of one of its limits."""
+
+    used: int
+    watermark: datetime
+    mark: int  # the highest whole percent announced in this window
+
+
+Held = tuple[UUID, Resource, UUID | None]  # (account, resource, key) a released reservation held room in
 
 
 class QuotaStore:
@@ -202,13 +225,14 @@ class QuotaTx:
         owner_id: UUID | None,
         created_at: datetime,
         expires_at: datetime,
+        api_key_id: UUID | None = None,
     ) -> None:
         await self.conn.execute(
             """
-            INSERT INTO quota.reservations (id, account_id, resource, amount, owner_id, created_at, expires_at)
-            VALUES (%s, %s, %s, %s, %s, %s, %s)
+            INSERT INTO quota.reservations (id, account_id, resource, amount, owner_id, created_at, expires_at, api_key_id)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
             """,
-            (reservation_id, account_id, resource.value, amount, owner_id, created_at, expires_at),
+            (reservation_id, account_id, resource.value, amount, owner_id, created_at, expires_at, api_key_id),
         )
 
     async def reservation_account(self, reservation_id: UUID, owner_id: UUID | None) -> UUID | None:
@@ -220,15 +244,19 @@ class QuotaTx:
         row = await cur.fetchone()
         return None if row is None else UUID(str(row["account_id"]))
 
-    async def delete_reservation(self, reservation_id: UUID, owner_id: UUID | None) -> Resource | None:
+    async def delete_reservation(self, reservation_id: UUID, owner_id: UUID | None) -> tuple[Resource, UUID | None] | None:
+        """The released reservation's resource and key (None: there was none of this owner)."""
         cur = await self.conn.execute(
-            "DELETE FROM quota.reservations WHERE id = %s AND owner_id IS NOT DISTINCT FROM %s::uuid RETURNING resource",
+            """
+            DELETE FROM quota.reservations WHERE id = %s AND owner_id IS NOT DISTINCT FROM %s::uuid
+            RETURNING resource, api_key_id
+            """,
             (reservation_id, owner_id),
         )
         row = await cur.fetchone()
-        return None if row is None else Resource(row["resource"])
+        return None if row is None else (Resource(row["resource"]), row["api_key_id"])
 
-    async def settle_reservations(self, settled: Iterable[tuple[UUID, UUID]]) -> set[tuple[UUID, Resource]]:
+    async def settle_reservations(self, settled: Iterable[tuple[UUID, UUID]]) -> set[Held]:
         """Release the reservations named by counted usage events ((reservation id, account id) pairs:
         an event settles only a reservation of its own account). Unknown or expired ids are ignored."""
         pairs = sorted(set(settled))
@@ -238,11 +266,11 @@ class QuotaTx:
             """
             DELETE FROM quota.reservations r USING unnest(%s::uuid[], %s::uuid[]) AS s(id, account_id)
              WHERE r.id = s.id AND r.account_id = s.account_id
-            RETURNING r.account_id, r.resource
+            RETURNING r.account_id, r.resource, r.api_key_id
             """,
             ([p[0] for p in pairs], [p[1] for p in pairs]),
         )
-        return {(UUID(str(r["account_id"])), Resource(r["resource"])) for r in await cur.fetchall()}
+        return {(UUID(str(r["account_id"])), Resource(r["resource"]), r["api_key_id"]) for r in await cur.fetchall()}
 
     async def expired_accounts(self, now: datetime, limit: int) -> list[UUID]:
         cur = await self.conn.execute(
@@ -250,12 +278,127 @@ class QuotaTx:
         )
         return sorted(UUID(str(r["account_id"])) for r in await cur.fetchall())
 
-    async def delete_expired(self, account_ids: list[UUID], now: datetime) -> set[tuple[UUID, Resource]]:
+    async def delete_expired(self, account_ids: list[UUID], now: datetime) -> set[Held]:
         cur = await self.conn.execute(
-            "DELETE FROM quota.reservations WHERE account_id = ANY(%s) AND expires_at <= %s RETURNING account_id, resource",
+            """
+            DELETE FROM quota.reservations WHERE account_id = ANY(%s) AND expires_at <= %s
+            RETURNING account_id, resource, api_key_id
+            """,
             (account_ids, now),
         )
-        return {(UUID(str(r["account_id"])), Resource(r["resource"])) for r in await cur.fetchall()}
+        return {(UUID(str(r["account_id"])), Resource(r["resource"]), r["api_key_id"]) for r in await cur.fetchall()}
+
+    # ---- (v4) limits per key ----
+    async def key_rules(self, key_ids: Iterable[UUID]) -> dict[UUID, KeyRulesRow]:
+        ids = sorted(set(key_ids))
+        if not ids:
+            return {}
+        cur = await self.conn.execute(
+            "SELECT api_key_id, account_id, limits, deleted FROM quota.key_rules WHERE api_key_id = ANY(%s)", (ids,)
+        )
+        return {
+            row["api_key_id"]: KeyRulesRow(
+                row["api_key_id"], row["account_id"], [KeyLimit.model_validate(x) for x in row["limits"]], row["deleted"]
+            )
+            for row in await cur.fetchall()
+        }
+
+    async def set_key_rules(
+        self, api_key_id: UUID, account_id: UUID, limits: list[KeyLimit], deleted: bool, version: int, time: datetime
+    ) -> bool:
+        """Keep a key's limits unless a newer state of it is already kept (keys.v1 may redeliver
+        or reorder: contracts/events.py, order_of). True when this state was newer."""
+        cur = await self.conn.execute(
+            """
+            INSERT INTO quota.key_rules AS k (api_key_id, account_id, limits, deleted, rules_version, rules_time)
+            VALUES (%s, %s, %s, %s, %s, %s)
+            ON CONFLICT (api_key_id) DO UPDATE
+               SET limits = EXCLUDED.limits, deleted = EXCLUDED.deleted,
+                   rules_version = EXCLUDED.rules_version, rules_time = EXCLUDED.rules_time
+             WHERE (k.rules_version, k.rules_time) < (EXCLUDED.rules_version, EXCLUDED.rules_time)
+               AND k.account_id = EXCLUDED.account_id
+            """,
+            (api_key_id, account_id, json.dumps([x.model_dump(mode="json") for x in limits]), deleted, version, time),
+        )
+        return cur.rowcount > 0
+
+    async def limited_keys(self, account_ids: Iterable[UUID]) -> list[UUID]:
+        """The live keys of these accounts that have limits (republishing, window changes)."""
+        cur = await self.conn.execute(
+            """
+            SELECT api_key_id FROM quota.key_rules
+             WHERE account_id = ANY(%s) AND NOT deleted AND limits <> '[]'::jsonb ORDER BY api_key_id
+            """,
+            (sorted(set(account_ids)),),
+        )
+        return [row["api_key_id"] for row in await cur.fetchall()]
+
+    async def add_key_deltas(self, deltas: list[KeyDelta]) -> None:
+        if not deltas:
+            return
+        ordered = sorted(deltas, key=lambda d: (d.api_key_id, d.resource, d.period, d.window))
+        await self.conn.execute(
+            """
+            INSERT INTO quota.key_counters (api_key_id, resource, period, time_window, used, last_event_time)
+            SELECT * FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::bigint[], %s::timestamptz[])
+            ON CONFLICT (api_key_id, resource, period, time_window) DO UPDATE
+               SET used = quota.key_counters.used + EXCLUDED.used,
+                   last_event_time = GREATEST(quota.key_counters.last_event_time, EXCLUDED.last_event_time)
+            """,
+            (
+                [d.api_key_id for d in ordered],
+                [d.resource.value for d in ordered],
+                [d.period.value for d in ordered],
+                [d.window for d in ordered],
+                [d.quantity for d in ordered],
+                [d.last_time for d in ordered],
+            ),
+        )
+
+    async def key_line(self, api_key_id: UUID, resource: Resource, period: LimitPeriod, window: str) -> KeyLine:
+        cur = await self.conn.execute(
+            """
+            SELECT used, last_event_time, pct FROM quota.key_counters
+             WHERE api_key_id = %s AND resource = %s AND period = %s AND time_window = %s
+            """,
+            (api_key_id, resource.value, period.value, window),
+        )
+        row = await cur.fetchone()
+        if row is None:
+            return KeyLine(0, EPOCH, 0)
+        return KeyLine(max(int(row["used"]), 0), row["last_event_time"], int(row["pct"]))
+
+    async def set_key_mark(self, api_key_id: UUID, resource: Resource, period: LimitPeriod, window: str, pct: int) -> None:
+        await self.conn.execute(
+            """
+            INSERT INTO quota.key_counters (api_key_id, resource, period, time_window, last_event_time, pct)
+            VALUES (%s, %s, %s, %s, %s, %s)
+            ON CONFLICT (api_key_id, resource, period, time_window) DO UPDATE SET pct = EXCLUDED.pct
+            """,
+            (api_key_id, resource.value, period.value, window, EPOCH, pct),
+        )
+
+    async def key_reserved(self, api_key_id: UUID, now: datetime) -> dict[Resource, int]:
+        """Open reservations made for this key's calls, per resource (unexpired at `now`)."""
+        cur = await self.conn.execute(
+            """
+            SELECT resource, sum(amount)::bigint AS amount FROM quota.reservations
+             WHERE api_key_id = %s AND expires_at > %s GROUP BY resource
+            """,
+            (api_key_id, now),
+        )
+        found = {r["resource"]: int(r["amount"]) for r in await cur.fetchall()}
+        return {resource: found.get(resource.value, 0) for resource in Resource}
+
+    async def next_key_state_version(self, api_key_id: UUID) -> int:
+        """The version of the key's next published states: one more than the last (under the
+        account's lock, so states computed one after the other get increasing versions)."""
+        cur = await self.conn.execute(
+            "UPDATE quota.key_rules SET state_version = state_version + 1 WHERE api_key_id = %s RETURNING state_version",
+            (api_key_id,),
+        )
+        row = await cur.fetchone()
+        return 0 if row is None else int(row["state_version"])
 
     async def try_lock(self, name: str) -> bool:
         """A transaction-scoped advisory try-lock: False when another replica holds it."""

@@ -15,6 +15,7 @@ from contracts.alerts_api import Channel, Recipient
 from contracts.audit import AuditContext, AuditRecorded
 from contracts.common import STOCK_RESOURCES, AlertMetric, Resource, Tier, UserType
 from contracts.events import AccountState, KeyState, QuotaState, UsageEvent
+from contracts.key_limits import KeyLimit, LimitPeriod
 from contracts.plans import catalogue
 from contracts.topics import Topic
 from services.alerts import domain as alerts_domain
@@ -26,8 +27,8 @@ from services.geo.store import ProjectRow
 from services.metering.domain import NO_KEY, Cursor, GroupBy
 from services.metering.rollups import UsageRow, series_key
 from services.metering.store import ActivityFilter, CallRow, UsageQuery
-from services.quota.domain import EPOCH, Delta
-from services.quota.store import Line
+from services.quota.domain import EPOCH, Delta, KeyDelta
+from services.quota.store import Held, KeyLine, KeyRulesRow, Line
 
 # The caller of every write in the unit tests (a console session from a documentation address).
 ACTOR = AuditContext(user_id=UUID("00000000-0000-4000-8000-0000000000a1"), ip="203.0.113.9", user_agent="unit-test")
@@ -297,6 +298,9 @@ class FakeQuotaStore:
         self.known: set[UUID] = set()  # quota.accounts: every account a use case locked
         self.expiry_checks = 0
         self.transactions = 0
+        # (v4) key id -> (row, (rules version, time), state version); (key, resource, period, window) -> [used, watermark, mark]
+        self.key_rules_rows: dict[UUID, tuple[KeyRulesRow, tuple[int, datetime], int]] = {}
+        self.key_counters: dict[tuple[UUID, Resource, LimitPeriod, str], list[Any]] = {}
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator["FakeQuotaStore"]:
@@ -378,6 +382,7 @@ class FakeQuotaStore:
         owner_id: UUID | None,
         created_at: datetime,
         expires_at: datetime,
+        api_key_id: UUID | None = None,
     ) -> None:
         self.reservations[reservation_id] = {
             "account_id": account_id,
@@ -385,26 +390,27 @@ class FakeQuotaStore:
             "amount": amount,
             "owner_id": owner_id,
             "expires_at": expires_at,
+            "api_key_id": api_key_id,
         }
 
     async def reservation_account(self, reservation_id: UUID, owner_id: UUID | None) -> UUID | None:
         r = self.reservations.get(reservation_id)
         return r["account_id"] if r and r["owner_id"] == owner_id else None
 
-    async def delete_reservation(self, reservation_id: UUID, owner_id: UUID | None) -> Resource | None:
+    async def delete_reservation(self, reservation_id: UUID, owner_id: UUID | None) -> tuple[Resource, UUID | None] | None:
         r = self.reservations.get(reservation_id)
         if r is None or r["owner_id"] != owner_id:
             return None
         del self.reservations[reservation_id]
-        return r["resource"]  # type: ignore[no-any-return]
+        return r["resource"], r["api_key_id"]
 
-    async def settle_reservations(self, settled: Iterable[tuple[UUID, UUID]]) -> set[tuple[UUID, Resource]]:
+    async def settle_reservations(self, settled: Iterable[tuple[UUID, UUID]]) -> set[Held]:
         freed = set()
         for reservation_id, account_id in set(settled):
             r = self.reservations.get(reservation_id)
             if r is not None and r["account_id"] == account_id:
                 del self.reservations[reservation_id]
-                freed.add((account_id, r["resource"]))
+                freed.add((account_id, r["resource"], r["api_key_id"]))
         return freed
 
     async def try_lock(self, name: str) -> bool:
@@ -417,9 +423,64 @@ class FakeQuotaStore:
         self.expiry_checks += 1
         return any(r["expires_at"] <= now for r in self.reservations.values())
 
-    async def delete_expired(self, account_ids: list[UUID], now: datetime) -> set[tuple[UUID, Resource]]:
-        gone = [i for i, r in self.reservations.items() if r["account_id"] in account_ids and r["expires_at"] <= now]
-        return {(self.reservations[i]["account_id"], self.reservations.pop(i)["resource"]) for i in gone}
+    async def delete_expired(self, account_ids: list[UUID], now: datetime) -> set[Held]:
+        gone = [
+            self.reservations.pop(i)
+            for i, r in list(self.reservations.items())
+            if r["account_id"] in account_ids and r["expires_at"] <= now
+        ]
+        return {(r["account_id"], r["resource"], r["api_key_id"]) for r in gone}
+
+    # (v4) limits per key
+    async def key_rules(self, key_ids: Iterable[UUID]) -> dict[UUID, KeyRulesRow]:
+        return {k: self.key_rules_rows[k][0] for k in set(key_ids) if k in self.key_rules_rows}
+
+    async def set_key_rules(
+        self, api_key_id: UUID, account_id: UUID, limits: list[KeyLimit], deleted: bool, version: int, time: datetime
+    ) -> bool:
+        current = self.key_rules_rows.get(api_key_id)
+        if current is not None and (current[1] >= (version, time) or current[0].account_id != account_id):
+            return False
+        state_version = 0 if current is None else current[2]
+        self.key_rules_rows[api_key_id] = (
+            KeyRulesRow(api_key_id, account_id, list(limits), deleted),
+            (version, time),
+            state_version,
+        )
+        return True
+
+    async def limited_keys(self, account_ids: Iterable[UUID]) -> list[UUID]:
+        accounts = set(account_ids)
+        return sorted(
+            k for k, (row, _, _) in self.key_rules_rows.items() if row.account_id in accounts and not row.deleted and row.limits
+        )
+
+    async def add_key_deltas(self, deltas: list[KeyDelta]) -> None:
+        for d in deltas:
+            line = self.key_counters.setdefault((d.api_key_id, d.resource, d.period, d.window), [0, EPOCH, 0])
+            line[0] += d.quantity
+            line[1] = max(line[1], d.last_time)
+
+    async def key_line(self, api_key_id: UUID, resource: Resource, period: LimitPeriod, window: str) -> KeyLine:
+        used, watermark, mark = self.key_counters.get((api_key_id, resource, period, window), [0, EPOCH, 0])
+        return KeyLine(max(used, 0), watermark, mark)
+
+    async def set_key_mark(self, api_key_id: UUID, resource: Resource, period: LimitPeriod, window: str, pct: int) -> None:
+        self.key_counters.setdefault((api_key_id, resource, period, window), [0, EPOCH, 0])[2] = pct
+
+    async def key_reserved(self, api_key_id: UUID, now: datetime) -> dict[Resource, int]:
+        held = dict.fromkeys(Resource, 0)
+        for r in self.reservations.values():
+            if r["api_key_id"] == api_key_id and r["expires_at"] > now:
+                held[r["resource"]] += r["amount"]
+        return held
+
+    async def next_key_state_version(self, api_key_id: UUID) -> int:
+        current = self.key_rules_rows.get(api_key_id)
+        if current is None:
+            return 0
+        self.key_rules_rows[api_key_id] = (current[0], current[1], current[2] + 1)
+        return current[2] + 1
 
 
 class FakePublisher:

@@ -52,6 +52,7 @@ async def test_the_one_past_the_total_is_refused_with_the_details(world):
         "used": 2,
         "total": 2,
         "period_end": "2026-12-01T00:00:00Z",
+        "scope": "account",
         "links": {
             "upgrade_plan": "https://console.test/plan",
             "buy_quota_package": "https://console.test/quota?buy=geo_projects",

@@ -67,6 +67,7 @@ def test_insufficient_quota_carries_the_details_and_the_links_alerts_use():
         "used": 120,
         "total": 100,
         "period_end": "2026-04-01T00:00:00Z",
+        "scope": "account",  # (v4) not a key's own limit
         "links": {
             "upgrade_plan": "https://console.example/plan",
             "buy_quota_package": "https://console.example/quota?buy=ai_tokens",

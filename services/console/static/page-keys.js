@@ -4,6 +4,7 @@ import { del, get, post } from "./api.js";
 import { busy, confirmDialog, errorBox, field, h, nextId, select, shownOncePanel } from "./dom.js";
 import { countdown, dateTime, titleCase } from "./format.js";
 import { keyView } from "./key-view.js";
+import { keyUsage } from "./key-usage.js";
 
 const GRACE = [
   ["0", "No grace: the old key stops now"],
@@ -118,7 +119,7 @@ export async function render(container, ctx) {
     return h(
       "tr",
       { dataset: { keyId: key.id } },
-      h("td", { "data-label": "Name" }, key.name),
+      h("td", { "data-label": "Name" }, key.name, keyUsage(key)),
       h("td", { "data-label": "Key" }, h("code", {}, key.masked_key)),
       h("td", { "data-label": "Status" }, status, rotationDue(key)),
       h("td", { "data-label": "Expires" }, expiry(key)),

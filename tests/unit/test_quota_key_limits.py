@@ -1,0 +1,221 @@
+"""(v4) Limits per key in services/quota/service.py on fakes: learning them from keys.v1, counting
+usage and calls against the key and the account at once, reservations judged on both scopes,
+windows that reset (and `once`, which never does), crossings of a key's limit, removal."""
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from contracts.common import Resource, Role
+from contracts.domain_errors import Forbidden, NotFound
+from contracts.events import CallEvent, KeyState, UsageEvent
+from contracts.key_limits import KeyLimit, LimitPeriod
+from contracts.topics import QUOTA, QUOTA_THRESHOLDS
+from services.quota.service import QuotaService
+from tests.unit.fakes import FakeClock, FakePublisher, FakeQuotaStore
+
+CONSOLE = "https://console.test"
+T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)  # a Thursday
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(T0)
+
+
+@pytest.fixture
+def publisher() -> FakePublisher:
+    return FakePublisher()
+
+
+@pytest.fixture
+def service(clock: FakeClock, publisher: FakePublisher) -> QuotaService:
+    return QuotaService(FakeQuotaStore(), publisher, clock, ZoneInfo("UTC"), CONSOLE)  # type: ignore[arg-type]
+
+
+def key_state(account: uuid.UUID, key: uuid.UUID, limits: list[KeyLimit], version: int = 1, **kw: object) -> KeyState:
+    return KeyState(
+        time=T0,
+        account_id=account,
+        key_id=key,
+        hash="a" * 64,
+        status="enabled",
+        roles=[Role.OWNER],
+        limits=limits,
+        version=version,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def tokens(account: uuid.UUID, key: uuid.UUID | None, quantity: int, when: datetime, **kw: object) -> UsageEvent:
+    return UsageEvent(
+        time=when,
+        account_id=account,
+        resource=Resource.AI_TOKENS,
+        quantity=quantity,
+        source="t",
+        api_key_id=key,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def call(account: uuid.UUID, key: uuid.UUID, when: datetime, status: int = 200) -> CallEvent:
+    return CallEvent(
+        time=when, account_id=account, api_key_id=key, method="GET", path="/x", status=status, ip="1.2.3.4", latency_ms=1
+    )
+
+
+def key_states(publisher: FakePublisher, key: uuid.UUID) -> list[dict]:
+    return [json.loads(p) for t, k, p in publisher.sent if t is QUOTA and k.startswith(f"key:{key}:")]
+
+
+def last_state(publisher: FakePublisher, key: uuid.UUID, resource: Resource, period: LimitPeriod) -> dict:
+    return [s for s in key_states(publisher, key) if s["resource"] == resource.value and s["period"] == period.value][-1]
+
+
+def month(amount: int, resource: Resource = Resource.AI_TOKENS) -> KeyLimit:
+    return KeyLimit(resource=resource, amount=amount, period=LimitPeriod.MONTH)
+
+
+async def test_usage_of_a_key_counts_against_its_limits_and_the_account_once_per_event(service, publisher):
+    account, key = uuid.uuid4(), uuid.uuid4()
+    day = KeyLimit(resource=Resource.AI_TOKENS, amount=500, period=LimitPeriod.DAY)
+    await service.apply_key(key_state(account, key, [month(1_000), day]))
+    first = tokens(account, key, 300, T0)
+    await service.count([first, first, tokens(account, None, 50, T0)])
+    await service.count([first])  # redelivered: counted once
+    state = last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)
+    assert (state["used"], state["amount"], state["window"], state["blocked"]) == (300, 1_000, "2026-11", False)
+    assert state["resets_at"].startswith("2026-12-01T00:00:00")
+    daily = last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.DAY)
+    assert (daily["used"], daily["window"]) == (300, "2026-11-26")
+    report = await service.report(account)
+    assert next(i.used for i in report.items if i.resource is Resource.AI_TOKENS) == 350  # the account's too
+
+
+async def test_admitted_calls_count_against_an_api_calls_limit_refused_ones_do_not(service, publisher):
+    account, key = uuid.uuid4(), uuid.uuid4()
+    await service.apply_key(key_state(account, key, [month(2, Resource.API_CALLS)]))
+    await service.count([call(account, key, T0), call(account, key, T0, status=429), call(account, key, T0)])
+    state = last_state(publisher, key, Resource.API_CALLS, LimitPeriod.MONTH)
+    assert (state["used"], state["blocked"]) == (2, True)
+
+
+async def test_a_key_of_another_account_is_never_charged(service, publisher):
+    account, other, key = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    await service.apply_key(key_state(account, key, [month(1_000)]))
+    await service.count([tokens(other, key, 900, T0)])  # another tenant's event naming this key
+    assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["used"] == 0
+
+
+async def test_a_day_limit_starts_from_zero_in_a_new_day_and_once_never_refills(service, publisher, clock):
+    account, key = uuid.uuid4(), uuid.uuid4()
+    day = KeyLimit(resource=Resource.AI_TOKENS, amount=100, period=LimitPeriod.DAY)
+    once = KeyLimit(resource=Resource.AI_TOKENS, amount=150, period=LimitPeriod.ONCE)
+    await service.apply_key(key_state(account, key, [day, once]))
+    await service.count([tokens(account, key, 100, T0)])
+    assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.DAY)["blocked"]
+    await service.expire_all()  # the sweeper's first pass in this process: the day it runs in
+    clock.now = T0 + timedelta(days=1)
+    await service.expire_all()  # a new day: every limited key's states again, in their new windows
+    daily = last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.DAY)
+    assert (daily["window"], daily["used"], daily["blocked"]) == ("2026-11-27", 0, False)
+    once_state = last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.ONCE)
+    assert (once_state["window"], once_state["used"], once_state["resets_at"]) == ("once", 100, None)
+    await service.count([tokens(account, key, 50, clock())])
+    assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.ONCE)["blocked"]  # 150 of 150, for good
+
+
+async def test_a_reservation_is_refused_by_the_key_limit_or_the_account_with_its_scope(service, publisher):
+    account, key = uuid.uuid4(), uuid.uuid4()
+    await service.apply_key(key_state(account, key, [month(1_000)]))
+    held = await service.reserve(account, Resource.AI_TOKENS, 800, 60, api_key_id=key)
+    assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["reserved"] == 800
+    with pytest.raises(Forbidden) as refused:
+        await service.reserve(account, Resource.AI_TOKENS, 201, 60, api_key_id=key)
+    details = refused.value.details
+    assert details["scope"] == "api_key" and (details["total"], details["used"], details["reserved"]) == (1_000, 0, 800)
+    assert details["period_end"].startswith("2026-12-01") and details["limit_period"] == "month"
+    await service.reserve(account, Resource.AI_TOKENS, 200, 60, api_key_id=key)  # exactly fits
+    # the account: the free tier's 100,000 tokens, whatever the key's limit says
+    with pytest.raises(Forbidden) as refused:
+        await service.reserve(account, Resource.AI_TOKENS, 100_000, 60)
+    assert refused.value.details["scope"] == "account"
+    # settling frees the key's part: the actual quantity is counted in its window
+    await service.count([tokens(account, key, 500, T0, reservation_id=held.id)])
+    state = last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)
+    assert (state["used"], state["reserved"]) == (500, 200)
+
+
+async def test_release_and_expiry_free_the_keys_part(service, publisher, clock):
+    account, key = uuid.uuid4(), uuid.uuid4()
+    await service.apply_key(key_state(account, key, [month(1_000)]))
+    held = await service.reserve(account, Resource.AI_TOKENS, 1_000, 60, api_key_id=key)
+    assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["blocked"]
+    assert await service.release(held.id)
+    assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["reserved"] == 0
+    await service.reserve(account, Resource.AI_TOKENS, 1_000, 1, api_key_id=key)
+    clock.now = T0 + timedelta(seconds=2)
+    await service.expire_all()
+    assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["reserved"] == 0
+
+
+async def test_another_accounts_key_in_a_reservation_is_not_found(service):
+    account, key = uuid.uuid4(), uuid.uuid4()
+    await service.apply_key(key_state(account, key, [month(1_000)]))
+    with pytest.raises(NotFound):
+        await service.reserve(uuid.uuid4(), Resource.AI_TOKENS, 1, 60, api_key_id=key)
+
+
+async def test_a_keys_crossings_name_the_key_the_limit_and_the_window(service, publisher):
+    account, key = uuid.uuid4(), uuid.uuid4()
+    await service.apply_key(key_state(account, key, [month(1_000)]))
+    await service.count([tokens(account, key, 950, T0)])
+    crossed = [json.loads(p) for t, _k, p in publisher.sent if t is QUOTA_THRESHOLDS and json.loads(p)["api_key_id"]]
+    assert [(c["threshold_pct"], c["total"], c["limit_period"], c["window"]) for c in crossed] == [
+        (95, 1_000, "month", "2026-11")
+    ]
+    await service.count([tokens(account, key, 10, T0)])  # 96%: once more, higher
+    await service.count([tokens(account, key, 1, T0)])  # still 96%: nothing
+    crossed = [
+        json.loads(p)["threshold_pct"] for t, _k, p in publisher.sent if t is QUOTA_THRESHOLDS and json.loads(p)["api_key_id"]
+    ]
+    assert crossed == [95, 96]
+
+
+async def test_a_cleared_limit_or_a_deleted_key_is_published_removed_and_older_states_change_nothing(service, publisher):
+    account, key = uuid.uuid4(), uuid.uuid4()
+    day = KeyLimit(resource=Resource.AI_TOKENS, amount=100, period=LimitPeriod.DAY)
+    await service.apply_key(key_state(account, key, [month(1_000), day], version=2))
+    await service.apply_key(key_state(account, key, [], version=1))  # older: ignored
+    assert not any(s["removed"] for s in key_states(publisher, key))
+    await service.apply_key(key_state(account, key, [month(1_000)], version=3))  # the day limit cleared
+    assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.DAY)["removed"]
+    assert not last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["removed"]
+    await service.apply_key(key_state(account, key, [month(1_000)], version=4, deleted=True))
+    assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["removed"]
+    await service.count([tokens(account, key, 10, T0)])  # a deleted key's usage counts for the account only
+    assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["removed"]
+
+
+async def test_states_of_one_key_carry_increasing_versions_and_republish_includes_them(service, publisher):
+    account, key = uuid.uuid4(), uuid.uuid4()
+    await service.apply_key(key_state(account, key, [month(1_000)]))
+    await service.count([tokens(account, key, 1, T0)])
+    await service.republish()
+    versions = [s["version"] for s in key_states(publisher, key)]
+    assert versions == sorted(versions) and len(set(versions)) == len(versions) == 3
+
+
+async def test_one_batch_of_a_keys_usage_on_two_resources_publishes_its_standing_on_both(service, publisher):
+    account, key = uuid.uuid4(), uuid.uuid4()
+    await service.apply_key(key_state(account, key, [month(1_000), month(10, Resource.CONTENT_PUBLISHES)]))
+    publishes = UsageEvent(
+        time=T0, account_id=account, resource=Resource.CONTENT_PUBLISHES, quantity=3, source="t", api_key_id=key
+    )
+    await service.count([tokens(account, key, 400, T0), publishes])
+    assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["used"] == 400
+    assert last_state(publisher, key, Resource.CONTENT_PUBLISHES, LimitPeriod.MONTH)["used"] == 3
