@@ -7,6 +7,7 @@ from uuid import UUID
 from pydantic import BaseModel, Field
 
 from contracts.events import UsageEvent
+from contracts.key_limits import KeyLimitUsage
 
 RangeName = Literal["today", "week", "month", "custom"]
 Granularity = Literal["hour", "day", "week"]
@@ -137,3 +138,24 @@ class ActivityItem(BaseModel):
 class ActivityLog(BaseModel):
     items: list[ActivityItem]
     next_cursor: str | None
+
+
+class KeyLimitStanding(KeyLimitUsage):
+    """(v4) A key's usage against one of its own limits in the window that holds now: `window`
+    names it (`2026-11-26`, `2026-W48`, `2026-11`, `once`); `used` is what metering counted there."""
+
+    window: str
+
+
+class KeyUsageItem(BaseModel):
+    api_key_id: UUID
+    masked_key: str | None
+    limits: list[KeyLimitStanding]
+
+
+class ByKey(BaseModel):
+    """(v4) `GET /api/ai/usage/by-key`: each live key of the account with its limits and its usage
+    against each, as of `as_of`."""
+
+    items: list[KeyUsageItem]
+    as_of: datetime

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from prometheus_client import Counter
 
 from contracts.common import Permission, ServiceScope
-from contracts.metering_api import ActivityLog, ByProvider, IngestRequest, IngestResponse, Overview, Trend
+from contracts.metering_api import ActivityLog, ByKey, ByProvider, IngestRequest, IngestResponse, Overview, Trend
 from services.edge import Principal, Runtime, ServicePrincipal
 from services.metering import csv_export
 from services.metering.analytics import Analytics, Ask, TrendShape
@@ -183,6 +183,30 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
             return csv_export.response(csv_export.PROVIDER, csv_export.provider_rows(items), "usage-by-provider.csv")
         body = await analytics.by_provider(ask, per_key)
         return Response(body.model_dump_json(), media_type="application/json")
+
+    @router.get(
+        "/api/ai/usage/by-key",
+        response_model=ByKey,
+        responses=csv_export.CSV_RESPONSE,
+        description="(v4) The by-key view: each live key of the account (`api_key_id=` keeps one; another account's "
+        "key gives no item) with its own limits and its usage against each in the window that holds now: "
+        "`{items: [{api_key_id, masked_key, limits: [{resource, period, window, used, amount, remaining, resets_at}]}], "
+        "as_of}`. Windows start at 00:00 of the day, ISO week (Monday) or month in the platform time zone; `once` "
+        "counts all of the key's usage and has `resets_at: null`. `used` is metering's count (usage events naming the "
+        "key; for `api_calls` its admitted calls but the two quota reads); the edge enforces quota's own counter, which "
+        "may be ahead of it by the sink's delay. With `Accept: text/csv`: one row per key and limit (a key without "
+        "limits: one row with empty limit cells), columns " + ", ".join(csv_export.BY_KEY) + "; text cells that a "
+        "spreadsheet would run as a formula are prefixed with `'`.",
+    )
+    async def by_key(
+        request: Request,
+        principal: Annotated[Principal, Depends(usage_reader)],
+        api_key_id: UUID | None = None,
+    ) -> Response:
+        view = await analytics.by_key(principal.account_id, api_key_id)
+        if csv_export.wants_csv(request):
+            return csv_export.response(csv_export.BY_KEY, csv_export.by_key_rows(view), "usage-by-key.csv")
+        return Response(view.model_dump_json(), media_type="application/json")
 
     @router.get(
         "/api/activity-log",

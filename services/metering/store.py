@@ -28,6 +28,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from contracts.events import UsageEvent
+from contracts.quota_api import UNCOUNTED_CALLS
 from services.metering import sink_tables
 from services.metering.domain import NO_KEY, NO_KEY_SERIES, TOTAL_KEY, Cursor, GroupBy
 from services.metering.prices import PriceTable
@@ -377,6 +378,37 @@ class MeteringStore:
         before = [_usage_row(row[1:]) for row in rows if row[0] == 0]
         after = [_usage_row(row[1:]) for row in rows if row[0] == 1]
         return before, after
+
+    # ---- (v4) keys' usage against their own limits ------------------------------------------------
+    async def key_usage_since(
+        self, account_id: UUID, key_ids: list[UUID], starts: list[datetime]
+    ) -> dict[tuple[UUID, str, datetime], int]:
+        """Each key's usage per resource since each start (a limit's window start): usage events'
+        quantities, and `api_calls` as the admitted calls of the call log (the quota reads, which
+        quota does not count, left out). Only `account_id`'s rows are read: a key id of another
+        account matches nothing."""
+        if not key_ids or not starts:
+            return {}
+        params: dict[str, Any] = {"account": account_id, "keys": key_ids}
+        for i, start in enumerate(starts):
+            params[f"s{i}"] = start.astimezone(UTC)
+        since = ", ".join(f"sumIf(quantity, time >= {{s{i}:DateTime64(6, 'UTC')}})" for i in range(len(starts)))
+        calls_since = ", ".join(f"sumIf(toInt64(count), time >= {{s{i}:DateTime64(6, 'UTC')}})" for i in range(len(starts)))
+        free_reads = ", ".join(f"'{path}'" for _, path in sorted(UNCOUNTED_CALLS))  # constants, not input
+        sql = (
+            f"SELECT api_key_id, resource, {since} FROM {self.db}.usage_events "
+            "WHERE account_id = {account:UUID} AND api_key_id IN {keys:Array(UUID)} GROUP BY api_key_id, resource "
+            f"UNION ALL SELECT api_key_id, 'api_calls', {calls_since} FROM {self.db}.call_events "
+            "WHERE account_id = {account:UUID} AND api_key_id IN {keys:Array(UUID)} AND error_code = '' "
+            f"AND path NOT IN ({free_reads}) GROUP BY api_key_id"
+        )
+        rows = await self.reader.run(lambda c: c.query(sql, parameters=params).result_rows)
+        used: dict[tuple[UUID, str, datetime], int] = {}
+        for row in rows:
+            for start, amount in zip(starts, row[2:], strict=True):
+                key = (row[0], str(row[1]), start)
+                used[key] = used.get(key, 0) + int(amount)
+        return used
 
     # ---- activity log (raw calls, keyset pagination) ---------------------------------------------
     async def calls(self, account_id: UUID, where: ActivityFilter, limit: int, after: Cursor | None) -> list[CallRow]:

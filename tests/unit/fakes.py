@@ -727,6 +727,22 @@ class FakeMeteringStore:
     def add_call(self, account_id: UUID, row: CallRow) -> None:
         self.call_log.append((account_id, row))
 
+    async def key_usage_since(
+        self, account_id: UUID, key_ids: list[UUID], starts: list[datetime]
+    ) -> dict[tuple[UUID, str, datetime], int]:
+        """ai_tokens of the account's usage (input + output) and admitted calls, per key and start."""
+        used: dict[tuple[UUID, str, datetime], int] = {}
+        for start in starts:
+            for u in self.usage:
+                if u.account_id == account_id and u.api_key_id in key_ids and u.time >= start:
+                    k = (u.api_key_id, "ai_tokens", start)
+                    used[k] = used.get(k, 0) + u.input_tokens + u.output_tokens
+            for acc, row in self.call_log:
+                if acc == account_id and row.api_key_id in key_ids and row.time >= start and row.error_code is None:
+                    k = (row.api_key_id, "api_calls", start)
+                    used[k] = used.get(k, 0) + row.count
+        return used
+
     # ---- usage ---------------------------------------------------------------------------------
     def _sums(self, events: list[_Usage], bucket: Callable[[datetime], datetime], per_key: bool) -> list[UsageRow]:
         groups: dict[tuple[datetime, str, str, UUID | None], list[_Usage]] = {}
