@@ -170,6 +170,12 @@ class KeyQuotaState(Event):
     version: Version = 0  # order_of(): the counter row's version
 
 
+QuotaRecord = Annotated[QuotaState | KeyQuotaState, Field(discriminator="type")]
+
+# Parses one quota.v1 record into its type (v4: an account's state or one key's); built once.
+QUOTA_RECORDS: TypeAdapter[QuotaState | KeyQuotaState] = TypeAdapter(QuotaRecord)
+
+
 # ---- quota-thresholds.v1 ---------------------------------------------------------------------
 class QuotaThresholdCrossed(Event):
     """Usage of `resource` rose across whole percent `threshold_pct` (the highest one crossed)."""
