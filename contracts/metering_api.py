@@ -133,6 +133,16 @@ class ActivityItem(BaseModel):
     # (v3) the platform service that verified the call (its service token's name); null on
     # Tollgate's own routes
     service: str | None = None
+    # (v4) "usage": a usage event served on a model its key does not allow (still counted), told
+    # in a call's terms so that v1 clients read it: method "USAGE", path "provider/model", status
+    # 200, ip and user_agent "", latency_ms 0, error_code null; what it used in the fields below
+    # (null on calls)
+    kind: Literal["call", "usage"] = "call"
+    model_not_allowed: bool = False
+    provider: str | None = None
+    model: str | None = None
+    resource: str | None = None
+    quantity: int | None = None
 
 
 class ActivityLog(BaseModel):

@@ -285,7 +285,8 @@ class Analytics:
 
     # ---- activity log ------------------------------------------------------------------------
     async def activity(self, account_id: UUID, where: ActivityFilter, limit: int, cursor: str | None = None) -> ActivityLog:
-        """The account's calls, newest first, a page of `limit` after `cursor`."""
+        """The account's calls and (v4) the usage served on a model its key does not allow, newest
+        first, a page of `limit` after `cursor`."""
         after = _judge(where, cursor)
         rows = await self.store.calls(account_id, where, limit + 1, after)
         page = rows[:limit]
@@ -320,6 +321,12 @@ class Analytics:
             error_code=row.error_code,
             count=row.count,
             service=row.service,
+            kind=row.kind,
+            model_not_allowed=row.kind == "usage",  # the only usage the log lists
+            provider=row.provider,
+            model=row.model,
+            resource=row.resource,
+            quantity=row.quantity,
         )
 
 

@@ -221,7 +221,13 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
             "(v2) With `Accept: text/csv`: every call the filters match (no limit, no cursor), newest first, streamed as "
             "CSV with the items' columns. A text cell that starts with `=`, `+`, `-`, `@`, a tab or a carriage return "
             "(a caller's User-Agent or path) is prefixed with `'`, so that a spreadsheet shows it as text instead of "
-            "running it as a formula (OWASP CSV injection)."
+            "running it as a formula (OWASP CSV injection). "
+            "(v4) Usage served on a model its key does not allow (outside the key's `allowed_models` when the usage was "
+            "written: later changes of the key do not judge past usage again) is listed too, in the same order and pages: "
+            '`kind: "usage"`, `model_not_allowed: true`, its `provider`, `model`, `resource` and `quantity`, and in the '
+            'call\'s fields method `USAGE`, path `provider/model`, status 200, ip and user_agent `""`, latency_ms 0. '
+            'Calls have `kind: "call"`, `model_not_allowed: false` and those four fields null. `ip=`, a `status=` other '
+            "than 200 and `outcome=refused` match no usage. The CSV has the six columns after the others."
         ),
         responses=csv_export.CSV_RESPONSE,
     )

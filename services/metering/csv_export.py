@@ -78,6 +78,13 @@ ACTIVITY = [
     "error_code",
     "count",
     "service",
+    # (v4) after the v2/v3 columns, so that a reader of the older columns by position still reads them
+    "kind",
+    "model_not_allowed",
+    "provider",
+    "model",
+    "resource",
+    "quantity",
 ]
 
 

@@ -6,6 +6,7 @@ series of the rollup (rollups.py), the price table (prices.py).
 """
 
 import base64
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Literal, TypeVar
@@ -14,7 +15,7 @@ from zoneinfo import ZoneInfo
 
 from contracts.domain_errors import Invalid
 from contracts.events import CallEvent, UsageEvent
-from contracts.key_limits import LimitPeriod, window_of
+from contracts.key_limits import LimitPeriod, model_allowed, window_of
 from contracts.period import period_bounds
 
 RangeName = Literal["today", "week", "month", "custom"]
@@ -68,6 +69,16 @@ def first_of_each_id(events: list[E]) -> list[E]:
             seen.add(e.id)
             out.append(e)
     return out
+
+
+# ---- (v4) usage of a model its key does not allow ---------------------------------------------
+def model_not_allowed(allowed_models: Sequence[str], provider: str | None, model: str | None) -> bool:
+    """Whether usage of `model` (by `provider`) is outside a key's `allowed_models`, judged as the
+    edge judges a model (contracts.key_limits.model_allowed: `provider/model`, or the model's name
+    alone when the event names no provider). Usage that names no model is of no model: never."""
+    if model is None:
+        return False
+    return not model_allowed(allowed_models, model if provider is None else f"{provider}/{model}")
 
 
 # ---- activity-log cursor ---------------------------------------------------------------------

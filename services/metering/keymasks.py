@@ -1,5 +1,6 @@
 """The keys metering knows from keys.v1: each key's mask (so the activity log can show which key
-called) and (v4) its account and own limits (the by-key view's usage against each limit).
+called) and (v4) its account, own limits (the by-key view's usage against each limit) and allowed
+models (the sink flags usage of a model its key does not allow).
 
 keys.v1 carries `masked_key` (never the secret). A deleted key keeps its mask here: the log
 of its past calls should still say which key it was. Unknown keys show null.
@@ -19,6 +20,7 @@ class KnownKey:
     account_id: UUID
     masked_key: str | None
     limits: tuple[KeyLimit, ...]
+    allowed_models: tuple[str, ...] = ()
 
 
 class KeyMasks:
@@ -38,7 +40,9 @@ class KeyMasks:
         if state.deleted:
             keys.pop(state.key_id, None)
         else:
-            keys[state.key_id] = KnownKey(state.key_id, state.account_id, self.get(state.key_id), tuple(state.limits))
+            keys[state.key_id] = KnownKey(
+                state.key_id, state.account_id, self.get(state.key_id), tuple(state.limits), tuple(state.allowed_models)
+            )
 
     def _forget(self, key_id: str) -> None:
         try:
@@ -50,6 +54,12 @@ class KeyMasks:
 
     def get(self, key_id: UUID) -> str | None:
         return self._masks.get(key_id)
+
+    def allowed_models(self, account_id: UUID, key_id: UUID) -> tuple[str, ...]:
+        """The key's allowed_models as keys.v1 last said; () (every model) for a key that is not a
+        live key of `account_id`: a deleted or unknown key has no rules left to judge by."""
+        key = self._live.get(account_id, {}).get(key_id)
+        return key.allowed_models if key is not None else ()
 
     def keys_of(self, account_id: UUID) -> list[KnownKey]:
         """The account's live keys, as keys.v1 last said (never another account's)."""
