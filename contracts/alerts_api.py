@@ -62,6 +62,14 @@ class WebhookRecipient(BaseModel):
 Recipient = EmailRecipient | PhoneRecipient | UserRecipient | WebhookRecipient
 
 
+class RuleScope(BaseModel):
+    """(v4) What a rule watches: one API key's own limits on the metric's resource. A rule without
+    a scope watches the account's quota, as before."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    api_key_id: UUID = Field(description="One of the account's keys (else 422, as for any other reference in a rule).")
+
+
 class RuleIn(BaseModel):
     """`POST /api/ai/usage/alert`."""
 
@@ -71,6 +79,7 @@ class RuleIn(BaseModel):
     threshold_pct: int = Field(ge=1, le=100)
     channels: Annotated[list[Channel], Field(min_length=1, max_length=len(Channel))]
     recipients: Annotated[list[Recipient], Field(default_factory=list, max_length=20)]
+    scope: RuleScope | None = None  # v4
 
 
 class RuleOut(BaseModel):
@@ -79,6 +88,9 @@ class RuleOut(BaseModel):
     threshold_pct: int
     channels: list[Channel]
     recipients: list[Recipient]
+    # (v4) null: the account's quota. `fired_this_period` is then "in a window that holds now"
+    # (today, this ISO week, this month, or ever for a `once` limit).
+    scope: RuleScope | None = None
     created_at: AwareDatetime
     fired_this_period: bool
     last_fired_at: AwareDatetime | None

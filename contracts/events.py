@@ -171,7 +171,8 @@ class KeyQuotaState(Event):
 
 
 QuotaRecord = Annotated[QuotaState | KeyQuotaState, Field(discriminator="type")]
-# quota.v1 holds both (v4): a reader tells them apart by `type`
+
+# Parses one quota.v1 record into its type (v4: an account's state or one key's); built once.
 QUOTA_RECORDS: TypeAdapter[QuotaState | KeyQuotaState] = TypeAdapter(QuotaRecord)
 
 

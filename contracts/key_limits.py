@@ -4,6 +4,7 @@ a rate limit of its own. keys owns them (keys.v1), quota counts the limits, the 
 """
 
 import ipaddress
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Annotated
@@ -116,3 +117,15 @@ def _next_midnight(day: datetime, days: int, tz: ZoneInfo) -> datetime:
     # Add calendar days to the date, not 24 h steps: a DST change makes a local day 23 or 25 h long.
     date = day.date() + timedelta(days=days)
     return datetime(date.year, date.month, date.day, tzinfo=tz)
+
+
+def model_allowed(patterns: Sequence[str], model: str) -> bool:
+    """Whether `model` (`provider/model`) is one a key with these `allowed_models` may use: an
+    empty list allows every model; `provider/model` allows exactly that one, `provider/*` every
+    model of that provider. Exact and case-sensitive: an allowlist that matched loosely could only
+    widen a key. The edge (verify, authorize) and metering (flagging served usage) both judge with it."""
+    if not patterns:
+        return True
+    provider, sep, name = model.partition("/")
+    wildcard = f"{provider}/*" if sep and provider and name else None
+    return any(p == model or p == wildcard for p in patterns)

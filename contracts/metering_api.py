@@ -7,6 +7,7 @@ from uuid import UUID
 from pydantic import BaseModel, Field
 
 from contracts.events import UsageEvent
+from contracts.key_limits import KeyLimitUsage
 
 RangeName = Literal["today", "week", "month", "custom"]
 Granularity = Literal["hour", "day", "week"]
@@ -132,8 +133,39 @@ class ActivityItem(BaseModel):
     # (v3) the platform service that verified the call (its service token's name); null on
     # Tollgate's own routes
     service: str | None = None
+    # (v4) "usage": a usage event served on a model its key does not allow (still counted), told
+    # in a call's terms so that v1 clients read it: method "USAGE", path "provider/model", status
+    # 200, ip and user_agent "", latency_ms 0, error_code null; what it used in the fields below
+    # (null on calls)
+    kind: Literal["call", "usage"] = "call"
+    model_not_allowed: bool = False
+    provider: str | None = None
+    model: str | None = None
+    resource: str | None = None
+    quantity: int | None = None
 
 
 class ActivityLog(BaseModel):
     items: list[ActivityItem]
     next_cursor: str | None
+
+
+class KeyLimitStanding(KeyLimitUsage):
+    """(v4) A key's usage against one of its own limits in the window that holds now: `window`
+    names it (`2026-11-26`, `2026-W48`, `2026-11`, `once`); `used` is what metering counted there."""
+
+    window: str
+
+
+class KeyUsageItem(BaseModel):
+    api_key_id: UUID
+    masked_key: str | None
+    limits: list[KeyLimitStanding]
+
+
+class ByKey(BaseModel):
+    """(v4) `GET /api/ai/usage/by-key`: each live key of the account with its limits and its usage
+    against each, as of `as_of`."""
+
+    items: list[KeyUsageItem]
+    as_of: datetime

@@ -35,7 +35,9 @@ def _slack_link(url: str, label: str) -> str:
 
 
 def _facts(message: domain.AlertMessage) -> list[tuple[str, str]]:
+    key = [("API key", message.key.key_name), ("Key limit", message.key.limit_name)] if message.key else []
     return [
+        *key,
         ("Metric", message.metric.value),
         ("Threshold", f"{message.threshold_pct}%"),
         ("Usage", f"{message.used:,} ({message.usage_pct}%)"),

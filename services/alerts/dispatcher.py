@@ -193,6 +193,9 @@ class Dispatcher:
             total=pending.total,
             period=pending.period,
             links=domain.links_for(self._console_url, METRIC_RESOURCE[pending.metric]),
+            key=(
+                domain.KeyLimitRef(pending.api_key_id, pending.masked_key, pending.limit_period) if pending.api_key_id else None
+            ),
         )
 
     async def _attempt_webhook(

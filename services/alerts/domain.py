@@ -15,6 +15,7 @@ from contracts.alerts_api import (
     WebhookRecipient,
 )
 from contracts.common import METRIC_RESOURCE, STOCK_RESOURCES, AlertMetric, Resource
+from contracts.key_limits import LimitPeriod
 from contracts.quota_api import quota_links
 from services.alerts import targets
 
@@ -177,8 +178,35 @@ def links_for(console_url: str, resource: Resource) -> Links:
 
 
 @dataclass(frozen=True)
+class KeyLimitRef:
+    """(v4) The key whose own limit was crossed: named by its masked form (never the secret; a key
+    alerts has not heard of yet is named by its id) and the limit's period."""
+
+    api_key_id: UUID
+    masked_key: str | None
+    limit_period: LimitPeriod | None
+
+    @property
+    def key_name(self) -> str:
+        return self.masked_key or f"id {self.api_key_id}"
+
+    @property
+    def limit_name(self) -> str:
+        return _LIMIT_NAMES[self.limit_period] if self.limit_period else "own"
+
+
+_LIMIT_NAMES = {
+    LimitPeriod.DAY: "daily",
+    LimitPeriod.WEEK: "weekly",
+    LimitPeriod.MONTH: "monthly",
+    LimitPeriod.ONCE: "one-time",
+}
+
+
+@dataclass(frozen=True)
 class AlertMessage:
-    """The facts every channel's message names: metric, threshold, usage and limit, and links."""
+    """The facts every channel's message names: metric, threshold, usage and limit, and links.
+    (v4) `key`: the crossing was of one key's own limit (`period` is then the limit's window)."""
 
     metric: AlertMetric
     threshold_pct: int
@@ -186,6 +214,11 @@ class AlertMessage:
     total: int
     period: str
     links: Links
+    key: KeyLimitRef | None = None
+
+    @property
+    def api_key_id(self) -> UUID | None:
+        return self.key.api_key_id if self.key else None
 
     @property
     def resource(self) -> Resource:
@@ -197,10 +230,21 @@ class AlertMessage:
 
     @property
     def title(self) -> str:
+        if self.key:
+            return (
+                f"Usage alert: {self.metric.value} of key {self.key.key_name} passed {self.threshold_pct}% "
+                f"of its {self.key.limit_name} limit"
+            )
         return f"Usage alert: {self.metric.value} passed {self.threshold_pct}% of your limit"
 
     def summary(self) -> str:
         """The plain sentence used by in-site notifications and as the template's core."""
+        if self.key:
+            return (
+                f"The {self.metric.value} usage of API key {self.key.key_name} reached {self.threshold_pct}% alert "
+                f"threshold of its {self.key.limit_name} limit in {self.period}: "
+                f"{self.used:,} used of a {self.total:,} limit ({self.usage_pct}%)."
+            )
         return (
             f"Your {self.metric.value} usage reached {self.threshold_pct}% alert threshold in {self.period}: "
             f"{self.used:,} used of a {self.total:,} limit ({self.usage_pct}%)."

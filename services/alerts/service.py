@@ -19,6 +19,7 @@ from contracts.alerts_api import (
     RuleIn,
     RuleList,
     RuleOut,
+    RuleScope,
     WebhookRecipient,
 )
 from contracts.audit import AuditAction, AuditContext
@@ -27,6 +28,7 @@ from contracts.common import Resource
 from contracts.credentials import ROTATION_AGE, rotation_due
 from contracts.domain_errors import Invalid, NotFound
 from contracts.events import KeyState, QuotaState, QuotaThresholdCrossed
+from contracts.key_limits import LimitPeriod, window_of
 from contracts.period import period_of
 from contracts.topics import AUDIT
 from services.alerts import domain, webhook
@@ -44,17 +46,21 @@ Deliver = Callable[[Iterable[UUID]], None]
 
 async def record_crossing(tx: AlertsTx, event: QuotaThresholdCrossed) -> list[UUID]:
     """Record a firing (and its deliveries) for every rule the crossing reaches that has not fired
-    this period; returns the new delivery ids. The unique constraint settles any race."""
-    rules = await tx.rules_for(event.account_id, event.resource, event.threshold_pct)
+    this period; returns the new delivery ids. The unique constraint settles any race.
+    (v4) A crossing of one key's limit reaches only the rules scoped to that key, and fires once
+    per (rule, threshold, window of the limit): a daily limit may fire again tomorrow."""
+    rules = await tx.rules_for(event.account_id, event.resource, event.threshold_pct, event.api_key_id)
     if not rules:
         return []
+    # A key crossing without its window (not one quota publishes) counts in the month it names.
+    period = (event.window or event.period) if event.api_key_id else event.period
     by_id = {r.id: r for r in rules}
-    already = await tx.fired_rules(list(by_id), event.period)
+    already = await tx.fired_rules(list(by_id), period)
     due = domain.rules_to_fire((domain.RuleThreshold(r.id, r.threshold_pct) for r in rules), event.threshold_pct, already)
     delivery_ids: list[UUID] = []
     for item in due:
         delivery_ids += await tx.record_firing(
-            Firing(by_id[item.rule_id], event.period, event.used, event.total, "crossing", event.id)
+            Firing(by_id[item.rule_id], period, event.used, event.total, "crossing", event.id, event.limit_period)
         )
     return delivery_ids
 
@@ -67,6 +73,7 @@ def _rule_out(view: RuleView) -> RuleOut:
         threshold_pct=rule.threshold_pct,
         channels=rule.channels,
         recipients=rule.recipients,
+        scope=RuleScope(api_key_id=rule.api_key_id) if rule.api_key_id else None,
         created_at=rule.created_at,
         fired_this_period=view.fired_this_period,
         last_fired_at=view.last_fired_at,
@@ -100,6 +107,12 @@ class AlertsService:
     def _period(self) -> str:
         return period_of(self._clock(), self._tz)
 
+    def _current_windows(self) -> list[str]:
+        """The windows that hold now: this month (an account rule's period) and (v4) today, this
+        ISO week and `once` (a key rule's limit's window)."""
+        now = self._clock()
+        return sorted({self._period(), *(window_of(p, now, self._tz)[0] for p in LimitPeriod)})
+
     # ---- rules ---------------------------------------------------------------------------------
     async def create_rule(self, account_id: UUID, body: RuleIn, *, audit: AuditContext) -> RuleCreated:
         """A new rule; one whose threshold is already passed this period fires once, now."""
@@ -110,19 +123,32 @@ class AlertsService:
             raise Invalid("The rule is not valid.", details=[asdict(p) for p in problems])
         secret = webhook.new_secret() if Channel.WEBHOOK in body.channels else None
         period = self._period()
+        key_id = body.scope.api_key_id if body.scope else None
         async with self._store.transaction() as tx:
-            rule = await tx.insert_rule(account_id, body.metric, body.threshold_pct, body.channels, body.recipients, secret)
+            # A key in the body is a reference like a recipient's user_id: one that is not a live key
+            # of this account (unknown, deleted, another account's) is 422, the same for all three.
+            if key_id is not None and not await tx.is_account_key(account_id, key_id):
+                raise Invalid(
+                    "The rule is not valid.",
+                    details=[asdict(domain.Problem("scope.api_key_id", "The key is not a key of this account."))],
+                )
+            rule = await tx.insert_rule(
+                account_id, body.metric, body.threshold_pct, body.channels, body.recipients, secret, key_id
+            )
             delivery_ids: list[UUID] = []
-            state = await tx.quota_state(account_id, Resource(rule.resource))
+            # An account rule already passed fires now; a key rule waits for its key's next crossing
+            # (alerts keeps no per-key standing: quota.v1's key states are the edge's).
+            state = None if key_id else await tx.quota_state(account_id, Resource(rule.resource))
             if state is not None and domain.fires_at_creation(
                 rule.threshold_pct, rule.resource, state["period"], state["used"], state["total"], period
             ):
                 delivery_ids = await tx.record_firing(Firing(rule, period, state["used"], state["total"], "creation"))
-            views = await tx.list_rules(account_id, period, rule_id=rule.id)
+            views = await tx.list_rules(account_id, self._current_windows(), rule_id=rule.id)
             details = {
                 "metric": rule.metric.value,
                 "threshold_pct": rule.threshold_pct,
                 "channels": [c.value for c in rule.channels],
+                **({"api_key_id": str(key_id)} if key_id else {}),
             }
             await self._audit(tx, audit, account_id, AuditAction.ALERT_RULE_CREATED, rule.id, details)
         self._deliver(delivery_ids)
@@ -141,7 +167,7 @@ class AlertsService:
 
     async def list_rules(self, account_id: UUID) -> RuleList:
         async with self._store.transaction() as tx:
-            views = await tx.list_rules(account_id, self._period())
+            views = await tx.list_rules(account_id, self._current_windows())
         return RuleList(rules=[_rule_out(v) for v in views])
 
     async def delete_rule(self, account_id: UUID, rule_id: UUID, *, audit: AuditContext) -> None:

@@ -17,6 +17,7 @@ from pydantic import TypeAdapter
 from contracts.alerts_api import Channel, DeliveryStatus, Recipient
 from contracts.common import METRIC_RESOURCE, AlertMetric, Resource
 from contracts.events import KeyState, QuotaState
+from contracts.key_limits import LimitPeriod
 from contracts.topics import Topic
 from services.alerts import domain
 from services.runtime.platform.outbox_relay import OutboxRelay
@@ -36,6 +37,7 @@ class Rule:
     channels: list[Channel]
     recipients: list[Recipient]
     created_at: datetime
+    api_key_id: UUID | None = None  # (v4) the key whose own limit the rule watches; None: the account
 
     @property
     def resource(self) -> Resource:
@@ -51,6 +53,7 @@ def _rule(row: Row) -> Rule:
         channels=[Channel(c) for c in row["channels"]],
         recipients=_RECIPIENTS.validate_python(row["recipients"]),
         created_at=row["created_at"],
+        api_key_id=row.get("api_key_id"),
     )
 
 
@@ -63,11 +66,13 @@ async def insert_rule(
     channels: list[Channel],
     recipients: list[Recipient],
     webhook_secret: str | None = None,
+    api_key_id: UUID | None = None,
 ) -> Rule:
     # The webhook secret is kept in plain: the server signs with it (it is never logged or returned).
     cur = await conn.execute(
-        """INSERT INTO alerts.rules (id, account_id, metric, resource, threshold_pct, channels, recipients, webhook_secret)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING *""",
+        """INSERT INTO alerts.rules
+               (id, account_id, metric, resource, threshold_pct, channels, recipients, webhook_secret, api_key_id)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING *""",
         (
             uuid4(),
             account_id,
@@ -77,6 +82,7 @@ async def insert_rule(
             [c.value for c in channels],
             Jsonb(_RECIPIENTS.dump_python(recipients, mode="json")),
             webhook_secret,
+            api_key_id,
         ),
     )
     row = await cur.fetchone()
@@ -92,16 +98,19 @@ class RuleView:
     failed_deliveries: int
 
 
-async def list_rules(conn: Conn, account_id: UUID, current_period: str, rule_id: UUID | None = None) -> list[RuleView]:
+async def list_rules(conn: Conn, account_id: UUID, current_windows: list[str], rule_id: UUID | None = None) -> list[RuleView]:
+    """`current_windows`: the windows that hold now (this month; (v4) today, this week, `once`): an
+    account rule's firings are named by month only, a key rule's by its limit's window."""
     cur = await conn.execute(
         """SELECT r.*,
-                  EXISTS (SELECT 1 FROM alerts.firings f WHERE f.rule_id = r.id AND f.period = %s) AS fired_this_period,
+                  EXISTS (SELECT 1 FROM alerts.firings f WHERE f.rule_id = r.id AND f.period = ANY(%s))
+                      AS fired_this_period,
                   (SELECT max(f.fired_at) FROM alerts.firings f WHERE f.rule_id = r.id) AS last_fired_at,
                   (SELECT count(*) FROM alerts.deliveries d JOIN alerts.firings f ON f.id = d.firing_id
                     WHERE f.rule_id = r.id AND d.status = 'failed') AS failed_deliveries
              FROM alerts.rules r WHERE r.account_id = %s AND (%s::uuid IS NULL OR r.id = %s)
             ORDER BY r.created_at, r.id""",
-        (current_period, account_id, rule_id, rule_id),
+        (current_windows, account_id, rule_id, rule_id),
     )
     return [
         RuleView(_rule(row), row["fired_this_period"], row["last_fired_at"], int(row["failed_deliveries"]))
@@ -119,10 +128,15 @@ async def rule_exists(conn: Conn, account_id: UUID, rule_id: UUID) -> bool:
     return await cur.fetchone() is not None
 
 
-async def rules_for(conn: Conn, account_id: UUID, resource: Resource, max_threshold: int) -> list[Rule]:
+async def rules_for(
+    conn: Conn, account_id: UUID, resource: Resource, max_threshold: int, api_key_id: UUID | None = None
+) -> list[Rule]:
+    """The rules a crossing reaches: the account's rules for an account crossing, (v4) the rules
+    scoped to that key for a crossing of one key's limit; never the other kind."""
     cur = await conn.execute(
-        "SELECT * FROM alerts.rules WHERE account_id = %s AND resource = %s AND threshold_pct <= %s",
-        (account_id, resource.value, max_threshold),
+        """SELECT * FROM alerts.rules
+            WHERE account_id = %s AND resource = %s AND threshold_pct <= %s AND api_key_id IS NOT DISTINCT FROM %s""",
+        (account_id, resource.value, max_threshold, api_key_id),
     )
     return [_rule(row) for row in await cur.fetchall()]
 
@@ -157,6 +171,7 @@ class Firing:
     total: int
     cause: str
     event_id: UUID | None = None
+    limit_period: LimitPeriod | None = None  # (v4) a key rule's firing: the period of the limit crossed
 
 
 async def record_firing(conn: Conn, firing: Firing) -> list[UUID]:
@@ -164,8 +179,9 @@ async def record_firing(conn: Conn, firing: Firing) -> list[UUID]:
     (rule, threshold, period) has fired already. Run inside the caller's transaction."""
     rule = firing.rule
     cur = await conn.execute(
-        """INSERT INTO alerts.firings (id, rule_id, account_id, metric, threshold_pct, period, used, total, cause, event_id)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+        """INSERT INTO alerts.firings
+               (id, rule_id, account_id, metric, threshold_pct, period, used, total, cause, event_id, api_key_id, limit_period)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
            ON CONFLICT ON CONSTRAINT firings_once DO NOTHING RETURNING id""",
         (
             uuid4(),
@@ -178,6 +194,8 @@ async def record_firing(conn: Conn, firing: Firing) -> list[UUID]:
             firing.total,
             firing.cause,
             firing.event_id,
+            rule.api_key_id,
+            firing.limit_period.value if firing.limit_period else None,
         ),
     )
     row = await cur.fetchone()
@@ -214,6 +232,10 @@ class PendingDelivery:
     created_at: datetime
     fired_at: datetime
     webhook_secret: str | None = field(default=None, repr=False)
+    # (v4) a key rule's firing: the key (and its masked form, never the secret) and the limit's period
+    api_key_id: UUID | None = None
+    masked_key: str | None = None
+    limit_period: LimitPeriod | None = None
 
 
 async def lock_pending(conn: Conn, delivery_id: UUID, now: datetime) -> PendingDelivery | None:
@@ -222,9 +244,10 @@ async def lock_pending(conn: Conn, delivery_id: UUID, now: datetime) -> PendingD
     cur = await conn.execute(
         """SELECT d.id, d.channel, d.recipient, d.attempts, d.created_at,
                   f.account_id, f.metric, f.threshold_pct, f.period, f.used, f.total, f.rule_id, f.fired_at,
-                  r.webhook_secret
+                  r.webhook_secret, f.api_key_id, f.limit_period, k.masked_key
              FROM alerts.deliveries d JOIN alerts.firings f ON f.id = d.firing_id
              JOIN alerts.rules r ON r.id = f.rule_id
+             LEFT JOIN alerts.keys k ON k.key_id = f.api_key_id
             WHERE d.id = %s AND d.status = 'pending' AND (d.next_attempt_at IS NULL OR d.next_attempt_at <= %s)
               FOR UPDATE OF d SKIP LOCKED""",
         (delivery_id, now),
@@ -247,6 +270,9 @@ async def lock_pending(conn: Conn, delivery_id: UUID, now: datetime) -> PendingD
         created_at=row["created_at"],
         fired_at=row["fired_at"],
         webhook_secret=row["webhook_secret"],
+        api_key_id=row["api_key_id"],
+        masked_key=row["masked_key"],
+        limit_period=LimitPeriod(row["limit_period"]) if row["limit_period"] else None,
     )
 
 
@@ -321,8 +347,9 @@ async def list_deliveries(conn: Conn, account_id: UUID, rule_id: UUID) -> list[R
 # ---- in-site notifications ----------------------------------------------------------------------
 async def insert_notification(conn: Conn, delivery_id: UUID, account_id: UUID, message: domain.AlertMessage) -> None:
     await conn.execute(
-        """INSERT INTO alerts.notifications (id, delivery_id, account_id, title, message, metric, threshold_pct, links)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (delivery_id) DO NOTHING""",
+        """INSERT INTO alerts.notifications
+               (id, delivery_id, account_id, title, message, metric, threshold_pct, links, api_key_id)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (delivery_id) DO NOTHING""",
         (
             uuid4(),
             delivery_id,
@@ -332,6 +359,7 @@ async def insert_notification(conn: Conn, delivery_id: UUID, account_id: UUID, m
             message.metric.value,
             message.threshold_pct,
             Jsonb({"upgrade_plan": message.links.upgrade_plan, "buy_quota_package": message.links.buy_quota_package}),
+            message.api_key_id,
         ),
     )
 
@@ -368,6 +396,14 @@ async def save_key(conn: Conn, state: KeyState) -> None:
                   time = greatest(k.time, excluded.time)""",
         (state.key_id, state.account_id, state.created_at, state.created_by, state.masked_key, state.deleted, state.time),
     )
+
+
+async def is_account_key(conn: Conn, account_id: UUID, key_id: UUID) -> bool:
+    """(v4) Whether `key_id` is a live key of the account, as keys.v1 last said."""
+    cur = await conn.execute(
+        "SELECT 1 FROM alerts.keys WHERE key_id = %s AND account_id = %s AND NOT deleted", (key_id, account_id)
+    )
+    return await cur.fetchone() is not None
 
 
 async def keys_unreminded(conn: Conn, created_before: datetime, limit: int, key_id: UUID | None = None) -> list[Row]:
@@ -429,11 +465,12 @@ class AlertsTx:
         channels: list[Channel],
         recipients: list[Recipient],
         webhook_secret: str | None = None,
+        api_key_id: UUID | None = None,
     ) -> Rule:
-        return await insert_rule(self.conn, account_id, metric, threshold_pct, channels, recipients, webhook_secret)
+        return await insert_rule(self.conn, account_id, metric, threshold_pct, channels, recipients, webhook_secret, api_key_id)
 
-    async def list_rules(self, account_id: UUID, current_period: str, rule_id: UUID | None = None) -> list[RuleView]:
-        return await list_rules(self.conn, account_id, current_period, rule_id)
+    async def list_rules(self, account_id: UUID, current_windows: list[str], rule_id: UUID | None = None) -> list[RuleView]:
+        return await list_rules(self.conn, account_id, current_windows, rule_id)
 
     async def delete_rule(self, account_id: UUID, rule_id: UUID) -> bool:
         return await delete_rule(self.conn, account_id, rule_id)
@@ -441,8 +478,10 @@ class AlertsTx:
     async def rule_exists(self, account_id: UUID, rule_id: UUID) -> bool:
         return await rule_exists(self.conn, account_id, rule_id)
 
-    async def rules_for(self, account_id: UUID, resource: Resource, max_threshold: int) -> list[Rule]:
-        return await rules_for(self.conn, account_id, resource, max_threshold)
+    async def rules_for(
+        self, account_id: UUID, resource: Resource, max_threshold: int, api_key_id: UUID | None = None
+    ) -> list[Rule]:
+        return await rules_for(self.conn, account_id, resource, max_threshold, api_key_id)
 
     async def save_quota_state(self, state: QuotaState) -> None:
         await save_quota_state(self.conn, state)
@@ -467,6 +506,9 @@ class AlertsTx:
 
     async def save_key(self, state: KeyState) -> None:
         await save_key(self.conn, state)
+
+    async def is_account_key(self, account_id: UUID, key_id: UUID) -> bool:
+        return await is_account_key(self.conn, account_id, key_id)
 
     async def keys_unreminded(self, created_before: datetime, limit: int, key_id: UUID | None = None) -> list[Row]:
         return await keys_unreminded(self.conn, created_before, limit, key_id)

@@ -65,6 +65,16 @@ def payload(delivery_id: Any, rule_id: Any, account_id: Any, fired_at: datetime,
         "total": message.total,
         "usage_pct": str(message.usage_pct),
         "period": message.period,
+        # (v4) the key whose own limit was crossed (`period` is then the limit's window), else null
+        "scope": (
+            {
+                "api_key_id": str(message.key.api_key_id),
+                "masked_key": message.key.masked_key,
+                "limit_period": message.key.limit_period.value if message.key.limit_period else None,
+            }
+            if message.key
+            else None
+        ),
         "title": message.title,
         "message": message.summary(),
         "links": {"upgrade_plan": message.links.upgrade_plan, "buy_quota_package": message.links.buy_quota_package},

@@ -16,11 +16,15 @@ from uuid import UUID
 from pydantic import TypeAdapter
 
 from contracts.clock import Clock
+from contracts.key_limits import LimitPeriod
 from contracts.metering_api import (
     ActivityItem,
     ActivityLog,
+    ByKey,
     ByProvider,
     ChangePct,
+    KeyLimitStanding,
+    KeyUsageItem,
     ModelShare,
     Overview,
     PeriodTotals,
@@ -31,11 +35,13 @@ from contracts.metering_api import (
 )
 from services.metering import domain, ranges, rollups
 from services.metering.domain import Granularity, GroupBy, InvalidQuery, RangeName
+from services.metering.keymasks import KnownKey
 from services.metering.prices import PriceTable
 from services.metering.rollups import UsageRow
 from services.metering.store import ActivityFilter, CallRow, UsageQuery
 
 MaskOf = Callable[[UUID], str | None]  # key id -> its masked key (keys.v1), None for a key never seen
+KeysOf = Callable[[UUID], list[KnownKey]]  # (v4) account id -> its live keys and their limits (keys.v1)
 
 
 class UsageReads(Protocol):
@@ -58,6 +64,10 @@ class UsageReads(Protocol):
     async def calls(self, account_id: UUID, where: ActivityFilter, limit: int, after: domain.Cursor | None) -> list[CallRow]: ...
 
     def stream_calls(self, account_id: UUID, where: ActivityFilter) -> AsyncIterator[list[CallRow]]: ...
+
+    async def key_usage_since(
+        self, account_id: UUID, key_ids: list[UUID], starts: list[datetime]
+    ) -> dict[tuple[UUID, str, datetime], int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +102,11 @@ def _range_model(r: ranges.TimeRange) -> TimeRange:
 
 
 class Analytics:
-    def __init__(self, store: UsageReads, prices: PriceTable, masks: MaskOf, clock: Clock, default_tz: str) -> None:
+    def __init__(
+        self, store: UsageReads, prices: PriceTable, masks: MaskOf, clock: Clock, default_tz: str, keys_of: KeysOf | None = None
+    ) -> None:
         self.store = store
+        self.keys_of: KeysOf = keys_of or (lambda _account: [])
         self.prices = prices
         self.masks = masks
         self.clock = clock
@@ -236,9 +249,44 @@ class Analytics:
 
         return stream()
 
+    # ---- (v4) by key: each key's usage against its own limits -----------------------------------
+    async def by_key(self, account_id: UUID, api_key_id: UUID | None = None) -> ByKey:
+        """The account's live keys (or the one asked for; another account's key: no item), each with
+        its limits and the usage counted in the window of each that holds now (platform time zone,
+        as quota counts them). Metering's count is the analytics' view; quota's own counter is the
+        one the edge enforces (the key's `usage` in GET /api/api-keys)."""
+        now = self.clock()
+        tz = ranges.zone(None, self.default_tz)
+        keys = [k for k in self.keys_of(account_id) if api_key_id in (None, k.key_id)]
+        keys.sort(key=lambda k: (k.masked_key or "", str(k.key_id)))
+        windows = {p: domain.limit_window(p, now, tz) for p in LimitPeriod}
+        wanted = {limit.period for k in keys for limit in k.limits}
+        starts = sorted({windows[p][1] for p in wanted})
+        used = await self.store.key_usage_since(account_id, [k.key_id for k in keys if k.limits], starts)
+        items = []
+        for key in keys:
+            limits = []
+            for limit in key.limits:
+                window, start, end = windows[limit.period]
+                spent = used.get((key.key_id, limit.resource.value, start), 0)
+                limits.append(
+                    KeyLimitStanding(
+                        resource=limit.resource,
+                        period=limit.period,
+                        window=window,
+                        used=spent,
+                        amount=limit.amount,
+                        remaining=max(0, limit.amount - spent),
+                        resets_at=end,
+                    )
+                )
+            items.append(KeyUsageItem(api_key_id=key.key_id, masked_key=key.masked_key, limits=limits))
+        return ByKey(items=items, as_of=now)
+
     # ---- activity log ------------------------------------------------------------------------
     async def activity(self, account_id: UUID, where: ActivityFilter, limit: int, cursor: str | None = None) -> ActivityLog:
-        """The account's calls, newest first, a page of `limit` after `cursor`."""
+        """The account's calls and (v4) the usage served on a model its key does not allow, newest
+        first, a page of `limit` after `cursor`."""
         after = _judge(where, cursor)
         rows = await self.store.calls(account_id, where, limit + 1, after)
         page = rows[:limit]
@@ -273,6 +321,12 @@ class Analytics:
             error_code=row.error_code,
             count=row.count,
             service=row.service,
+            kind=row.kind,
+            model_not_allowed=row.kind == "usage",  # the only usage the log lists
+            provider=row.provider,
+            model=row.model,
+            resource=row.resource,
+            quantity=row.quantity,
         )
 
 

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from prometheus_client import Counter
 
 from contracts.common import Permission, ServiceScope
-from contracts.metering_api import ActivityLog, ByProvider, IngestRequest, IngestResponse, Overview, Trend
+from contracts.metering_api import ActivityLog, ByKey, ByProvider, IngestRequest, IngestResponse, Overview, Trend
 from services.edge import Principal, Runtime, ServicePrincipal
 from services.metering import csv_export
 from services.metering.analytics import Analytics, Ask, TrendShape
@@ -185,6 +185,30 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
         return Response(body.model_dump_json(), media_type="application/json")
 
     @router.get(
+        "/api/ai/usage/by-key",
+        response_model=ByKey,
+        responses=csv_export.CSV_RESPONSE,
+        description="(v4) The by-key view: each live key of the account (`api_key_id=` keeps one; another account's "
+        "key gives no item) with its own limits and its usage against each in the window that holds now: "
+        "`{items: [{api_key_id, masked_key, limits: [{resource, period, window, used, amount, remaining, resets_at}]}], "
+        "as_of}`. Windows start at 00:00 of the day, ISO week (Monday) or month in the platform time zone; `once` "
+        "counts all of the key's usage and has `resets_at: null`. `used` is metering's count (usage events naming the "
+        "key; for `api_calls` its admitted calls but the two quota reads); the edge enforces quota's own counter, which "
+        "may be ahead of it by the sink's delay. With `Accept: text/csv`: one row per key and limit (a key without "
+        "limits: one row with empty limit cells), columns " + ", ".join(csv_export.BY_KEY) + "; text cells that a "
+        "spreadsheet would run as a formula are prefixed with `'`.",
+    )
+    async def by_key(
+        request: Request,
+        principal: Annotated[Principal, Depends(usage_reader)],
+        api_key_id: UUID | None = None,
+    ) -> Response:
+        view = await analytics.by_key(principal.account_id, api_key_id)
+        if csv_export.wants_csv(request):
+            return csv_export.response(csv_export.BY_KEY, csv_export.by_key_rows(view), "usage-by-key.csv")
+        return Response(view.model_dump_json(), media_type="application/json")
+
+    @router.get(
         "/api/activity-log",
         response_model=ActivityLog,
         description=(
@@ -197,7 +221,13 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
             "(v2) With `Accept: text/csv`: every call the filters match (no limit, no cursor), newest first, streamed as "
             "CSV with the items' columns. A text cell that starts with `=`, `+`, `-`, `@`, a tab or a carriage return "
             "(a caller's User-Agent or path) is prefixed with `'`, so that a spreadsheet shows it as text instead of "
-            "running it as a formula (OWASP CSV injection)."
+            "running it as a formula (OWASP CSV injection). "
+            "(v4) Usage served on a model its key does not allow (outside the key's `allowed_models` when the usage was "
+            "written: later changes of the key do not judge past usage again) is listed too, in the same order and pages: "
+            '`kind: "usage"`, `model_not_allowed: true`, its `provider`, `model`, `resource` and `quantity`, and in the '
+            'call\'s fields method `USAGE`, path `provider/model`, status 200, ip and user_agent `""`, latency_ms 0. '
+            'Calls have `kind: "call"`, `model_not_allowed: false` and those four fields null. `ip=`, a `status=` other '
+            "than 200 and `outcome=refused` match no usage. The CSV has the six columns after the others."
         ),
         responses=csv_export.CSV_RESPONSE,
     )

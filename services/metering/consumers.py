@@ -20,6 +20,7 @@ never reads: measurably slower (BENCHMARKS.md, metering round 4).
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
@@ -28,7 +29,7 @@ from prometheus_client import Counter, Histogram
 from contracts.events import CallEvent, UsageEvent
 from contracts.topics import CALLS, USAGE, Topic
 from services.edge import Runtime
-from services.metering.ingest import SinkWrite, call_rules, usage_rules
+from services.metering.ingest import AllowedModels, Prepared, SinkWrite, call_rules, model_flag, usage_rules
 from services.metering.pipeline import RETRY_DELAY_S, DrainOnRevoke, Records, WritePipeline
 from services.metering.store import MeteringStore
 from services.metering.validation import DEAD_LETTER_REASONS
@@ -81,7 +82,7 @@ SINK_WRITE_FAILURES = Counter(
 class TopicSink:
     """One topic's consumer: fetches batches and hands them to its write pipeline."""
 
-    def __init__(self, runtime: Runtime, topic: Topic, group: str, pipeline: WritePipeline) -> None:
+    def __init__(self, runtime: Runtime, topic: Topic, group: str, pipeline: WritePipeline[Prepared]) -> None:
         self.topic = runtime.settings.topic(topic.name)
         self.topic_name = topic.name
         self.group = runtime.settings.group(group)
@@ -177,14 +178,25 @@ class TopicSink:
 
 
 class Sink:
-    def __init__(self, runtime: Runtime, store: MeteringStore) -> None:
+    """(v4) Usage events are judged against the keys' allowed models (`allowed_models`, from the
+    keys.v1 projection) once `keys_ready` says that projection has read its topic to the end."""
+
+    def __init__(
+        self, runtime: Runtime, store: MeteringStore, allowed_models: AllowedModels, keys_ready: Callable[[], Awaitable[object]]
+    ) -> None:
         self._runtime = runtime
+        self.allowed_models = allowed_models
 
         async def dead_letter(topic: Topic, raw: bytes, error: str, key: bytes | None) -> None:
             await send_to_dead_letter(runtime.broker, runtime.settings, topic, raw, error, key=key)
 
         self.topics = [
-            self._topic_sink(SinkWrite(USAGE, UsageEvent, store.insert_usage, dead_letter, usage_rules), "metering.usage"),
+            self._topic_sink(
+                SinkWrite(
+                    USAGE, UsageEvent, store.insert_usage, dead_letter, usage_rules, model_flag(allowed_models), keys_ready
+                ),
+                "metering.usage",
+            ),
             self._topic_sink(SinkWrite(CALLS, CallEvent, store.insert_calls, dead_letter, call_rules), "metering.calls"),
         ]
 
@@ -205,18 +217,19 @@ class Sink:
         SINK_WRITE_FAILURES.labels(name)
         batch_size, insert_seconds = SINK_BATCH.labels(name), SINK_INSERT.labels(name)
 
-        async def prepare(records: Records) -> list[bytes]:
+        async def prepare(records: Records) -> Prepared:
             prepared = await use_case.prepare(records)
             if prepared.dead_lettered:
                 SINK_EVENTS.labels(name, "dead_lettered").inc(prepared.dead_lettered)
                 for reason, count in prepared.reasons.items():
                     SINK_DEAD_LETTERED.labels(name, reason).inc(count)
-            return prepared.lines
+            return prepared
 
-        async def write(lines: list[bytes]) -> None:
+        async def write(prepared: Prepared) -> None:
+            lines = prepared.lines
             started = time.perf_counter()
             try:
-                result = await use_case.write(lines)
+                result = await use_case.write(lines, prepared.flagged)
             except Exception:
                 SINK_WRITE_FAILURES.labels(name).inc()
                 DEPENDENCY_ERRORS.labels("clickhouse").inc()

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from contracts.metering_api import ActivityItem, ProviderItem, TrendSeries
+from contracts.metering_api import ActivityItem, ByKey, ProviderItem, TrendSeries
 
 CSV = "text/csv"
 # For the OpenAPI of a route that also answers in CSV.
@@ -78,6 +78,13 @@ ACTIVITY = [
     "error_code",
     "count",
     "service",
+    # (v4) after the v2/v3 columns, so that a reader of the older columns by position still reads them
+    "kind",
+    "model_not_allowed",
+    "provider",
+    "model",
+    "resource",
+    "quantity",
 ]
 
 
@@ -99,3 +106,22 @@ async def provider_rows(blocks: AsyncIterator[list[ProviderItem]]) -> AsyncItera
 async def activity_rows(blocks: AsyncIterator[list[ActivityItem]]) -> AsyncIterator[list[Sequence[object]]]:
     async for items in blocks:
         yield [[item.time.isoformat(), *(getattr(item, c) for c in ACTIVITY[1:])] for item in items]
+
+
+# (v4) the by-key view: one row per key and limit; a key without limits is one row with its
+# limit cells empty, so that every key of the view is in the file.
+BY_KEY = ["api_key_id", "masked_key", "resource", "period", "window", "used", "amount", "remaining", "resets_at"]
+
+
+async def by_key_rows(view: ByKey) -> AsyncIterator[list[Sequence[object]]]:
+    rows: list[Sequence[object]] = []
+    for item in view.items:
+        key = [str(item.api_key_id), item.masked_key]
+        if not item.limits:
+            rows.append([*key, None, None, None, None, None, None, None])
+        for limit in item.limits:
+            resets = limit.model_dump(mode="json")["resets_at"]  # as the JSON writes it
+            rows.append(
+                [*key, limit.resource.value, limit.period.value, limit.window, limit.used, limit.amount, limit.remaining, resets]
+            )
+    yield rows

@@ -6,13 +6,17 @@ series of the rollup (rollups.py), the price table (prices.py).
 """
 
 import base64
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Literal, TypeVar
 from uuid import UUID
+from zoneinfo import ZoneInfo
 
 from contracts.domain_errors import Invalid
 from contracts.events import CallEvent, UsageEvent
+from contracts.key_limits import LimitPeriod, model_allowed, window_of
+from contracts.period import period_bounds
 
 RangeName = Literal["today", "week", "month", "custom"]
 Granularity = Literal["hour", "day", "week"]
@@ -67,6 +71,16 @@ def first_of_each_id(events: list[E]) -> list[E]:
     return out
 
 
+# ---- (v4) usage of a model its key does not allow ---------------------------------------------
+def model_not_allowed(allowed_models: Sequence[str], provider: str | None, model: str | None) -> bool:
+    """Whether usage of `model` (by `provider`) is outside a key's `allowed_models`, judged as the
+    edge judges a model (contracts.key_limits.model_allowed: `provider/model`, or the model's name
+    alone when the event names no provider). Usage that names no model is of no model: never."""
+    if model is None:
+        return False
+    return not model_allowed(allowed_models, model if provider is None else f"{provider}/{model}")
+
+
 # ---- activity-log cursor ---------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Cursor:
@@ -90,3 +104,19 @@ class Cursor:
         if not 1900 < cursor.time.year < 2299:  # outside ClickHouse's DateTime64: the query would fail
             raise InvalidQuery("cursor", "the cursor is not valid")
         return cursor
+
+
+def limit_window(period: LimitPeriod, moment: datetime, tz: ZoneInfo) -> tuple[str, datetime, datetime | None]:
+    """(v4) The window of a key's limit that holds at `moment` (contracts.key_limits.window_of):
+    its name, its start (the epoch for `once`: all of the key's usage counts) and its end."""
+    name, end = window_of(period, moment, tz)
+    if period is LimitPeriod.DAY:
+        day = date.fromisoformat(name)
+    elif period is LimitPeriod.WEEK:
+        year, week = name.split("-W")
+        day = date.fromisocalendar(int(year), int(week), 1)
+    elif period is LimitPeriod.MONTH:
+        return name, period_bounds(name, tz)[0], end
+    else:
+        return name, EPOCH, end
+    return name, datetime(day.year, day.month, day.day, tzinfo=tz), end

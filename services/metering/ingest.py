@@ -8,7 +8,7 @@ HTTP or Kafka's client: their ports are injected.
 """
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 from uuid import UUID
@@ -22,7 +22,7 @@ from services.metering import domain
 from services.metering.domain import UsageRulesBroken
 from services.metering.pipeline import Records
 from services.metering.store import Canonical, InsertResult
-from services.metering.validation import Rules, judge
+from services.metering.validation import Flag, Rules, judge
 
 
 class IngestedIds(Protocol):
@@ -64,7 +64,7 @@ class Ingest:
 
 
 # ---- the sink's batch write ------------------------------------------------------------------------
-Insert = Callable[[list[bytes], Canonical], Awaitable[InsertResult]]
+Insert = Callable[[list[bytes], Canonical, frozenset[UUID]], Awaitable[InsertResult]]  # lines, canonical, flagged ids
 DeadLetter = Callable[[Topic, bytes, str, bytes | None], Awaitable[None]]  # topic, raw, error, key
 RulesOf = Callable[[Records], Rules]
 
@@ -90,6 +90,24 @@ def call_rules(records: Records) -> Rules:
     return rules
 
 
+AllowedModels = Callable[[UUID, UUID], Sequence[str]]  # (account, key) -> the key's allowed_models (keys.v1)
+
+
+def model_flag(allowed_models: AllowedModels) -> Flag:
+    """(v4) A usage event naming a key and a model that key does not allow is flagged (still
+    written and counted: it was served). Judged when the sink writes it, against the key's rules
+    as keys.v1 says then, so past usage keeps the judgment of the rules in force when it was
+    served (up to the sink's delay), whatever the key allows later."""
+
+    def flag(event: Event) -> bool:
+        usage = cast(UsageEvent, event)  # judge parsed a UsageEvent
+        if usage.api_key_id is None:
+            return False
+        return domain.model_not_allowed(allowed_models(usage.account_id, usage.api_key_id), usage.provider, usage.model)
+
+    return flag
+
+
 def canonical(model: type[Event]) -> Canonical:
     return lambda line: model.model_validate_json(line).model_dump_json().encode()
 
@@ -99,32 +117,45 @@ class Prepared:
     lines: list[bytes]  # the JSON documents to write
     dead_lettered: int
     reasons: dict[str, int]  # the dead-lettered, by reason (validation.DEAD_LETTER_REASONS)
+    flagged: frozenset[UUID] = frozenset()  # (v4) ids of usage events of a model their key does not allow
 
 
 class SinkWrite:
     """One topic's batch, validated against its contract model (malformed messages, events
     without an id and events that break the topic's rules go to the dead-letter topic with
     the error, acknowledged before the batch is written), then written as it came from Kafka (the
-    engine deduplicates by id)."""
+    engine deduplicates by id). (v4) `flag` marks events stored flagged; `ready` is awaited
+    before the first batch is judged (the projection `flag` reads has read its topic to the end)."""
 
     def __init__(
-        self, topic: Topic, model: type[Event], insert: Insert, dead_letter: DeadLetter, rules_of: RulesOf | None = None
+        self,
+        topic: Topic,
+        model: type[Event],
+        insert: Insert,
+        dead_letter: DeadLetter,
+        rules_of: RulesOf | None = None,
+        flag: Flag | None = None,
+        ready: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self.topic = topic
         self.model = model
         self.insert = insert
         self.dead_letter = dead_letter
         self.rules_of = rules_of
+        self.flag = flag
+        self.ready = ready
         self.canonical = canonical(model)
 
     async def prepare(self, records: Records) -> Prepared:
+        if self.ready is not None:
+            await self.ready()  # once the keys are known: a key's rules are not judged from an empty projection
         values = [record.value or b"" for record in records]
-        verdict = judge(self.model, values, self.rules_of(records) if self.rules_of is not None else None)
+        verdict = judge(self.model, values, self.rules_of(records) if self.rules_of is not None else None, self.flag)
         if verdict.rejected:
             await asyncio.gather(
                 *(self.dead_letter(self.topic, values[i], error, records[i].key) for i, error in verdict.rejected)
             )
-        return Prepared(verdict.lines(values), len(verdict.rejected), verdict.reasons)
+        return Prepared(verdict.lines(values), len(verdict.rejected), verdict.reasons, frozenset(verdict.flagged))
 
-    async def write(self, lines: list[bytes]) -> InsertResult:
-        return await self.insert(lines, self.canonical)
+    async def write(self, lines: list[bytes], flagged: frozenset[UUID] = frozenset()) -> InsertResult:
+        return await self.insert(lines, self.canonical, flagged)

@@ -1,25 +1,66 @@
-"""key id -> masked key, followed from keys.v1 so the activity log can show which key called.
+"""The keys metering knows from keys.v1: each key's mask (so the activity log can show which key
+called) and (v4) its account, own limits (the by-key view's usage against each limit) and allowed
+models (the sink flags usage of a model its key does not allow).
 
 keys.v1 carries `masked_key` (never the secret). A deleted key keeps its mask here: the log
 of its past calls should still say which key it was. Unknown keys show null.
 """
 
 import json
+from dataclasses import dataclass
 from uuid import UUID
 
 from contracts.events import KeyState
+from contracts.key_limits import KeyLimit
+
+
+@dataclass(frozen=True, slots=True)
+class KnownKey:
+    key_id: UUID
+    account_id: UUID
+    masked_key: str | None
+    limits: tuple[KeyLimit, ...]
+    allowed_models: tuple[str, ...] = ()
 
 
 class KeyMasks:
     def __init__(self) -> None:
         self._masks: dict[UUID, str] = {}
+        self._live: dict[UUID, dict[UUID, KnownKey]] = {}  # account -> its live keys
 
-    def apply(self, _key: bytes | None, value: bytes | None) -> None:
-        if value is None:  # a tombstone: keep the mask for the history
+    def apply(self, key: bytes | None, value: bytes | None) -> None:
+        if value is None:  # a tombstone: keep the mask for the history, forget the key's limits
+            if key is not None:
+                self._forget(key.decode())
             return
         state = KeyState.model_validate(json.loads(value))
         if state.masked_key:
             self._masks[state.key_id] = state.masked_key
+        keys = self._live.setdefault(state.account_id, {})
+        if state.deleted:
+            keys.pop(state.key_id, None)
+        else:
+            keys[state.key_id] = KnownKey(
+                state.key_id, state.account_id, self.get(state.key_id), tuple(state.limits), tuple(state.allowed_models)
+            )
+
+    def _forget(self, key_id: str) -> None:
+        try:
+            gone = UUID(key_id)
+        except ValueError:
+            return
+        for keys in self._live.values():
+            keys.pop(gone, None)
 
     def get(self, key_id: UUID) -> str | None:
         return self._masks.get(key_id)
+
+    def allowed_models(self, account_id: UUID, key_id: UUID) -> tuple[str, ...]:
+        """The key's allowed_models as keys.v1 last said; () (every model) for a key that is not a
+        live key of `account_id`: a deleted or unknown key has no rules left to judge by."""
+        key = self._live.get(account_id, {}).get(key_id)
+        return key.allowed_models if key is not None else ()
+
+    def keys_of(self, account_id: UUID) -> list[KnownKey]:
+        """The account's live keys, as keys.v1 last said (never another account's)."""
+        return list(self._live.get(account_id, {}).values())

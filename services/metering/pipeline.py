@@ -24,7 +24,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
@@ -52,12 +52,13 @@ class Batch:
         return Batch(first, after)
 
 
-Prepare = Callable[[Records], Coroutine[Any, Any, list[bytes]]]  # validate, dead-letter: the lines to write
-Write = Callable[[list[bytes]], Awaitable[None]]
+P = TypeVar("P")  # a prepared batch: what `prepare` hands to `write` (the lines to write, and what goes with them)
+Prepare = Callable[[Records], Coroutine[Any, Any, P]]  # validate, dead-letter: what to write
+Write = Callable[[P], Awaitable[None]]
 
 
-class WritePipeline:
-    def __init__(self, prepare: Prepare, write: Write) -> None:
+class WritePipeline(Generic[P]):
+    def __init__(self, prepare: Prepare[P], write: Write[P]) -> None:
         self._prepare = prepare
         self._write = write
         self._batches: deque[tuple[Batch, asyncio.Task[None]]] = deque()  # in order; each waits for the one before
@@ -114,7 +115,7 @@ class WritePipeline:
         consumer: AIOKafkaConsumer,
         batch: Batch,
         epoch: int,
-        prepared: asyncio.Task[list[bytes]],
+        prepared: asyncio.Task[P],
         before: asyncio.Task[None] | None,
     ) -> None:
         if before is not None:
@@ -156,7 +157,7 @@ class WritePipeline:
 
 
 class DrainOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, pipeline: WritePipeline) -> None:
+    def __init__(self, pipeline: WritePipeline[Any]) -> None:
         self.pipeline = pipeline
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:

@@ -5,7 +5,9 @@ event loop and off the GIL). `fields` is an event's fields as they appear in tha
 derives the stored columns from them. The derived values are the only rules stated here:
 provider and model default to `unknown`, and `total_tokens` is input + output when the event
 splits its tokens, else its quantity (never negative), and an event without `api_key_id` stores the
-zero UUID.
+zero UUID. (v4) `model_not_allowed` is the sink's own judgment, never the event's: the ids it
+flagged travel with the INSERT as the parameter `flagged` (a field of that name in an event's JSON
+is not read).
 """
 
 from dataclasses import dataclass
@@ -29,14 +31,15 @@ USAGE = SinkTable(
         "output_tokens Nullable(UInt64), source String, api_key_id Nullable(UUID)"
     ),
     columns=(
-        "id, time, account_id, resource, quantity, provider, model, input_tokens, output_tokens, total_tokens, source, api_key_id"
+        "id, time, account_id, resource, quantity, provider, model, input_tokens, output_tokens, total_tokens, source, "
+        "api_key_id, model_not_allowed"
     ),
     select=(
         f"id, time, account_id, resource, quantity, ifNull(provider, '{UNKNOWN}'), ifNull(model, '{UNKNOWN}'), "
         "ifNull(input_tokens, 0), ifNull(output_tokens, 0), "
         "if(input_tokens IS NULL AND output_tokens IS NULL, toUInt64(greatest(quantity, 0)), "
         "ifNull(input_tokens, 0) + ifNull(output_tokens, 0)), source, "
-        f"ifNull(api_key_id, toUUID('{NO_KEY}'))"
+        f"ifNull(api_key_id, toUUID('{NO_KEY}')), has({{flagged:Array(UUID)}}, id)"
     ),
 )
 

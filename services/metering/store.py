@@ -13,10 +13,10 @@ import json
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from uuid import UUID
 
 import clickhouse_connect.common
@@ -28,6 +28,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from contracts.events import UsageEvent
+from contracts.quota_api import UNCOUNTED_CALLS
 from services.metering import sink_tables
 from services.metering.domain import NO_KEY, NO_KEY_SERIES, TOTAL_KEY, Cursor, GroupBy
 from services.metering.prices import PriceTable
@@ -103,6 +104,13 @@ class CallRow:
     error_code: str | None = None  # (v2) None on an admitted call
     count: int = 1  # (v2) refused calls the edge folded into this one event
     service: str | None = None  # (v3) the platform service that verified it; None on Tollgate's routes
+    # (v4) "usage": a usage event served on a model its key does not allow (method USAGE, path
+    # `provider/model`, status 200), with what it used; None on calls
+    kind: Literal["call", "usage"] = "call"
+    provider: str | None = None
+    model: str | None = None
+    resource: str | None = None
+    quantity: int | None = None
 
 
 class _Guarded:
@@ -210,13 +218,20 @@ class MeteringStore:
         return rows == [(1,)]
 
     # ---- the sink's writes ----------------------------------------------------------------
-    async def insert_usage(self, lines: list[bytes], canonical: Canonical) -> InsertResult:
-        return await self.writer.run(lambda c: self._insert_new(c, sink_tables.USAGE, lines, canonical))
+    async def insert_usage(
+        self, lines: list[bytes], canonical: Canonical, flagged: frozenset[UUID] = frozenset()
+    ) -> InsertResult:
+        """(v4) `flagged`: the ids of the usage events whose key does not allow their model."""
+        return await self.writer.run(lambda c: self._insert_new(c, sink_tables.USAGE, lines, canonical, flagged))
 
-    async def insert_calls(self, lines: list[bytes], canonical: Canonical) -> InsertResult:
-        return await self.writer.run(lambda c: self._insert_new(c, sink_tables.CALLS, lines, canonical))
+    async def insert_calls(
+        self, lines: list[bytes], canonical: Canonical, flagged: frozenset[UUID] = frozenset()
+    ) -> InsertResult:
+        return await self.writer.run(lambda c: self._insert_new(c, sink_tables.CALLS, lines, canonical, flagged))
 
-    def _insert_new(self, client: Client, sink: SinkTable, lines: list[bytes], canonical: Canonical) -> InsertResult:
+    def _insert_new(
+        self, client: Client, sink: SinkTable, lines: list[bytes], canonical: Canonical, flagged: frozenset[UUID]
+    ) -> InsertResult:
         """Write the events (one JSON document each) whose id is not in the table yet.
 
         One statement, all in the engine: the batch travels with the INSERT as an external
@@ -233,35 +248,35 @@ class MeteringStore:
         if not lines:  # every message of the batch was dead-lettered
             return InsertResult(0, 0)
         try:
-            inserted = self._write_unseen(client, sink, lines)
+            inserted = self._write_unseen(client, sink, lines, flagged)
         except DatabaseError as exc:
             # A form the contract accepts but the engine does not read (a UUID in braces, a
             # lower-case `t` in a time): send the models' own serialisation instead. Ids written
             # before a failure, if any, are found by the lookup.
             months = _by_month([canonical(line) for line in lines])
             if exc.code == TOO_MANY_PARTS and len(months) > 1:  # the batch itself was read
-                inserted = self._write_halves(client, sink, months)
+                inserted = self._write_halves(client, sink, months, flagged)
             else:
-                inserted = self._write_months(client, sink, months)
+                inserted = self._write_months(client, sink, months, flagged)
         return InsertResult(inserted, len(lines) - inserted)
 
-    def _write_months(self, client: Client, sink: SinkTable, months: list[list[bytes]]) -> int:
+    def _write_months(self, client: Client, sink: SinkTable, months: list[list[bytes]], flagged: frozenset[UUID]) -> int:
         """The events of `months` in one INSERT or, if it would touch more monthly partitions than
         the engine lets one INSERT touch (`max_partitions_per_insert_block`, 100 by default: a
         backfill of years), in halves of the months. Each INSERT de-duplicates like a whole batch,
         so a process killed between two leaves a redelivery to write only what the rest held."""
         try:
-            return self._write_unseen(client, sink, [line for month in months for line in month])
+            return self._write_unseen(client, sink, [line for month in months for line in month], flagged)
         except DatabaseError as exc:
             if exc.code != TOO_MANY_PARTS or len(months) < 2:
                 raise
-        return self._write_halves(client, sink, months)
+        return self._write_halves(client, sink, months, flagged)
 
-    def _write_halves(self, client: Client, sink: SinkTable, months: list[list[bytes]]) -> int:
+    def _write_halves(self, client: Client, sink: SinkTable, months: list[list[bytes]], flagged: frozenset[UUID]) -> int:
         half = len(months) // 2
-        return self._write_months(client, sink, months[:half]) + self._write_months(client, sink, months[half:])
+        return self._write_months(client, sink, months[:half], flagged) + self._write_months(client, sink, months[half:], flagged)
 
-    def _write_unseen(self, client: Client, sink: SinkTable, lines: list[bytes]) -> int:
+    def _write_unseen(self, client: Client, sink: SinkTable, lines: list[bytes], flagged: frozenset[UUID]) -> int:
         """The INSERT of the batch's unwritten ids; the number of rows it wrote."""
         table = f"{self.db}.{sink.table}"
         batch = ExternalData(file_name="batch", data=b"\n".join(lines), fmt="JSONEachRow", structure=sink.fields)
@@ -271,6 +286,7 @@ class MeteringStore:
         )
         summary = client.command(
             f"INSERT INTO {table} ({sink.columns}) SELECT {sink.select} FROM batch WHERE id NOT IN ({written}) LIMIT 1 BY id",
+            parameters={"flagged": sorted(flagged)},
             external_data=batch,
             settings=sink_tables.JSON_INPUT,
         )
@@ -378,50 +394,122 @@ class MeteringStore:
         after = [_usage_row(row[1:]) for row in rows if row[0] == 1]
         return before, after
 
-    # ---- activity log (raw calls, keyset pagination) ---------------------------------------------
+    # ---- (v4) keys' usage against their own limits ------------------------------------------------
+    async def key_usage_since(
+        self, account_id: UUID, key_ids: list[UUID], starts: list[datetime]
+    ) -> dict[tuple[UUID, str, datetime], int]:
+        """Each key's usage per resource since each start (a limit's window start): usage events'
+        quantities, and `api_calls` as the admitted calls of the call log (the quota reads, which
+        quota does not count, left out). Only `account_id`'s rows are read: a key id of another
+        account matches nothing."""
+        if not key_ids or not starts:
+            return {}
+        params: dict[str, Any] = {"account": account_id, "keys": key_ids}
+        for i, start in enumerate(starts):
+            params[f"s{i}"] = start.astimezone(UTC)
+        since = ", ".join(f"sumIf(quantity, time >= {{s{i}:DateTime64(6, 'UTC')}})" for i in range(len(starts)))
+        calls_since = ", ".join(f"sumIf(toInt64(count), time >= {{s{i}:DateTime64(6, 'UTC')}})" for i in range(len(starts)))
+        free_reads = ", ".join(f"'{path}'" for _, path in sorted(UNCOUNTED_CALLS))  # constants, not input
+        sql = (
+            f"SELECT api_key_id, resource, {since} FROM {self.db}.usage_events "
+            "WHERE account_id = {account:UUID} AND api_key_id IN {keys:Array(UUID)} GROUP BY api_key_id, resource "
+            f"UNION ALL SELECT api_key_id, 'api_calls', {calls_since} FROM {self.db}.call_events "
+            "WHERE account_id = {account:UUID} AND api_key_id IN {keys:Array(UUID)} AND error_code = '' "
+            f"AND path NOT IN ({free_reads}) GROUP BY api_key_id"
+        )
+        rows = await self.reader.run(lambda c: c.query(sql, parameters=params).result_rows)
+        used: dict[tuple[UUID, str, datetime], int] = {}
+        for row in rows:
+            for start, amount in zip(starts, row[2:], strict=True):
+                key = (row[0], str(row[1]), start)
+                used[key] = used.get(key, 0) + int(amount)
+        return used
+
+    # ---- activity log (raw calls and (v4) flagged usage, keyset pagination) ----------------------
     async def calls(self, account_id: UUID, where: ActivityFilter, limit: int, after: Cursor | None) -> list[CallRow]:
-        """Newest first; `after` continues below the last (time, id) returned."""
-        sql, params = self._activity_sql(account_id, where, after)
+        """Newest first; `after` continues below the last (time, id) returned. (v4) The calls and the
+        usage served on a model its key does not allow, in one (time, id) order: each source's
+        newest `limit` (read in its key order), then the newest `limit` of both."""
+        calls, usage, params = self._activity_sql(account_id, where, after)
         params["limit"] = limit
-        rows = await self.reader.run(lambda c: c.query(sql + " LIMIT {limit:UInt32}", parameters=params).result_rows)
+        top = " LIMIT {limit:UInt32}"
+        sql = calls + top
+        if usage is not None:
+            sql = f"SELECT * FROM (({calls}{top}) UNION ALL ({usage}{top})) ORDER BY time DESC, id DESC{top}"
+        rows = await self.reader.run(lambda c: c.query(sql, parameters=params).result_rows)
         return [_call_row(r) for r in rows]
 
     async def stream_calls(self, account_id: UUID, where: ActivityFilter) -> AsyncIterator[list[CallRow]]:
-        """Every call of the filter, newest first, in blocks (the activity log's CSV export: no
-        page limit, never held whole). Same filters and de-duplication as `calls`."""
-        sql, params = self._activity_sql(account_id, where)
-        async for block in self._stream(sql + f" SETTINGS max_block_size = {STREAM_BLOCK_ROWS}", params):
-            yield [_call_row(r) for r in block]
+        """Every item of the filter, newest first, in blocks (the activity log's CSV export: no
+        page limit, never held whole): `calls`' pages of STREAM_BLOCK_ROWS, one after the other by
+        the keyset cursor. (v4) Pages rather than one streamed read: the calls and the flagged
+        usage are two reads merged in one order, and a page holds a reader only while it is read
+        (two streams held at once by each export could take every reader of the pool)."""
+        after: Cursor | None = None
+        while True:
+            rows = await self.calls(account_id, where, STREAM_BLOCK_ROWS, after)
+            if rows:
+                yield rows
+            if len(rows) < STREAM_BLOCK_ROWS:
+                return
+            after = Cursor(rows[-1].time, rows[-1].id)
 
-    def _activity_sql(self, account_id: UUID, where: ActivityFilter, after: Cursor | None = None) -> tuple[str, dict[str, Any]]:
-        """The activity log's one query: the filters, newest first, each id once."""
-        clauses = ["account_id = {account:UUID}"]
+    def _activity_sql(
+        self, account_id: UUID, where: ActivityFilter, after: Cursor | None = None
+    ) -> tuple[str, str | None, dict[str, Any]]:
+        """The activity log's queries, each filtered, newest first, each id once: the calls, and
+        (v4) the usage flagged `model_not_allowed` (None when a filter rules all usage out: it has
+        no address, its status is 200, it was served)."""
+        shared = ["account_id = {account:UUID}"]
         params: dict[str, Any] = {"account": account_id}
         for clause, name, value in (
             ("time >= {start:DateTime64(6, 'UTC')}", "start", where.start and where.start.astimezone(UTC)),
             ("time < {end:DateTime64(6, 'UTC')}", "end", where.end and where.end.astimezone(UTC)),
             ("api_key_id = {key:UUID}", "key", where.api_key_id),
-            ("ip = {ip:String}", "ip", where.ip),
-            ("status = {status:UInt16}", "status", where.status),
         ):
             if value is not None:
-                clauses.append(clause)
+                shared.append(clause)
                 params[name] = value
-        if where.refused is not None:
-            clauses.append("error_code != ''" if where.refused else "error_code = ''")
         if after is not None:
-            clauses.append("(time, id) < ({ct:DateTime64(6, 'UTC')}, {cid:UUID})")
+            shared.append("(time, id) < ({ct:DateTime64(6, 'UTC')}, {cid:UUID})")
             params["ct"] = after.time
             params["cid"] = after.id
+        calls = list(shared)
+        if where.ip is not None:
+            calls.append("ip = {ip:String}")
+            params["ip"] = where.ip
+        if where.status is not None:
+            calls.append("status = {status:UInt16}")
+            params["status"] = where.status
+        if where.refused is not None:
+            calls.append("error_code != ''" if where.refused else "error_code = ''")
         # No FINAL (it would merge every row of the account before the LIMIT): the sink already
         # drops known ids, and a copy that slipped through (a rebalance race) sits next to its
         # twin in (time, id) order, so LIMIT 1 BY id drops it while the read stays in key order.
-        sql = (
-            "SELECT id, time, api_key_id, method, path, status, ip, user_agent, latency_ms, error_code, count, service "
-            f"FROM {self.db}.call_events WHERE {' AND '.join(clauses)} "
-            "ORDER BY time DESC, id DESC LIMIT 1 BY id"
-        )
-        return sql, params
+        order = "ORDER BY time DESC, id DESC LIMIT 1 BY id"
+        calls_sql = f"SELECT {_CALL_ITEM} FROM {self.db}.call_events WHERE {' AND '.join(calls)} {order}"
+        if where.ip is not None or where.status not in (None, USAGE_STATUS) or where.refused:
+            return calls_sql, None, params
+        usage = [*shared, "model_not_allowed = 1"]  # (skip index: only granules holding flagged rows are read)
+        usage_sql = f"SELECT {_USAGE_ITEM} FROM {self.db}.usage_events WHERE {' AND '.join(usage)} {order}"
+        return calls_sql, usage_sql, params
+
+
+# The activity log's items, one shape for both sources (the order of CallRow's fields). A usage
+# item (v4) describes itself in the call's columns: method USAGE, path `provider/model`, status
+# 200 (it was served), no address, user agent or latency.
+USAGE_METHOD, USAGE_STATUS = "USAGE", 200
+_CALL_ITEM = (
+    "'call' AS kind, id, time, api_key_id, toString(method) AS method, path, status, ip, user_agent, latency_ms, "
+    "toString(error_code) AS error_code, count, toString(service) AS service, "
+    "'' AS provider, '' AS model, '' AS resource, toInt64(0) AS quantity"
+)
+_USAGE_ITEM = (
+    f"'usage' AS kind, id, time, api_key_id, '{USAGE_METHOD}' AS method, concat(provider, '/', model) AS path, "
+    f"toUInt16({USAGE_STATUS}) AS status, '' AS ip, '' AS user_agent, toFloat64(0) AS latency_ms, '' AS error_code, "
+    "toUInt32(1) AS count, '' AS service, toString(provider) AS provider, toString(model) AS model, "
+    "toString(resource) AS resource, quantity"
+)
 
 
 def _by_month(lines: list[bytes]) -> list[list[bytes]]:
@@ -440,8 +528,12 @@ def _by_month(lines: list[bytes]) -> list[list[bytes]]:
 
 
 def _call_row(r: Sequence[Any]) -> CallRow:
+    kind, r = r[0], r[1:]
     error_code, count, service = r[9] or None, int(r[10]), r[11] or None
-    return CallRow(r[0], _utc(r[1]), r[2], r[3], r[4], int(r[5]), r[6], r[7], float(r[8]), error_code, count, service)
+    row = CallRow(r[0], _utc(r[1]), r[2], r[3], r[4], int(r[5]), r[6], r[7], float(r[8]), error_code, count, service)
+    if kind == "usage":
+        return replace(row, kind="usage", provider=r[12], model=r[13], resource=r[14], quantity=int(r[15]))
+    return row
 
 
 def _usage_row(row: Sequence[Any]) -> UsageRow:

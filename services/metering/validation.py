@@ -6,6 +6,7 @@ lenient ones rewritten in the contract's strict form): an all-valid batch is wri
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from uuid import UUID
 
 from pydantic import ValidationError
 
@@ -18,6 +19,8 @@ DEAD_LETTER_REASONS = (MALFORMED, MISSING_ID_REASON, RULES_BROKEN)
 # A contract's rules beyond the schema, for the message at an index (its record's timestamp is
 # the reference): the reasons it breaks them, joined, or None.
 Rules = Callable[[int, Event], str | None]
+# (v4) Whether a valid event is stored flagged (usage whose key does not allow its model).
+Flag = Callable[[Event], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +28,7 @@ class Verdict:
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (index, error) of the malformed
     rewritten: list[tuple[int, bytes]] = field(default_factory=list)  # (index, strict form) of the lenient
     reasons: dict[str, int] = field(default_factory=dict)  # how many were refused, by reason
+    flagged: list[UUID] = field(default_factory=list)  # (v4) ids of the valid events `flag` marked
 
     def refuse(self, index: int, reason: str, error: str) -> None:
         self.rejected.append((index, error))
@@ -42,12 +46,13 @@ class Verdict:
         return [line for line in lines if line is not None]
 
 
-def judge(model: type[Event], values: Sequence[bytes], rules: Rules | None = None) -> Verdict:
+def judge(model: type[Event], values: Sequence[bytes], rules: Rules | None = None, flag: Flag | None = None) -> Verdict:
     """Validate each raw message once. One in the contract's strict form is written as it came;
     one only valid leniently (a number as a string, a time as a Unix number) is written as the
     model serialises it, so the engine reads exactly what the contract read. A message without
     an id is refused: the model would invent a new one at every redelivery; so is one that
-    breaks `rules` (applied to the event already parsed: no second parse)."""
+    breaks `rules` (applied to the event already parsed: no second parse). The ids of the valid
+    events `flag` marks are listed (judged on the same parse)."""
     validate = model.__pydantic_validator__.validate_json  # without model_validate_json's wrapper
     verdict = Verdict()
     for i, value in enumerate(values):
@@ -67,6 +72,9 @@ def judge(model: type[Event], values: Sequence[bytes], rules: Rules | None = Non
         broken = rules(i, event) if rules is not None else None
         if broken:
             verdict.refuse(i, RULES_BROKEN, broken)
-        elif lenient:
+            continue
+        if flag is not None and flag(event):
+            verdict.flagged.append(event.id)
+        if lenient:
             verdict.rewritten.append((i, event.model_dump_json().encode()))
     return verdict

@@ -112,14 +112,14 @@ def observe_inserts(
     writes = Writes()
     real = MeteringStore.insert_usage
 
-    async def insert_usage(self: MeteringStore, lines: list[bytes], canonical: Any) -> InsertResult:
+    async def insert_usage(self: MeteringStore, lines: list[bytes], canonical: Any, *flagged: Any) -> InsertResult:
         write = Write(self, time.monotonic(), lines)
         writes.calls.append(write)
         try:
             if fail(len(writes.calls)):
                 await asyncio.sleep(fail_after)
                 raise RuntimeError(f"injected failure of write {len(writes.calls)}")
-            write.result = await real(self, lines, canonical)
+            write.result = await real(self, lines, canonical, *flagged)
         except BaseException as exc:
             write.error = exc
             raise
@@ -149,8 +149,8 @@ def slow_engine_inserts(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None
                 time.sleep(seconds)
             return self._client.command(sql, *args, **kwargs)
 
-    def _insert_new(self: MeteringStore, client: Any, sink: Any, lines: list[bytes], canonical: Any) -> InsertResult:
-        return real(self, SlowInsert(client, f"{self.db}.{sink.table}"), sink, lines, canonical)
+    def _insert_new(self: MeteringStore, client: Any, sink: Any, lines: list[bytes], *rest: Any) -> InsertResult:
+        return real(self, SlowInsert(client, f"{self.db}.{sink.table}"), sink, lines, *rest)
 
     monkeypatch.setattr(MeteringStore, "_insert_new", _insert_new)
 

@@ -4,12 +4,14 @@ columns by the documented rules, and writes each event id once, across batches a
 
 import json
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from contracts.common import Resource
 from contracts.events import UsageEvent
+from services.metering import sink_tables
 from services.metering import store as metering_store
 from services.metering.ingest import canonical
 from services.metering.store import MIGRATIONS, InsertResult, MeteringStore, UsageQuery
@@ -195,6 +197,11 @@ async def test_the_rollup_migration_keeps_an_existing_database_answering_the_sam
         if path.name < "0006":
             (tmp_path / path.name).write_text(path.read_text())
     monkeypatch.setattr(metering_store, "MIGRATIONS", tmp_path)
+    # the sink of that schema: without (v4, 0008) the column model_not_allowed
+    usage = sink_tables.USAGE
+    columns, select = usage.columns.removesuffix(", model_not_allowed"), usage.select.rsplit(", has(", 1)[0]
+    before_0008 = replace(usage, columns=columns, select=select)
+    monkeypatch.setattr(sink_tables, "USAGE", before_0008)
     old = MeteringStore(settings.clickhouse_dsn, settings.clickhouse_database)
     old.open()
     try:

@@ -526,12 +526,13 @@ class FakeAlertsStore:
         channels: list[Channel],
         recipients: list[Recipient],
         webhook_secret: str | None = None,
+        api_key_id: UUID | None = None,
     ) -> Rule:
-        rule = Rule(uuid.uuid4(), account_id, metric, threshold_pct, channels, recipients, datetime.now(UTC))
+        rule = Rule(uuid.uuid4(), account_id, metric, threshold_pct, channels, recipients, datetime.now(UTC), api_key_id)
         self.rules[rule.id] = rule
         return rule
 
-    async def list_rules(self, account_id: UUID, current_period: str, rule_id: UUID | None = None) -> list[RuleView]:
+    async def list_rules(self, account_id: UUID, current_windows: list[str], rule_id: UUID | None = None) -> list[RuleView]:
         views = []
         for rule in self.rules.values():
             if rule.account_id != account_id or rule_id not in (None, rule.id):
@@ -540,7 +541,7 @@ class FakeAlertsStore:
             views.append(
                 RuleView(
                     rule,
-                    any(f["period"] == current_period for f in fired),
+                    any(f["period"] in current_windows for f in fired),
                     max((f["fired_at"] for f in fired), default=None),
                     sum(1 for d in self.deliveries.values() if d["rule_id"] == rule.id and d["status"] == "failed"),
                 )
@@ -560,11 +561,16 @@ class FakeAlertsStore:
         rule = self.rules.get(rule_id)
         return rule is not None and rule.account_id == account_id
 
-    async def rules_for(self, account_id: UUID, resource: Resource, max_threshold: int) -> list[Rule]:
+    async def rules_for(
+        self, account_id: UUID, resource: Resource, max_threshold: int, api_key_id: UUID | None = None
+    ) -> list[Rule]:
         return [
             r
             for r in self.rules.values()
-            if r.account_id == account_id and r.resource is resource and r.threshold_pct <= max_threshold
+            if r.account_id == account_id
+            and r.resource is resource
+            and r.threshold_pct <= max_threshold
+            and r.api_key_id == api_key_id
         ]
 
     async def save_quota_state(self, state: QuotaState) -> None:
@@ -585,7 +591,14 @@ class FakeAlertsStore:
         once = (rule.id, rule.threshold_pct, firing.period)
         if once in self.firings:
             return []
-        self.firings[once] = {"rule_id": rule.id, "period": firing.period, "cause": firing.cause, "fired_at": datetime.now(UTC)}
+        self.firings[once] = {
+            "rule_id": rule.id,
+            "period": firing.period,
+            "cause": firing.cause,
+            "fired_at": datetime.now(UTC),
+            "api_key_id": rule.api_key_id,
+            "limit_period": firing.limit_period,
+        }
         ids = []
         for planned in alerts_domain.plan_deliveries(rule.account_id, rule.channels, rule.recipients):
             ids.append(uuid.uuid4())
@@ -645,6 +658,10 @@ class FakeAlertsStore:
             "masked_key": state.masked_key or known.get("masked_key"),
             "deleted": state.deleted or known.get("deleted", False),
         }
+
+    async def is_account_key(self, account_id: UUID, key_id: UUID) -> bool:
+        key = self.keys.get(key_id)
+        return key is not None and key["account_id"] == account_id and not key["deleted"]
 
     async def keys_unreminded(self, created_before: datetime, limit: int, key_id: UUID | None = None) -> list[dict[str, Any]]:
         reminded = {n["api_key_id"] for n in self.notifications.values() if n["kind"] == "key_rotation_due"}
@@ -770,6 +787,22 @@ class FakeMeteringStore:
 
     def add_call(self, account_id: UUID, row: CallRow) -> None:
         self.call_log.append((account_id, row))
+
+    async def key_usage_since(
+        self, account_id: UUID, key_ids: list[UUID], starts: list[datetime]
+    ) -> dict[tuple[UUID, str, datetime], int]:
+        """ai_tokens of the account's usage (input + output) and admitted calls, per key and start."""
+        used: dict[tuple[UUID, str, datetime], int] = {}
+        for start in starts:
+            for u in self.usage:
+                if u.account_id == account_id and u.api_key_id in key_ids and u.time >= start:
+                    k = (u.api_key_id, "ai_tokens", start)
+                    used[k] = used.get(k, 0) + u.input_tokens + u.output_tokens
+            for acc, row in self.call_log:
+                if acc == account_id and row.api_key_id in key_ids and row.time >= start and row.error_code is None:
+                    k = (row.api_key_id, "api_calls", start)
+                    used[k] = used.get(k, 0) + row.count
+        return used
 
     # ---- usage ---------------------------------------------------------------------------------
     def _sums(self, events: list[_Usage], bucket: Callable[[datetime], datetime], per_key: bool) -> list[UsageRow]:

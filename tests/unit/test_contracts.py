@@ -8,8 +8,10 @@ from pydantic import ValidationError
 from contracts.common import STOCK_RESOURCES, Permission, Resource, Role, Tier, UserType, permissions_of
 from contracts.events import (
     BILLING_EVENTS,
+    QUOTA_RECORDS,
     AccountState,
     CallEvent,
+    KeyQuotaState,
     KeyState,
     PackagePurchased,
     PlanChanged,
@@ -79,6 +81,17 @@ def test_every_event_round_trips_through_json(event):
 def test_billing_events_are_told_apart_by_type(event):
     parsed = BILLING_EVENTS.validate_json(event.model_dump_json())
     assert type(parsed) is type(event)
+
+
+def test_quota_records_are_told_apart_by_type():
+    """(v4) quota.v1 carries an account's state and a key's standing; readers parse both."""
+    account = QuotaState(time=NOW, account_id=ACCOUNT, resource="ai_tokens", period="2026-11", total=10, used=1, blocked=False)
+    key = KeyQuotaState(
+        time=NOW, account_id=ACCOUNT, api_key_id=uuid4(), resource="ai_tokens", period="day", window="2026-11-22",
+        amount=10, used=1, blocked=False, resets_at=NOW,
+    )  # fmt: skip
+    assert QUOTA_RECORDS.validate_json(account.model_dump_json()) == account
+    assert QUOTA_RECORDS.validate_json(key.model_dump_json()) == key
 
 
 def test_every_event_exports_a_json_schema():

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from contracts.events import KeyState
-from contracts.key_limits import KeyRules, LimitPeriod, window_of
+from contracts.key_limits import KeyRules, LimitPeriod, model_allowed, window_of
 
 UTC_ZONE = ZoneInfo("UTC")
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -99,3 +99,23 @@ def test_a_day_across_a_dst_change_ends_at_the_next_local_midnight() -> None:
     name, end = window_of(LimitPeriod.DAY, datetime(2026, 10, 25, 1, tzinfo=UTC), BERLIN)
     assert (name, end) == ("2026-10-25", datetime(2026, 10, 26, tzinfo=BERLIN))
     assert end is not None and end.utcoffset() == BERLIN.utcoffset(datetime(2026, 10, 26))
+
+
+@pytest.mark.parametrize(
+    ("patterns", "model", "allowed"),
+    [
+        ([], "openai/gpt-4o", True),  # no list: every model
+        (["openai/gpt-4o"], "openai/gpt-4o", True),
+        (["openai/gpt-4o"], "openai/gpt-4o-mini", False),  # exact, not a prefix
+        (["openai/*"], "openai/gpt-4o-mini", True),
+        (["openai/*"], "anthropic/claude-3", False),
+        (["openai/*"], "openai-compat/gpt-4o", False),  # the provider whole, not its prefix
+        (["openai/*"], "openai/", False),  # no model named
+        (["openai/*"], "openai", False),
+        (["openai/gpt-4o"], "OpenAI/gpt-4o", False),  # case-sensitive: never wider than written
+        (["anthropic/claude-3", "openai/*"], "openai/o1", True),
+        (["openai/gpt-4o"], "openai/*", False),  # a literal `*` model is not the wildcard
+    ],
+)
+def test_model_allowed(patterns: list[str], model: str, allowed: bool) -> None:
+    assert model_allowed(patterns, model) is allowed

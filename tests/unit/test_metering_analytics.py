@@ -283,3 +283,25 @@ async def test_the_streamed_activity_is_every_matching_call(analytics: Analytics
         (calls[4].time, "tg_live_ab...cdef"),
     ]
     assert Decimal(str(items[0].latency_ms)) == Decimal("1.5")
+
+
+async def test_flagged_usage_is_an_activity_item_of_kind_usage_told_in_a_calls_terms(
+    analytics: Analytics, store: FakeMeteringStore, calls: list[CallRow]
+):
+    """(v4) The store lists usage served on a model its key does not allow beside the calls."""
+    time = NOW - timedelta(milliseconds=1500)
+    usage = CallRow(
+        uuid.uuid4(), time, KEY, "USAGE", "anthropic/claude-x", 200, "", "", 0.0,
+        kind="usage", provider="anthropic", model="claude-x", resource="ai_tokens", quantity=120,
+    )  # fmt: skip
+    store.add_call(ACCOUNT, usage)
+    page = await analytics.activity(ACCOUNT, ActivityFilter(), 50)
+    assert [i.kind for i in page.items] == ["call", "usage", "call", "call", "call", "call"]
+    item = page.items[1]
+    assert item.model_not_allowed and item.masked_key == "tg_live_ab...cdef"
+    assert (item.method, item.path, item.status, item.provider, item.model, item.quantity) == (
+        "USAGE", "anthropic/claude-x", 200, "anthropic", "claude-x", 120,
+    )  # fmt: skip
+    assert not page.items[0].model_not_allowed and page.items[0].provider is None
+    streamed = await collect(analytics.activity_stream(ACCOUNT, ActivityFilter(refused=False)))
+    assert [i.kind for i in streamed] == ["call", "usage", "call", "call"] and streamed[1].model_not_allowed

@@ -12,7 +12,7 @@ from contracts.domain_errors import Invalid
 from contracts.events import CallEvent, UsageEvent
 from contracts.topics import CALLS, USAGE, Topic
 from services.metering.domain import UsageRulesBroken
-from services.metering.ingest import Ingest, SinkWrite, call_rules, usage_rules
+from services.metering.ingest import Ingest, SinkWrite, call_rules, model_flag, usage_rules
 from services.metering.store import Canonical, InsertResult
 from tests.unit.fakes import FakeClock, FakeIngestedIds, FakeUsageTopic
 
@@ -153,12 +153,14 @@ class FakeSinkPorts:
     def __init__(self) -> None:
         self.dead: list[tuple[str, bytes, str, bytes | None]] = []
         self.written: list[list[bytes]] = []
+        self.flagged: list[frozenset[uuid.UUID]] = []
 
     async def dead_letter(self, topic: Topic, raw: bytes, error: str, key: bytes | None) -> None:
         self.dead.append((topic.name, raw, error, key))
 
-    async def insert(self, lines: list[bytes], canonical: Canonical) -> InsertResult:
+    async def insert(self, lines: list[bytes], canonical: Canonical, flagged: frozenset[uuid.UUID]) -> InsertResult:
         self.written.append([canonical(line) for line in lines])
+        self.flagged.append(flagged)
         return InsertResult(len(lines), 0)
 
 
@@ -208,3 +210,33 @@ async def test_the_calls_sink_keeps_the_usage_rules_time_window_and_dead_letters
     assert "more than 35 days before" in ports.dead[0][2] and "more than 5 minutes after" in ports.dead[1][2]
     # A backfill of history stamps each record with its call's own time: written.
     assert (await sink.prepare([record(old, stamp - 400 * 86_400_000)])).lines == [old]
+
+
+async def test_the_sink_flags_usage_of_a_model_its_key_does_not_allow_and_still_writes_it():
+    """(v4) Judged against the key's allowed_models as the projection says when the batch is
+    written; an allowed model, usage without a key or without a model, a key of no rules: unflagged."""
+    ports = FakeSinkPorts()
+    narrow, wide, foreign = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    rules = {(ACCOUNT, narrow): ("openai/*",), (ACCOUNT, wide): ()}
+    ready_calls: list[int] = []
+
+    async def ready() -> None:
+        ready_calls.append(1)
+
+    flag = model_flag(lambda account, key: rules.get((account, key), ()))
+    sink = SinkWrite(USAGE, UsageEvent, ports.insert, ports.dead_letter, usage_rules, flag, ready)
+    stamp = int(FakeClock().now.timestamp() * 1000)
+    denied = event(10, provider="anthropic", model="claude-x", api_key_id=narrow)
+    allowed = event(10, provider="openai", model="gpt-4o", api_key_id=narrow)
+    bare_name = event(10, provider=None, model="claude-x", api_key_id=narrow)
+    no_key = event(10, provider="anthropic", model="claude-x")
+    no_model = event(10, provider=None, model=None, api_key_id=narrow, resource=Resource.CONTENT_PUBLISHES)
+    unruled = event(10, provider="anthropic", model="claude-x", api_key_id=wide)
+    unknown_key = event(10, provider="anthropic", model="claude-x", api_key_id=foreign)
+    batch = [denied, allowed, bare_name, no_key, no_model, unruled, unknown_key]
+    lines = [e.model_dump_json().encode() for e in batch]
+    prepared = await sink.prepare([record(line, stamp, i) for i, line in enumerate(lines)])
+    assert prepared.lines == lines and prepared.dead_lettered == 0  # every one is written
+    assert prepared.flagged == {denied.id, bare_name.id} and ready_calls == [1]
+    await sink.write(prepared.lines, prepared.flagged)
+    assert ports.flagged == [{denied.id, bare_name.id}]

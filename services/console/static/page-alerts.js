@@ -2,7 +2,8 @@
 // in-site notifications with their quick links to upgrade or buy a package (a quota alert) or to
 // the key (the reminder to rotate a key older than 90 days). A webhook rule's
 // signing secret is shown once, right after its creation. Slack and Teams rules post to the
-// channel's incoming-webhook URL (the same URL field: a rule names one URL channel).
+// channel's incoming-webhook URL (the same URL field: a rule names one URL channel). (v4) A rule may
+// watch one key's own limit instead of the account's quota ("For key"); the list shows its scope.
 import { del, get, post } from "./api.js";
 import { busy, confirmDialog, consoleLink, errorBox, field, h, select, shownOncePanel } from "./dom.js";
 import { METRICS, dateTime } from "./format.js";
@@ -156,6 +157,19 @@ export async function render(container, ctx) {
     }
   }
 
+  // (v4) The account's keys, for the "For key" choice and to name a rule's key by its mask.
+  const keyNames = new Map(); // api_key_id -> "name (sk-abcd...wxyz)"
+  const keyLabel = (id) => keyNames.get(id) || h("code", {}, id);
+  async function loadKeys() {
+    try {
+      const data = await get("/api/api-keys");
+      for (const k of data.items) keyNames.set(k.id, `${k.name} (${k.masked_key})`);
+      forKey.replaceChildren(h("option", { value: "" }, "The whole account"), ...data.items.map((k) => h("option", { value: k.id }, keyNames.get(k.id))));
+    } catch (err) {
+      formErrors.append(errorBox(err)); // account rules can still be made
+    }
+  }
+
   async function loadRules() {
     rulesErrors.replaceChildren();
     try {
@@ -187,6 +201,7 @@ export async function render(container, ctx) {
       { dataset: { ruleId: rule.id } },
       h("td", { "data-label": "Metric" }, METRICS[rule.metric] || rule.metric),
       h("td", { "data-label": "Threshold" }, `${rule.threshold_pct}%`),
+      h("td", { "data-label": "Scope", class: "rule-scope" }, rule.scope && rule.scope.api_key_id ? ["Key ", keyLabel(rule.scope.api_key_id)] : "Account"),
       h("td", { "data-label": "Channels" }, rule.channels.map((c) => (CHANNELS.find(([v]) => v === c) || [c, c])[1]).join(", ")),
       h("td", { "data-label": "Recipients" }, recipientsText(rule)),
       h("td", { "data-label": "This period" }, rule.fired_this_period ? `Fired ${dateTime(rule.last_fired_at)}` : "Not fired"),
@@ -197,6 +212,7 @@ export async function render(container, ctx) {
   const metric = select("metric", Object.entries(METRICS), "total_tokens");
   const threshold = h("input", { type: "number", name: "threshold_pct", min: 1, max: 100, step: 1, required: true, value: "80" });
   const channelBoxes = CHANNELS.map(([value, label]) => h("label", { class: "choice inline" }, h("input", { type: "checkbox", name: "channels", value, checked: value === "in_site" }), label));
+  const forKey = select("api_key_id", [["", "The whole account"]], "");
   const emails = h("input", { type: "text", name: "emails", autocomplete: "off", placeholder: "ops@example.com" });
   const phones = h("input", { type: "text", name: "phones", autocomplete: "off", placeholder: "+15551234567" });
   const webhookUrl = h("input", { type: "url", name: "webhook_url", autocomplete: "off", placeholder: "https://hooks.example.com/tollgate" });
@@ -206,7 +222,7 @@ export async function render(container, ctx) {
     "form",
     { class: "card inline-form", "aria-labelledby": "rule-title" },
     h("h2", { id: "rule-title" }, "New alert rule"),
-    h("div", { class: "row" }, field("Metric", metric), field("Threshold (% of quota)", threshold)),
+    h("div", { class: "row" }, field("Metric", metric), field("Threshold (% of quota)", threshold), field("For key", forKey, "Optional: watch this key's own limits on the metric's resource (each limit's day, week, month or one-time window) instead of the account's quota.")),
     h("fieldset", {}, h("legend", {}, "Channels"), channelBoxes),
     h("div", { class: "row" }, field("E-mail recipients", emails, "Comma-separated; for the e-mail channel."), field("SMS recipients", phones, "Comma-separated phone numbers; for the SMS channel.")),
     h("div", { class: "row" }, field("Webhook URL", webhookUrl, "For the webhook, Slack or Microsoft Teams channel (one of them per rule): the receiver's URL, or the Slack or Teams channel's incoming-webhook URL (https). Reachable from the internet: private and loopback addresses are refused. Webhooks get signed JSON; Slack and Teams get a message in their own format.")),
@@ -223,7 +239,9 @@ export async function render(container, ctx) {
       ...(webhookUrl.value.trim() ? [{ url: webhookUrl.value.trim() }] : []),
     ];
     try {
-      const created = await busy(save, () => post("/api/ai/usage/alert", { metric: metric.value, threshold_pct: Number(threshold.value), channels, recipients }));
+      const body = { metric: metric.value, threshold_pct: Number(threshold.value), channels, recipients };
+      if (forKey.value) body.scope = { api_key_id: forKey.value };
+      const created = await busy(save, () => post("/api/ai/usage/alert", body));
       ctx.toast("Alert rule added.");
       emails.value = "";
       phones.value = "";
@@ -262,7 +280,7 @@ export async function render(container, ctx) {
         h(
           "table",
           { class: "responsive", id: "rules-table" },
-          h("thead", {}, h("tr", {}, ["Metric", "Threshold", "Channels", "Recipients", "This period"].map((t) => h("th", { scope: "col" }, t)), h("th", { scope: "col" }, h("span", { class: "visually-hidden" }, "Actions")))),
+          h("thead", {}, h("tr", {}, ["Metric", "Threshold", "Scope", "Channels", "Recipients", "This period"].map((t) => h("th", { scope: "col" }, t)), h("th", { scope: "col" }, h("span", { class: "visually-hidden" }, "Actions")))),
           rulesBody,
         ),
       ),
@@ -270,6 +288,7 @@ export async function render(container, ctx) {
     ),
     deliveries,
   );
+  await loadKeys(); // first: the rules name their keys
   await Promise.all([loadNotifications(), loadRules()]);
   const timer = setInterval(() => { if (!document.hidden) loadNotifications(); }, 20000);
   ctx.onCleanup(() => clearInterval(timer));

@@ -291,22 +291,30 @@ function activitySection() {
     limit: 25,
   });
 
+  // (v4) Usage its key's allowed models do not include: served and counted, listed with a badge.
+  function flag(item) {
+    if (!item.model_not_allowed) return "";
+    const used = item.quantity == null ? "" : ` (${num(item.quantity)} ${item.resource || ""})`;
+    return h("span", { class: "status status-flagged", title: `Served and counted${used}, but this key's allowed models do not include it` }, "Model not allowed");
+  }
+
   function line(item) {
+    const usage = item.kind === "usage";
     return h(
       "tr",
-      {},
+      usage ? { class: "flagged-usage" } : {},
       h("td", { "data-label": "Time" }, dateTime(item.time)),
       h("td", { "data-label": "Key" }, keyNames.get(item.api_key_id) || h("code", {}, item.masked_key || item.api_key_id || "–")),
       h("td", { "data-label": "Method" }, item.method),
-      h("td", { "data-label": "Path", class: "path" }, item.path),
+      h("td", { "data-label": "Path", class: "path" }, item.path, " ", flag(item)),
       // (v3) the platform service that verified the call; "–": one of Tollgate's own routes
       h("td", { "data-label": "Service" }, item.service || "–"),
       h("td", { "data-label": "Status" }, h("span", { class: `http http-${String(item.status)[0]}xx` }, String(item.status))),
       // A flood of refusals may be folded into one row per key, code and second: "× count".
       h("td", { "data-label": "Error code", class: "error-code" }, item.error_code ? h("code", {}, item.error_code) : "–", (item.count || 1) > 1 ? ` × ${item.count}` : ""),
-      h("td", { "data-label": "IP" }, item.ip),
-      h("td", { "data-label": "User agent", class: "ua" }, item.user_agent),
-      h("td", { "data-label": "Latency", class: "num" }, `${dec(item.latency_ms)} ms`),
+      h("td", { "data-label": "IP" }, usage ? "–" : item.ip),
+      h("td", { "data-label": "User agent", class: "ua" }, usage ? "–" : item.user_agent),
+      h("td", { "data-label": "Latency", class: "num" }, usage ? "–" : `${dec(item.latency_ms)} ms`),
     );
   }
 

@@ -1,0 +1,41 @@
+"""(v4) Metering's projection of keys.v1 gives the sink each live key's allowed models, and only to
+the key's own account; a deleted key (or its tombstone) has no rules left."""
+
+import hashlib
+import uuid
+from datetime import UTC, datetime
+
+from contracts.common import KeyStatus, Role
+from contracts.events import KeyState
+from services.metering.keymasks import KeyMasks
+
+ACCOUNT, OTHER, KEY = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+
+
+def state(*, deleted: bool = False, models: list[str] | None = None) -> bytes:
+    return (
+        KeyState(
+            time=datetime(2026, 11, 26, tzinfo=UTC),
+            account_id=ACCOUNT,
+            key_id=KEY,
+            hash=hashlib.sha256(b"k").hexdigest(),
+            status=KeyStatus.ENABLED,
+            roles=[Role.OWNER],
+            deleted=deleted,
+            allowed_models=models or [],
+        )
+        .model_dump_json()
+        .encode()
+    )
+
+
+def test_a_live_keys_allowed_models_are_known_to_its_account_only():
+    masks = KeyMasks()
+    masks.apply(str(KEY).encode(), state(models=["openai/*"]))
+    assert masks.allowed_models(ACCOUNT, KEY) == ("openai/*",)
+    assert masks.allowed_models(OTHER, KEY) == ()  # an event of another account naming this key
+    masks.apply(str(KEY).encode(), state(deleted=True, models=["openai/*"]))
+    assert masks.allowed_models(ACCOUNT, KEY) == ()
+    masks.apply(str(KEY).encode(), state(models=["openai/*"]))
+    masks.apply(str(KEY).encode(), None)  # compacted away
+    assert masks.allowed_models(ACCOUNT, KEY) == ()
