@@ -28,8 +28,9 @@ lint: $(STAMP)
 test-prereqs:  ## what only the tests use: Debian chromium (the console's browser tests; Playwright's driver comes with the pip package), caddy (the ingress snippets) and prometheus (promtool and the alert rules' tests)
 	./deploy/local/prereqs.sh --test
 
-test: $(STAMP) test-prereqs lint  ## lint, type-check, and the suite on real Kafka, Postgres, ClickHouse and redis
-	$(BIN)/python -m pytest tests --ignore=tests/faults
+TEST_WORKERS ?= 2
+test: $(STAMP) test-prereqs lint  ## lint, type-check, and the suite on real Kafka, Postgres, ClickHouse and redis (TEST_WORKERS processes; a module stays in one)
+	$(BIN)/python -m pytest tests --ignore=tests/faults -p xdist.plugin -n $(TEST_WORKERS) --dist loadfile
 
 unit: $(STAMP)  ## the unit tests alone (pure, no I/O): the edit-test loop, properties at a quarter of their examples
 	$(BIN)/python -m pytest tests/unit -q --hypothesis-profile=quick

@@ -28,6 +28,7 @@ CONSOLE_ONLY = {
 BY_ID: dict[tuple[str, str], tuple[str, dict | None]] = {
     ("POST", "/api/api-keys/{key_id}/toggle"): ("key", None),
     ("POST", "/api/api-keys/{key_id}/rotate"): ("key", {"grace_seconds": 0}),
+    ("PATCH", "/api/api-keys/{key_id}"): ("key", {"allowed_models": ["openai/*"]}),  # (v4)
     ("DELETE", "/api/api-keys/{key_id}"): ("key", None),
     ("POST", "/api/billing/orders/{order_id}/pay"): ("order", None),
     ("GET", "/api/billing/orders/{order_id}"): ("order", None),

@@ -15,6 +15,7 @@ from services.metering import sink_tables
 from services.metering import store as metering_store
 from services.metering.ingest import canonical
 from services.metering.store import MIGRATIONS, InsertResult, MeteringStore, UsageQuery
+from tests.support.infra import drop_clickhouse_database
 
 pytestmark = pytest.mark.integration
 
@@ -202,6 +203,8 @@ async def test_the_rollup_migration_keeps_an_existing_database_answering_the_sam
     columns, select = usage.columns.removesuffix(", model_not_allowed"), usage.select.rsplit(", has(", 1)[0]
     before_0008 = replace(usage, columns=columns, select=select)
     monkeypatch.setattr(sink_tables, "USAGE", before_0008)
+    # a database of its own: the test's environment is migrated to the newest schema already
+    settings = settings.model_copy(update={"clickhouse_database": f"{settings.clickhouse_database}_old"})
     old = MeteringStore(settings.clickhouse_dsn, settings.clickhouse_database)
     old.open()
     try:
@@ -220,3 +223,4 @@ async def test_the_rollup_migration_keeps_an_existing_database_answering_the_sam
         assert await rows(new, "SELECT * FROM {db}.usage_hourly ORDER BY ALL") == hourly
     finally:
         new.close()
+        drop_clickhouse_database(settings.clickhouse_dsn, settings.clickhouse_database)

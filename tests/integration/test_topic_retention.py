@@ -78,7 +78,7 @@ async def test_a_metered_topic_an_older_version_made_is_brought_to_size_retentio
             return await overrides() == wanted
 
         try:
-            await wait_until(updated, timeout=15, interval=0.2)
+            await wait_until(updated, timeout=60, interval=0.2)
         except TimeoutError:
             assert await overrides() == wanted
     finally:
