@@ -57,6 +57,7 @@ async def test_fifty_concurrent_creators_on_two_processes_make_exactly_the_total
                 "total": 3,
                 "period_end": period_end,
                 "links": {"upgrade_plan": f"{base}/plan", "buy_quota_package": f"{base}/quota?buy=geo_projects"},
+                "scope": "account",  # (v4) the account's quota, not one key's own limit
             }
             assert [e["details"] for e in refused] == [expected] * 47
             created = {r.json()["id"] for r in answers if r.status_code == 201}

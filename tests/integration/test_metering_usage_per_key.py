@@ -356,7 +356,7 @@ async def test_the_activity_log_exports_every_matching_call_as_csv(settings, mon
 
         await wait_until(all_there, timeout=60)
         columns = ["time", "api_key_id", "masked_key", "method", "path", "status", "ip", "user_agent", "latency_ms"]
-        columns += ["error_code", "count", "service"]
+        columns += ["error_code", "count", "service", "kind", "model_not_allowed", "provider", "model", "resource", "quantity"]
         for params in (
             {},
             {"api_key_id": str(k2)},

@@ -68,6 +68,7 @@ async def test_quota_reads_are_not_counted_and_stay_open_when_api_calls_are_exha
         "total": 1000,
         "period_end": next_month_start(),
         "links": {"upgrade_plan": f"{base}/plan", "buy_quota_package": f"{base}/quota?buy=api_calls"},
+        "scope": "account",  # (v4) the account's quota, not one key's own limit
     }
 
     # Both reads still answer with the key, many times, and show why; nothing moves `used`.

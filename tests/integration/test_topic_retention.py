@@ -63,14 +63,19 @@ async def test_a_metered_topic_an_older_version_made_is_brought_to_size_retentio
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
     await admin.start()
     try:
-        # as v1 made it (kept by time), with a setting of the operator's own
-        await admin.create_topics([NewTopic(topic, USAGE.partitions, 1, topic_configs={"max.message.bytes": "2000000"})])
-        await ensure_topics(settings, (USAGE,))
-
         async def overrides() -> dict[str, str]:  # the configs set on the topic itself
             [response] = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
             [(_, _, _, _, entries)] = response.resources
             return {entry[0]: entry[1] for entry in entries if entry[3] == 1}
+
+        # as v1 made it (kept by time), with a setting of the operator's own
+        await admin.create_topics([NewTopic(topic, USAGE.partitions, 1, topic_configs={"max.message.bytes": "2000000"})])
+
+        async def described() -> bool:  # a topic just made may be described only a moment later
+            return "max.message.bytes" in await overrides()
+
+        await wait_until(described, timeout=15, interval=0.1)
+        await ensure_topics(settings, (USAGE,))
 
         wanted = {**METERED, "max.message.bytes": "2000000"}
 
@@ -78,7 +83,7 @@ async def test_a_metered_topic_an_older_version_made_is_brought_to_size_retentio
             return await overrides() == wanted
 
         try:
-            await wait_until(updated, timeout=60, interval=0.2)
+            await wait_until(updated, timeout=15, interval=0.2)
         except TimeoutError:
             assert await overrides() == wanted
     finally:
