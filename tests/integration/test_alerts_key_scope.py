@@ -136,6 +136,10 @@ async def test_a_key_rule_fires_once_per_window_on_its_keys_crossings_only(setti
             await _key_crossing(settings, account, key.key_id, 98)
             await eventually(lambda: firing_count(settings, account) == 2, within=30)
 
+            async def both_listed() -> bool:  # an in-site notification is written just after its firing
+                return len((await client.get("/api/notifications", headers=session)).json()["items"]) >= 2
+
+            await eventually(both_listed, within=30)
             items = (await client.get("/api/notifications", headers=session)).json()["items"]
             assert len(items) == 2 and {i["api_key_id"] for i in items} == {str(key.key_id)}
             items = [i for i in items if i["threshold_pct"] == 80]
