@@ -140,12 +140,20 @@ class ServeProcess:
             time.sleep(0.2)
         raise TimeoutError(f"serve on {self.port} not ready; log: {self.log_path}")
 
+    def print_log_tail(self, lines: int = 40) -> None:
+        """Its log's last warnings and errors, on stdout: pytest shows them when a test fails."""
+        if self.log_path.exists():
+            noteworthy = [line for line in self.log_path.read_text(errors="replace").splitlines() if '"INFO"' not in line]
+            print(f"--- {self.log_path} (exit code {self.proc.poll()}), last lines but INFO:", *noteworthy[-lines:], sep="\n")
+
     def kill(self) -> None:
+        self.print_log_tail()
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
     def stop(self) -> None:
+        self.print_log_tail()
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:

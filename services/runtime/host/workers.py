@@ -29,7 +29,9 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 
 STARTUP_FAILURE = 3  # uvicorn's exit code when the app cannot start: a replacement would fail too
 STOP_TIMEOUT_S = 30.0
+RESTART_PAUSE_MAX_S = 30.0
 # The consumers' process against the request processes: the scheduler's weights are 110 to 1024.
 CONSUMERS_NICENESS = 10
 
@@ -53,9 +56,24 @@ def forget_live_metrics(pid: int | None) -> None:
         multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
 
 
+@dataclass
+class _Slot:
+    """One job's place: its process (None while it pauses before a restart)."""
+
+    job: Job
+    process: BaseProcess | None
+    replaced: bool = False  # its first process started: a later failure to start is a dependency down
+    pause_s: float = 0.0
+    restart_at: float = 0.0
+
+
 def supervise(jobs: list[Job]) -> int:
     """Run each job in a spawned process until SIGTERM or SIGINT (one that ends is started again);
-    the exit code."""
+    the exit code.
+
+    A first process that cannot start (a bad setting) stops them all: a replacement would fail too.
+    A replacement that cannot start met a dependency down for a while, and the other processes
+    still serve: it is started again after a pause that doubles up to RESTART_PAUSE_MAX_S."""
     spawn = multiprocessing.get_context("spawn")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -66,20 +84,33 @@ def supervise(jobs: list[Job]) -> int:
         process.start()
         return process
 
-    processes = [start(job) for job in jobs]
+    slots = [_Slot(job, start(job)) for job in jobs]
     code = 0
     while not stop.wait(0.5):
-        for index, process in enumerate(processes):
-            if process.is_alive():
+        for slot in slots:
+            ended = slot.process
+            if ended is None:
+                if time.monotonic() >= slot.restart_at:
+                    slot.process = start(slot.job)
                 continue
-            if process.exitcode == STARTUP_FAILURE:
-                log.error("worker %s could not start; stopping", process.pid)
+            if ended.is_alive():
+                continue
+            forget_live_metrics(ended.pid)
+            if ended.exitcode == STARTUP_FAILURE and not slot.replaced:
+                log.error("worker %s could not start; stopping", ended.pid)
                 code = STARTUP_FAILURE
                 stop.set()
                 break
-            log.warning("worker %s ended (exit code %s); starting another", process.pid, process.exitcode)
-            forget_live_metrics(process.pid)
-            processes[index] = start(jobs[index])
+            slot.replaced = True
+            if ended.exitcode == STARTUP_FAILURE:
+                slot.pause_s = min(max(2 * slot.pause_s, 1.0), RESTART_PAUSE_MAX_S)
+                log.error("worker %s could not start; another in %.0f s", ended.pid, slot.pause_s)
+                slot.process, slot.restart_at = None, time.monotonic() + slot.pause_s
+                continue
+            log.warning("worker %s ended (exit code %s); starting another", ended.pid, ended.exitcode)
+            slot.pause_s = 0.0
+            slot.process = start(slot.job)
+    processes = [slot.process for slot in slots if slot.process is not None]
     for process in processes:
         if process.is_alive():
             process.terminate()  # SIGTERM: uvicorn finishes its requests and runs the app's shutdown
