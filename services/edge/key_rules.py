@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from contracts.errors import ErrorCode
-from contracts.key_limits import KeyRules
+from contracts.key_limits import KeyRules, model_allowed
 from contracts.rate_limit import RateLimit
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -47,9 +47,7 @@ class KeyGate:
 
     networks: tuple[Network, ...]
     routes: tuple[_Route, ...]
-    models: frozenset[str]  # exact `provider/model`s
-    providers: frozenset[str]  # `provider/*`: every model of these providers
-    restricts_models: bool
+    models: tuple[str, ...]  # the allowed models' patterns: `provider/model` or `provider/*`
     rate_limit: RateLimit | None
 
     @classmethod
@@ -65,9 +63,7 @@ class KeyGate:
         return cls(
             networks=tuple(ipaddress.ip_network(cidr) for cidr in rules.allowed_ips),
             routes=tuple(routes),
-            models=frozenset(m for m in rules.allowed_models if not m.endswith("/*")),
-            providers=frozenset(m[:-2] for m in rules.allowed_models if m.endswith("/*")),
-            restricts_models=bool(rules.allowed_models),
+            models=tuple(rules.allowed_models),
             rate_limit=rules.rate_limit,
         )
 
@@ -80,7 +76,7 @@ class KeyGate:
             return ErrorCode.IP_NOT_ALLOWED, "This API key may not be used from this address."
         if self.routes and not self._allows_route(method, path):
             return ErrorCode.ROUTE_NOT_ALLOWED, f"This API key may not call {method} {path}."
-        if judges_model and self.restricts_models and not self._allows_model(model):
+        if judges_model and self.models and not (model and model_allowed(self.models, model)):
             named = f"the model {model}" if model else "a call that names no model"
             return ErrorCode.MODEL_NOT_ALLOWED, f"This API key may not use {named}."
         return None
@@ -101,8 +97,3 @@ class KeyGate:
             return False
         return any(route.matches(method, path) for route in self.routes)
 
-    def _allows_model(self, model: str | None) -> bool:
-        if not model:
-            return False
-        provider, _, _ = model.partition("/")
-        return model in self.models or provider in self.providers

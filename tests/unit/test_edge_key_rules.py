@@ -88,7 +88,8 @@ def test_routes_match_exactly_or_by_their_prefix(method: str, path: str, allowed
 def test_models_by_name_or_provider_and_a_call_without_a_model_fails_closed():
     g = gate(allowed_models=["openai/gpt-4o-mini", "anthropic/*"])
     judged = {m: code(g.refusal("1.2.3.4", "POST", "/v1", m, judges_model=True)) for m in
-              ("openai/gpt-4o-mini", "anthropic/claude-3-haiku", "openai/gpt-4o", "mistral/large", None, "")}  # fmt: skip
+              ("openai/gpt-4o-mini", "anthropic/claude-3-haiku", "openai/gpt-4o", "mistral/large", None, "",
+               "anthropic", "anthropic/")}  # fmt: skip
     assert judged == {
         "openai/gpt-4o-mini": None,
         "anthropic/claude-3-haiku": None,
@@ -96,6 +97,9 @@ def test_models_by_name_or_provider_and_a_call_without_a_model_fails_closed():
         "mistral/large": "model_not_allowed",
         None: "model_not_allowed",
         "": "model_not_allowed",
+        # `provider/*` allows the provider's models, not a bare provider: as metering judges it
+        "anthropic": "model_not_allowed",
+        "anthropic/": "model_not_allowed",
     }
     # Tollgate's own routes call no model: not judged by it
     assert g.refusal("1.2.3.4", "GET", "/api/account", None, judges_model=False) is None
