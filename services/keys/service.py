@@ -395,9 +395,15 @@ class KeysService:
         return [Role(creator["role"])]
 
     @staticmethod
-    def _check_may_write(key: Row, only_own: UUID | None) -> None:
-        if only_own is not None and key["created_by"] != only_own:
+    async def _key_to_write(tx: KeysTx, account_id: UUID, key_id: UUID, only_own: UUID | None) -> Row:
+        """The key's row, locked for the write: another account's or a deleted key is NotFound; a
+        developer (`only_own`: its user id) may write only the keys it created (403 else)."""
+        row = await tx.key_for_update(account_id, key_id)
+        if row is None:
+            raise NotFound("API key")
+        if only_own is not None and row["created_by"] != only_own:
             raise domain.NotYourKey()
+        return row
 
     async def _insert_new_key(
         self,
@@ -476,10 +482,7 @@ class KeysService:
         now = self.clock()
         changes = Changes()
         async with self.store.transaction() as tx:
-            row = await tx.key_for_update(account_id, key_id)
-            if row is None:
-                raise NotFound("API key")
-            self._check_may_write(row, only_own)
+            row = await self._key_to_write(tx, account_id, key_id, only_own)
             current = KeyRules.model_validate(row["rules"])
             rules = current.model_copy(update=body.rules_given())
             name = body.name if body.name is not None else row["name"]
@@ -519,10 +522,7 @@ class KeysService:
         now = self.clock()
         changes = Changes()
         async with self.store.transaction() as tx:
-            row = await tx.key_for_update(account_id, key_id)
-            if row is None:
-                raise NotFound("API key")
-            self._check_may_write(row, only_own)
+            row = await self._key_to_write(tx, account_id, key_id, only_own)
             row = await tx.set_status(key_id, domain.toggled(KeyStatus(row["status"])).value)
             await self._emit_key(tx, self._state(row, await self._roles(tx, row), now), changes)
             await self._audit(tx, audit, account_id, now, AuditAction.API_KEY_TOGGLED, ("api_key", key_id), status=row["status"])
@@ -533,10 +533,7 @@ class KeysService:
         now = self.clock()
         changes = Changes()
         async with self.store.transaction() as tx:
-            row = await tx.key_for_update(account_id, key_id)
-            if row is None:
-                raise NotFound("API key")
-            self._check_may_write(row, only_own)
+            row = await self._key_to_write(tx, account_id, key_id, only_own)
             row = await tx.mark_deleted(key_id, now)
             await self._emit_key(tx, self._state(row, await self._roles(tx, row), now, deleted=True), changes)
             await self._audit(tx, audit, account_id, now, AuditAction.API_KEY_DELETED, ("api_key", key_id), name=row["name"])
@@ -556,10 +553,7 @@ class KeysService:
         now = self.clock()
         changes = Changes()
         async with self.store.transaction() as tx:
-            old = await tx.key_for_update(account_id, key_id)
-            if old is None:
-                raise NotFound("API key")
-            self._check_may_write(old, only_own)
+            old = await self._key_to_write(tx, account_id, key_id, only_own)
             roles = await self._roles(tx, old)
             if grace_seconds == 0:
                 old = await tx.mark_deleted(key_id, now)
