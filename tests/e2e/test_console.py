@@ -11,147 +11,54 @@ import csv
 import io
 import json
 import re
-import shutil
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, expect
 
 from services import console
 from services.alerts.webhook import verify
 from services.edge.errors import install_error_handlers
-from tests.support.apps import REPO, ServeProcess
-
-SCREENSHOTS = REPO / "artifacts" / "screenshots"
-LAPTOP = {"width": 1366, "height": 850}
-PHONE = {"width": 390, "height": 844}
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-WAIT_MS = 20_000
-
-
-@pytest.fixture
-def server(settings) -> Iterator[ServeProcess]:
-    # On the test's own ClickHouse database of the test server. The story's webhook receiver runs
-    # on 127.0.0.1: the operator setting lets the server reach it.
-    proc = ServeProcess(settings.model_copy(update={"webhook_allow_private_targets": True}))
-    try:
-        proc.wait_ready(90)
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.fail("Chromium is missing: `make test-prereqs` (deploy/local/prereqs.sh --test) installs it")
-    with sync_playwright() as pw:
-        launched = pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
-
-
-@pytest.fixture
-def webhook_receiver() -> Iterator[tuple[str, list[tuple[dict[str, str], bytes]]]]:
-    """A local HTTP receiver that answers 200 and records (headers, body) of every POST."""
-    received: list[tuple[dict[str, str], bytes]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            received.append(({k.lower(): v for k, v in self.headers.items()}, body))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/tollgate-hook", received
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def poll(check: Callable[[], Any], what: str, timeout: float = 20) -> Any:
-    """Wait for an eventually-consistent effect (events travel through Kafka) without fixed sleeps."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-
-
-def shot(page: Page, name: str) -> None:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    width = page.viewport_size["width"] if page.viewport_size else 0
-    page.screenshot(path=str(SCREENSHOTS / f"{name}-{'phone' if width < 600 else 'laptop'}.png"), full_page=True)
-
-
-def open_page(page: Page, base: str, route: str, heading: str) -> None:
-    page.goto(f"{base}/console/{route}")
-    expect(page.get_by_role("heading", level=1)).to_have_text(heading, timeout=WAIT_MS)
-
-
-def usage_event(account_id: str, tokens_in: int, tokens_out: int, provider: str, model: str) -> dict[str, Any]:
-    return {
-        "id": str(uuid.uuid4()),
-        "time": datetime.now(UTC).isoformat(),
-        "account_id": account_id,
-        "resource": "ai_tokens",
-        "quantity": tokens_in + tokens_out,
-        "provider": provider,
-        "model": model,
-        "input_tokens": tokens_in,
-        "output_tokens": tokens_out,
-        "source": "console-e2e",
-    }
+from services.runtime.platform.settings import Settings
+from tests.e2e.console import (
+    LAPTOP,
+    PASSWORD,
+    PHONE,
+    SCREENSHOTS,
+    WAIT_MS,
+    bearer,
+    expect_page,
+    no_sideways_scroll,
+    open_console,
+    open_page,
+    poll,
+    poll_clicking,
+    service_token,
+    shot,
+    usage_event,
+)
+from tests.support.apps import ServeProcess
 
 
 @pytest.mark.integration
 def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
-    server: ServeProcess, browser: Browser, settings, webhook_receiver: tuple[str, list[tuple[dict[str, str], bytes]]]
+    server: ServeProcess,
+    browser: Browser,
+    settings: Settings,
+    webhook_receiver: tuple[str, list[tuple[dict[str, str], bytes]]],
 ) -> None:
     base = server.base_url
-    context = browser.new_context(viewport=LAPTOP, base_url=base)
-    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
-    page = context.new_page()
-    page_errors: list[str] = []
-    page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+    page, page_errors = open_console(browser, base)
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
     api = httpx.Client(base_url=base, timeout=10, headers={"User-Agent": "console-e2e/1.0"})
     # The platform service (an AI gateway) that admits the user's key and reports the usage it
     # caused holds a service token.
-    made = api.post(
-        "/api/admin/service-tokens",
-        json={"name": "ai-gateway", "scopes": ["usage:write", "keys:verify"]},
-        headers={"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"},
-    )
-    assert made.status_code == 201, made.text
-    service = {"Authorization": f"Bearer {made.json()['token']}"}
+    service = bearer(service_token(api, settings, "ai-gateway", ("usage:write", "keys:verify")))
 
     # ---- sign in / register ----------------------------------------------------------------
     page.goto(f"{base}/console")
@@ -163,13 +70,13 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     email = f"ada-{uuid.uuid4().hex[:8]}@example.com"
     page.get_by_label("Name").fill("Ada Lovelace")
     page.get_by_label("Email").fill(email)
-    page.get_by_label("Password").fill("correct horse battery")
+    page.get_by_label("Password").fill(PASSWORD)
     page.get_by_label("Individual").check()
     page.get_by_role("button", name="Create account").click()
-    expect(page.get_by_role("heading", level=1)).to_have_text("API keys", timeout=WAIT_MS)
+    expect_page(page, "API keys")
     token = page.evaluate("sessionStorage.getItem('tollgate.session')")
     assert token and not token.startswith("sk-")
-    account = api.get("/api/account", headers={"Authorization": f"Bearer {token}"}).json()
+    account = api.get("/api/account", headers=bearer(token)).json()
     assert account["email"] == email and account["user_type"] == "individual" and account["plan"] == "free"
 
     # ---- create a key: the full secret is on screen once, with a copy button -----------------
@@ -196,7 +103,7 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     shot(page, "keys")
 
     # ---- use it from a program: calls; the platform reports the usage they caused -----------
-    key = {"Authorization": f"Bearer {secret}"}
+    key = bearer(secret)
     for _ in range(2):
         assert api.get("/api/geo/projects", headers=key).status_code == 200
     # (v3) the AI gateway admits a call with the key through verify: a metered call it names
@@ -207,7 +114,7 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
         usage_event(account["id"], 1200, 300, "openai", "gpt-4o"),
         usage_event(account["id"], 600, 400, "anthropic", "claude-sonnet"),
     ]
-    session = {"Authorization": f"Bearer {token}"}
+    session = bearer(token)
     (key_id,) = [k["id"] for k in api.get("/api/api-keys", headers=session).json()["items"] if k["name"] == "ci key"]
     for e in events:  # the events name the key that caused them (usage per key)
         e["api_key_id"] = key_id
@@ -222,12 +129,10 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     show = page.get_by_role("button", name="Show")
     total = page.locator("#usage-overview .stat", has_text="Total tokens").locator(".stat-value")
 
-    def usage_shows_tokens() -> bool:
-        show.click()
-        page.wait_for_timeout(150)
-        return total.inner_text(timeout=WAIT_MS).replace(",", "") == "2500"
+    def total_tokens() -> str:
+        return total.inner_text(timeout=WAIT_MS).replace(",", "")
 
-    poll(usage_shows_tokens, "the usage overview to count 2,500 tokens")
+    poll_clicking(show, lambda: total_tokens() == "2500", "the usage overview to count 2,500 tokens")
     # The overview's calls are the model calls reported as usage, not the API calls quota.
     model_calls = page.locator("#usage-overview .stat", has_text="Model calls")
     expect(model_calls.locator(".stat-value")).to_have_text("2")
@@ -245,11 +150,9 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     activity = page.locator("#activity-table tbody tr")
 
     def activity_shows_calls() -> bool:
-        filter_button.click()
-        page.wait_for_timeout(150)
         return activity.filter(has_text="/api/geo/projects").count() >= 2 and activity.filter(has_text="/v1/chat").count() >= 1
 
-    poll(activity_shows_calls, "the activity log to list the key's calls")
+    poll_clicking(filter_button, activity_shows_calls, "the activity log to list the key's calls")
     expect(activity.filter(has_text="console-e2e/1.0").first).to_be_visible()
     gateway_call = activity.filter(has_text="/v1/chat/completions")  # the service that verified it
     expect(gateway_call.locator("td[data-label='Service']")).to_have_text("ai-gateway", timeout=WAIT_MS)
@@ -270,12 +173,7 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     )
     assert keyless.status_code == 202, keyless.text
 
-    def usage_counts_keyless() -> bool:
-        show.click()
-        page.wait_for_timeout(150)
-        return total.inner_text(timeout=WAIT_MS).replace(",", "") == "3000"
-
-    poll(usage_counts_keyless, "the overview to count the key-less 500 tokens")
+    poll_clicking(show, lambda: total_tokens() == "3000", "the overview to count the key-less 500 tokens")
     page.get_by_label("Show usage of").select_option(label=f"ci key ({masked})")  # reloads at once
     expect(total).to_have_text("2,500", timeout=WAIT_MS)
     page.get_by_label("Rows").select_option("api_key")
@@ -314,13 +212,11 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     open_page(page, base, "usage", "Usage")
     page.get_by_label("Outcome").select_option(label="Refused")
     refused_rows = page.locator("#activity-table tbody tr")
-
-    def activity_shows_the_refusal() -> bool:
-        page.get_by_role("button", name="Filter").click()
-        page.wait_for_timeout(150)
-        return refused_rows.filter(has_text="api_key_disabled").count() >= 1
-
-    poll(activity_shows_the_refusal, "the activity log to list the refused call")
+    poll_clicking(
+        page.get_by_role("button", name="Filter"),
+        lambda: refused_rows.filter(has_text="api_key_disabled").count() >= 1,
+        "the activity log to list the refused call",
+    )
     expect(refused_rows).to_have_count(1)  # only the refusal: the admitted calls are filtered out
     expect(refused_rows.first).to_contain_text("401")
     page.get_by_label("Outcome").select_option(label="Admitted")
@@ -374,7 +270,7 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
 
     # ---- plan: the individual/enterprise rule explained, then upgrade with proration shown ---
     page.get_by_role("link", name="Upgrade plan").click()
-    expect(page.get_by_role("heading", level=1)).to_have_text("Plan & account", timeout=WAIT_MS)
+    expect_page(page, "Plan & account")
     expect(page.locator("#current-plan")).to_have_text("Free", timeout=WAIT_MS)
     page.get_by_role("button", name="Upgrade to Enterprise").click()
     mismatch = page.locator("#plan-mismatch")
@@ -440,14 +336,7 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     )
     assert crossing.status_code == 202, crossing.text
     notes = page.locator("#notifications .notification")
-    refresh = page.get_by_role("button", name="Refresh")
-
-    def notified() -> bool:
-        refresh.click()
-        page.wait_for_timeout(150)
-        return notes.count() > 0
-
-    poll(notified, "the in-site notification", timeout=30)
+    poll_clicking(page.get_by_role("button", name="Refresh"), lambda: notes.count() > 0, "the in-site notification", timeout=30)
     expect(notes.first).to_contain_text("50%")
     expect(notes.first.get_by_role("link", name="Upgrade plan")).to_have_attribute("href", f"{base}/console/plan")
     expect(page.locator("#unread")).to_have_text("1")
@@ -503,7 +392,7 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     expect(log.first).to_contain_text("sent")
     shot(page, "alerts-webhook-deliveries")
     page.reload()  # the secret is not shown again
-    expect(page.get_by_role("heading", level=1)).to_have_text("Alerts", timeout=WAIT_MS)
+    expect_page(page, "Alerts")
     expect(page.locator("#rules-table tbody tr", has_text="Webhook")).to_have_count(1, timeout=WAIT_MS)
     assert webhook_secret not in page.content()
 
@@ -521,8 +410,8 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     assert new_secret.startswith("sk-") and new_secret != old_secret
     page.get_by_role("button", name="I have stored it").click()
     expect(page.locator("#keys-table tbody tr", has_text="temp key")).to_have_count(1)
-    assert api.get("/api/geo/projects", headers={"Authorization": f"Bearer {old_secret}"}).status_code == 401
-    assert api.get("/api/geo/projects", headers={"Authorization": f"Bearer {new_secret}"}).status_code == 200
+    assert api.get("/api/geo/projects", headers=bearer(old_secret)).status_code == 401
+    assert api.get("/api/geo/projects", headers=bearer(new_secret)).status_code == 200
     page.get_by_role("button", name="Delete key temp key").click()
     confirm = page.get_by_role("dialog", name="Delete key “temp key”?")
     expect(confirm).to_contain_text("permanent")
@@ -532,7 +421,7 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     page.get_by_role("button", name="Delete key temp key").click()
     page.get_by_role("dialog").get_by_role("button", name="Delete key").click()
     expect(page.locator("#keys-table tbody tr", has_text="temp key")).to_have_count(0, timeout=WAIT_MS)
-    gone = api.get("/api/geo/projects", headers={"Authorization": f"Bearer {new_secret}"})
+    gone = api.get("/api/geo/projects", headers=bearer(new_secret))
     assert gone.status_code == 401 and gone.json()["error"]["code"] == "invalid_api_key"
 
     # ---- every page at phone width: readable, no sideways scrolling, menu works -------------
@@ -551,19 +440,18 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
             page.locator("section", has=page.get_by_role("heading", name="Trend")).screenshot(
                 path=str(SCREENSHOTS / "usage-trend-phone.png")
             )
-        overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
-        assert overflow <= 1, f"{route} scrolls sideways by {overflow}px at phone width"
+        no_sideways_scroll(page, route)
     menu = page.get_by_role("button", name="Menu")
     expect(page.get_by_role("link", name="Quota")).to_be_hidden()
     menu.click()
     expect(menu).to_have_attribute("aria-expanded", "true")
     page.get_by_role("link", name="Quota").click()
-    expect(page.get_by_role("heading", level=1)).to_have_text("Quota", timeout=WAIT_MS)
+    expect_page(page, "Quota")
 
     page.set_viewport_size(LAPTOP)
 
     # ---- an expired key is listed as expired -------------------------------------------------
-    console_auth = {"Authorization": f"Bearer {page.evaluate('sessionStorage.getItem(`tollgate.session`)')}"}
+    console_auth = bearer(page.evaluate("sessionStorage.getItem('tollgate.session')"))
     expires_at = datetime.now(UTC) + timedelta(seconds=1)
     made = api.post("/api/api-keys", json={"name": "short key", "expires_at": expires_at.isoformat()}, headers=console_auth)
     assert made.status_code == 201, made.text
@@ -579,10 +467,7 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
         response = api.get("/api/account", headers=headers)
         return response.status_code, response.json().get("error", {}).get("code") if response.status_code >= 400 else None
 
-    other_session = {
-        "Authorization": "Bearer "
-        + api.post("/api/auth/login", json={"email": email, "password": "correct horse battery"}).json()["access_token"]
-    }
+    other_session = bearer(api.post("/api/auth/login", json={"email": email, "password": PASSWORD}).json()["access_token"])
     open_page(page, base, "plan", "Plan & account")
     expect(page.locator("#account-id")).to_have_text(account["id"])  # what usage events name (README)
     password_form = page.get_by_role("form", name="Change password")
@@ -591,20 +476,20 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     password_form.get_by_role("button", name="Change password").click()
     expect(password_form.get_by_role("alert")).to_contain_text("current password is wrong", timeout=WAIT_MS)
     assert account_status(console_auth) == (200, None)
-    password_form.get_by_label("Current password").fill("correct horse battery")
+    password_form.get_by_label("Current password").fill(PASSWORD)
     password_form.get_by_role("button", name="Change password").click()
     expect(page.get_by_role("heading", name="Sign in")).to_be_visible(timeout=WAIT_MS)
     assert page.evaluate("sessionStorage.getItem('tollgate.session')") is None
     for ended in (console_auth, other_session):  # this browser's session and another one
         assert account_status(ended) == (401, "invalid_session")
     page.get_by_label("Email").fill(email)
-    page.get_by_label("Password").fill("correct horse battery")
+    page.get_by_label("Password").fill(PASSWORD)
     page.get_by_role("button", name="Sign in").click()
     expect(page.get_by_role("alert")).to_be_visible(timeout=WAIT_MS)  # the old password no longer works
     page.get_by_label("Password").fill("a much better passphrase")
     page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("heading", level=1)).to_have_text("API keys", timeout=WAIT_MS)
-    new_auth = {"Authorization": f"Bearer {page.evaluate('sessionStorage.getItem(`tollgate.session`)')}"}
+    expect_page(page, "API keys")
+    new_auth = bearer(page.evaluate("sessionStorage.getItem('tollgate.session')"))
     assert account_status(new_auth) == (200, None)
 
     # ---- log out: the session ends on the server and is gone from the browser ----------------
@@ -616,7 +501,7 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     page.goto(f"{base}/console/register")
     shot(page, "register")
     assert page_errors == [], page_errors
-    context.close()
+    page.context.close()
 
 
 async def test_the_console_is_served_same_origin_only() -> None:

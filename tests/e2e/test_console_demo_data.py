@@ -4,10 +4,7 @@ week, and an account without usage shows its empty state; neither page has a lit
 `undefined` or `NaN` anywhere (the empty trend panel printed `null` between its two "no usage"
 lines). Screenshots go to artifacts/screenshots/."""
 
-import asyncio
 import re
-import uuid
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -15,7 +12,8 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from services.runtime.host import demo_data
-from tests.e2e.test_console import LAPTOP, WAIT_MS, browser, poll, server, shot  # noqa: F401 (fixtures)
+from services.runtime.platform.settings import Settings
+from tests.e2e.console import WAIT_MS, open_console, open_page, poll, register, run_beside, service_token, shot, sign_in
 from tests.support.apps import ServeProcess
 
 PASSWORD = "demo-password-123"
@@ -28,28 +26,12 @@ TEXT_NODES = """() => {
 }"""
 
 
-def _register(api: httpx.Client, email: str) -> str:
-    made = api.post("/api/auth/register", json={"email": email, "password": PASSWORD, "name": "Demo", "user_type": "individual"})
-    assert made.status_code == 201, made.text
-    return str(made.json()["id"])
-
-
 def _seed(base: str, email: str, token: str) -> demo_data.Report:
     async def run() -> demo_data.Report:
         async with httpx.AsyncClient(base_url=base, timeout=30) as http:
             return await demo_data.seed(http, email=email, password=PASSWORD, service_token=token)
 
-    with ThreadPoolExecutor(1) as thread:  # the test's own event loop is running: seed beside it
-        return thread.submit(asyncio.run, run()).result()
-
-
-def _sign_in(page: Page, base: str, email: str) -> None:
-    page.goto(f"{base}/console")
-    expect(page.get_by_role("heading", name="Sign in")).to_be_visible(timeout=WAIT_MS)
-    page.get_by_label("Email").fill(email)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("heading", level=1)).to_have_text("API keys", timeout=WAIT_MS)
+    return run_beside(run())
 
 
 def _no_literals(page: Page, where: str) -> None:
@@ -76,43 +58,29 @@ def _drawn_trend(page: Page, where: str) -> None:
 
 @pytest.mark.integration
 def test_the_seeded_demo_account_shows_drawn_charts_and_an_empty_account_no_null(
-    server: ServeProcess,  # noqa: F811
-    browser: Browser,  # noqa: F811
-    settings,
+    server: ServeProcess, browser: Browser, settings: Settings
 ) -> None:
     base = server.base_url
     api = httpx.Client(base_url=base, timeout=10)
-    made = api.post(
-        "/api/admin/service-tokens",
-        json={"name": "demo platform service", "scopes": ["usage:write"]},
-        headers={"Authorization": f"Bearer {settings.admin_token.get_secret_value()}"},
-    )
-    assert made.status_code == 201, made.text
-    demo = f"demo-{uuid.uuid4().hex[:8]}@tollgate.local"
-    account_id = _register(api, demo)
-    report = _seed(base, demo, made.json()["token"])
+    token = service_token(api, settings, "demo platform service")
+    demo = register(api, "demo", "Demo", password=PASSWORD)
+    report = _seed(base, demo.email, token)
     assert report.new_usage_events > 0, report
 
     # wait until every event of the seven days is counted, then look
-    planned = demo_data.planned_usage(uuid.UUID(account_id), datetime.now(UTC))
+    planned = demo_data.planned_usage(demo.account_id, datetime.now(UTC))
     start = min(datetime.fromisoformat(e["time"]) for e in planned) - timedelta(hours=1)
-    login = api.post("/api/auth/login", json={"email": demo, "password": PASSWORD}).json()
-    console = {"Authorization": f"Bearer {login['access_token']}"}
     span = {"range": "custom", "start": start.isoformat(), "end": (datetime.now(UTC) + timedelta(hours=1)).isoformat()}
 
     def counted() -> bool:
-        overview = api.get("/api/ai/usage/overview", params=span, headers=console).json()
+        overview = api.get("/api/ai/usage/overview", params=span, headers=demo.console).json()
         return int(overview["calls"]) >= report.usage_events
 
     poll(counted, "the demo usage in ClickHouse", timeout=60)
 
-    context = browser.new_context(viewport=LAPTOP, base_url=base)
-    page = context.new_page()
-    page_errors: list[str] = []
-    page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-    _sign_in(page, base, demo)
-    page.goto(f"{base}/console/usage")
-    expect(page.get_by_role("heading", level=1)).to_have_text("Usage", timeout=WAIT_MS)
+    page, page_errors = open_console(browser, base)
+    sign_in(page, base, demo.email, PASSWORD)
+    open_page(page, base, "usage", "Usage")
     expect(page.locator("#trend-as-of")).to_contain_text("Data as of", timeout=WAIT_MS)
     _drawn_trend(page, "today")
     expect(page.locator("#provider-table tbody tr")).to_have_count(6, timeout=WAIT_MS)
@@ -128,15 +96,13 @@ def test_the_seeded_demo_account_shows_drawn_charts_and_an_empty_account_no_null
     shot(page, "usage-demo-week")
 
     # an account without any usage: the empty state, in words only
-    empty = f"empty-{uuid.uuid4().hex[:8]}@example.com"
-    _register(api, empty)
+    empty = register(api, "empty", "Demo", password=PASSWORD)
     page.evaluate("sessionStorage.clear()")
-    _sign_in(page, base, empty)
-    page.goto(f"{base}/console/usage")
-    expect(page.get_by_role("heading", level=1)).to_have_text("Usage", timeout=WAIT_MS)
+    sign_in(page, base, empty.email, PASSWORD)
+    open_page(page, base, "usage", "Usage")
     expect(page.locator("#trend-as-of")).to_have_text("No usage recorded in this range yet.", timeout=WAIT_MS)
     expect(page.get_by_text("No usage in this range.")).to_be_visible()
     _no_literals(page, "an account without usage")
     shot(page, "usage-empty")
     assert page_errors == []
-    context.close()
+    page.context.close()

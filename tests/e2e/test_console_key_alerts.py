@@ -7,11 +7,9 @@ with a badge. Screenshots go to artifacts/screenshots/.
 The key narrowed to `openai/*` is stated on keys.v1 directly (as the keys service publishes a key's
 rules), so this story does not depend on the keys page's form."""
 
-import asyncio
 import hashlib
 import secrets
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -21,37 +19,21 @@ from playwright.sync_api import Browser, expect
 from contracts.common import KeyStatus, Resource, Role
 from contracts.events import KeyState, UsageEvent
 from contracts.topics import KEYS, USAGE
-from tests.e2e.test_console import LAPTOP, WAIT_MS, browser, poll, server, shot  # noqa: F401 (fixtures)
+from services.runtime.platform.settings import Settings
+from tests.e2e.console import WAIT_MS, create_key, open_console, open_page, poll, register, run_beside, shot, sign_in
 from tests.integration.quota_helpers import publish
 from tests.support.apps import ServeProcess
-
-PASSWORD = "correct horse battery"
-
-
-def _publish(settings, topic: str, events: list, key) -> None:  # type: ignore[no-untyped-def]
-    with ThreadPoolExecutor(1) as thread:  # the test's own event loop is running: publish beside it
-        thread.submit(asyncio.run, publish(settings, topic, events, key=key)).result()
 
 
 @pytest.mark.integration
 def test_a_rule_for_one_key_is_made_and_listed_with_its_key_and_flagged_usage_shows_a_badge(
-    server: ServeProcess,  # noqa: F811
-    browser: Browser,  # noqa: F811
-    settings,
+    server: ServeProcess, browser: Browser, settings: Settings
 ) -> None:
     base = server.base_url
     api = httpx.Client(base_url=base, timeout=10)
-    email = f"keyalerts-{uuid.uuid4().hex[:8]}@example.com"
-    registered = api.post(
-        "/api/auth/register", json={"email": email, "password": PASSWORD, "name": "Key alerts", "user_type": "individual"}
-    )
-    assert registered.status_code == 201, registered.text
-    account_id = uuid.UUID(registered.json()["id"])
-    token = api.post("/api/auth/login", json={"email": email, "password": PASSWORD}).json()["access_token"]
-    session = {"Authorization": f"Bearer {token}"}
-    created = api.post("/api/api-keys", json={"name": "ci"}, headers=session)
-    assert created.status_code == 201, created.text
-    ci = created.json()
+    user = register(api, "keyalerts", "Key alerts")
+    account_id, session = user.account_id, user.console
+    ci = create_key(api, session, "ci")
 
     # A key that may use openai/* only, and two of its usage events: one allowed, one not.
     narrow_id, secret = uuid.uuid4(), "sk-" + secrets.token_urlsafe(40)
@@ -65,7 +47,7 @@ def test_a_rule_for_one_key_is_made_and_listed_with_its_key_and_flagged_usage_sh
         masked_key="sk-nrrw...only",
         allowed_models=["openai/*"],
     )
-    _publish(settings, KEYS.name, [narrow], key=lambda s: str(s.key_id))
+    run_beside(publish(settings, KEYS.name, [narrow], key=lambda s: str(s.key_id)))
 
     def usage(model: str, provider: str, seconds_ago: int) -> UsageEvent:
         return UsageEvent(
@@ -88,24 +70,15 @@ def test_a_rule_for_one_key_is_made_and_listed_with_its_key_and_flagged_usage_sh
         lambda: any(k["api_key_id"] == str(narrow_id) for k in api.get("/api/ai/usage/by-key", headers=session).json()["items"]),
         "metering knows the key",
     )
-    _publish(
-        settings, USAGE.name, [usage("claude-x", "anthropic", 20), usage("gpt-4o", "openai", 10)], key=lambda e: str(e.account_id)
-    )
+    denied_and_allowed = [usage("claude-x", "anthropic", 20), usage("gpt-4o", "openai", 10)]
+    run_beside(publish(settings, USAGE.name, denied_and_allowed, key=lambda e: str(e.account_id)))
     poll(flagged, "the flagged usage in the activity log", timeout=30)
 
-    context = browser.new_context(viewport=LAPTOP, base_url=base)
-    page = context.new_page()
-    page_errors: list[str] = []
-    page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-    page.goto(f"{base}/console")
-    page.get_by_label("Email").fill(email)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("heading", level=1)).to_have_text("API keys", timeout=WAIT_MS)
+    page, page_errors = open_console(browser, base)
+    sign_in(page, base, user.email)
 
     # ---- alerts: one rule for the ci key, one for the account ----------------------------------
-    page.goto(f"{base}/console/alerts")
-    expect(page.get_by_role("heading", level=1)).to_have_text("Alerts", timeout=WAIT_MS)
+    open_page(page, base, "alerts", "Alerts")
     for_key = page.get_by_label("For key")
     expect(for_key.locator("option")).to_have_text(["The whole account", f"ci ({ci['masked_key']})"], timeout=WAIT_MS)
     for_key.select_option(label=f"ci ({ci['masked_key']})")
@@ -123,7 +96,7 @@ def test_a_rule_for_one_key_is_made_and_listed_with_its_key_and_flagged_usage_sh
     shot(page, "alerts-key-scope")
 
     # ---- the activity log's badge ----------------------------------------------------------------
-    page.goto(f"{base}/console/usage")
+    open_page(page, base, "usage", "Usage")
     rows = page.locator("#activity-table tbody tr")
     badge_row = rows.filter(has=page.locator(".status-flagged"))
     expect(badge_row).to_have_count(1, timeout=WAIT_MS)
@@ -134,4 +107,4 @@ def test_a_rule_for_one_key_is_made_and_listed_with_its_key_and_flagged_usage_sh
     badge_row.scroll_into_view_if_needed()
     shot(page, "activity-model-not-allowed")
     assert page_errors == []
-    context.close()
+    page.context.close()

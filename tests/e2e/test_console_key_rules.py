@@ -3,38 +3,23 @@ real `tollgate serve`: an owner opens a key, narrows it to one model, one route 
 addresses, a rate limit and a monthly token limit, sees a bad value refused with the field named
 (422), then clears a rule; the API answers what the page shows. Screenshots go to artifacts/screenshots/."""
 
-import uuid
-
 import httpx
 import pytest
 from playwright.sync_api import Browser, expect
 
-from tests.e2e.test_console import LAPTOP, WAIT_MS, browser, server, shot  # noqa: F401 (fixtures)
+from tests.e2e.console import WAIT_MS, create_key, open_console, register, shot, sign_in
 from tests.support.apps import ServeProcess
-
-PASSWORD = "correct horse battery"
 
 
 @pytest.mark.integration
-def test_an_owner_narrows_a_key_in_the_browser(server: ServeProcess, browser: Browser) -> None:  # noqa: F811
+def test_an_owner_narrows_a_key_in_the_browser(server: ServeProcess, browser: Browser) -> None:
     base = server.base_url
     api = httpx.Client(base_url=base, timeout=10)
-    email = f"owner-{uuid.uuid4().hex[:8]}@example.com"
-    body = {"email": email, "password": PASSWORD, "name": "Olive Owner", "user_type": "individual"}
-    assert api.post("/api/auth/register", json=body).status_code == 201
-    session = api.post("/api/auth/login", json={"email": email, "password": PASSWORD}).json()["access_token"]
-    console = {"Authorization": f"Bearer {session}"}
-    key = api.post("/api/api-keys", json={"name": "ci"}, headers=console).json()
-
-    context = browser.new_context(viewport=LAPTOP, base_url=base)
-    page = context.new_page()
-    page_errors: list[str] = []
-    page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-    page.goto(f"{base}/console/signin")
-    page.get_by_label("Email").fill(email)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("heading", level=1)).to_have_text("API keys", timeout=WAIT_MS)
+    owner = register(api, "owner", "Olive Owner")
+    console = owner.console
+    key = create_key(api, console, "ci")
+    page, page_errors = open_console(browser, base)
+    sign_in(page, base, owner.email)
 
     # ---- open the key and narrow it ------------------------------------------------------------
     page.get_by_role("button", name="Rules of key ci").click()
@@ -92,4 +77,4 @@ def test_an_owner_narrows_a_key_in_the_browser(server: ServeProcess, browser: Br
     view.get_by_role("button", name="Close").click()
     expect(page.locator("#key-view")).to_have_count(0)
     assert page_errors == []
-    context.close()
+    page.context.close()

@@ -4,10 +4,8 @@ keys service publishes it after a PATCH) and whose usage events quota counted sh
 limit in the quota page's bands; a red one says when it resets, a `once` one that it never
 refills. No `null`, `undefined` or `NaN` reaches the page. Screenshots go to artifacts/screenshots/."""
 
-import asyncio
 import re
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,12 +18,24 @@ from contracts.credentials import hash_secret
 from contracts.events import KeyState
 from contracts.key_limits import KeyLimit, LimitPeriod
 from contracts.topics import KEYS
-from tests.e2e.test_console import LAPTOP, PHONE, WAIT_MS, browser, poll, server, shot  # noqa: F401 (fixtures)
+from services.runtime.platform.settings import Settings
+from tests.e2e.console import (
+    LAPTOP,
+    PHONE,
+    WAIT_MS,
+    bearer,
+    create_key,
+    open_console,
+    poll,
+    register,
+    run_beside,
+    service_token,
+    shot,
+    sign_in,
+)
 from tests.integration.quota_helpers import publish
 from tests.support.apps import ServeProcess
-from tests.support.service_tokens import ADMIN_PATH, admin_headers
 
-PASSWORD = "correct horse battery"
 # 950 ai_tokens used: 95% of the month (red), 79% of the week (yellow), 48% of the day (green);
 # 10 of 10 one-time content publishes (red, never refills).
 LIMITS = [
@@ -48,22 +58,13 @@ def usage(account_id: str, key_id: str, resource: str, quantity: int) -> dict[st
 
 
 @pytest.mark.integration
-def test_a_keys_usage_against_its_limits_shows_as_banded_bars(server: ServeProcess, browser: Browser, settings) -> None:  # noqa: F811
+def test_a_keys_usage_against_its_limits_shows_as_banded_bars(server: ServeProcess, browser: Browser, settings: Settings) -> None:
     base = server.base_url
     api = httpx.Client(base_url=base, timeout=10)
-    email = f"lin-{uuid.uuid4().hex[:8]}@example.com"
-    registered = api.post(
-        "/api/auth/register", json={"email": email, "password": PASSWORD, "name": "Lin", "user_type": "individual"}
-    )
-    assert registered.status_code == 201, registered.text
-    account = registered.json()
-    login = api.post("/api/auth/login", json={"email": email, "password": PASSWORD})
-    console = {"Authorization": f"Bearer {login.json()['access_token']}"}
-    made = api.post("/api/api-keys", json={"name": "ci job"}, headers=console)
-    assert made.status_code == 201, made.text
-    key = made.json()
-    plain = api.post("/api/api-keys", json={"name": "no limits"}, headers=console)
-    assert plain.status_code == 201, plain.text
+    lin = register(api, "lin", "Lin")
+    account, console = lin.account, lin.console
+    key = create_key(api, console, "ci job")
+    plain = create_key(api, console, "no limits")
 
     # The key's state as keys.v1 carries it once its limits are set: one version after its creation.
     state = KeyState(
@@ -79,16 +80,13 @@ def test_a_keys_usage_against_its_limits_shows_as_banded_bars(server: ServeProce
         limits=LIMITS,
         version=2,
     )
-    with ThreadPoolExecutor(1) as thread:  # the test's own event loop is running: publish beside it
-        thread.submit(asyncio.run, publish(settings, KEYS.name, [state], key=lambda e: str(e.key_id))).result()
+    run_beside(publish(settings, KEYS.name, [state], key=lambda e: str(e.key_id)))
 
     def listed() -> dict[str, Any]:
         items = api.get("/api/api-keys", headers=console).json()["items"]
         return next(item for item in items if item["id"] == key["id"])
 
-    token = api.post(ADMIN_PATH, json={"name": "gateway", "scopes": ["usage:write"]}, headers=admin_headers(settings))
-    assert token.status_code == 201, token.text
-    service = {"Authorization": f"Bearer {token.json()['token']}"}
+    service = bearer(service_token(api, settings, "gateway"))
     # A limit counts from the moment quota knows it: wait until quota refuses a reservation past it.
     past = {"account_id": account["id"], "resource": "ai_tokens", "amount": 1_001, "ttl_seconds": 60, "api_key_id": key["id"]}
 
@@ -111,16 +109,8 @@ def test_a_keys_usage_against_its_limits_shows_as_banded_bars(server: ServeProce
     poll(counted, "the usage counted against the key's limits")
 
     for viewport in (LAPTOP, PHONE):
-        context = browser.new_context(viewport=viewport, base_url=base)
-        page = context.new_page()
-        page_errors: list[str] = []
-        page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-        page.goto(f"{base}/console")
-        expect(page.get_by_role("heading", name="Sign in")).to_be_visible(timeout=WAIT_MS)
-        page.get_by_label("Email").fill(email)
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Sign in").click()
-        expect(page.get_by_role("heading", level=1)).to_have_text("API keys", timeout=WAIT_MS)
+        page, page_errors = open_console(browser, base, viewport)
+        sign_in(page, base, lin.email)
         row = page.locator(f'#keys-table tr[data-key-id="{key["id"]}"]')
         expect(row).to_contain_text("ci job", timeout=WAIT_MS)
         limits = row.locator(".key-limit-usage")
@@ -140,11 +130,11 @@ def test_a_keys_usage_against_its_limits_shows_as_banded_bars(server: ServeProce
         trial = row.locator('.key-limit-usage[data-period="once"]')
         expect(trial.locator(".key-limit-resets")).to_have_text("Never refills: one-time credits.")
         # a key without limits shows no bars
-        plain_row = page.locator(f'#keys-table tr[data-key-id="{plain.json()["id"]}"]')
+        plain_row = page.locator(f'#keys-table tr[data-key-id="{plain["id"]}"]')
         expect(plain_row.locator(".key-usage")).to_be_hidden()
         text = page.locator("#keys-table").inner_text()
         assert not re.search(r"\b(null|undefined|NaN)\b", text), text
         row.scroll_into_view_if_needed()
         shot(page, "keys-usage")
         assert page_errors == []
-        context.close()
+        page.context.close()

@@ -8,35 +8,33 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, expect
 
-from tests.e2e.test_console import LAPTOP, PHONE, WAIT_MS, browser, open_page, server, shot  # noqa: F401 (fixtures)
+from tests.e2e.console import (
+    PASSWORD,
+    PHONE,
+    WAIT_MS,
+    bearer,
+    expect_page,
+    no_sideways_scroll,
+    open_console,
+    open_page,
+    register,
+    shot,
+    sign_in,
+)
 from tests.support.apps import ServeProcess
-
-PASSWORD = "correct horse battery"
 
 
 @pytest.mark.integration
-def test_an_owner_manages_members_in_the_browser(server: ServeProcess, browser: Browser) -> None:  # noqa: F811
+def test_an_owner_manages_members_in_the_browser(server: ServeProcess, browser: Browser) -> None:
     base = server.base_url
     api = httpx.Client(base_url=base, timeout=10)
-    email = f"owner-{uuid.uuid4().hex[:8]}@example.com"
-    registered = api.post(
-        "/api/auth/register", json={"email": email, "password": PASSWORD, "name": "Olive Owner", "user_type": "individual"}
-    )
-    assert registered.status_code == 201, registered.text
-
-    context = browser.new_context(viewport=LAPTOP, base_url=base)
-    page = context.new_page()
-    page_errors: list[str] = []
-    page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-    page.goto(f"{base}/console/signin")
-    page.get_by_label("Email").fill(email)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("heading", level=1)).to_have_text("API keys", timeout=WAIT_MS)
+    owner = register(api, "owner", "Olive Owner")
+    page, page_errors = open_console(browser, base)
+    sign_in(page, base, owner.email)
 
     # ---- list: the owner alone ---------------------------------------------------------------
     page.get_by_role("link", name="Members").click()
-    expect(page.get_by_role("heading", level=1)).to_have_text("Members", timeout=WAIT_MS)
+    expect_page(page, "Members")
     rows = page.locator("#members-table tbody tr")
     expect(rows).to_have_count(1, timeout=WAIT_MS)
     expect(rows.first).to_contain_text("Olive Owner")
@@ -54,7 +52,7 @@ def test_an_owner_manages_members_in_the_browser(server: ServeProcess, browser: 
     shot(page, "members")
     dev_login = api.post("/api/auth/login", json={"email": dev_email, "password": PASSWORD})
     assert dev_login.status_code == 200
-    dev_session = {"Authorization": f"Bearer {dev_login.json()['access_token']}"}
+    dev_session = bearer(dev_login.json()["access_token"])
     assert api.get("/api/account", headers=dev_session).json()["role"] == "developer"
 
     # ---- the last owner cannot step down: the error is shown in words --------------------------
@@ -80,7 +78,6 @@ def test_an_owner_manages_members_in_the_browser(server: ServeProcess, browser: 
     open_page(page, base, "members", "Members")
     page.wait_for_load_state("networkidle")
     shot(page, "members")
-    overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
-    assert overflow <= 1, f"members scrolls sideways by {overflow}px at phone width"
+    no_sideways_scroll(page, "members")
     assert page_errors == [], page_errors
-    context.close()
+    page.context.close()
