@@ -1,4 +1,5 @@
-"""The console stories' fixtures: a real `tollgate serve`, the machine's Chromium, a webhook receiver."""
+"""The console stories' fixtures: a real `tollgate serve` and a client of its API, the machine's
+Chromium, a webhook receiver."""
 
 import shutil
 import threading
@@ -6,6 +7,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, sync_playwright
 
@@ -33,6 +35,13 @@ def server(settings: Settings) -> Iterator[ServeProcess]:
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture
+def api(server: ServeProcess) -> Iterator[httpx.Client]:
+    """The server's API, as a program calls it (the activity log shows its user agent)."""
+    with httpx.Client(base_url=server.base_url, timeout=10, headers={"User-Agent": "console-e2e/1.0"}) as client:
+        yield client
 
 
 @pytest.fixture

@@ -48,6 +48,7 @@ from tests.support.apps import ServeProcess
 @pytest.mark.integration
 def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     server: ServeProcess,
+    api: httpx.Client,
     browser: Browser,
     settings: Settings,
     webhook_receiver: tuple[str, list[tuple[dict[str, str], bytes]]],
@@ -55,7 +56,6 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     base = server.base_url
     page, page_errors = open_console(browser, base)
     page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
-    api = httpx.Client(base_url=base, timeout=10, headers={"User-Agent": "console-e2e/1.0"})
     # The platform service (an AI gateway) that admits the user's key and reports the usage it
     # caused holds a service token.
     service = bearer(service_token(api, settings, "ai-gateway", ("usage:write", "keys:verify")))

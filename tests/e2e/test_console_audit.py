@@ -26,9 +26,8 @@ from tests.support.apps import ServeProcess
 
 
 @pytest.mark.integration
-def test_an_owner_reads_and_filters_the_audit_log(server: ServeProcess, browser: Browser) -> None:
+def test_an_owner_reads_and_filters_the_audit_log(server: ServeProcess, api: httpx.Client, browser: Browser) -> None:
     base = server.base_url
-    api = httpx.Client(base_url=base, timeout=10)
     owner = register(api, "owner", "Olive Owner")
     page, page_errors = open_console(browser, base)
     sign_in(page, base, owner.email)

@@ -22,10 +22,9 @@ from tests.support.chat_receivers import serving, slack_receiver, teams_receiver
 
 @pytest.mark.integration
 def test_slack_and_teams_rules_are_made_in_the_console_and_a_slack_delivery_is_logged(
-    server: ServeProcess, browser: Browser, settings: Settings
+    server: ServeProcess, api: httpx.Client, browser: Browser, settings: Settings
 ) -> None:
     base = server.base_url
-    api = httpx.Client(base_url=base, timeout=10)
     user = register(api, "chat", "Chat")
 
     with serving(slack_receiver()) as slack, serving(teams_receiver()) as teams:

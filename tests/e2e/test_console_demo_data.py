@@ -58,10 +58,9 @@ def _drawn_trend(page: Page, where: str) -> None:
 
 @pytest.mark.integration
 def test_the_seeded_demo_account_shows_drawn_charts_and_an_empty_account_no_null(
-    server: ServeProcess, browser: Browser, settings: Settings
+    server: ServeProcess, api: httpx.Client, browser: Browser, settings: Settings
 ) -> None:
     base = server.base_url
-    api = httpx.Client(base_url=base, timeout=10)
     token = service_token(api, settings, "demo platform service")
     demo = register(api, "demo", "Demo", password=PASSWORD)
     report = _seed(base, demo.email, token)

@@ -27,10 +27,9 @@ from tests.support.apps import ServeProcess
 
 @pytest.mark.integration
 def test_a_rule_for_one_key_is_made_and_listed_with_its_key_and_flagged_usage_shows_a_badge(
-    server: ServeProcess, browser: Browser, settings: Settings
+    server: ServeProcess, api: httpx.Client, browser: Browser, settings: Settings
 ) -> None:
     base = server.base_url
-    api = httpx.Client(base_url=base, timeout=10)
     user = register(api, "keyalerts", "Key alerts")
     account_id, session = user.account_id, user.console
     ci = create_key(api, session, "ci")

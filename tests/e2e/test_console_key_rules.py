@@ -12,9 +12,8 @@ from tests.support.apps import ServeProcess
 
 
 @pytest.mark.integration
-def test_an_owner_narrows_a_key_in_the_browser(server: ServeProcess, browser: Browser) -> None:
+def test_an_owner_narrows_a_key_in_the_browser(server: ServeProcess, api: httpx.Client, browser: Browser) -> None:
     base = server.base_url
-    api = httpx.Client(base_url=base, timeout=10)
     owner = register(api, "owner", "Olive Owner")
     console = owner.console
     key = create_key(api, console, "ci")

@@ -58,9 +58,10 @@ def usage(account_id: str, key_id: str, resource: str, quantity: int) -> dict[st
 
 
 @pytest.mark.integration
-def test_a_keys_usage_against_its_limits_shows_as_banded_bars(server: ServeProcess, browser: Browser, settings: Settings) -> None:
+def test_a_keys_usage_against_its_limits_shows_as_banded_bars(
+    server: ServeProcess, api: httpx.Client, browser: Browser, settings: Settings
+) -> None:
     base = server.base_url
-    api = httpx.Client(base_url=base, timeout=10)
     lin = register(api, "lin", "Lin")
     account, console = lin.account, lin.console
     key = create_key(api, console, "ci job")

@@ -36,9 +36,10 @@ from tests.support.apps import ServeProcess
 
 
 @pytest.mark.integration
-def test_the_reminder_to_rotate_an_old_key_links_to_the_key(server: ServeProcess, browser: Browser, settings: Settings) -> None:
+def test_the_reminder_to_rotate_an_old_key_links_to_the_key(
+    server: ServeProcess, api: httpx.Client, browser: Browser, settings: Settings
+) -> None:
     base = server.base_url
-    api = httpx.Client(base_url=base, timeout=10)
     grace = register(api, "grace", "Grace")
     key = create_key(api, grace.console, "legacy server")
 
