@@ -4,47 +4,20 @@ equal to an independent computation; the CSV equals the JSON; another account's 
 never appear."""
 
 import csv
-import hashlib
 import io
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from contracts.common import KeyStatus, Resource, Role
-from contracts.events import CallEvent, KeyState, UsageEvent
+from contracts.common import Resource
+from contracts.events import CallEvent
 from contracts.key_limits import KeyLimit, LimitPeriod
 from contracts.topics import CALLS, KEYS, USAGE
 from tests.support.apps import running_app
-from tests.support.metering import publish_all, sign_in, wait_until
+from tests.support.metering import ai_tokens, key_state, publish_all, sign_in, wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def key_state(account: uuid.UUID, key: uuid.UUID, mask: str, limits: list[KeyLimit]) -> KeyState:
-    return KeyState(
-        time=datetime.now(UTC),
-        account_id=account,
-        key_id=key,
-        hash=hashlib.sha256(str(key).encode()).hexdigest(),
-        status=KeyStatus.ENABLED,
-        roles=[Role.OWNER],
-        masked_key=mask,
-        limits=limits,
-    )
-
-
-def tokens(t: datetime, account: uuid.UUID, key: uuid.UUID | None, n: int) -> UsageEvent:
-    return UsageEvent(
-        time=t,
-        account_id=account,
-        resource=Resource.AI_TOKENS,
-        quantity=n,
-        provider="openai",
-        model="gpt-4o",
-        source="t",
-        api_key_id=key,
-    )
 
 
 def call(t: datetime, account: uuid.UUID, key: uuid.UUID, path: str = "/api/geo/projects", error: str | None = None) -> CallEvent:
@@ -83,22 +56,22 @@ async def test_the_by_key_view_counts_each_limit_in_its_window_and_shows_no_othe
             for p in (LimitPeriod.DAY, LimitPeriod.WEEK, LimitPeriod.MONTH, LimitPeriod.ONCE)
         ] + [KeyLimit(resource=Resource.API_CALLS, amount=10, period=LimitPeriod.DAY)]
         states = [
-            key_state(account, k1, "sk-k1k1...k1k1", limits),
-            key_state(account, k2, "sk-k2k2...k2k2", []),
-            key_state(other, k3, "sk-k3k3...k3k3", limits),
+            key_state(account, k1, "sk-k1k1...k1k1", limits=limits),
+            key_state(account, k2, "sk-k2k2...k2k2", limits=[]),
+            key_state(other, k3, "sk-k3k3...k3k3", limits=limits),
         ]
         await publish_all(broker, settings.topic(KEYS.name), states, lambda s: str(s.key_id).encode())
 
         now = datetime.now(UTC)
         usage = [
-            tokens(now - timedelta(minutes=1), account, k1, 1000),
-            tokens(now - timedelta(hours=30), account, k1, 200),
-            tokens(now - timedelta(days=9), account, k1, 30),
-            tokens(now - timedelta(days=33), account, k1, 4),
-            tokens(now - timedelta(minutes=2), account, k2, 7777),  # another key of the account
-            tokens(now - timedelta(minutes=2), account, None, 8888),  # no key
-            tokens(now - timedelta(minutes=2), other, k3, 99_999),  # another account's key
-            tokens(now - timedelta(minutes=2), other, k1, 55_555),  # another account naming k1: not k1's usage here
+            ai_tokens(now - timedelta(minutes=1), account, k1, 1000),
+            ai_tokens(now - timedelta(hours=30), account, k1, 200),
+            ai_tokens(now - timedelta(days=9), account, k1, 30),
+            ai_tokens(now - timedelta(days=33), account, k1, 4),
+            ai_tokens(now - timedelta(minutes=2), account, k2, 7777),  # another key of the account
+            ai_tokens(now - timedelta(minutes=2), account, None, 8888),  # no key
+            ai_tokens(now - timedelta(minutes=2), other, k3, 99_999),  # another account's key
+            ai_tokens(now - timedelta(minutes=2), other, k1, 55_555),  # another account naming k1: not k1's usage here
         ]
         calls = [
             call(now - timedelta(minutes=1), account, k1),

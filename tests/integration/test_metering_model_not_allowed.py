@@ -5,7 +5,6 @@ among the calls; allowed usage is not listed; another account never sees it; a l
 key's rules leaves past usage as it was judged."""
 
 import csv
-import hashlib
 import io
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -13,40 +12,12 @@ from typing import Any
 
 import pytest
 
-from contracts.common import KeyStatus, Resource, Role
-from contracts.events import CallEvent, KeyState, UsageEvent
+from contracts.events import CallEvent
 from contracts.topics import CALLS, KEYS, USAGE
 from tests.support.apps import running_app
-from tests.support.metering import metering_sink, publish_all, sign_in, wait_until
+from tests.support.metering import ai_tokens, key_state, metering_sink, publish_all, sign_in, wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def key_state(account: uuid.UUID, key: uuid.UUID, mask: str, allowed_models: list[str], version: int = 1) -> KeyState:
-    return KeyState(
-        time=datetime.now(UTC),
-        account_id=account,
-        key_id=key,
-        hash=hashlib.sha256(str(key).encode()).hexdigest(),
-        status=KeyStatus.ENABLED,
-        roles=[Role.OWNER],
-        masked_key=mask,
-        allowed_models=allowed_models,
-        version=version,
-    )
-
-
-def usage(t: datetime, account: uuid.UUID, key: uuid.UUID | None, provider: str, model: str, n: int) -> UsageEvent:
-    return UsageEvent(
-        time=t,
-        account_id=account,
-        resource=Resource.AI_TOKENS,
-        quantity=n,
-        provider=provider,
-        model=model,
-        source="t",
-        api_key_id=key,
-    )
 
 
 def call(t: datetime, account: uuid.UUID, key: uuid.UUID) -> CallEvent:
@@ -61,9 +32,9 @@ async def test_usage_of_a_model_its_key_does_not_allow_is_counted_and_flagged_in
         (account, headers), (other, other_headers) = [await sign_in(app), await sign_in(app)]
         narrow, wide, foreign = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
         states = [
-            key_state(account, narrow, "sk-narr...rrow", ["openai/*"]),
-            key_state(account, wide, "sk-wide...wide", []),
-            key_state(other, foreign, "sk-frgn...frgn", ["openai/*"]),
+            key_state(account, narrow, "sk-narr...rrow", allowed_models=["openai/*"]),
+            key_state(account, wide, "sk-wide...wide", allowed_models=[]),
+            key_state(other, foreign, "sk-frgn...frgn", allowed_models=["openai/*"]),
         ]
         await publish_all(broker, settings.topic(KEYS.name), states, lambda s: str(s.key_id).encode())
 
@@ -76,10 +47,10 @@ async def test_usage_of_a_model_its_key_does_not_allow_is_counted_and_flagged_in
         await wait_until(lambda: _eq(live_keys(other_headers), {str(foreign)}))
 
         now = datetime.now(UTC)
-        denied = usage(now - timedelta(seconds=30), account, narrow, "anthropic", "claude-x", 120)
-        allowed = usage(now - timedelta(seconds=20), account, narrow, "openai", "gpt-4o", 30)
-        unruled = usage(now - timedelta(seconds=10), account, wide, "anthropic", "claude-x", 7)
-        theirs = usage(now - timedelta(seconds=25), other, foreign, "anthropic", "claude-x", 5000)
+        denied = ai_tokens(now - timedelta(seconds=30), account, narrow, 120, "anthropic", "claude-x")
+        allowed = ai_tokens(now - timedelta(seconds=20), account, narrow, 30, "openai", "gpt-4o")
+        unruled = ai_tokens(now - timedelta(seconds=10), account, wide, 7, "anthropic", "claude-x")
+        theirs = ai_tokens(now - timedelta(seconds=25), other, foreign, 5000, "anthropic", "claude-x")
         calls = [call(now - timedelta(seconds=s), account, narrow) for s in (35, 22, 5)]
         events: list[Any] = [denied, allowed, unruled, theirs]
         await publish_all(broker, settings.topic(USAGE.name), events, lambda e: str(e.account_id).encode())
@@ -167,11 +138,11 @@ async def test_usage_of_a_model_its_key_does_not_allow_is_counted_and_flagged_in
         await publish_all(
             broker,
             settings.topic(KEYS.name),
-            [key_state(account, narrow, "sk-narr...rrow", ["openai/*", "anthropic/*"], version=2)],
+            [key_state(account, narrow, "sk-narr...rrow", allowed_models=["openai/*", "anthropic/*"], version=2)],
             lambda s: str(s.key_id).encode(),
         )
         await wait_until(lambda: _known_models(app, account, narrow, ("openai/*", "anthropic/*")))
-        later = usage(now - timedelta(seconds=2), account, narrow, "anthropic", "claude-x", 40)
+        later = ai_tokens(now - timedelta(seconds=2), account, narrow, 40, "anthropic", "claude-x")
         await publish_all(broker, settings.topic(USAGE.name), [later], lambda e: str(e.account_id).encode())
         await wait_until(lambda: _eq(total_tokens(), 120 + 30 + 7 + 40))
         assert [i["quantity"] for i in await log() if i["kind"] == "usage"] == [120]

@@ -11,8 +11,9 @@ from typing import Any, TypeVar
 from faststream.kafka import KafkaBroker
 from pydantic import BaseModel
 
-from contracts.common import Role, UserType
-from contracts.events import AccountState
+from contracts.common import KeyStatus, Resource, Role, UserType
+from contracts.credentials import hash_secret
+from contracts.events import AccountState, KeyState, UsageEvent
 from contracts.topics import ACCOUNTS
 from services.edge import sessions
 from services.metering.consumers import Sink
@@ -54,6 +55,36 @@ async def sign_in(app: Any, roles: list[Role] | None = None) -> tuple[uuid.UUID,
 
 async def _known(runtime: Any, account_id: uuid.UUID) -> bool:
     return runtime.edge.accounts.get(account_id) is not None
+
+
+def key_state(account: uuid.UUID, key: uuid.UUID, mask: str, **rules: Any) -> KeyState:
+    """An owner's enabled key as keys.v1 carries it; `rules`: its limits, allowed_models, version."""
+    return KeyState(
+        time=datetime.now(UTC),
+        account_id=account,
+        key_id=key,
+        hash=hash_secret(str(key)),
+        status=KeyStatus.ENABLED,
+        roles=[Role.OWNER],
+        masked_key=mask,
+        **rules,
+    )
+
+
+def ai_tokens(
+    t: datetime, account: uuid.UUID, key: uuid.UUID | None, n: int, provider: str = "openai", model: str = "gpt-4o"
+) -> UsageEvent:
+    """`n` AI tokens of `provider/model` used at `t` by the account, through `key` (None: no key)."""
+    return UsageEvent(
+        time=t,
+        account_id=account,
+        resource=Resource.AI_TOKENS,
+        quantity=n,
+        provider=provider,
+        model=model,
+        source="t",
+        api_key_id=key,
+    )
 
 
 async def publish_all(
