@@ -19,6 +19,7 @@ from contracts.topics import STATE_OWNERS
 
 log = logging.getLogger(__name__)
 RETRY_S = 1.0
+SAY_WHY_AFTER_S = 10.0
 
 
 def owners_of(topics: Iterable[str]) -> frozenset[str]:
@@ -50,7 +51,11 @@ class StateCompletion:
 
     async def settle(self, reach_end: Callable[[], Awaitable[None]]) -> None:
         """Wait for every owner's record, then for the projections to read to the topics' end."""
-        await self._all_seen.wait()
+        try:
+            await asyncio.wait_for(self._all_seen.wait(), SAY_WHY_AFTER_S)
+        except TimeoutError:  # an operator reading /readyz's 503 learns what it waits for
+            log.warning("not ready: no state-complete.v1 record yet from %s (not running, or rebuilding)", self.missing)
+            await self._all_seen.wait()
         while True:
             try:
                 await reach_end()
