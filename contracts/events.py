@@ -264,3 +264,19 @@ class SessionRevoked(Event):
     session_id: str = Field(max_length=64)
     user_id: UUID
     revoked_at: AwareDatetime
+
+
+# ---- state-complete.v1 (compacted, key = owner) -------------------------------------------------
+class StateComplete(BaseModel):
+    """An owner of compacted state (keys, billing, quota) found, at `time`, that each of its topics
+    holds at least as many records as its Postgres holds live states (`held`, per topic): what
+    Kafka lost has been given again. An edge is ready only once it has every owner's record
+    (services/runtime/platform/state_guard.py). Not an account's event: no `account_id`."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    id: UUID = Field(default_factory=uuid4)
+    type: Literal["state_complete"] = "state_complete"
+    time: AwareDatetime
+    owner: str = Field(min_length=1, max_length=32)
+    held: dict[str, Count]

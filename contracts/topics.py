@@ -46,6 +46,17 @@ SESSIONS = Topic("sessions.v1", partitions=3, config={"retention.ms": str(SESSIO
 # service's table; keyed by account, so one account's entries stay in order.
 AUDIT = Topic("audit.v1", partitions=3)
 
+# The owners of the edge's states, and the topics each owns (services/runtime/platform/state_guard.py).
+STATE_OWNERS: dict[str, tuple[Topic, ...]] = {
+    "keys": (ACCOUNTS, USERS, KEYS, SERVICE_TOKENS, SESSIONS),
+    "billing": (BILLING,),
+    "quota": (QUOTA,),
+}
+# One record per owner (key = its name, contracts/events.py StateComplete): its check found every
+# state of its Postgres in its topics. A wiped Kafka loses these too, so an edge that reads them
+# knows the topics are whole again, whichever process rebuilt them.
+STATE_COMPLETE = Topic("state-complete.v1", partitions=1, config=COMPACTED)
+
 ALL_TOPICS: tuple[Topic, ...] = (
     USAGE,
     CALLS,
@@ -58,6 +69,7 @@ ALL_TOPICS: tuple[Topic, ...] = (
     USERS,
     SESSIONS,
     AUDIT,
+    STATE_COMPLETE,
 )
 
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from contracts.topics import BILLING
+from contracts.topics import STATE_OWNERS
 from services.billing import api, consumers, domain
 from services.billing.delivery import EdgeDelivery
 from services.billing.payments import TestProvider
@@ -39,8 +39,9 @@ def build(runtime: Runtime) -> Component:
     guard = StateGuard(
         runtime.settings,
         runtime.pool,
+        runtime.broker,
         "billing",
-        (BILLING,),
+        STATE_OWNERS["billing"],
         service.held_states,
         service.republish,
         hold=runtime.edge.rebuilding,

@@ -37,7 +37,7 @@ from contracts.events import (
 from contracts.key_limits import KeyLimit, KeyLimitUsage
 from contracts.quota_api import InsufficientQuotaDetails, counts_as_api_call, quota_links
 from contracts.rate_limit import RateLimit
-from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA, SERVICE_TOKENS, SESSIONS, USERS
+from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA, SERVICE_TOKENS, SESSIONS, STATE_COMPLETE, USERS
 from services.edge import sessions
 from services.edge.admissions import ADMISSION_STORE_ERRORS
 from services.edge.billing_totals import BillingTotals
@@ -54,6 +54,7 @@ from services.edge.rate_limit import Decision, Limits
 from services.edge.rate_store import REVOCATION_STORE_ERRORS, KeyCheck, KeyRevoked, MemoryStore, RateLimitStore, RedisStore
 from services.edge.service_tokens import ServicePrincipal, ServiceTokenProjection
 from services.edge.session_revocations import RevokedSessions, UserSessions
+from services.edge.state_complete import StateCompletion, owners_of
 from services.edge.unavailable import RETRY_AFTER_S
 from services.edge.verdict import ServiceCall, Verdict
 from services.runtime.platform.logs import Throttled
@@ -181,31 +182,41 @@ class Edge:
         self._rebuilding = 0  # owners' checks of their topics in progress (rebuilding())
         previous = settings.session_secret_previous
         self._also_accepted = (previous.get_secret_value().encode(),) if previous else ()
+        projected = {
+            ACCOUNTS: self._apply_account,
+            KEYS: self._apply_key,
+            QUOTA: self._apply_quota,
+            BILLING: self._apply_billing,
+            SERVICE_TOKENS: self._apply_service_token,
+            USERS: self._apply_user,
+            SESSIONS: self._apply_session,
+        }
+        # ready only once the owners of these topics said they are whole (state_complete.py)
+        self.completion = StateCompletion(owners_of(t.name for t in projected))
+        self._settling: asyncio.Task[None] | None = None
         self._follower = TopicFollower(
             settings.kafka_bootstrap_servers,
-            {
-                settings.topic(ACCOUNTS.name): self._apply_account,
-                settings.topic(KEYS.name): self._apply_key,
-                settings.topic(QUOTA.name): self._apply_quota,
-                settings.topic(BILLING.name): self._apply_billing,
-                settings.topic(SERVICE_TOKENS.name): self._apply_service_token,
-                settings.topic(USERS.name): self._apply_user,
-                settings.topic(SESSIONS.name): self._apply_session,
-            },
+            {settings.topic(t.name): apply for t, apply in {**projected, STATE_COMPLETE: self.completion.apply}.items()},
         )
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         await self._follower.start()
+        self._settling = asyncio.create_task(self.completion.settle(self._follower.reach_current_end), name="state-complete")
         await self.calls.start()
 
     async def stop(self) -> None:
         await self.calls.stop()
+        if self._settling is not None:
+            self._settling.cancel()
+            await asyncio.gather(self._settling, return_exceptions=True)
         await self._follower.stop()
         await self.limiter.close()
 
     def is_ready(self) -> bool:
-        return self._follower.caught_up.is_set() and not self._rebuilding
+        """Projections read to the end offsets seen at start, no owner's check in progress here,
+        and every owner's state-complete.v1 record read (services/edge/state_complete.py)."""
+        return self._follower.caught_up.is_set() and not self._rebuilding and self.completion.complete
 
     @asynccontextmanager
     async def rebuilding(self) -> AsyncIterator[None]:
@@ -223,12 +234,14 @@ class Edge:
     def assume_caught_up(self) -> None:
         """An edge fed by hand, not from Kafka (unit tests, benchmarks): what it holds is all there is."""
         self._follower.caught_up.set()
+        self.completion.complete = True
 
     def _check_ready(self) -> None:
         """Credentials are judged by the projections alone. Until they have read their topics to
         the end offsets seen at start (a worker just started or replaced), a removed member, a
-        deleted key, a revoked token or a logged-out session could still pass: 503, as /readyz."""
-        if self._rebuilding or not self._follower.caught_up.is_set():
+        deleted key, a revoked token or a logged-out session could still pass: 503, as /readyz.
+        So until every owner has said its topics are whole: a key not yet republished would be a 401."""
+        if not self.is_ready():
             raise _not_caught_up()
 
     def _apply_account(self, _key: bytes | None, value: bytes | None) -> None:

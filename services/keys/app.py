@@ -3,7 +3,7 @@
 import logging
 from pathlib import Path
 
-from contracts.topics import ACCOUNTS, KEYS, SERVICE_TOKENS, SESSIONS, SESSIONS_RETENTION_S, USERS
+from contracts.topics import SESSIONS_RETENTION_S, STATE_OWNERS
 from services.edge import Component, Runtime
 from services.keys import api, consumers
 from services.keys.delivery import EdgeDelivery
@@ -44,8 +44,9 @@ def build(runtime: Runtime) -> Component:
     guard = StateGuard(
         runtime.settings,
         runtime.pool,
+        runtime.broker,
         "keys",
-        (ACCOUNTS, USERS, KEYS, SERVICE_TOKENS, SESSIONS),
+        STATE_OWNERS["keys"],
         service.held_states,
         service.republish,
         hold=runtime.edge.rebuilding,

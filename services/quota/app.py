@@ -3,7 +3,7 @@
 import logging
 from pathlib import Path
 
-from contracts.topics import QUOTA
+from contracts.topics import STATE_OWNERS
 from services.edge import Component, Runtime
 from services.quota import api, consumers
 from services.quota.publisher import KafkaPublisher
@@ -29,7 +29,14 @@ def build(runtime: Runtime) -> Component:
     sweeper = Periodic("quota:reservation-sweeper", 1.0, service.expire_all, what="expiring reservations", log=log)
     # Kafka lost quota.v1: given again from Postgres (docs/architecture.md, "Kafka is transport")
     guard = StateGuard(
-        runtime.settings, runtime.pool, "quota", (QUOTA,), service.held_states, service.republish, hold=runtime.edge.rebuilding
+        runtime.settings,
+        runtime.pool,
+        runtime.broker,
+        "quota",
+        STATE_OWNERS["quota"],
+        service.held_states,
+        service.republish,
+        hold=runtime.edge.rebuilding,
     )
     return Component(
         name="quota",

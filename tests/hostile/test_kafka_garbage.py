@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from contracts.common import KeyStatus, Resource, Role, ServiceScope, UserType
 from contracts.events import AccountState, KeyState, QuotaState, ServiceTokenState, SessionRevoked, UserState
-from contracts.topics import ACCOUNTS, ALL_TOPICS, KEYS, QUOTA, SERVICE_TOKENS, SESSIONS, USERS, dead_letter
+from contracts.topics import ACCOUNTS, ALL_TOPICS, KEYS, QUOTA, SERVICE_TOKENS, SESSIONS, STATE_COMPLETE, USERS, dead_letter
 from services.edge.edge import Edge
 from services.runtime.platform.settings import Settings
 from tests.hostile.helpers import bearer, eventually, new_account, new_key
@@ -115,9 +115,9 @@ async def _dead_letters(settings: Settings, marker: str, expected: dict[str, int
 async def test_garbage_on_every_topic_is_dead_lettered_and_every_consumer_keeps_working(app_client, settings: Settings):
     app, client = app_client
     groups = _consumers_per_topic(app)
-    # service-tokens.v1, users.v1, sessions.v1: read by projection followers only (keys.v1 also by
-    # alerts.keys, the rotation reminder's key ages)
-    followed_only = {settings.topic(t.name) for t in (SERVICE_TOKENS, USERS, SESSIONS)}
+    # service-tokens.v1, users.v1, sessions.v1, state-complete.v1: read by projection followers only
+    # (keys.v1 also by alerts.keys, the rotation reminder's key ages)
+    followed_only = {settings.topic(t.name) for t in (SERVICE_TOKENS, USERS, SESSIONS, STATE_COMPLETE)}
     assert set(groups) == {settings.topic(t.name) for t in ALL_TOPICS} - followed_only
 
     a = await new_account(client)

@@ -157,6 +157,68 @@ async def test_every_state_holds_again_on_empty_topics_and_a_valid_key_is_never_
         await delete_topics_with_prefix(infra.kafka_bootstrap, lost.topic_prefix)
 
 
+async def test_a_process_running_no_owner_is_not_ready_on_empty_topics_until_the_owners_checks_ran(infra, settings):
+    """`serve --target geo` alone on topics Kafka lost (a geo replica of the split shape started
+    first): nothing says the topics are whole, so /readyz is 503 and a valid key 503, never a 401
+    (services/edge/state_complete.py), however long the owners take. Once a process running the
+    owners has republished and written their state-complete.v1 records, it is ready and judges as before."""
+    with serve_process(settings) as a:
+        async with httpx.AsyncClient(base_url=a.base_url, timeout=10) as on_a:
+            _account, owner = await signup(on_a)
+            enabled, disabled = [await new_key(on_a, owner, name=n) for n in ("on", "off")]
+            assert (await on_a.post(f"/api/api-keys/{disabled['id']}/toggle", headers=owner)).status_code == 200
+    valid, refused = bearer(enabled["key"]), bearer(disabled["key"])
+
+    lost = settings.model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:10]}."})
+    geo = ServeProcess(lost, "geo", others_done=False)
+    owners: ServeProcess | None = None
+    try:
+        async with httpx.AsyncClient(base_url=geo.base_url, timeout=10) as on_geo:
+
+            async def probe() -> tuple[int, int, int] | None:
+                """/readyz, the valid key's and the disabled key's answers; None: not listening yet."""
+                try:
+                    return (
+                        (await on_geo.get("/readyz")).status_code,
+                        (await on_geo.get(GEO, headers=valid)).status_code,
+                        (await on_geo.get(GEO, headers=refused)).status_code,
+                    )
+                except httpx.TransportError:
+                    return None
+
+            seen: list[tuple[int, int, int]] = []
+            listening_since: float | None = None
+            deadline = time.monotonic() + 60
+            while listening_since is None or time.monotonic() < listening_since + 5:  # 5 s with no owner anywhere
+                assert time.monotonic() < deadline and geo.proc.poll() is None, f"log: {geo.log_path}"
+                answer = await probe()
+                if answer is not None:
+                    listening_since = listening_since or time.monotonic()
+                    seen.append(answer)
+                await asyncio.sleep(0.1)
+            assert set(seen) == {(503, 503, 503)}, seen  # not ready, and no key judged
+
+            owners = ServeProcess(lost, "keys,billing,quota", others_done=False)
+            while True:
+                assert time.monotonic() < deadline + 60, f"never ready; logs: {geo.log_path}, {owners.log_path}"
+                answer = await probe()
+                assert answer is not None
+                seen.append(answer)
+                if answer[0] == 200:
+                    break
+                await asyncio.sleep(0.05)
+            assert {s[1] for s in seen} <= {503, 200}, seen  # a valid key never refused 401
+            assert 200 not in {s[2] for s in seen}, seen  # the disabled one never admitted
+            assert (await on_geo.get(GEO, headers=valid)).status_code == 200
+            assert code(await on_geo.get(GEO, headers=refused)) == "api_key_disabled"
+    finally:
+        geo.stop()
+        if owners is not None:
+            owners.stop()
+        await delete_topics_with_prefix(infra.kafka_bootstrap, lost.topic_prefix)
+    assert republished(owners) == ["keys", "quota"]  # the owners rebuilt them (billing holds nothing: a free plan)
+
+
 def republished(process: ServeProcess) -> list[str]:
     """The owners whose check found their topics short, from the process's JSON log lines."""
     import json

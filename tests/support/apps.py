@@ -8,26 +8,75 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+from aiokafka import AIOKafkaProducer
 from fastapi import FastAPI
 
+from contracts.events import StateComplete
+from contracts.topics import STATE_COMPLETE, STATE_OWNERS
 from services.edge import Overrides
-from services.runtime.host.app import create_app
+from services.runtime.host.app import create_app, expand_targets
+from services.runtime.platform.kafka import ensure_topics
 from services.runtime.platform.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+def owners_elsewhere(targets: Iterable[str]) -> list[str]:
+    """The owners of the edge's states (keys, billing, quota) that `targets` do not run."""
+    running = expand_targets([",".join(targets)])
+    return [owner for owner in STATE_OWNERS if owner not in running]
+
+
+async def announce_state_complete(settings: Settings, owners: Iterable[str]) -> None:
+    """Write the state-complete.v1 record of each of `owners`, as its state guard does once its
+    topics hold its states (services/edge/state_complete.py): a test running only some services
+    stands for a deployment whose owners run elsewhere, their checks done. Without these records
+    no edge would ever be ready."""
+    owners = list(owners)
+    if not owners:
+        return
+    await ensure_topics(settings, (STATE_COMPLETE,))
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers)
+    await producer.start()
+    try:
+        for owner in owners:
+            record = StateComplete(time=datetime.now(UTC), owner=owner, held={})
+            await producer.send_and_wait(
+                settings.topic(STATE_COMPLETE.name), record.model_dump_json().encode(), key=owner.encode()
+            )
+    finally:
+        await producer.stop()
+
+
+def announce_state_complete_sync(settings: Settings, owners: Iterable[str]) -> None:
+    """announce_state_complete from sync code, even code called inside a running event loop."""
+    owners = list(owners)
+    if owners:
+        with ThreadPoolExecutor(1) as apart:
+            apart.submit(asyncio.run, announce_state_complete(settings, owners)).result()
+
+
 @asynccontextmanager
 async def running_app(
-    settings: Settings, targets: Sequence[str] = ("all",), overrides: Overrides | None = None
+    settings: Settings,
+    targets: Sequence[str] = ("all",),
+    overrides: Overrides | None = None,
+    *,
+    others_done: bool = True,
 ) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
     """The app with its lifespan run (migrations, topics, projections, subscribers) and a client;
-    `overrides` replace the clock or the payment provider at bootstrap."""
+    `overrides` replace the clock or the payment provider at bootstrap. `others_done`: the
+    owners `targets` do not run are taken to run elsewhere, their checks done (their
+    state-complete.v1 records are written first)."""
+    if others_done:
+        await announce_state_complete(settings, owners_elsewhere(targets))
     app = create_app(targets, settings, overrides=overrides)
     async with app.router.lifespan_context(app):
         # as `serve` is ready: the edge judges no credential before its projections caught up
@@ -105,11 +154,20 @@ def consumers_pids(parent: int) -> list[int]:
 
 class ServeProcess:
     """`tollgate serve` in a child process (one worker unless `workers`); kill() is a real SIGKILL
-    of its whole process group."""
+    of its whole process group. `others_done`: as running_app's."""
 
     def __init__(
-        self, settings: Settings, targets: str = "all", port: int | None = None, log_path: Path | None = None, workers: int = 1
+        self,
+        settings: Settings,
+        targets: str = "all",
+        port: int | None = None,
+        log_path: Path | None = None,
+        workers: int = 1,
+        *,
+        others_done: bool = True,
     ) -> None:
+        if others_done:
+            announce_state_complete_sync(settings, owners_elsewhere([targets]))
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path or (REPO / ".tollgate" / "test-logs" / f"serve-{self.port}.log")

@@ -186,6 +186,40 @@ async def test_an_edge_judges_no_credential_while_an_owner_rebuilds_its_topics()
         assert served.http.request(method, path, headers=headers).status_code == 200, path
 
 
+async def test_an_edge_judges_no_credential_until_every_owner_said_its_topics_are_whole():
+    """(#39 item 1) A process that runs no owner, started on topics Kafka lost: read to their
+    (empty) end, it would refuse a valid key 401. It is not ready, and answers 503, until it has
+    read the state-complete.v1 record of keys, billing and quota and then its topics to their end."""
+    import asyncio
+
+    from contracts.events import StateComplete
+    from services.edge.state_complete import owners_of
+
+    served = Served(caught_up=False)
+    served.edge._follower.caught_up.set()  # the empty topics read to their end
+    assert served.edge.completion.needed == owners_of(["keys.v1", "billing.v1", "quota.v1"]) == {"keys", "billing", "quota"}
+    read_to_end: list[str] = []
+
+    async def reach_end() -> None:
+        read_to_end.append("end")
+
+    settling = asyncio.create_task(served.edge.completion.settle(reach_end))
+    unknown = "sk-" + "u" * 43  # republished soon, unknown yet: 401 would be a lie
+    for owner, missing in (("keys", ["billing", "quota"]), ("billing", ["quota"])):
+        record = StateComplete(time=NOW, owner=owner, held={})
+        served.edge.completion.apply(owner.encode(), record.model_dump_json().encode())
+        await asyncio.sleep(0)
+        assert not served.edge.is_ready() and served.edge.completion.missing == missing
+        refused = served.http.get("/projects", headers=_bearer(unknown))
+        assert (refused.status_code, refused.json()["error"]["code"]) == (503, "service_unavailable")
+    assert read_to_end == []
+    served.edge.completion.apply(b"quota", StateComplete(time=NOW, owner="quota", held={}).model_dump_json().encode())
+    await asyncio.wait_for(settling, 1)
+    assert read_to_end == ["end"] and served.edge.is_ready()
+    assert served.http.get("/projects", headers=_bearer(OWNERS_KEY)).status_code == 200
+    assert served.http.get("/projects", headers=_bearer(unknown)).json()["error"]["code"] == "invalid_api_key"
+
+
 @pytest.mark.parametrize(
     ("method", "path", "token", "status", "code"),
     [

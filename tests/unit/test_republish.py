@@ -11,14 +11,14 @@ import pytest
 from argon2 import PasswordHasher
 
 from contracts.common import KeyStatus, Resource, Role, ServiceScope, Tier, UserType
-from contracts.events import KeyState, QuotaState, UsageEvent
+from contracts.events import KeyState, QuotaState, StateComplete, UsageEvent
 from contracts.keys_api import RegisterRequest
 from contracts.topics import QUOTA, QUOTA_THRESHOLDS
 from services.billing.service import BillingService
 from services.edge.projections import KeyProjection
 from services.keys.service import REPUBLISHED_TOPICS, KeysService
 from services.quota.service import QuotaService
-from services.runtime.platform.state_guard import short_topics
+from services.runtime.platform.state_guard import Checked, check_topics, short_topics
 from tests.unit.fakes import (
     ACTOR,
     FakeAccounts,
@@ -257,8 +257,63 @@ def test_tollgate_republish_refuses_a_topic_no_owner_republishes():
     assert set(OWNERS) == {"accounts.v1", "users.v1", "keys.v1", "service-tokens.v1", "sessions.v1", "billing.v1", "quota.v1"}
 
 
-async def test_the_first_check_holds_the_edge_until_it_succeeds(monkeypatch):
-    """Kafka or Postgres away at start: the edge stays held (not ready) and the check is retried."""
+class Owner:
+    """An owner's Kafka and Postgres, faked: `records` per topic, `states` per topic; its
+    republish fills the topics (`delivered`: at once, as the outbox's flush does; or not yet)."""
+
+    def __init__(self, records: dict[str, int], states: dict[str, int], *, delivered: bool = True) -> None:
+        self.records, self.states, self.delivered = records, states, delivered
+        self.log: list[str] = []  # what reached Kafka, in order
+
+    async def counts(self) -> dict[str, int]:
+        return dict(self.records)
+
+    async def held(self) -> dict[str, int]:
+        return dict(self.states)
+
+    async def republish(self, topics: list[str]) -> dict[str, int]:
+        if self.delivered:
+            for topic in topics:
+                self.records[topic] = self.records.get(topic, 0) + self.states[topic]
+                self.log.append(topic)
+        return {topic: self.states[topic] for topic in topics}
+
+    async def announce(self, record: StateComplete) -> None:
+        self.log.append(f"state-complete:{record.owner}")
+        self.announced = record
+
+
+async def test_a_check_that_finds_every_state_in_kafka_writes_the_owners_record():
+    owner = Owner({"keys.v1": 4, "accounts.v1": 1}, {"keys.v1": 3, "accounts.v1": 1})
+    checked = await check_topics("keys", owner.counts, owner.held, owner.republish, owner.announce)
+    assert checked == Checked(republished={}, complete=True)
+    assert owner.log == ["state-complete:keys"]
+    assert (owner.announced.owner, owner.announced.held) == ("keys", {"keys.v1": 3, "accounts.v1": 1})
+
+
+async def test_after_a_wipe_the_owners_record_follows_its_republished_states():
+    """Kafka lost everything, the owner's record with it: written again only once the republish
+    is in Kafka, so an edge that reads it reads the states too (services/edge/state_complete.py)."""
+    owner = Owner({}, {"keys.v1": 3, "accounts.v1": 1, "sessions.v1": 0})
+    checked = await check_topics("keys", owner.counts, owner.held, owner.republish, owner.announce)
+    assert checked == Checked(republished={"keys.v1": 3, "accounts.v1": 1}, complete=True)
+    assert owner.log == ["keys.v1", "accounts.v1", "state-complete:keys"]
+
+
+async def test_a_republish_not_yet_in_kafka_writes_no_record():
+    """The outbox's flush timed out: the topics are still short, so no edge may take them as whole."""
+    owner = Owner({"billing.v1": 0}, {"billing.v1": 2}, delivered=False)
+    checked = await check_topics("billing", owner.counts, owner.held, owner.republish, owner.announce)
+    assert checked == Checked(republished={"billing.v1": 2}, complete=False)
+    assert owner.log == []
+    owner.records["billing.v1"] = 2  # the relay sent it since: the next check writes the record
+    checked = await check_topics("billing", owner.counts, owner.held, owner.republish, owner.announce)
+    assert checked == Checked(republished={}, complete=True) and owner.log == ["state-complete:billing"]
+
+
+async def test_the_first_check_holds_the_edge_until_it_wrote_the_owners_record(monkeypatch):
+    """Kafka or Postgres away at start, then a republish not yet in Kafka: the edge stays held
+    (not ready) and the check is tried again until one finds the topics whole."""
     import asyncio
     from contextlib import asynccontextmanager
 
@@ -278,14 +333,14 @@ async def test_the_first_check_holds_the_edge_until_it_succeeds(monkeypatch):
         return {}
 
     settings = Settings(kafka_bootstrap_servers="127.0.0.1:1", database_url="postgresql://u@h/d")
-    guard = state_guard.StateGuard(settings, None, "keys", (), nothing, nothing, hold=hold)  # type: ignore[arg-type]
+    guard = state_guard.StateGuard(settings, None, None, "keys", (), nothing, nothing, hold=hold)  # type: ignore[arg-type]
     attempts = []
 
-    async def check() -> dict[str, int]:
+    async def check() -> Checked:
         attempts.append(1)
         if len(attempts) < 3:
             raise OSError("broker away")
-        return {}
+        return Checked(republished={"keys.v1": 1}, complete=len(attempts) > 3)
 
     monkeypatch.setattr(guard, "check", check)
     await guard.start()
@@ -294,5 +349,5 @@ async def test_the_first_check_holds_the_edge_until_it_succeeds(monkeypatch):
         if held == ["held", "released"]:
             break
         await asyncio.sleep(0.01)
-    assert held == ["held", "released"] and len(attempts) == 3
+    assert held == ["held", "released"] and len(attempts) == 4
     await guard.stop()

@@ -20,22 +20,32 @@ One process at a time checks (a Postgres advisory lock): a second one waits, the
 topics full and does nothing. While a process's first check runs, its edge is not ready
 (`Edge.rebuilding`: /readyz and every credential 503), and it stays so until its projections
 have read what the check published: no key is judged by a projection still being rebuilt.
+
+A check that finds every topic holding the owner's states (at once, or once its republish is in
+Kafka) writes the owner's record to state-complete.v1 (contracts/events.py, StateComplete). A
+wiped Kafka loses those records too, and an edge is ready only once it holds every owner's
+record: a process that runs no owner (`--target geo`) started on empty topics stays 503 until
+the owners' checks have given their states again (services/edge/state_complete.py).
 """
 
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import cast
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from faststream.kafka import KafkaBroker
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool
 
-from contracts.topics import Topic
-from services.runtime.platform.kafka import ensure_topics
+from contracts.events import StateComplete
+from contracts.topics import STATE_COMPLETE, Topic
+from services.runtime.platform.kafka import ensure_topics, within_publish_timeout
 from services.runtime.platform.periodic import Periodic
 from services.runtime.platform.settings import Settings
 
@@ -48,11 +58,40 @@ Held = Callable[[], Awaitable[Mapping[str, int]]]
 """The owner's count of live states per topic name (its Postgres)."""
 Republish = Callable[[list[str]], Awaitable[Mapping[str, int]]]
 """The owner's use case: re-emit every state of these topics; how many per topic."""
+Announce = Callable[[StateComplete], Awaitable[None]]
+"""Writes the owner's record to state-complete.v1."""
+
+
+@dataclass(frozen=True)
+class Checked:
+    republished: dict[str, int]  # how many states per topic the check gave again
+    complete: bool  # every topic held the owner's states at the end: its record was written
 
 
 def short_topics(records: Mapping[str, int], held: Mapping[str, int]) -> list[str]:
     """The topics that hold fewer records than the owner holds live states: certainly missing some."""
     return [topic for topic, states in held.items() if records.get(topic, 0) < states]
+
+
+async def check_topics(
+    owner: str, counts: Callable[[], Awaitable[Mapping[str, int]]], held: Held, republish: Republish, announce: Announce
+) -> Checked:
+    """One check: republish the topics that hold fewer records than the owner's live states, count
+    again, and write the owner's record once none is short (if the republish is not all in Kafka
+    yet, the next check writes it)."""
+    states = dict(await held())
+    short = short_topics(await counts(), states)
+    republished: dict[str, int] = {}
+    if short:
+        log.warning("%s: Kafka lost states of %s; republishing them from Postgres", owner, short)
+        republished = dict(await republish(short))
+        log.info("%s republished %s", owner, republished)
+        short = short_topics(await counts(), states)
+    if short:
+        log.warning("%s: %s still short after republishing; checking again", owner, short)
+        return Checked(republished, complete=False)
+    await announce(StateComplete(time=datetime.now(UTC), owner=owner, held=states))
+    return Checked(republished, complete=True)
 
 
 async def record_counts(settings: Settings, topics: Sequence[Topic]) -> dict[str, int]:
@@ -87,14 +126,16 @@ async def record_counts(settings: Settings, topics: Sequence[Topic]) -> dict[str
 class StateGuard:
     """Run in every process of the owner (on_start/on_stop). The first check runs in the
     background under `hold` (the edge's `rebuilding()`: not ready, every credential 503, until
-    it is done and the projections have read what it published), and is retried every
-    `FIRST_RETRY_S` until it succeeds; then one check every `interval_s`, not held (a running
-    edge still holds every state in memory)."""
+    it is done and the projections have read what it published), and is tried again after
+    `FIRST_RETRY_S`, then twice as long each time (up to `interval_s`), until it has written the
+    owner's record; then one check every `interval_s`, not held (a running edge still holds every
+    state in memory)."""
 
     def __init__(
         self,
         settings: Settings,
         pool: AsyncConnectionPool,
+        broker: KafkaBroker,
         owner: str,
         topics: Sequence[Topic],
         held: Held,
@@ -105,11 +146,13 @@ class StateGuard:
     ) -> None:
         self._settings = settings
         self._pool = cast("AsyncConnectionPool[AsyncConnection[DictRow]]", pool)
+        self._broker = broker
         self._owner = owner
         self._topics = tuple(topics)
         self._held = held
         self._republish = republish
         self._hold = hold or nullcontext
+        self._interval_s = interval_s
         self._first: asyncio.Task[None] | None = None
         self._periodic = Periodic(f"state-guard:{owner}", interval_s, self.check, what=f"checking {owner}'s topics", log=log)
 
@@ -119,16 +162,11 @@ class StateGuard:
         self._first = asyncio.create_task(self._first_check(held), name=f"state-guard-first:{self._owner}")
 
     async def _first_check(self, held: AbstractAsyncContextManager[None]) -> None:
+        pause = FIRST_RETRY_S
         try:
-            while True:
-                try:
-                    await self.check()
-                    break
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.warning("%s could not check its topics; retrying in %ss", self._owner, FIRST_RETRY_S, exc_info=True)
-                    await asyncio.sleep(FIRST_RETRY_S)
+            while not await self._check_complete():
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, self._interval_s)
         except BaseException as exc:
             await held.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -144,16 +182,23 @@ class StateGuard:
             await asyncio.gather(self._first, return_exceptions=True)
         await self._periodic.stop()
 
-    async def check(self) -> dict[str, int]:
-        """Republish the topics Kafka lost states of; what was republished, per topic."""
+    async def _check_complete(self) -> bool:
+        try:
+            return (await self.check()).complete
+        except Exception:
+            log.warning("%s could not check its topics; trying again", self._owner, exc_info=True)
+            return False
+
+    async def check(self) -> Checked:
+        """Republish the topics Kafka lost states of; write the owner's record once none is short."""
         async with self._pool.connection() as conn:
             # held until this connection's transaction ends, after the republish: one process at a time
             lock = f"{self._settings.topic_prefix}state-guard:{self._owner}"
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (lock,))
-            short = short_topics(await record_counts(self._settings, self._topics), await self._held())
-            if not short:
-                return {}
-            log.warning("%s: Kafka lost states of %s; republishing them from Postgres", self._owner, short)
-            done = dict(await self._republish(short))
-            log.info("%s republished %s", self._owner, done)
-            return done
+            return await check_topics(
+                self._owner, lambda: record_counts(self._settings, self._topics), self._held, self._republish, self._announce
+            )
+
+    async def _announce(self, record: StateComplete) -> None:
+        topic = self._settings.topic(STATE_COMPLETE.name)
+        await within_publish_timeout(self._broker.publish(record.model_dump_json().encode(), topic, key=self._owner.encode()))
