@@ -239,7 +239,9 @@ async def kafka_engine_rate(settings: Settings, ch, db: str) -> float | None:
             "input_format_skip_unknown_fields = 1, date_time_input_format = 'best_effort'"
         )
         mv = f"CREATE MATERIALIZED VIEW {db}.kafka_usage_mv TO {target} ({usage.columns})"
-        ch.command(f"{mv} AS SELECT {usage.select} FROM {queue}")
+        # (v4) The sink passes the ids it flags as a query parameter; the engine flags nothing.
+        select = usage.select.replace("{flagged:Array(UUID)}", "CAST([] AS Array(UUID))")
+        ch.command(f"{mv} AS SELECT {select} FROM {queue}")
     except Exception as exc:
         print(f"Kafka table engine: not available on this server ({str(exc)[:200]})")
         return None

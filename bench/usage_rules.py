@@ -4,6 +4,9 @@
 with record timestamps), with the rules (as the sink runs it) against without them (the baseline,
 measured in the same run, alternating). Pure CPU, no infrastructure.
 
+(issue 38) Also the same judge, rules included, without its msgspec first pass (pydantic alone, as
+before contracts/fast_events.py), alternating in the same run: CPU time of this process per event.
+
 Run: .venv/bin/python bench/usage_rules.py   (BENCH_ROUNDS to resize)
 """
 
@@ -15,6 +18,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from unittest.mock import patch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -23,6 +27,7 @@ from aiokafka.structs import ConsumerRecord
 from bench.stats import ratio_line
 from contracts.common import Resource
 from contracts.events import UsageEvent
+from services.metering import validation
 from services.metering.consumers import MAX_RECORDS
 from services.metering.ingest import usage_rules
 from services.metering.validation import judge
@@ -59,7 +64,17 @@ def main() -> None:
     gc.freeze()  # as the host does after start: the batch is not what the collector should walk
     with_rules: list[float] = []
     without: list[float] = []
+    pydantic_cpu: list[float] = []
+    first_pass_cpu: list[float] = []
     for _ in range(ROUNDS):
+        started = time.process_time()
+        with patch.object(validation, "fast_decoder", lambda _model: None):
+            old = judge(UsageEvent, values, usage_rules(batch))
+        pydantic_cpu.append(time.process_time() - started)
+        started = time.process_time()
+        new = judge(UsageEvent, values, usage_rules(batch))
+        first_pass_cpu.append(time.process_time() - started)
+        assert old == new and not new.rejected
         started = time.perf_counter()
         plain = judge(UsageEvent, values)
         without.append(time.perf_counter() - started)
@@ -74,6 +89,8 @@ def main() -> None:
     print(ratio_line("judge with the usage rules", measured, baseline, "events/s"))
     per_event_us = (statistics.median(with_rules) - statistics.median(without)) / n * 1e6
     print(f"the rules' cost: {per_event_us:.2f} us per event")
+    old_us, new_us = (statistics.median(cpu) / n * 1e6 for cpu in (pydantic_cpu, first_pass_cpu))
+    print(f"judge with the rules, CPU per event: msgspec first pass {new_us:.2f} us vs pydantic alone {old_us:.2f} us")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,10 @@ aware datetimes with different tzinfo objects calls back into Python for each of
 from datetime import UTC, datetime, timedelta
 
 from contracts.common import STOCK_RESOURCES, Resource
-from contracts.events import Event, UsageEvent
+from contracts.events import UsageEvent
+from contracts.fast_events import Decoded, FastUsage
+
+Usage = UsageEvent | FastUsage  # the contract's model, or its msgspec mirror (the metering sink's first pass)
 
 MAX_ABS_QUANTITY = 10**12
 MAX_AHEAD = timedelta(minutes=5)
@@ -41,7 +44,7 @@ def violations(event: UsageEvent, reference: datetime) -> list[str]:
     return violations_at(event, _epoch_us(reference))
 
 
-def violations_at(event: UsageEvent, reference_us: int) -> list[str]:
+def violations_at(event: Usage, reference_us: int) -> list[str]:
     """`violations` with the reference as microseconds since the epoch (a Kafka record's
     timestamp is milliseconds: `timestamp_ms * 1000`). One expression decides the common case
     (nothing broken): the sink pays for it on every record."""
@@ -62,7 +65,7 @@ def violations_at(event: UsageEvent, reference_us: int) -> list[str]:
     return _broken(event, delta, reference_us)
 
 
-def _broken(event: UsageEvent, delta: int, reference_us: int) -> list[str]:
+def _broken(event: Usage, delta: int, reference_us: int) -> list[str]:
     """Every rule `event` breaks, named (the rare case: no need to be quick)."""
     found: list[str] = []
     quantity = event.quantity
@@ -79,7 +82,7 @@ def _broken(event: UsageEvent, delta: int, reference_us: int) -> list[str]:
     return found
 
 
-def time_violations_at(event: Event, reference_us: int) -> list[str]:
+def time_violations_at(event: Decoded, reference_us: int) -> list[str]:
     """The time rule alone (calls.v1's rule), against a reference in microseconds since the epoch."""
     broken = _time_broken(_epoch_us(event.time) - reference_us, reference_us)
     return [] if broken is None else [broken]

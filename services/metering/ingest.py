@@ -15,9 +15,10 @@ from uuid import UUID
 
 from contracts.clock import Clock
 from contracts.events import Event, UsageEvent
+from contracts.fast_events import Decoded
 from contracts.metering_api import IngestResponse
 from contracts.topics import Topic
-from contracts.usage_rules import time_violations_at, violations, violations_at
+from contracts.usage_rules import Usage, time_violations_at, violations, violations_at
 from services.metering import domain
 from services.metering.domain import UsageRulesBroken
 from services.metering.pipeline import Records
@@ -73,8 +74,8 @@ def usage_rules(records: Records) -> Rules:
     """usage.v1's rules (contracts/usage_rules.py), each event judged against its own record's
     timestamp: every consumer, at any replay, judges a record the same way."""
 
-    def rules(i: int, event: Event) -> str | None:
-        broken = violations_at(cast(UsageEvent, event), records[i].timestamp * 1000)  # ms -> us; judge parsed a UsageEvent
+    def rules(i: int, event: Decoded) -> str | None:
+        broken = violations_at(cast(Usage, event), records[i].timestamp * 1000)  # ms -> us; judge parsed a usage event
         return "; ".join(broken) if broken else None
 
     return rules
@@ -83,7 +84,7 @@ def usage_rules(records: Records) -> Rules:
 def call_rules(records: Records) -> Rules:
     """calls.v1's rule (the usage rules' time window, contracts/usage_rules.py), judged the same way."""
 
-    def rules(i: int, event: Event) -> str | None:
+    def rules(i: int, event: Decoded) -> str | None:
         broken = time_violations_at(event, records[i].timestamp * 1000)
         return broken[0] if broken else None
 
@@ -99,8 +100,8 @@ def model_flag(allowed_models: AllowedModels) -> Flag:
     as keys.v1 says then, so past usage keeps the judgment of the rules in force when it was
     served (up to the sink's delay), whatever the key allows later."""
 
-    def flag(event: Event) -> bool:
-        usage = cast(UsageEvent, event)  # judge parsed a UsageEvent
+    def flag(event: Decoded) -> bool:
+        usage = cast(Usage, event)  # judge parsed a usage event
         if usage.api_key_id is None:
             return False
         return domain.model_not_allowed(allowed_models(usage.account_id, usage.api_key_id), usage.provider, usage.model)

@@ -11,6 +11,7 @@ from uuid import UUID
 from pydantic import ValidationError
 
 from contracts.events import MISSING_ID, Event, has_id
+from contracts.fast_events import Decoded, fast_decoder
 
 # Why a message is dead-lettered (the `reason` label of tollgate_metering_sink_dead_lettered_total).
 MALFORMED, MISSING_ID_REASON, RULES_BROKEN = "malformed", "missing_id", "rules_broken"
@@ -18,9 +19,10 @@ DEAD_LETTER_REASONS = (MALFORMED, MISSING_ID_REASON, RULES_BROKEN)
 
 # A contract's rules beyond the schema, for the message at an index (its record's timestamp is
 # the reference): the reasons it breaks them, joined, or None.
-Rules = Callable[[int, Event], str | None]
+# The event is the contract's model or its msgspec mirror (contracts/fast_events.py).
+Rules = Callable[[int, Decoded], str | None]
 # (v4) Whether a valid event is stored flagged (usage whose key does not allow its model).
-Flag = Callable[[Event], bool]
+Flag = Callable[[Decoded], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,29 +54,35 @@ def judge(model: type[Event], values: Sequence[bytes], rules: Rules | None = Non
     model serialises it, so the engine reads exactly what the contract read. A message without
     an id is refused: the model would invent a new one at every redelivery; so is one that
     breaks `rules` (applied to the event already parsed: no second parse). The ids of the valid
-    events `flag` marks are listed (judged on the same parse)."""
+    events `flag` marks are listed (judged on the same parse).
+
+    (issue 38) A model with a msgspec mirror decodes with it first: what the mirror accepts the
+    model accepts strictly, with the same values; the rest (refused, lenient, or only unusual)
+    goes the model's way, which gives the same verdicts and reasons as before."""
+    fast = fast_decoder(model)
     validate = model.__pydantic_validator__.validate_json  # without model_validate_json's wrapper
     verdict = Verdict()
     for i, value in enumerate(values):
-        lenient = False
-        try:
-            event = validate(value, strict=True)
-        except ValidationError:
+        event: Decoded | None = fast(value) if fast is not None else None
+        lenient: Event | None = None  # the model's event, when it was only valid leniently
+        if event is None:
             try:
-                event = model.model_validate_json(value)
-            except ValidationError as exc:
-                verdict.refuse(i, MALFORMED, str(exc))
+                event = parsed = validate(value, strict=True)
+            except ValidationError:
+                try:
+                    event = parsed = lenient = model.model_validate_json(value)
+                except ValidationError as exc:
+                    verdict.refuse(i, MALFORMED, str(exc))
+                    continue
+            if not has_id(parsed):
+                verdict.refuse(i, MISSING_ID_REASON, MISSING_ID)
                 continue
-            lenient = True
-        if not has_id(event):
-            verdict.refuse(i, MISSING_ID_REASON, MISSING_ID)
-            continue
         broken = rules(i, event) if rules is not None else None
         if broken:
             verdict.refuse(i, RULES_BROKEN, broken)
             continue
         if flag is not None and flag(event):
             verdict.flagged.append(event.id)
-        if lenient:
-            verdict.rewritten.append((i, event.model_dump_json().encode()))
+        if lenient is not None:
+            verdict.rewritten.append((i, lenient.model_dump_json().encode()))
     return verdict
