@@ -10,8 +10,9 @@ body in `X-Tollgate-Status` and `X-Tollgate-Error`, from which the shipped nginx
 
 import json
 import logging
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import Response
@@ -29,6 +30,8 @@ from services.edge.verdict import ServiceCall, Verdict
 from services.runtime.platform.logs import Throttled
 
 log = logging.getLogger(__name__)
+VERIFY_PATH = "/api/edge/verify"
+AUTHORIZE_PATH = "/api/edge/authorize"
 ROLE_ORDER = tuple(Role)  # a user has one role; a key from before members may list several: the first
 
 
@@ -95,7 +98,7 @@ def answer_of(edge: Edge, call: ServiceCall, verdict: Verdict, request_id: str) 
     )
 
 
-def _call(body: VerifyRequest, service: ServicePrincipal) -> ServiceCall:
+def service_call(body: VerifyRequest, service: ServicePrincipal) -> ServiceCall:
     """The call verify's body (or authorize's headers) describe, as the service holding `service` received it."""
     return ServiceCall(
         key=body.key,
@@ -111,28 +114,78 @@ def _call(body: VerifyRequest, service: ServicePrincipal) -> ServiceCall:
     )
 
 
-def _bearer(authorization: str) -> str:
+def bearer_token(authorization: str) -> str:
     scheme, _, token = authorization.partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
+def forwarded_request(headers: Mapping[str, str]) -> tuple[str, str]:
+    """The method and URI of the request an ingress asks about: its X-Forwarded-* (Caddy,
+    Traefik) or X-Original-* (nginx) headers (lower-case names)."""
+    method = headers.get("x-forwarded-method") or headers.get("x-original-method") or ""
+    return method, headers.get("x-forwarded-uri") or headers.get("x-original-uri") or ""
+
+
 def _original_request(request: Request) -> tuple[str, str]:
-    """The method and URI of the request the ingress asks about: its X-Forwarded-* (Caddy,
-    Traefik) or X-Original-* (nginx) headers, else (Envoy) this request's own method and the path
-    after /api/edge/authorize."""
+    """`forwarded_request`, else (Envoy) this request's own method and the path after
+    /api/edge/authorize."""
     headers = request.headers
     forwarded = request.path_params.get("forwarded")
     if forwarded is not None and not (headers.get("x-forwarded-uri") or headers.get("x-original-uri")):
         query = request.url.query
         return request.method, "/" + forwarded + ("?" + query if query else "")
-    method = headers.get("x-forwarded-method") or headers.get("x-original-method") or ""
-    return method, headers.get("x-forwarded-uri") or headers.get("x-original-uri") or ""
+    return forwarded_request(headers)
+
+
+class Ingress:
+    """authorize's two halves around `Edge.decide`, shared by its route and the fast path
+    (verify_fast.py): the call an ingress's headers describe, and the answer in headers."""
+
+    def __init__(self, edge: Edge) -> None:
+        self._trusted = parse_networks(edge.settings.trusted_proxies)
+
+    def described(self, headers: Mapping[str, str], method: str, uri: str, peer: str) -> dict[str, Any]:
+        """verify's body for the call (`VerifyRequest` judges it); `peer`: the ingress's address."""
+        return {
+            "key": bearer_token(headers.get("authorization", "")),
+            "method": method,
+            "path": uri.partition("?")[0],
+            "ip": client_ip(peer, headers.get("x-forwarded-for", ""), self._trusted),
+            "user_agent": headers.get("user-agent", "")[:512],
+            "resource": headers.get("x-tollgate-resource") or None,
+            "cost": headers.get("x-tollgate-cost") or 0,
+            "permission": headers.get("x-tollgate-permission") or None,
+            "model": headers.get("x-tollgate-model") or None,
+        }
+
+    def answer(self, verdict: Verdict, request_id: str) -> Response:
+        answer = dict(verdict.headers)
+        if verdict.refusal is None:
+            principal = verdict.principal
+            assert principal is not None and principal.api_key_id is not None
+            role = _role(verdict)
+            answer.update(
+                {
+                    "X-Tollgate-Account": str(principal.account_id),
+                    "X-Tollgate-Key": str(principal.api_key_id),
+                    "X-Tollgate-User": str(principal.user_id or ""),
+                    "X-Tollgate-Role": role.value if role else "",
+                    "X-Tollgate-Plan": verdict.plan.value if verdict.plan else "",
+                }
+            )
+            return Response(status_code=200, headers=answer)
+        error = _error_body(verdict, request_id)
+        assert error is not None
+        # ASCII JSON on one line: the same bytes are a header's value (nginx answers from it)
+        text = json.dumps(error.model_dump(mode="json", exclude_none=True), separators=(",", ":"))
+        answer.update({"X-Tollgate-Status": str(verdict.status), "X-Tollgate-Error": text})
+        return Response(text, status_code=verdict.status, headers=answer, media_type="application/json")
 
 
 def build_router(edge: Edge) -> APIRouter:
     router = APIRouter(prefix="/api/edge", tags=["protecting services (v3)"])
     verifier = edge.requires_service(ServiceScope.KEYS_VERIFY)
-    trusted = parse_networks(edge.settings.trusted_proxies)
+    ingress = Ingress(edge)
     ingress_log = Throttled(log)
 
     @router.post(
@@ -155,7 +208,7 @@ def build_router(edge: Edge) -> APIRouter:
     async def verify(
         body: VerifyRequest, request: Request, service: Annotated[ServicePrincipal, Depends(verifier)]
     ) -> VerifyAnswer:
-        call = _call(body, service)
+        call = service_call(body, service)
         request_id = request_id_of(request)
         return answer_of(edge, call, await edge.decide(call, request_id), request_id)
 
@@ -205,49 +258,15 @@ def build_router(edge: Edge) -> APIRouter:
         responses={200: {"description": "Admitted: the caller's identity in X-Tollgate-* headers."}},
     )
     async def authorize(request: Request, service: Annotated[ServicePrincipal, Depends(ingress_service)]) -> Response:
-        headers = request.headers
         method, uri = _original_request(request)
         client = request.scope.get("client")
         try:
-            body = VerifyRequest.model_validate(
-                {
-                    "key": _bearer(headers.get("authorization", "")),
-                    "method": method,
-                    "path": uri.partition("?")[0],
-                    "ip": client_ip(client[0] if client else "", headers.get("x-forwarded-for", ""), trusted),
-                    "user_agent": headers.get("user-agent", "")[:512],
-                    "resource": headers.get("x-tollgate-resource") or None,
-                    "cost": headers.get("x-tollgate-cost") or 0,
-                    "permission": headers.get("x-tollgate-permission") or None,
-                    "model": headers.get("x-tollgate-model") or None,
-                }
-            )
+            body = VerifyRequest.model_validate(ingress.described(request.headers, method, uri, client[0] if client else ""))
         except ValidationError as invalid:
             details = [{"field": ".".join(map(str, e["loc"])), "message": e["msg"]} for e in invalid.errors()]
             return error_response(request, 422, ErrorCode.VALIDATION_ERROR, "The forwarded request is not valid.", details)
-        call = _call(body, service)
+        call = service_call(body, service)
         request_id = request_id_of(request)
-        verdict = await edge.decide(call, request_id)
-        answer = dict(verdict.headers)
-        if verdict.refusal is None:
-            principal = verdict.principal
-            assert principal is not None and principal.api_key_id is not None
-            role = _role(verdict)
-            answer.update(
-                {
-                    "X-Tollgate-Account": str(principal.account_id),
-                    "X-Tollgate-Key": str(principal.api_key_id),
-                    "X-Tollgate-User": str(principal.user_id or ""),
-                    "X-Tollgate-Role": role.value if role else "",
-                    "X-Tollgate-Plan": verdict.plan.value if verdict.plan else "",
-                }
-            )
-            return Response(status_code=200, headers=answer)
-        error = _error_body(verdict, request_id)
-        assert error is not None
-        # ASCII JSON on one line: the same bytes are a header's value (nginx answers from it)
-        text = json.dumps(error.model_dump(mode="json", exclude_none=True), separators=(",", ":"))
-        answer.update({"X-Tollgate-Status": str(verdict.status), "X-Tollgate-Error": text})
-        return Response(text, status_code=verdict.status, headers=answer, media_type="application/json")
+        return ingress.answer(await edge.decide(call, request_id), request_id)
 
     return router

@@ -20,6 +20,7 @@ from services.edge.openapi_security import install as install_openapi_security
 from services.edge.screen import RefusalScreen
 from services.edge.unavailable import install_unavailable_handlers
 from services.edge.verify_api import build_router as verify_router
+from services.edge.verify_fast import install as install_verify_fast_path
 from services.runtime.host.health import DependencyProbe, health_router, platform_checks
 from services.runtime.host.routing import remember_routes
 from services.runtime.platform import postgres
@@ -135,4 +136,5 @@ def create_app(
     app.include_router(console_router())  # every mode serves the console; it calls only the public API
     install_openapi_security(app)
     remember_routes(app)
+    install_verify_fast_path(app, edge)  # verify's hot case skips the router (issue 38, decision 5)
     return app
