@@ -249,7 +249,76 @@ async def api_calls_used(http: httpx.AsyncClient, base: str, console: str) -> in
     return int(next(item["used"] for item in body["items"] if item["resource"] == "api_calls"))
 
 
-async def main(seconds: float, connections: int, threads: int, accounts: int, workers: int | None) -> int:
+def measure_stack_cpu(
+    state: Path, script: Path, url: str, keys: list[str], seconds: float, connections: int, threads: int, *, trickle: bool = False
+) -> Measured:
+    """wrk on a quiet stack, with the stack's CPU until it is quiet again: for a metered call,
+    until it is consumed, counted and stored (the consumers' process is niced and catches up
+    after wrk stops). `trickle`: one connection, a call every TRICKLE_DELAY_MS, and the CPU over
+    what the idle stack spends in as many seconds."""
+    settle(state)
+    idle = idle_rates(state, seconds) if trickle else {}
+    before, started = stack_cpu_seconds(state), time.monotonic()
+    if trickle:
+        run = wrk(script, url, keys, seconds, 1, 1, TRICKLE_DELAY_MS)
+    else:
+        run = wrk(script, url, keys, seconds, connections, threads)
+    during = sum(stack_cpu_seconds(state).values()) - sum(before.values())
+    catch_up = settle(state)
+    elapsed = time.monotonic() - started
+    cpu_by = {
+        name: spent - before.get(name, 0.0) - idle.get(name, 0.0) * elapsed for name, spent in stack_cpu_seconds(state).items()
+    }
+    return Measured(run, cpu_by, during, catch_up)
+
+
+async def reconcile(
+    http: httpx.AsyncClient, base: str, paying: list[tuple[str, str]], before: list[int], expected: int, in_flight: int
+) -> bool:
+    """Every admitted call is counted once in the accounts' `api_calls`: wrk does not count the
+    responses still in flight when its time is up (at most `in_flight`), which were metered too."""
+    deadline = time.monotonic() + 90
+    counted = -1
+    while time.monotonic() < deadline:
+        after = [await api_calls_used(http, base, console) for console, _ in paying]
+        counted = sum(a - b for a, b in zip(after, before, strict=True))
+        if counted >= expected:
+            break
+        await asyncio.sleep(1)
+    exact = expected <= counted <= expected + in_flight
+    print(
+        f"reconciliation: {counted} api_calls counted for {expected} admitted calls seen by wrk "
+        f"(+ at most {in_flight} in flight when wrk stopped): {'exact' if exact else 'FAILED'}"
+    )
+    return exact
+
+
+async def trickle_alone(
+    http: httpx.AsyncClient,
+    base: str,
+    state: Path,
+    script: Path,
+    keys: list[str],
+    seconds: float,
+    paying: list[tuple[str, str]],
+    before: list[int],
+) -> int:
+    """`--trickle-only`: the trickle alone (what a lonely call costs), with its reconciliation."""
+    url = f"{base}/api/geo/projects"
+    trickled = await asyncio.to_thread(lambda: measure_stack_cpu(state, script, url, keys, seconds, 1, 1, trickle=True))
+    trickle = trickled.run
+    alone_calls = trickle.requests - trickle.non2xx
+    print(trickle.line("admitted, trickling (1 connection)"))
+    print(
+        "  whole-stack CPU per trickled call over the idle stack's, until quiet again: "
+        + per_request(trickled.cpu_by, alone_calls)
+    )
+    return 0 if await reconcile(http, base, paying, before, alone_calls, 1) else 1
+
+
+async def main(
+    seconds: float, connections: int, threads: int, accounts: int, workers: int | None, trickle_only: bool = False
+) -> int:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: ./deploy/local/prereqs.sh --bench")
     state = REPO / ".tollgate" / f"bench-http-{uuid.uuid4().hex[:6]}"
@@ -268,30 +337,14 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             await asyncio.sleep(20)
             keys = [key for _, key in paying]
             before = [await api_calls_used(http, base, console) for console, _ in paying]
+            if trickle_only:
+                return await trickle_alone(http, base, state, script, keys, seconds, paying, before)
 
             def measure(path: str, keys: list[str]) -> Run:
                 return wrk(script, f"{base}{path}", keys, seconds, connections, threads)
 
             def measure_cpu(path: str, keys: list[str], *, trickle: bool = False) -> Measured:
-                """`measure` on a quiet stack, with the stack's CPU until it is quiet again: for a
-                metered call, until it is consumed, counted and stored (the consumers' process is
-                niced and catches up after wrk stops). `trickle`: one connection, a call every
-                TRICKLE_DELAY_MS, and the CPU over what the idle stack spends in as many seconds."""
-                settle(state)
-                idle = idle_rates(state, seconds) if trickle else {}
-                before, started = stack_cpu_seconds(state), time.monotonic()
-                if trickle:
-                    run = wrk(script, f"{base}{path}", keys, seconds, 1, 1, TRICKLE_DELAY_MS)
-                else:
-                    run = measure(path, keys)
-                during = sum(stack_cpu_seconds(state).values()) - sum(before.values())
-                catch_up = settle(state)
-                elapsed = time.monotonic() - started
-                cpu_by = {
-                    name: spent - before.get(name, 0.0) - idle.get(name, 0.0) * elapsed
-                    for name, spent in stack_cpu_seconds(state).items()
-                }
-                return Measured(run, cpu_by, during, catch_up)
+                return measure_stack_cpu(state, script, f"{base}{path}", keys, seconds, connections, threads, trickle=trickle)
 
             baseline = await asyncio.to_thread(measure_cpu, "/healthz", [])
             metered = await asyncio.to_thread(measure_cpu, "/api/geo/projects", keys)
@@ -375,23 +428,10 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, wo
             b_calls = alone.requests - alone.non2xx + crowded.requests - crowded.non2xx
             paced_calls = first.requests - first.non2xx + paced.requests - paced.non2xx
             expected = served + paced_calls + b_calls + alone_calls + profiled.requests - profiled.non2xx
-            deadline = time.monotonic() + 90
-            counted = -1
-            while time.monotonic() < deadline:
-                after = [await api_calls_used(http, base, console) for console, _ in paying]
-                counted = sum(a - b for a, b in zip(after, before, strict=True))
-                if counted >= expected:
-                    break
-                await asyncio.sleep(1)
             # wrk does not count the responses still in flight when its time is up (at most one per
             # connection and run), but the server admitted and metered those calls too.
             in_flight = 4 * connections + 2 * half + 1
-            exact = expected <= counted <= expected + in_flight
-            print(
-                f"reconciliation: {counted} api_calls counted for {expected} admitted calls seen by wrk "
-                f"(+ at most {in_flight} in flight when wrk stopped): {'exact' if exact else 'FAILED'}"
-            )
-            return 0 if exact else 1
+            return 0 if await reconcile(http, base, paying, before, expected, in_flight) else 1
     finally:
         down = [sys.executable, "-m", "services.runtime.host.cli", "down"]
         await asyncio.to_thread(subprocess.run, down, env=env, cwd=REPO, capture_output=True, check=False)
@@ -406,5 +446,6 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--accounts", type=int, default=5)
     parser.add_argument("--workers", type=int, default=None, help="`tollgate up --workers` (default: its own)")
+    parser.add_argument("--trickle-only", action="store_true", help="only the trickle: what a lonely call costs")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.seconds, args.connections, args.threads, args.accounts, args.workers)))
+    sys.exit(asyncio.run(main(args.seconds, args.connections, args.threads, args.accounts, args.workers, args.trickle_only)))

@@ -12,7 +12,8 @@ ClickHouse server of its own (the local stack's kind: services/runtime/host/chse
    query over every row in a loop (ratio; goal: moves <= 20%), and while the same query runs at
    nice 0 (as before the server kept CAP_SYS_NICE), in interleaved windows.
 
-Run: .venv/bin/python bench/metering.py   (BENCH_SINK_EVENTS, BENCH_EVENTS to resize)
+Run: .venv/bin/python bench/metering.py   (BENCH_SINK_EVENTS, BENCH_EVENTS to resize;
+BENCH_FRESHNESS_ONLY=1: item 3 alone, on a sink that is already busy, as a trickle keeps it)
 
 The machine is shared, so besides wall-clock rates it prints the load average before and after
 and the CPU seconds this process spent per event (sink and raw consumer): a figure that moves
@@ -292,6 +293,11 @@ async def main() -> None:
     try:
         for s in (settings, embedded):
             await ensure_topics(s)
+        if os.environ.get("BENCH_FRESHNESS_ONLY"):
+            app = create_app(["metering"], settings)
+            async with app.router.lifespan_context(app):
+                await freshness(app, settings, clickhouse.connect(settings.clickhouse_dsn))
+            return
         t = time.perf_counter()
         await asyncio.gather(produce_backlog(settings, SINK_EVENTS), produce_backlog(embedded, SINK_EVENTS))
         print(f"produced {SINK_EVENTS:,} events (twice: one backlog per sink) in {time.perf_counter() - t:.1f}s")

@@ -199,8 +199,20 @@ class AlertsService:
 
     async def save_quota_state(self, state: QuotaState) -> None:
         """Keep the newest state per account and resource (for rules created later)."""
+        await self.save_quota_states([state])
+
+    async def save_quota_states(self, states: list[QuotaState]) -> None:
+        """A batch of states in one transaction: the newest of each account and resource."""
+        newest: dict[tuple[UUID, Resource], QuotaState] = {}
+        for state in states:
+            current = newest.get((state.account_id, state.resource))
+            if current is None or (state.period, state.time) >= (current.period, current.time):
+                newest[(state.account_id, state.resource)] = state
+        if not newest:
+            return
         async with self._store.transaction() as tx:
-            await tx.save_quota_state(state)
+            for state in newest.values():
+                await tx.save_quota_state(state)
 
     # ---- the rotation reminder (v2) ---------------------------------------------------------------
     async def save_key(self, state: KeyState) -> None:

@@ -44,9 +44,12 @@ MAX_RECORDS = 50_000
 # The broker holds a fetch until this much has arrived or FETCH_WAIT_MS is up: at a few hundred
 # calls a second the sink wrote a handful of events per batch, eight statements each (one
 # since), and the engine's fixed cost per statement was a fifth of the stack's CPU per metered
-# call (BENCHMARKS.md, "http_load"). At low rates an event becomes visible up to that wait later.
+# call (BENCHMARKS.md, "http_load"). At low rates an event becomes visible up to that wait later:
+# analytics promise p99 <= 1 s (docs/architecture.md), and each batch is a MergeTree part, its
+# projection's and the merges that follow (~20 ms of the server's CPU: a lonely call's largest
+# share at 250 ms; BENCHMARKS.md, "http_load" rounds 17 and 20).
 FETCH_MIN_BYTES = 1024 * 1024
-FETCH_WAIT_MS = 250
+FETCH_WAIT_MS = 750
 IDLE_WAIT_MS = 2000  # how long `getmany` waits when nothing arrives; records end the wait at once
 
 SINK_EVENTS = Counter(

@@ -77,6 +77,28 @@ async def test_a_jump_from_50_to_95_fires_the_80_and_90_rules_once_per_period(se
     assert {(f["rule_id"], f["period"]) for f in store.firings.values()} >= {(r80.id, "2026-12")}
 
 
+async def test_a_batch_of_quota_states_keeps_the_newest_of_each_resource_in_one_write_each(service, store, clock):
+    account = uuid.uuid4()
+    newer = QuotaState(
+        time=clock(), account_id=account, resource=Resource.AI_TOKENS, period="2026-11", total=100, used=85, blocked=False
+    )
+    older = newer.model_copy(update={"used": 80, "time": clock() - timedelta(seconds=1)})
+    calls = newer.model_copy(update={"resource": Resource.API_CALLS, "used": 3})
+    saved: list[QuotaState] = []
+    save = store.save_quota_state
+
+    async def counted(state: QuotaState) -> None:
+        saved.append(state)
+        await save(state)
+
+    store.save_quota_state = counted  # type: ignore[method-assign]
+    await service.save_quota_states([newer, calls, older])  # a batch gathered in any order
+    assert sorted(s.used for s in saved) == [3, 85]  # the older state is not written at all
+    assert store.quota_states[(account, Resource.AI_TOKENS)]["used"] == 85
+    await service.save_quota_states([])  # an empty batch (key states only) writes nothing
+    assert len(saved) == 2
+
+
 async def test_a_rule_whose_threshold_is_passed_this_period_fires_at_creation(service, store, clock, deliver):
     account = uuid.uuid4()
     state = QuotaState(

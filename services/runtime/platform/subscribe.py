@@ -30,6 +30,7 @@ from services.runtime.platform.settings import Settings
 
 M = TypeVar("M")
 BATCH_TIMEOUT_MS = 500  # FastStream sleeps this long after an empty batch fetch
+GATHER_MIN_BYTES = 1024 * 1024  # a gathering subscriber's fetch ends early only with this much
 
 
 @dataclass(frozen=True)
@@ -79,9 +80,15 @@ class Subscriber:
         title: str = "",
         max_records: int = 1000,
         batch_timeout_ms: int = BATCH_TIMEOUT_MS,
+        gather_ms: int | None = None,
     ) -> None:
         """`handle` gets the valid events of one fetch from any of `readings`' topics, in
-        offset order per partition; the whole batch is committed once it returns."""
+        offset order per partition; the whole batch is committed once it returns.
+
+        `gather_ms`: for a subscriber no latency bound waits on, the broker holds each fetch
+        this long (or until a megabyte is there) while records flow, so that a trickle is
+        handled (and committed) once per `gather_ms`, not once per record. An idle consumer
+        still answers its first record at once (fetch_pace.py)."""
         by_name = {self.settings.topic(topic.name): (topic, reading) for topic, reading in readings.items()}
 
         @self.router.subscriber(
@@ -91,8 +98,9 @@ class Subscriber:
             auto_offset_reset="earliest",
             batch=True,
             max_records=max_records,
-            batch_timeout_ms=batch_timeout_ms,
-            fetch_max_wait_ms=FETCH_WAIT_MS,
+            batch_timeout_ms=max(batch_timeout_ms, gather_ms or 0),
+            fetch_max_wait_ms=FETCH_WAIT_MS if gather_ms is None else gather_ms,
+            fetch_min_bytes=1 if gather_ms is None else GATHER_MIN_BYTES,
             consumer_timeout_ms=IDLE_WAKE_MS,
             ack_policy=AckPolicy.NACK_ON_ERROR,
         )
