@@ -96,4 +96,3 @@ class KeyGate:
         if any(unquote(segment) in (".", "..") for segment in path.split("/")):
             return False
         return any(route.matches(method, path) for route in self.routes)
-

@@ -39,7 +39,7 @@ from services.keys.store import Row
 KeyObject = TypeVar("KeyObject", KeyItem, KeyCreated)
 CONSOLE = "Console only: an API key gets 403 `console_session_required`."
 RULES = (
-    " (v4) A key's own rules, all optional (API.md, \"Per-key limits and restrictions\"): `limits` (one per "
+    ' (v4) A key\'s own rules, all optional (API.md, "Per-key limits and restrictions"): `limits` (one per '
     "resource and period; `amount` > 0; `once` never refills), `allowed_models` (`provider/model` or `provider/*`), "
     "`allowed_routes` (`METHOD /path` or `METHOD /prefix/*`; `*` only at the end), `allowed_ips` (CIDRs, IPv4 or "
     "IPv6, written back in canonical form), `rate_limit` (each number at most the account plan's). An empty list "

@@ -21,8 +21,7 @@ Conn = AsyncConnection[DictRow]
 Row = dict[str, Any]
 
 _KEY_COLUMNS = (
-    "id, account_id, name, hash, masked_key, status, expires_at, delete_at, created_at, last_used_at, created_by, version,"
-    " rules"
+    "id, account_id, name, hash, masked_key, status, expires_at, delete_at, created_at, last_used_at, created_by, version, rules"
 )
 _ST_COLUMNS = "id, name, hash, scopes, created_at, last_used_at, revoked_at, version"
 

@@ -42,9 +42,7 @@ class Registered:
         return uuid.UUID(self.account["id"])
 
 
-def register(
-    api: httpx.Client, prefix: str, name: str, *, password: str = PASSWORD, user_type: str = "individual"
-) -> Registered:
+def register(api: httpx.Client, prefix: str, name: str, *, password: str = PASSWORD, user_type: str = "individual") -> Registered:
     """A new account (its e-mail `prefix-<random>@example.com`), registered and logged in over the API."""
     email = f"{prefix}-{uuid.uuid4().hex[:8]}@example.com"
     made = api.post("/api/auth/register", json={"email": email, "password": password, "name": name, "user_type": user_type})

@@ -17,9 +17,7 @@ import pytest
 from services.runtime.host import split
 from services.runtime.host.app import SERVICES, create_app
 
-pytestmark = pytest.mark.skipif(
-    split.shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists(), reason="no nginx"
-)
+pytestmark = pytest.mark.skipif(split.shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists(), reason="no nginx")
 
 # Served by every process (the console calls only the public API): any upstream will do.
 EVERY_PROCESS = ("/console/",)
@@ -110,4 +108,3 @@ def test_an_unknown_path_is_the_contracts_404(ingress: str) -> None:
     answer = httpx.get(f"{ingress}/api/nothing-here", timeout=5)
     assert answer.status_code == 404
     assert answer.json()["error"]["code"] == "not_found"
-

@@ -63,6 +63,7 @@ async def test_a_metered_topic_an_older_version_made_is_brought_to_size_retentio
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
     await admin.start()
     try:
+
         async def overrides() -> dict[str, str]:  # the configs set on the topic itself
             [response] = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
             [(_, _, _, _, entries)] = response.resources
