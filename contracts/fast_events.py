@@ -42,12 +42,17 @@ class Decoded(Protocol):
     def account_id(self) -> UUID: ...
 
 
-class FastUsage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, gc=False):
-    """UsageEvent, as the sink reads it."""
+class _Envelope(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, gc=False):
+    """The fields every event has (contracts/events.py, Event); the others inherit its options."""
 
     id: UUID
     time: Time
     account_id: UUID
+
+
+class FastUsage(_Envelope, frozen=True, kw_only=True):
+    """UsageEvent, as the sink reads it."""
+
     type: Literal["usage"] = "usage"
     resource: Resource
     quantity: Int64
@@ -60,12 +65,9 @@ class FastUsage(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     reservation_id: UUID | None = None
 
 
-class FastCall(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, gc=False):
+class FastCall(_Envelope, frozen=True, kw_only=True):
     """CallEvent, as the sink reads it."""
 
-    id: UUID
-    time: Time
-    account_id: UUID
     type: Literal["call"] = "call"
     api_key_id: UUID
     method: Annotated[str, msgspec.Meta(max_length=16)]
