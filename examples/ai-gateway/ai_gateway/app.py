@@ -142,7 +142,10 @@ class _Completion:
         was produced, also when the caller hangs up mid-stream (the prompt and those tokens were served)."""
         assert verdict.account_id is not None
         amount = self.prompt_tokens + self.max_tokens
-        async with tollgate.reserve(verdict.account_id, AI_TOKENS, amount, ttl=settings.reservation_ttl) as hold:
+        # Held for the caller's key too: a key's own ai_tokens limit is judged like the account's
+        # quota, so concurrent streams on one key cannot spend past it.
+        key = verdict.api_key_id
+        async with tollgate.reserve(verdict.account_id, AI_TOKENS, amount, ttl=settings.reservation_ttl, api_key_id=key) as hold:
             yield ""
             try:
                 async for token in fake_model.complete(self.messages, self.max_tokens, settings.token_delay):
@@ -155,7 +158,6 @@ class _Completion:
                     output_tokens=self.completion_tokens,
                     provider=fake_model.PROVIDER,
                     model=fake_model.MODEL,
-                    api_key_id=verdict.api_key_id,
                 )
 
     @property

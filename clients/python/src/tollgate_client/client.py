@@ -54,8 +54,15 @@ def _report_call(batch: Sequence[UsageEvent], source: str) -> _Call:
     return _Call("POST", "/api/usage/events", {"events": [event.to_json(source) for event in batch]}, idempotent=True)
 
 
-def _reserve_call(account_id: UUID, resource: str, amount: int, ttl_seconds: int) -> _Call:
-    body = {"account_id": str(account_id), "resource": resource, "amount": amount, "ttl_seconds": ttl_seconds}
+def _reserve_call(hold: "_Hold") -> _Call:
+    body: dict[str, Any] = {
+        "account_id": str(hold.account_id),
+        "resource": hold.resource,
+        "amount": hold.amount,
+        "ttl_seconds": hold.ttl,
+    }
+    if hold.api_key_id is not None:  # the hold must also fit the key's own limits (v4)
+        body["api_key_id"] = str(hold.api_key_id)
     return _Call("POST", "/api/quota/reservations", body, idempotent=False)
 
 
@@ -157,18 +164,22 @@ class AsyncTollgate:
             duplicates += int(answer["duplicates"])
         return ReportResult(accepted, duplicates)
 
-    def reserve(self, account_id: UUID, resource: str, amount: int, ttl: int = 300) -> "AsyncReservation":
+    def reserve(
+        self, account_id: UUID, resource: str, amount: int, ttl: int = 300, *, api_key_id: UUID | None = None
+    ) -> "AsyncReservation":
         """`async with tollgate.reserve(...) as hold: ...; hold.settle(actual)`: holds `amount` for
         `ttl` seconds; settles with what `settle` said, or releases the hold if nothing was settled
-        (an exception before `settle`, or nothing used). Refused: `InsufficientQuota`."""
-        return AsyncReservation(self, account_id, resource, amount, ttl)
+        (an exception before `settle`, or nothing used). Refused: `InsufficientQuota`. With
+        `api_key_id` (the verdict's) the hold must fit the key's own limits as well as the
+        account's quota, and its settlement is counted against the key."""
+        return AsyncReservation(self, account_id, resource, amount, ttl, api_key_id)
 
     async def release(self, reservation_id: UUID) -> bool:
         """Releases a hold early; False: it was no longer open (settled, expired or unknown)."""
         return (await self._send(_release_call(reservation_id))).status_code == 204
 
-    async def _open(self, account_id: UUID, resource: str, amount: int, ttl: int) -> tuple[UUID, datetime]:
-        made = (await self._send(_reserve_call(account_id, resource, amount, ttl))).json()
+    async def _open(self, hold: "_Hold") -> tuple[UUID, datetime]:
+        made = (await self._send(_reserve_call(hold))).json()
         return UUID(made["id"]), datetime.fromisoformat(made["expires_at"])
 
     async def _send(self, call: _Call) -> httpx.Response:
@@ -240,14 +251,16 @@ class Tollgate:
             duplicates += int(answer["duplicates"])
         return ReportResult(accepted, duplicates)
 
-    def reserve(self, account_id: UUID, resource: str, amount: int, ttl: int = 300) -> "Reservation":
-        return Reservation(self, account_id, resource, amount, ttl)
+    def reserve(
+        self, account_id: UUID, resource: str, amount: int, ttl: int = 300, *, api_key_id: UUID | None = None
+    ) -> "Reservation":
+        return Reservation(self, account_id, resource, amount, ttl, api_key_id)
 
     def release(self, reservation_id: UUID) -> bool:
         return self._send(_release_call(reservation_id)).status_code == 204
 
-    def _open(self, account_id: UUID, resource: str, amount: int, ttl: int) -> tuple[UUID, datetime]:
-        made = self._send(_reserve_call(account_id, resource, amount, ttl)).json()
+    def _open(self, hold: "_Hold") -> tuple[UUID, datetime]:
+        made = self._send(_reserve_call(hold)).json()
         return UUID(made["id"]), datetime.fromisoformat(made["expires_at"])
 
     def _send(self, call: _Call) -> httpx.Response:
@@ -270,8 +283,9 @@ class Tollgate:
 class _Hold:
     """What both reservations share: the hold's identity and what it settles with."""
 
-    def __init__(self, account_id: UUID, resource: str, amount: int, ttl: int) -> None:
+    def __init__(self, account_id: UUID, resource: str, amount: int, ttl: int, api_key_id: UUID | None) -> None:
         self.account_id, self.resource, self.amount, self.ttl = account_id, resource, amount, ttl
+        self.api_key_id = api_key_id  # the key whose call this is: its limits are judged and counted too
         self._id: UUID | None = None
         self.expires_at: datetime | None = None
         self._usage: Usage | None = None
@@ -293,8 +307,10 @@ class _Hold:
         api_key_id: UUID | None = None,
     ) -> None:
         """What was actually used; reported, carrying this reservation's id, when the block ends
-        (even by an exception: it was used). Called again, the last call wins."""
-        self._usage = Usage(quantity, provider, model, input_tokens, output_tokens, api_key_id)
+        (even by an exception: it was used). Called again, the last call wins. `api_key_id`
+        defaults to the reservation's: the usage is counted against the key it was held for."""
+        key = api_key_id or self.api_key_id
+        self._usage = Usage(quantity, provider, model, input_tokens, output_tokens, key)
 
     def _settling_event(self) -> UsageEvent | None:
         usage = self._usage
@@ -318,12 +334,14 @@ def _log_unreleased(hold: _Hold, error: TollgateError) -> None:
 
 
 class AsyncReservation(_Hold):
-    def __init__(self, tollgate: AsyncTollgate, account_id: UUID, resource: str, amount: int, ttl: int) -> None:
-        super().__init__(account_id, resource, amount, ttl)
+    def __init__(
+        self, tollgate: AsyncTollgate, account_id: UUID, resource: str, amount: int, ttl: int, api_key_id: UUID | None = None
+    ) -> None:
+        super().__init__(account_id, resource, amount, ttl, api_key_id)
         self._tollgate = tollgate
 
     async def __aenter__(self) -> Self:
-        self._id, self.expires_at = await self._tollgate._open(self.account_id, self.resource, self.amount, self.ttl)
+        self._id, self.expires_at = await self._tollgate._open(self)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -341,12 +359,14 @@ class AsyncReservation(_Hold):
 
 
 class Reservation(_Hold):
-    def __init__(self, tollgate: Tollgate, account_id: UUID, resource: str, amount: int, ttl: int) -> None:
-        super().__init__(account_id, resource, amount, ttl)
+    def __init__(
+        self, tollgate: Tollgate, account_id: UUID, resource: str, amount: int, ttl: int, api_key_id: UUID | None = None
+    ) -> None:
+        super().__init__(account_id, resource, amount, ttl, api_key_id)
         self._tollgate = tollgate
 
     def __enter__(self) -> Self:
-        self._id, self.expires_at = self._tollgate._open(self.account_id, self.resource, self.amount, self.ttl)
+        self._id, self.expires_at = self._tollgate._open(self)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
