@@ -70,6 +70,8 @@ def client_ip(peer: str, forwarded_for: str, trusted: tuple[Network, ...]) -> st
             ip = ipaddress.ip_address(address)
         except ValueError:
             return False
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped  # a dual-stack listener sees an IPv4 proxy as ::ffff:a.b.c.d
         return any(ip in net for net in trusted)
 
     if not trusted or not is_trusted(peer):

@@ -1,5 +1,6 @@
 """Properties of the keys rules, the edge's projections, sessions and the login throttle."""
 
+import ipaddress
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -166,6 +167,25 @@ def test_behind_trusted_proxies_the_rightmost_untrusted_hop_is_the_client(proxie
     assert client_ip("10.9.9.9", ", ".join(chain), trusted) == client
     forged = ["6.6.6.6", *chain]  # whatever the client puts to the left is not believed
     assert client_ip("10.9.9.9", ", ".join(forged), trusted) == client
+
+
+@given(st.lists(st.ip_addresses(v=6).map(str), min_size=1, max_size=3), st.ip_addresses(v=6).map(str))
+def test_behind_trusted_ipv6_proxies_the_rightmost_untrusted_hop_is_the_client(proxies, client):
+    trusted = parse_networks(["fd00::/8"])
+    if client_ip(client, "", trusted) != client or ipaddress.ip_address(client) in trusted[0]:
+        return  # the client itself inside the proxies' network: nothing to tell apart
+    chain = [client] + [f"fd00::{i + 1:x}" for i in range(len(proxies))]
+    assert client_ip("fd00::99", ", ".join(chain), trusted) == str(ipaddress.ip_address(client))
+    assert client_ip("fd00::99", ", ".join(["2001:db8::666", *chain]), trusted) == str(ipaddress.ip_address(client))
+
+
+def test_a_trusted_proxy_seen_as_an_ipv4_mapped_address_is_still_trusted():
+    """A dual-stack listener (uvicorn on `::`) sees an IPv4 proxy as ::ffff:10.0.0.5, and a proxy
+    may write a client's IPv4 address in that form: both are the IPv4 address they stand for."""
+    trusted = parse_networks(["10.0.0.0/8"])
+    assert client_ip("::ffff:10.0.0.5", "198.51.100.7", trusted) == "198.51.100.7"
+    assert client_ip("10.0.0.5", "198.51.100.7, ::ffff:10.0.0.6", trusted) == "198.51.100.7"
+    assert client_ip("::ffff:192.0.2.1", "198.51.100.7", trusted) == "::ffff:192.0.2.1"  # not a proxy: ignored
 
 
 # ---- login throttle: never more than `limit` counted failures per subject in any window ---------
