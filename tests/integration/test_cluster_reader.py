@@ -1,13 +1,13 @@
 """The kept Kafka clients of services/runtime/platform/cluster.py on a real broker: a metadata
 question names Tollgate's topics only and never creates one; the clients are kept between
-questions, and made again after a failure; with Kafka away a question fails and leaves no
+questions, and a question that fails on them is asked again at once on new ones; with Kafka away a question fails and leaves no
 client open."""
 
 import gc
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from contracts.topics import CALLS
 from services.runtime.platform.cluster import ClusterReader
@@ -41,15 +41,24 @@ async def test_clients_are_kept_between_questions_and_made_again_after_a_failure
         await cluster.end_offsets(partitions)
         assert (cluster._metadata, cluster._offsets) == kept  # no new client, no full metadata fetch
 
-        with pytest.raises(ValueError):
-            await cluster._asked(_failing())
-        assert cluster._metadata is None and cluster._offsets is None  # a failure drops them
-        assert await cluster.answers(settings.topic(CALLS.name))  # and the next question makes new ones
+        asked: list[tuple[object, object]] = []
+
+        async def fails_on_kept_clients() -> bool:
+            asked.append((cluster._metadata, cluster._offsets))
+            if len(asked) == 1:
+                raise KafkaConnectionError("a broker restarted since the last question")
+            return await cluster.answers(settings.topic(CALLS.name))
+
+        assert await cluster._asked(fails_on_kept_clients)  # asked again at once, on new clients
+        assert asked == [kept, (None, None)] and cluster._metadata not in (None, kept[0])
+        with pytest.raises(ValueError):  # a question that fails on new clients too raises
+            await cluster._asked(_failing)
+        assert cluster._metadata is None and cluster._offsets is None
     finally:
         await cluster.close()
 
 
-async def _failing() -> None:
+async def _failing() -> bool:
     raise ValueError("a question that failed")
 
 

@@ -7,10 +7,11 @@ shared with other applications that answer grows with their topics, and the read
 5 s), each owner's state guard and the consumer-lag reader made one or two of them per pass: an
 idle process spent a quarter of its CPU decoding other applications' topics (BENCHMARKS.md,
 "idle"). Kept clients name Tollgate's own topics in every question. A client that failed is
-closed, and the next question makes a new one: a restarted or wiped broker leaves nothing stale.
+closed, and the question asked again at once on a new one: a restarted or wiped broker leaves
+nothing stale.
 """
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -33,12 +34,12 @@ class ClusterReader:
     async def missing(self, topics: Sequence[str]) -> list[str]:
         """Which of `topics` the cluster does not have. Never creates one (a broker that creates
         topics on a metadata request would make them with its defaults, not Tollgate's configs)."""
-        answer = await self._asked(self._metadata_topics(topics))
+        answer = await self._asked(lambda: self._metadata_topics(topics))
         return [t["topic"] for t in answer if t["error_code"] == UNKNOWN_TOPIC]
 
     async def answers(self, topic: str) -> bool:
         """The cluster answers a question about one of Tollgate's topics (the readiness probe)."""
-        await self._asked(self._metadata_topics([topic]))
+        await self._asked(lambda: self._metadata_topics([topic]))
         return True
 
     async def offsets(self, partitions: Sequence[TopicPartition]) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
@@ -48,14 +49,14 @@ class ClusterReader:
             reader = await self._offsets_reader()
             return await reader.beginning_offsets(list(partitions)), await reader.end_offsets(list(partitions))
 
-        return await self._asked(ask())
+        return await self._asked(ask)
 
     async def end_offsets(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
         async def ask() -> dict[TopicPartition, int]:
             ends: dict[TopicPartition, int] = await (await self._offsets_reader()).end_offsets(list(partitions))
             return ends
 
-        return await self._asked(ask())
+        return await self._asked(ask)
 
     async def committed(self, group_prefix: str) -> dict[str, dict[TopicPartition, int]]:
         """Every group named with `group_prefix`: its committed offset on each partition it has one on."""
@@ -69,7 +70,7 @@ class ClusterReader:
                 committed[group] = {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
             return committed
 
-        return await self._asked(ask())
+        return await self._asked(ask)
 
     async def close(self) -> None:
         metadata, offsets, admin = self._metadata, self._offsets, self._admin
@@ -81,10 +82,22 @@ class ClusterReader:
         if admin is not None:
             await admin.close()
 
-    async def _asked(self, question: Awaitable[T]) -> T:
+    async def _asked(self, ask: Callable[[], Awaitable[T]]) -> T:
+        """`ask` on the kept clients; if that fails, once more at once on new ones (the broker may
+        have restarted since the last question, as a new client each pass never noticed)."""
+        kept = any(client is not None for client in (self._metadata, self._offsets, self._admin))
         try:
-            return await question
-        except BaseException:  # a failed or cancelled question: its clients may be stale
+            return await ask()
+        except Exception:
+            await self.close()
+            if not kept:
+                raise
+        except BaseException:  # cancelled mid-question: its clients may be half used
+            await self.close()
+            raise
+        try:
+            return await ask()
+        except BaseException:
             await self.close()
             raise
 
