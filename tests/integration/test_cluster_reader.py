@@ -1,7 +1,7 @@
 """The kept Kafka clients of services/runtime/platform/cluster.py on a real broker: a metadata
 question names Tollgate's topics only and never creates one; the clients are kept between
-questions, and a question that fails on them is asked again at once on new ones; with Kafka away a question fails and leaves no
-client open."""
+questions, and a question that fails on them is asked again at once on new ones; with Kafka
+away a question fails and leaves no client open."""
 
 import gc
 
