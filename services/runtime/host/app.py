@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from contracts.topics import KEYS
 from services.console import router as console_router
 from services.edge.body_limit import BodyLimitMiddleware
 from services.edge.component import Component, Overrides, Runtime
@@ -24,6 +25,7 @@ from services.edge.verify_fast import install as install_verify_fast_path
 from services.runtime.host.health import DependencyProbe, health_router, platform_checks
 from services.runtime.host.routing import remember_routes
 from services.runtime.platform import postgres
+from services.runtime.platform.cluster import ClusterReader
 from services.runtime.platform.consumer_lag import ConsumerLag
 from services.runtime.platform.kafka import ensure_topics, make_broker, start_subscribers
 from services.runtime.platform.metrics import ProcessStats
@@ -62,7 +64,8 @@ def create_app(
     edge = Edge(settings)
     runtime = Runtime(settings=settings, broker=broker, pool=pool, edge=edge, overrides=overrides or Overrides())
     components: list[Component] = [importlib.import_module(f"services.{n}.app").build(runtime) for n in names]
-    checks = platform_checks(broker, pool, edge)
+    cluster = ClusterReader(settings.kafka_bootstrap_servers)
+    checks = platform_checks(cluster, settings.topic(KEYS.name), pool, edge)
     for component in components:
         checks.update(component.checks)
     stats = ProcessStats()
@@ -106,6 +109,7 @@ def create_app(
                 for hook in reversed(component.on_stop):
                     await hook()
             await edge.stop()
+            await cluster.close()
             await pool.close()
 
     app = FastAPI(

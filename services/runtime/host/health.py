@@ -7,12 +7,12 @@ from collections.abc import Mapping
 
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
-from faststream.kafka import KafkaBroker
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from psycopg_pool import AsyncConnectionPool
 
 from services.edge.component import Check
 from services.edge.edge import Edge
+from services.runtime.platform.cluster import ClusterReader
 from services.runtime.platform.metrics import DEPENDENCIES, DEPENDENCY_UP
 from services.runtime.platform.periodic import Periodic
 
@@ -28,11 +28,12 @@ async def _run(check: Check) -> bool:
         return False
 
 
-def platform_checks(broker: KafkaBroker, pool: AsyncConnectionPool, edge: Edge) -> dict[str, Check]:
-    """What every process needs: Kafka, Postgres, and the edge's projections caught up."""
+def platform_checks(cluster: ClusterReader, topic: str, pool: AsyncConnectionPool, edge: Edge) -> dict[str, Check]:
+    """What every process needs: Kafka (it answers about `topic`, one of Tollgate's), Postgres,
+    and the edge's projections caught up."""
 
     async def kafka() -> bool:
-        return bool(await broker.ping(timeout=CHECK_TIMEOUT_S))
+        return await cluster.answers(topic)
 
     async def postgres() -> bool:
         async with pool.connection(timeout=CHECK_TIMEOUT_S) as conn:

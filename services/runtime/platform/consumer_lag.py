@@ -14,10 +14,10 @@ consumers believe (docs/architecture.md, "Consumer lag").
 import logging
 from collections.abc import Mapping
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import TopicPartition
 from prometheus_client import Gauge
 
+from services.runtime.platform.cluster import ClusterReader
 from services.runtime.platform.periodic import Periodic
 from services.runtime.platform.settings import Settings
 
@@ -41,7 +41,7 @@ class ConsumerLag:
     """Reads every group's lag from the cluster and sets `LAG`, every `consumer_lag_interval_seconds`."""
 
     def __init__(self, settings: Settings) -> None:
-        self._bootstrap = settings.kafka_bootstrap_servers
+        self._cluster = ClusterReader(settings.kafka_bootstrap_servers)
         self._prefix = settings.group("")
         interval = settings.consumer_lag_interval_seconds
         self._periodic = Periodic("consumer-lag", interval, self.export, what="reading consumer lag", log=log)
@@ -51,26 +51,13 @@ class ConsumerLag:
 
     async def close(self) -> None:
         await self._periodic.stop()
+        await self._cluster.close()
 
     async def read(self) -> dict[tuple[str, TopicPartition], int]:
         """(group, partition) -> records not committed yet, for this Tollgate's groups."""
-        # New clients each pass: a pass is rare, and a broker restart between two passes cannot
-        # leave a client with stale connections behind.
-        admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap)
-        ends_reader = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False)
-        try:  # started inside: a start that fails (Kafka away) or is cancelled still closes both
-            await admin.start()
-            await ends_reader.start()
-            groups = [group for group, *_ in await admin.list_consumer_groups() if group.startswith(self._prefix)]
-            committed: dict[str, dict[TopicPartition, int]] = {}
-            for group in groups:
-                offsets = await admin.list_consumer_group_offsets(group)
-                committed[group] = {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
-            partitions = sorted({tp for offsets in committed.values() for tp in offsets})
-            ends = await ends_reader.end_offsets(partitions) if partitions else {}
-        finally:
-            await ends_reader.stop()
-            await admin.close()
+        committed = await self._cluster.committed(self._prefix)
+        partitions = sorted({tp for offsets in committed.values() for tp in offsets})
+        ends = await self._cluster.end_offsets(partitions) if partitions else {}
         return {(group, tp): records for group, offsets in committed.items() for tp, records in lag(ends, offsets).items()}
 
     async def export(self) -> None:

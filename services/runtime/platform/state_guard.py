@@ -8,7 +8,8 @@ Postgres still holds. So each owner checks, in every process at its start and ev
 holds live states for it: a compacted topic keeps at least the newest record of every live key,
 so fewer records than states means states are missing for certain. Then it re-emits the current
 state of every object of those topics (its `republish` use case, through its outbox or its
-publisher). A pass costs a topic listing, two offset queries and one count in Postgres. (A
+publisher). A pass costs a metadata question on its own topics, two offset queries and one count
+in Postgres, on clients it keeps (services/runtime/platform/cluster.py). (A
 topic that lost only some records but still holds as many as there are states is not caught:
 `tollgate republish` is for that, and harmless.)
 
@@ -36,8 +37,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import cast
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import TopicPartition
 from faststream.kafka import KafkaBroker
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow
@@ -45,6 +45,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from contracts.events import StateComplete
 from contracts.topics import STATE_COMPLETE, Topic
+from services.runtime.platform.cluster import ClusterReader
 from services.runtime.platform.kafka import ensure_topics, within_publish_timeout
 from services.runtime.platform.periodic import Periodic
 from services.runtime.platform.settings import Settings
@@ -94,28 +95,16 @@ async def check_topics(
     return Checked(republished, complete=True)
 
 
-async def record_counts(settings: Settings, topics: Sequence[Topic]) -> dict[str, int]:
+async def record_counts(settings: Settings, cluster: ClusterReader, topics: Sequence[Topic]) -> dict[str, int]:
     """How many records each topic holds now (end minus beginning offsets, over its partitions).
     If one does not exist, every missing topic of Tollgate's is created first (empty, then)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-    finally:
-        await admin.close()
-    missing = [t.name for t in topics if settings.topic(t.name) not in existing]
+    missing = await cluster.missing([settings.topic(t.name) for t in topics])
     if missing:
         # the broker lost its data under a running stack: every topic is gone, not just these
         log.warning("topics %s are gone from Kafka: creating every missing topic", missing)
         await ensure_topics(settings)
-    reader = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap_servers, enable_auto_commit=False)
-    await reader.start()
-    try:
-        partitions = [TopicPartition(settings.topic(t.name), p) for t in topics for p in range(t.partitions)]
-        ends = await reader.end_offsets(partitions)
-        starts = await reader.beginning_offsets(partitions)
-    finally:
-        await reader.stop()
+    partitions = [TopicPartition(settings.topic(t.name), p) for t in topics for p in range(t.partitions)]
+    starts, ends = await cluster.offsets(partitions)
     by_name = {settings.topic(t.name): t.name for t in topics}
     counts = dict.fromkeys((t.name for t in topics), 0)
     for tp, end in ends.items():
@@ -153,6 +142,7 @@ class StateGuard:
         self._republish = republish
         self._hold = hold or nullcontext
         self._interval_s = interval_s
+        self._cluster = ClusterReader(settings.kafka_bootstrap_servers)
         self._first: asyncio.Task[None] | None = None
         self._periodic = Periodic(f"state-guard:{owner}", interval_s, self.check, what=f"checking {owner}'s topics", log=log)
 
@@ -181,6 +171,7 @@ class StateGuard:
             self._first.cancel()
             await asyncio.gather(self._first, return_exceptions=True)
         await self._periodic.stop()
+        await self._cluster.close()
 
     async def _check_complete(self) -> bool:
         try:
@@ -196,7 +187,11 @@ class StateGuard:
             lock = f"{self._settings.topic_prefix}state-guard:{self._owner}"
             await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (lock,))
             return await check_topics(
-                self._owner, lambda: record_counts(self._settings, self._topics), self._held, self._republish, self._announce
+                self._owner,
+                lambda: record_counts(self._settings, self._cluster, self._topics),
+                self._held,
+                self._republish,
+                self._announce,
             )
 
     async def _announce(self, record: StateComplete) -> None:
