@@ -123,6 +123,15 @@ class KeyState(Event, KeyRules):
     created_at: AwareDatetime | None = None
     created_by: UUID | None = None
     version: Version = 0  # order_of(): the key row's version
+    # (v4) The key's lineage: its own id for a key made by POST, its predecessor's lineage for a key
+    # made by rotation. A key's own limits count the spending of its whole lineage, so rotating a
+    # secret never refills them. None in states published before lineages: the key's own id.
+    lineage_id: UUID | None = None
+
+    @property
+    def lineage(self) -> UUID:
+        """The id the key's own limits are counted under (quota.key_counters, quota.v1's standings)."""
+        return self.lineage_id or self.key_id
 
 
 # ---- accounts.v1 (compacted, key = account id) -- an extension: API.md is silent here ---------
@@ -151,10 +160,13 @@ class QuotaState(Event):
 
 
 class KeyQuotaState(Event):
-    """(v4) One key's standing against one of its own limits (quota.v1 record key
-    `key:<api_key_id>:<resource>:<period>`). `window` names the window it counts in (day
-    `2026-11-26`, ISO week `2026-W48`, month `2026-11`, or `once`); `blocked` means used + reserved
-    >= amount. `removed`: the limit was cleared or the key deleted, the edge forgets it."""
+    """(v4) One key lineage's standing against one of its own limits (quota.v1 record key
+    `key:<api_key_id>:<resource>:<period>`). `api_key_id` is the lineage's id (KeyState.lineage:
+    the id of the key its rotations started from, the key's own id if never rotated): every key of
+    the lineage is judged by it, so a rotated key carries on its predecessor's spending. `window`
+    names the window it counts in (day `2026-11-26`, ISO week `2026-W48`, month `2026-11`, or
+    `once`); `blocked` means used + reserved >= amount. `removed`: no live key of the lineage has
+    the limit any more (cleared), the edge forgets it."""
 
     type: Literal["key_quota_state"] = "key_quota_state"
     api_key_id: UUID

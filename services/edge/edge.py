@@ -294,10 +294,21 @@ class Edge:
         state = self.keys.by_id(key_id)
         return [] if state is None else state.limits
 
+    def key_lineage(self, key_id: UUID) -> UUID:
+        """The id the key's limits are counted and judged under (keys.v1 KeyState.lineage): a key
+        made by rotation carries on its predecessor's spending, its own admissions included."""
+        state = self.keys.by_id(key_id)
+        return key_id if state is None else state.lineage
+
+    def key_standings(self, key_id: UUID, now: datetime) -> list[KeyStanding]:
+        """(v4) The key's standing against each of its own limits in the window that holds now,
+        where its lineage stands (this process's projections: keys.v1's limits, quota.v1's counts)."""
+        lineage_id = self.key_lineage(key_id)
+        return [self.key_quota.standing(lineage_id, limit, now) for limit in self.key_limits(key_id)]
+
     def key_usage(self, key_id: UUID, now: datetime) -> list[KeyLimitUsage]:
-        """(v4) The key's standing against each of its limits in the window that holds now, from
-        this process's projections (keys.v1's limits, quota.v1's counts): what key objects show."""
-        return [self.key_quota.standing(key_id, limit, now).usage() for limit in self.key_limits(key_id)]
+        """What key objects show: `key_standings` as `usage`."""
+        return [standing.usage() for standing in self.key_standings(key_id, now)]
 
     def _apply_user(self, _key: bytes | None, value: bytes | None) -> None:
         if value is not None:
@@ -552,12 +563,14 @@ class Edge:
         # The call's event gets its place before the handler runs (or 503), if it may run at all.
         placed = refusal is None and self.calls.reserve()
         context.reserved = placed
-        # (v4) the key's own limits first (the narrower bound), then the account's
+        # (v4) the key's own limits first (the narrower bound), then the account's; counted where
+        # the key's lineage stands (a rotated key shares its predecessor's counts and admissions)
         limits = self.key_limits(key_id)
-        key_out = self.key_quota.refusing(key_id, limits, consumes, cost, now) if placed and consumes and limits else None
+        lineage_id = self.key_lineage(key_id)
+        key_out = self.key_quota.refusing(lineage_id, limits, consumes, cost, now) if placed and consumes and limits else None
         exhausted = placed and consumes is not None and self.quota.lacks_room(account_id, consumes, cost, now)
         admission = self.quota.calls_view(account_id, now) if placed and not exhausted and not key_out and counted else None
-        key_views = self.key_quota.calls_views(key_id, limits, now) if admission is not None and limits else []
+        key_views = self.key_quota.calls_views(lineage_id, limits, now) if admission is not None and limits else []
         refused_by = await self._rate_limit(context, principal, admission, key_views)
         if refusal is not None:
             raise refusal
@@ -570,27 +583,27 @@ class Edge:
         if admission is None:
             return
         if refused_by is None:  # no Redis, or Redis failed: this process's own count
-            key_out = self.key_quota.refusing(key_id, limits, Resource.API_CALLS, 1, now) if key_views else None
+            key_out = self.key_quota.refusing(lineage_id, limits, Resource.API_CALLS, 1, now) if key_views else None
             if key_out is not None:
                 raise self.key_insufficient_quota(key_out)
             if not self._admit_here(account_id, now):
                 raise self.insufficient_quota(account_id, Resource.API_CALLS, now)
             if key_views:
-                self.key_quota.admit_call(key_id, limits, now)  # room was just seen (no await since)
-            give_back = partial(self._give_back_here, account_id, key_id, limits, now)
+                self.key_quota.admit_call(lineage_id, limits, now)  # room was just seen (no await since)
+            give_back = partial(self._give_back_here, account_id, lineage_id, limits, now)
         elif refused_by == 1:
             raise self.insufficient_quota(account_id, Resource.API_CALLS, now)
         elif refused_by > 1:
             api_calls_limits = [limit for limit in limits if limit.resource is Resource.API_CALLS]
-            raise self.key_insufficient_quota(self.key_quota.standing(key_id, api_calls_limits[refused_by - 2], now))
+            raise self.key_insufficient_quota(self.key_quota.standing(lineage_id, api_calls_limits[refused_by - 2], now))
         else:
             assert self.shared is not None
             give_back = partial(self._release_shared, (admission, *key_views))
         context.give_back = give_back  # if the call ends refused, quota will not count it
 
-    def _give_back_here(self, account_id: UUID, key_id: UUID, limits: list[KeyLimit], admitted_at: datetime) -> None:
+    def _give_back_here(self, account_id: UUID, lineage_id: UUID, limits: list[KeyLimit], admitted_at: datetime) -> None:
         self.quota.give_back(account_id, admitted_at)
-        self.key_quota.give_back(key_id, limits, admitted_at)
+        self.key_quota.give_back(lineage_id, limits, admitted_at)
 
     def _release_shared(self, admissions: tuple[CallsView, ...]) -> None:
         assert self.shared is not None

@@ -1,5 +1,7 @@
-"""(v4) The edge's projection of each key's standing against its own limits (quota.v1
-KeyQuotaState), and the gate on them.
+"""(v4) The edge's projection of each key lineage's standing against its keys' own limits
+(quota.v1 KeyQuotaState), and the gate on them. Everything here is keyed by the lineage
+(keys.v1 KeyState.lineage), not the key: a key made by rotation is judged where its predecessor's
+spending stands, and the two keys of a rotation's grace period share one count and one admission.
 
 The limits themselves (amount, period) are the key's keys.v1 state, which every replica applies
 the moment keys answers a PATCH; `used` and `reserved` are quota's, per window. A state of an
@@ -72,69 +74,69 @@ class KeyQuotaProjection:
             while entry.after_watermark and entry.after_watermark[0] <= state.time:
                 entry.after_watermark.popleft()
 
-    def get(self, api_key_id: UUID, resource: Resource, period: LimitPeriod) -> KeyQuotaState | None:
-        return self._states.get((api_key_id, resource, period))
+    def get(self, lineage_id: UUID, resource: Resource, period: LimitPeriod) -> KeyQuotaState | None:
+        return self._states.get((lineage_id, resource, period))
 
-    def view(self, api_key_id: UUID, limit: KeyLimit, now: datetime) -> CallsView:
+    def view(self, lineage_id: UUID, limit: KeyLimit, now: datetime) -> CallsView:
         """The limit's standing as an admission's input (quota_gate.CallsView): `subject` names the
         key and limit, `period` the window, `total` the limit's amount."""
         window, _ = window_of(limit.period, now, self._tz)
-        state = self._states.get((api_key_id, limit.resource, limit.period))
-        subject = f"k:{api_key_id}:{limit.resource.value}:{limit.period.value}"
+        state = self._states.get((lineage_id, limit.resource, limit.period))
+        subject = f"k:{lineage_id}:{limit.resource.value}:{limit.period.value}"
         if state is None:
-            return CallsView(api_key_id, window, None, 0, 0, limit.amount, subject)
+            return CallsView(lineage_id, window, None, 0, 0, limit.amount, subject)
         if state.window != window:  # a new window starts from 0; open reservations still hold
-            return CallsView(api_key_id, window, None, 0, state.reserved, limit.amount, subject)
-        return CallsView(api_key_id, window, state.time, state.used, state.reserved, limit.amount, subject)
+            return CallsView(lineage_id, window, None, 0, state.reserved, limit.amount, subject)
+        return CallsView(lineage_id, window, state.time, state.used, state.reserved, limit.amount, subject)
 
-    def standing(self, api_key_id: UUID, limit: KeyLimit, now: datetime) -> KeyStanding:
+    def standing(self, lineage_id: UUID, limit: KeyLimit, now: datetime) -> KeyStanding:
         window, resets_at = window_of(limit.period, now, self._tz)
-        view = self.view(api_key_id, limit, now)
+        view = self.view(lineage_id, limit, now)
         used = view.used
         if limit.resource is Resource.API_CALLS:
-            used += _pending(view, self._admitted.get((api_key_id, limit.period)))
+            used += _pending(view, self._admitted.get((lineage_id, limit.period)))
         return KeyStanding(limit, window, resets_at, used, view.reserved)
 
     def refusing(
-        self, api_key_id: UUID, limits: list[KeyLimit], resource: Resource, cost: int, now: datetime
+        self, lineage_id: UUID, limits: list[KeyLimit], resource: Resource, cost: int, now: datetime
     ) -> KeyStanding | None:
         """The first of the key's limits on `resource` that refuses a call needing `cost` more of
         it: exhausted (used + reserved >= amount), or used + reserved + cost > amount; None: all fit."""
         for limit in limits:
             if limit.resource is not resource:
                 continue
-            standing = self.standing(api_key_id, limit, now)
+            standing = self.standing(lineage_id, limit, now)
             taken = standing.used + standing.reserved
             if taken >= limit.amount or taken + cost > limit.amount:
                 return standing
         return None
 
-    def calls_views(self, api_key_id: UUID, limits: list[KeyLimit], now: datetime) -> list[CallsView]:
+    def calls_views(self, lineage_id: UUID, limits: list[KeyLimit], now: datetime) -> list[CallsView]:
         """The admissions a call of this key needs besides its account's: one per api_calls limit."""
-        return [self.view(api_key_id, limit, now) for limit in limits if limit.resource is Resource.API_CALLS]
+        return [self.view(lineage_id, limit, now) for limit in limits if limit.resource is Resource.API_CALLS]
 
-    def admit_call(self, api_key_id: UUID, limits: list[KeyLimit], now: datetime) -> KeyStanding | None:
+    def admit_call(self, lineage_id: UUID, limits: list[KeyLimit], now: datetime) -> KeyStanding | None:
         """This process's own admission of one call against the key's api_calls limits (no Redis):
         the refusing limit's standing, or None once the call is counted against every one."""
-        refused = self.refusing(api_key_id, limits, Resource.API_CALLS, 1, now)
+        refused = self.refusing(lineage_id, limits, Resource.API_CALLS, 1, now)
         if refused is not None:
             return refused
         for limit in limits:
             if limit.resource is Resource.API_CALLS:
                 window, _ = window_of(limit.period, now, self._tz)
-                entry = self._admitted.get((api_key_id, limit.period))
+                entry = self._admitted.get((lineage_id, limit.period))
                 if entry is None or entry.period != window:
-                    entry = self._admitted[(api_key_id, limit.period)] = _Admissions(window)
+                    entry = self._admitted[(lineage_id, limit.period)] = _Admissions(window)
                 entry.count += 1
                 entry.after_watermark.append(now)
         return None
 
-    def give_back(self, api_key_id: UUID, limits: list[KeyLimit], admitted_at: datetime) -> None:
+    def give_back(self, lineage_id: UUID, limits: list[KeyLimit], admitted_at: datetime) -> None:
         """A call admitted here ended refused: its places in the key's limits are free again."""
         for limit in limits:
             if limit.resource is not Resource.API_CALLS:
                 continue
-            entry = self._admitted.get((api_key_id, limit.period))
+            entry = self._admitted.get((lineage_id, limit.period))
             if entry is None or entry.period != window_of(limit.period, admitted_at, self._tz)[0]:
                 continue
             entry.count -= 1

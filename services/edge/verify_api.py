@@ -77,8 +77,8 @@ def answer_of(edge: Edge, call: ServiceCall, verdict: Verdict, request_id: str) 
     key_limits = []
     if principal is not None and principal.api_key_id is not None:
         now = datetime.now(UTC)
-        for limit in edge.key_limits(principal.api_key_id):
-            standing = edge.key_quota.standing(principal.api_key_id, limit, now)
+        for standing in edge.key_standings(principal.api_key_id, now):
+            limit = standing.limit
             key_limits.append(VerifiedKeyLimit(resource=limit.resource, period=limit.period, remaining=standing.remaining))
     retry_after = verdict.headers.get("Retry-After")
     return VerifyAnswer(

@@ -101,6 +101,7 @@ def key_state(
     created_by: UUID | None = None,
     version: int = 0,
     rules: KeyRules | None = None,
+    lineage_id: UUID | None = None,
 ) -> KeyState:
     return KeyState(
         **dict(rules or KeyRules()),
@@ -116,6 +117,7 @@ def key_state(
         created_at=created_at,
         created_by=created_by,
         version=version,
+        lineage_id=lineage_id,
     )
 
 

@@ -385,6 +385,7 @@ class KeysService:
             created_by=row["created_by"],
             version=row["version"],  # taken under the row lock: the order consumers keep
             rules=KeyRules.model_validate(row["rules"]),  # (v4) every state carries the key's rules
+            lineage_id=row["lineage_id"],  # (v4) its limits count its whole lineage's spending
         )
 
     async def _roles(self, tx: KeysTx, key: Row) -> list[Role]:
@@ -415,10 +416,13 @@ class KeysService:
         now: datetime,
         changes: Changes,
         rules: KeyRules,
+        lineage_id: UUID | None = None,
     ) -> tuple[Row, str]:
+        """`lineage_id`: the predecessor's lineage for a rotated key; None starts a lineage (the new id)."""
         secret = new_api_key()
+        key_id = uuid4()
         row = await tx.insert_key(
-            key_id=uuid4(),
+            key_id=key_id,
             account_id=account_id,
             name=name,
             digest=hash_secret(secret),
@@ -428,6 +432,7 @@ class KeysService:
             created_at=now,
             created_by=user_id,
             rules=rules.model_dump(mode="json", exclude_defaults=True),
+            lineage_id=lineage_id or key_id,
         )
         await self._emit_key(tx, self._state(row, await self._roles(tx, row), now), changes)
         return row, secret
@@ -562,9 +567,13 @@ class KeysService:
                 expires_at = domain.rotation_expiry(old["expires_at"], now, grace_seconds)
                 old = await tx.set_expiry(key_id, expires_at, expires_at)
                 await self._emit_key(tx, self._state(old, roles, now), changes)
-            # the new key keeps the old one's rules: rotating must not widen what the secret may do
+            # the new key keeps the old one's rules, and continues its lineage (what its limits have
+            # counted so far, and what the old key spends in its grace): rotating must not widen
+            # what the secret may do
             rules = KeyRules.model_validate(old["rules"])
-            row, secret = await self._insert_new_key(tx, account_id, user_id, old["name"], None, now, changes, rules)
+            row, secret = await self._insert_new_key(
+                tx, account_id, user_id, old["name"], None, now, changes, rules, lineage_id=old["lineage_id"]
+            )
             await self._audit(
                 tx,
                 audit,

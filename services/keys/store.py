@@ -21,7 +21,8 @@ Conn = AsyncConnection[DictRow]
 Row = dict[str, Any]
 
 _KEY_COLUMNS = (
-    "id, account_id, name, hash, masked_key, status, expires_at, delete_at, created_at, last_used_at, created_by, version, rules"
+    "id, account_id, name, hash, masked_key, status, expires_at, delete_at, created_at, last_used_at, created_by, version, rules,"
+    " lineage_id"
 )
 _ST_COLUMNS = "id, name, hash, scopes, created_at, last_used_at, revoked_at, version"
 
@@ -189,12 +190,13 @@ class KeysTx:
         created_at: datetime,
         created_by: UUID,
         rules: dict[str, Any],
+        lineage_id: UUID,
     ) -> Row:
         row = await self._one(
             f"""INSERT INTO keys.api_keys
-                    (id, account_id, name, hash, masked_key, status, expires_at, created_at, created_by, rules)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {_KEY_COLUMNS}""",
-            (key_id, account_id, name, digest, masked_key, status, expires_at, created_at, created_by, Jsonb(rules)),
+                    (id, account_id, name, hash, masked_key, status, expires_at, created_at, created_by, rules, lineage_id)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING {_KEY_COLUMNS}""",
+            (key_id, account_id, name, digest, masked_key, status, expires_at, created_at, created_by, Jsonb(rules), lineage_id),
         )
         assert row is not None
         return row

@@ -252,9 +252,10 @@ class Analytics:
     # ---- (v4) by key: each key's usage against its own limits -----------------------------------
     async def by_key(self, account_id: UUID, api_key_id: UUID | None = None) -> ByKey:
         """The account's live keys (or the one asked for; another account's key: no item), each with
-        its limits and the usage counted in the window of each that holds now (platform time zone,
-        as quota counts them). Metering's count is the analytics' view; quota's own counter is the
-        one the edge enforces (the key's `usage` in GET /api/api-keys)."""
+        its limits and its lineage's usage (its own and that of the keys it was rotated from)
+        counted in the window of each that holds now (platform time zone, as quota counts them).
+        Metering's count is the analytics' view; quota's own counter is the one the edge enforces
+        (the key's `usage` in GET /api/api-keys)."""
         now = self.clock()
         tz = ranges.zone(None, self.default_tz)
         keys = [k for k in self.keys_of(account_id) if api_key_id in (None, k.key_id)]
@@ -262,13 +263,15 @@ class Analytics:
         windows = {p: domain.limit_window(p, now, tz) for p in LimitPeriod}
         wanted = {limit.period for k in keys for limit in k.limits}
         starts = sorted({windows[p][1] for p in wanted})
-        used = await self.store.key_usage_since(account_id, [k.key_id for k in keys if k.limits], starts)
+        # (v4) a key's limits count its whole lineage's usage (the keys it was rotated from too)
+        lineage_keys = sorted({k for key in keys if key.limits for k in key.lineage_keys or (key.key_id,)})
+        used = await self.store.key_usage_since(account_id, lineage_keys, starts)
         items = []
         for key in keys:
             limits = []
             for limit in key.limits:
                 window, start, end = windows[limit.period]
-                spent = used.get((key.key_id, limit.resource.value, start), 0)
+                spent = sum(used.get((k, limit.resource.value, start), 0) for k in key.lineage_keys or (key.key_id,))
                 limits.append(
                     KeyLimitStanding(
                         resource=limit.resource,

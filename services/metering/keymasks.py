@@ -1,13 +1,14 @@
 """The keys metering knows from keys.v1: each key's mask (so the activity log can show which key
-called) and (v4) its account, own limits (the by-key view's usage against each limit) and allowed
-models (the sink flags usage of a model its key does not allow).
+called) and (v4) its account, own limits (the by-key view's usage against each limit), its lineage
+(the keys it was rotated from, whose usage its limits go on counting) and allowed models (the
+sink flags usage of a model its key does not allow).
 
 keys.v1 carries `masked_key` (never the secret). A deleted key keeps its mask here: the log
 of its past calls should still say which key it was. Unknown keys show null.
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from uuid import UUID
 
 from contracts.events import KeyState
@@ -21,12 +22,18 @@ class KnownKey:
     masked_key: str | None
     limits: tuple[KeyLimit, ...]
     allowed_models: tuple[str, ...] = ()
+    # (v4) every key of its lineage metering has seen, itself and the lineage's first key included
+    lineage_keys: tuple[UUID, ...] = ()
 
 
 class KeyMasks:
     def __init__(self) -> None:
         self._masks: dict[UUID, str] = {}
         self._live: dict[UUID, dict[UUID, KnownKey]] = {}  # account -> its live keys
+        # (v4) lineage -> the keys of it seen; kept after a deletion, as masks are: a rotated key's
+        # limits go on counting its predecessors' usage
+        self._lineages: dict[UUID, set[UUID]] = {}
+        self._lineage_of: dict[UUID, UUID] = {}  # key -> its lineage
 
     def apply(self, key: bytes | None, value: bytes | None) -> None:
         if value is None:  # a tombstone: keep the mask for the history, forget the key's limits
@@ -36,12 +43,18 @@ class KeyMasks:
         state = KeyState.model_validate(json.loads(value))
         if state.masked_key:
             self._masks[state.key_id] = state.masked_key
+        self._lineages.setdefault(state.lineage, {state.lineage}).add(state.key_id)
+        self._lineage_of[state.key_id] = state.lineage
         keys = self._live.setdefault(state.account_id, {})
         if state.deleted:
             keys.pop(state.key_id, None)
         else:
             keys[state.key_id] = KnownKey(
-                state.key_id, state.account_id, self.get(state.key_id), tuple(state.limits), tuple(state.allowed_models)
+                state.key_id,
+                state.account_id,
+                self.get(state.key_id),
+                tuple(state.limits),
+                tuple(state.allowed_models),
             )
 
     def _forget(self, key_id: str) -> None:
@@ -62,5 +75,9 @@ class KeyMasks:
         return key.allowed_models if key is not None else ()
 
     def keys_of(self, account_id: UUID) -> list[KnownKey]:
-        """The account's live keys, as keys.v1 last said (never another account's)."""
-        return list(self._live.get(account_id, {}).values())
+        """The account's live keys, as keys.v1 last said (never another account's), each with the
+        keys of its lineage seen so far."""
+        return [
+            replace(key, lineage_keys=tuple(sorted(self._lineages[self._lineage_of[key.key_id]])))
+            for key in self._live.get(account_id, {}).values()
+        ]

@@ -139,14 +139,24 @@ def threshold_event_id(account_id: UUID, resource: Resource, period: str, pct: i
 # ---- (v4) limits per key ---------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class KeyDelta:
-    """What a batch adds to one key's counter in one window of one of its limits."""
+    """What a batch adds to one key lineage's counter in one window of one of its limits."""
 
-    api_key_id: UUID
+    lineage_id: UUID
     resource: Resource
     period: LimitPeriod
     window: str
     quantity: int
     last_time: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class KeyCharge:
+    """What a key's events count against: its account, its lineage (keys.v1 KeyState.lineage: the
+    counters its rotations share) and its own limits."""
+
+    account_id: UUID
+    lineage_id: UUID
+    limits: list[KeyLimit]
 
 
 def event_key(event: UsageEvent | CallEvent) -> tuple[UUID, Resource, int] | None:
@@ -156,28 +166,41 @@ def event_key(event: UsageEvent | CallEvent) -> tuple[UUID, Resource, int] | Non
     return None if event.api_key_id is None else (event.api_key_id, event.resource, event.quantity)
 
 
-def key_deltas(
-    events: Iterable[UsageEvent | CallEvent], limits: Mapping[UUID, tuple[UUID, list[KeyLimit]]], tz: ZoneInfo
-) -> list[KeyDelta]:
-    """Sum events per key limit and window of the event's own time. `limits`: key id -> (its
-    account, its limits). An event counts only against a key of its own account (a platform
-    service cannot charge another tenant's key) and only against the limits in force."""
+def key_deltas(events: Iterable[UsageEvent | CallEvent], charges: Mapping[UUID, KeyCharge], tz: ZoneInfo) -> list[KeyDelta]:
+    """Sum events per key lineage, limit and window of the event's own time. `charges`: key id ->
+    what it counts against. An event counts only against a key of its own account (a platform
+    service cannot charge another tenant's key) and only against the key's limits in force, in
+    its lineage's counters: a rotated key goes on from where its predecessor stands."""
     sums: dict[tuple[UUID, Resource, LimitPeriod, str], tuple[int, datetime]] = {}
     for event in events:
         charged = event_key(event)
-        if charged is None or charged[0] not in limits:
+        if charged is None or charged[0] not in charges:
             continue
         key_id, resource, quantity = charged
-        account_id, key_limits = limits[key_id]
-        if account_id != event.account_id:
+        charge = charges[key_id]
+        if charge.account_id != event.account_id:
             continue
-        for limit in key_limits:
+        for limit in charge.limits:
             if limit.resource is not resource:
                 continue
             window, _ = window_of(limit.period, event.time, tz)
-            qty, last = sums.get((key_id, resource, limit.period, window), (0, EPOCH))
-            sums[(key_id, resource, limit.period, window)] = (qty + quantity, max(last, event.time))
+            slot = (charge.lineage_id, resource, limit.period, window)
+            qty, last = sums.get(slot, (0, EPOCH))
+            sums[slot] = (qty + quantity, max(last, event.time))
     return [KeyDelta(k, r, p, w, q, t) for (k, r, p, w), (q, t) in sums.items()]
+
+
+def lineage_limits(key_limits: Iterable[list[KeyLimit]]) -> list[KeyLimit]:
+    """The limits a lineage's standings are published for: each (resource, period) that a live key
+    of the lineage limits, with the narrowest amount when its keys differ (an old key PATCHed in
+    its grace period). The edge judges each key by its own amount against the lineage's counts."""
+    narrowest: dict[tuple[Resource, LimitPeriod], KeyLimit] = {}
+    for limits in key_limits:
+        for limit in limits:
+            slot = (limit.resource, limit.period)
+            if slot not in narrowest or limit.amount < narrowest[slot].amount:
+                narrowest[slot] = limit
+    return [narrowest[slot] for slot in sorted(narrowest)]
 
 
 class KeyLimitExhausted(Forbidden):

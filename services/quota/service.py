@@ -51,9 +51,10 @@ class Reservation:
     api_key_id: UUID | None = None
 
 
-def key_record(api_key_id: UUID, resource: Resource, period: LimitPeriod) -> str:
-    """quota.v1's record key of a key's standing against one limit (compacted: the newest wins)."""
-    return f"key:{api_key_id}:{resource.value}:{period.value}"
+def key_record(lineage_id: UUID, resource: Resource, period: LimitPeriod) -> str:
+    """quota.v1's record key of a key lineage's standing against one limit (compacted: the newest
+    wins). The lineage's id is its first key's id, so a key never rotated keeps its record key."""
+    return f"key:{lineage_id}:{resource.value}:{period.value}"
 
 
 class QuotaService:
@@ -84,8 +85,12 @@ class QuotaService:
             # every (key, resource) the batch charges: one key's events may be on several resources
             charged = {(c[0], c[1]) for e in events if (c := domain.event_key(e)) is not None}
             rules = await tx.key_rules(key for key, _ in charged)
-            limits = {k: (row.account_id, row.limits) for k, row in rules.items() if not row.deleted and row.limits}
-            await tx.add_key_deltas(domain.key_deltas(unique.values(), limits, self._tz))
+            charges = {
+                k: domain.KeyCharge(row.account_id, row.lineage_id, row.limits)
+                for k, row in rules.items()
+                if not row.deleted and row.limits
+            }
+            await tx.add_key_deltas(domain.key_deltas(unique.values(), charges, self._tz))
             # A counted usage event settles its reservation: the actual quantity is now in `used`
             # and the held amount is released (only for fresh events: idempotent on the event id).
             released = await tx.settle_reservations(
@@ -95,7 +100,7 @@ class QuotaService:
             # offsets leaves nothing to recount but the state may never have been sent.
             touched = {(e.account_id, r) for e in events for r in self._resources_of(e)} | _accounts_of(released)
             await self._publish_states(tx, touched, period)
-            key_touched = {(k, r) for k, r in charged if k in limits} | _keys_of(released)
+            key_touched = {(charges[k].lineage_id, r) for k, r in charged if k in charges} | _keys_of(released)
             await self._publish_key_states(tx, key_touched)
             # An event counts in the period of its own time: one late from last month (or a few
             # seconds ahead into the next) crosses that period's thresholds, announced for it.
@@ -143,18 +148,20 @@ class QuotaService:
         used + reserved + amount > total. Under the account's row lock, so concurrent reservations
         on any number of replicas are judged one after the other. (v4) With `api_key_id` it must
         also fit each of the key's own limits on the resource (KeyLimitExhausted, judged first:
-        the narrower bound), and holds room in them too."""
+        the narrower bound) where its lineage stands (a rotated key shares its predecessor's
+        counters and reservations), and holds room in them too."""
         now = self._clock()
         period = self.current_period()
         async with self._store.transaction() as tx:
             await tx.lock_accounts([account_id])
-            key_limits = [] if api_key_id is None else await self._key_limits(tx, api_key_id, account_id, resource)
-            if key_limits:
-                assert api_key_id is not None
-                key_held = (await tx.key_reserved(api_key_id, now))[resource]
+            lineage_id, key_limits = (
+                (None, []) if api_key_id is None else await self._key_limits(tx, api_key_id, account_id, resource)
+            )
+            if lineage_id is not None and key_limits:
+                key_held = (await tx.key_reserved(lineage_id, now))[resource]
                 for limit in key_limits:
                     window, resets_at = window_of(limit.period, now, self._tz)
-                    key_line = await tx.key_line(api_key_id, resource, limit.period, window)
+                    key_line = await tx.key_line(lineage_id, resource, limit.period, window)
                     if not domain.fits(key_line.used, key_held, amount, limit.amount):
                         raise domain.KeyLimitExhausted(limit, key_line.used, key_held, resets_at, self._console_url)
             line = (await tx.lines(account_id, period))[resource]
@@ -164,21 +171,24 @@ class QuotaService:
                 raise domain.InsufficientQuota(resource, line.used, held, line.total, end, self._console_url)
             expires_at = now + timedelta(seconds=ttl_seconds)
             reservation = Reservation(uuid4(), account_id, resource, amount, expires_at, api_key_id)
-            await tx.add_reservation(reservation.id, account_id, resource, amount, owner_id, now, expires_at, api_key_id)
+            await tx.add_reservation(
+                reservation.id, account_id, resource, amount, owner_id, now, expires_at, api_key_id, lineage_id
+            )
             await self._publish_states(tx, {(account_id, resource)}, period)
-            if key_limits:
-                assert api_key_id is not None
-                await self._publish_key_states(tx, {(api_key_id, resource)})
+            if lineage_id is not None and key_limits:
+                await self._publish_key_states(tx, {(lineage_id, resource)})
         return reservation
 
-    async def _key_limits(self, tx: QuotaTx, api_key_id: UUID, account_id: UUID, resource: Resource) -> list[KeyLimit]:
-        """The key's limits on `resource`; another account's key is not found (no existence leak)."""
+    @staticmethod
+    async def _key_limits(tx: QuotaTx, api_key_id: UUID, account_id: UUID, resource: Resource) -> tuple[UUID, list[KeyLimit]]:
+        """The key's lineage and its limits on `resource`; another account's key is not found (no
+        existence leak). A key quota has not heard of yet has no limits (yet), and its own id."""
         row = (await tx.key_rules([api_key_id])).get(api_key_id)
         if row is None:
-            return []  # a key quota has no limits of (yet): the account's quota alone
+            return api_key_id, []
         if row.account_id != account_id:
             raise NotFound("api key")
-        return [] if row.deleted else [limit for limit in row.limits if limit.resource is resource]
+        return row.lineage_id, [] if row.deleted else [limit for limit in row.limits if limit.resource is resource]
 
     async def release(self, reservation_id: UUID, owner_id: UUID | None = None) -> bool:
         """Release an open reservation early; False when there is none of this owner by that id."""
@@ -226,23 +236,34 @@ class QuotaService:
 
     # ---- (v4) limits per key --------------------------------------------------------------------
     async def apply_key(self, state: KeyState) -> None:
-        """A key's state from keys.v1: keep its limits (the newest state by order_of wins; a
-        redelivered or older one changes nothing) and publish its standing against each, with
-        `removed: true` for a limit it no longer has (cleared, or the key deleted)."""
+        """A key's state from keys.v1: keep its limits and lineage (the newest state by order_of
+        wins; a redelivered or older one changes nothing) and publish its lineage's standing
+        against each limit of the lineage's live keys, with `removed: true` for a limit a live key
+        cleared that no live key of the lineage still has. A deleted key removes nothing: the key
+        rotated from it may reach quota after its deletion (keys.v1 orders by key, not across
+        keys), and the edge must go on judging that key where the lineage stands meanwhile."""
+        lineage_id = state.lineage
         async with self._store.transaction() as tx:
             await tx.lock_accounts([state.account_id])
-            before = (await tx.key_rules([state.key_id])).get(state.key_id)
+            was = await self._lineage_limits(tx, lineage_id)
             limits = [] if state.deleted else list(state.limits)
-            if not await tx.set_key_rules(state.key_id, state.account_id, limits, state.deleted, state.version, state.time):
+            if not await tx.set_key_rules(
+                state.key_id, state.account_id, limits, state.deleted, state.version, state.time, lineage_id
+            ):
                 return
-            kept = {(limit.resource, limit.period) for limit in limits}
-            was = [] if before is None or before.deleted else before.limits
-            gone = [limit for limit in was if (limit.resource, limit.period) not in kept]
+            now_limits = await self._lineage_limits(tx, lineage_id)
+            kept = {(limit.resource, limit.period) for limit in now_limits}
+            gone = [] if state.deleted else [limit for limit in was if (limit.resource, limit.period) not in kept]
             # a new limit, or one whose amount changed, announces no crossing for where it already stands
-            changed = {(limit.resource, limit.period) for limit in limits if limit not in was}
+            changed = {(limit.resource, limit.period) for limit in now_limits if limit not in was}
             await self._publish_key_states(
-                tx, {(state.key_id, limit.resource) for limit in limits}, removed={state.key_id: gone}, amounts_changed=changed
+                tx, {(lineage_id, limit.resource) for limit in now_limits}, removed={lineage_id: gone}, amounts_changed=changed
             )
+
+    @staticmethod
+    async def _lineage_limits(tx: QuotaTx, lineage_id: UUID) -> list[KeyLimit]:
+        rows = (await tx.lineage_rules([lineage_id])).get(lineage_id, [])
+        return domain.lineage_limits(row.limits for row in rows if not row.deleted)
 
     async def roll_key_windows(self) -> None:
         """At a day's start (the first pass of the sweeper in a new day window: a week and a month
@@ -264,12 +285,18 @@ class QuotaService:
                 if not accounts:
                     return published
                 await tx.lock_accounts(accounts)
-                keys = await tx.limited_keys(accounts)
-                rules = await tx.key_rules(keys)
-                touched = {(k, limit.resource) for k, row in rules.items() for limit in row.limits}
+                touched = await self._limited_lineages(tx, accounts)
                 await self._publish_key_states(tx, touched, crossings=False)
             published += len(touched)
             after = accounts[-1]
+
+    @staticmethod
+    async def _limited_lineages(tx: QuotaTx, accounts: list[UUID]) -> set[tuple[UUID, Resource]]:
+        """Every (lineage, resource) of these accounts that a live key's limit is on."""
+        rows = await tx.lineage_rules(await tx.limited_lineages(accounts))
+        return {
+            (lineage, limit.resource) for lineage, keys in rows.items() for row in keys if not row.deleted for limit in row.limits
+        }
 
     # ---- republishing (docs/architecture.md, "Kafka is transport") ------------------------------
     async def republish(self, topics: Collection[str] = (QUOTA.name,), chunk: int = 500) -> dict[str, int]:
@@ -293,8 +320,7 @@ class QuotaService:
                 await tx.lock_accounts(accounts)
                 touched = {(account_id, resource) for account_id in accounts for resource in Resource}
                 await self._publish_states(tx, touched, period, crossings=False)
-                rules = await tx.key_rules(await tx.limited_keys(accounts))
-                key_touched = {(k, limit.resource) for k, row in rules.items() for limit in row.limits}
+                key_touched = await self._limited_lineages(tx, accounts)
                 await self._publish_key_states(tx, key_touched, crossings=False)
             published += len(touched) + len(key_touched)
             after = accounts[-1]
@@ -356,36 +382,40 @@ class QuotaService:
         amounts_changed: Collection[tuple[Resource, LimitPeriod]] = (),
         crossings: bool = True,
     ) -> None:
-        """Each touched key's standing against its limits on the touched resources, in the window
-        that holds now (and `removed: true` for `removed` limits), and the crossings of whole
-        percents of a limit in that window. A limit whose amount changed moves its mark to where
-        it stands (as a bigger account total does), announcing nothing."""
+        """Each touched key lineage's standing against its limits on the touched resources (the
+        limits of its live keys: domain.lineage_limits), in the window that holds now (and
+        `removed: true` for `removed` limits), and the crossings of whole percents of a limit in
+        that window, announced for each live key of the lineage that has the limit (alert rules
+        name a key). A limit whose amount changed moves its mark to where it stands (as a bigger
+        account total does), announcing nothing."""
         now = self._clock()
         account_period = period_of(now, self._tz)
         sends: list[Awaitable[None]] = []
-        by_key: dict[UUID, set[Resource]] = {}
-        for api_key_id, resource in touched:
-            by_key.setdefault(api_key_id, set()).add(resource)
+        by_lineage: dict[UUID, set[Resource]] = {}
+        for lineage_id, resource in touched:
+            by_lineage.setdefault(lineage_id, set()).add(resource)
         removed = removed or {}
-        for api_key_id in removed:
-            by_key.setdefault(api_key_id, set())
-        rules = await tx.key_rules(by_key)
-        for api_key_id, resources in sorted(by_key.items()):
-            row = rules.get(api_key_id)
-            if row is None:
+        for lineage_id in removed:
+            by_lineage.setdefault(lineage_id, set())
+        rows_of = await tx.lineage_rules(by_lineage)
+        for lineage_id, resources in sorted(by_lineage.items()):
+            rows = rows_of.get(lineage_id, [])
+            if not rows:
                 continue
-            live = [] if row.deleted else [limit for limit in row.limits if limit.resource in resources]
-            gone = removed.get(api_key_id, ())
+            account_id = rows[0].account_id
+            keys = [row for row in rows if not row.deleted]
+            live = [limit for limit in domain.lineage_limits(row.limits for row in keys) if limit.resource in resources]
+            gone = removed.get(lineage_id, ())
             if not live and not gone:
                 continue
-            version = await tx.next_key_state_version(api_key_id)
-            held = await tx.key_reserved(api_key_id, now)
+            version = await tx.next_key_state_version(lineage_id)
+            held = await tx.key_reserved(lineage_id, now)
             for limit in gone:
                 window, resets_at = window_of(limit.period, now, self._tz)
                 forgotten = KeyQuotaState(
                     time=now,
-                    account_id=row.account_id,
-                    api_key_id=api_key_id,
+                    account_id=account_id,
+                    api_key_id=lineage_id,
                     resource=limit.resource,
                     period=limit.period,
                     window=window,
@@ -398,19 +428,19 @@ class QuotaService:
                 )
                 sends.append(
                     self._publisher.publish(
-                        QUOTA, key_record(api_key_id, limit.resource, limit.period), forgotten.model_dump_json()
+                        QUOTA, key_record(lineage_id, limit.resource, limit.period), forgotten.model_dump_json()
                     )
                 )
-            for limit in sorted(live, key=lambda x: (x.resource, x.period)):
+            for limit in live:
                 window, resets_at = window_of(limit.period, now, self._tz)
-                line = await tx.key_line(api_key_id, limit.resource, limit.period, window)
+                line = await tx.key_line(lineage_id, limit.resource, limit.period, window)
                 reserved = held[limit.resource]
                 state = KeyQuotaState(
                     # as the account's: the latest counted event's time (the edge counts its own
                     # admissions after it as not yet included)
                     time=line.watermark,
-                    account_id=row.account_id,
-                    api_key_id=api_key_id,
+                    account_id=account_id,
+                    api_key_id=lineage_id,
                     resource=limit.resource,
                     period=limit.period,
                     window=window,
@@ -421,30 +451,33 @@ class QuotaService:
                     resets_at=resets_at,
                     version=version,
                 )
-                record = key_record(api_key_id, limit.resource, limit.period)
+                record = key_record(lineage_id, limit.resource, limit.period)
                 sends.append(self._publisher.publish(QUOTA, record, state.model_dump_json()))
                 if (limit.resource, limit.period) in amounts_changed:
                     pct = domain.percent_floor(line.used, limit.amount)
-                    await tx.set_key_mark(api_key_id, limit.resource, limit.period, window, pct)
+                    await tx.set_key_mark(lineage_id, limit.resource, limit.period, window, pct)
                     continue
                 pct_crossed = domain.crossing(line.mark, line.used, limit.amount) if crossings else None
                 if pct_crossed is None:
                     continue
-                await tx.set_key_mark(api_key_id, limit.resource, limit.period, window, pct_crossed)
-                crossed = QuotaThresholdCrossed(
-                    id=domain.key_threshold_event_id(api_key_id, limit.resource, limit.period, window, pct_crossed),
-                    time=now,
-                    account_id=row.account_id,
-                    resource=limit.resource,
-                    period=account_period,
-                    threshold_pct=pct_crossed,
-                    used=line.used,
-                    total=limit.amount,
-                    api_key_id=api_key_id,
-                    limit_period=limit.period,
-                    window=window,
-                )
-                sends.append(self._publisher.publish(QUOTA_THRESHOLDS, str(row.account_id), crossed.model_dump_json()))
+                await tx.set_key_mark(lineage_id, limit.resource, limit.period, window, pct_crossed)
+                for key in keys:
+                    if not any((x.resource, x.period) == (limit.resource, limit.period) for x in key.limits):
+                        continue
+                    crossed = QuotaThresholdCrossed(
+                        id=domain.key_threshold_event_id(key.api_key_id, limit.resource, limit.period, window, pct_crossed),
+                        time=now,
+                        account_id=account_id,
+                        resource=limit.resource,
+                        period=account_period,
+                        threshold_pct=pct_crossed,
+                        used=line.used,
+                        total=limit.amount,
+                        api_key_id=key.api_key_id,
+                        limit_period=limit.period,
+                        window=window,
+                    )
+                    sends.append(self._publisher.publish(QUOTA_THRESHOLDS, str(account_id), crossed.model_dump_json()))
         await asyncio.gather(*sends)
 
     async def _announce_crossings(self, tx: QuotaTx, counted: set[tuple[UUID, Resource, str]]) -> None:
@@ -514,4 +547,5 @@ def _accounts_of(held: set[Held]) -> set[tuple[UUID, Resource]]:
 
 
 def _keys_of(held: set[Held]) -> set[tuple[UUID, Resource]]:
-    return {(api_key_id, resource) for _, resource, api_key_id in held if api_key_id is not None}
+    """The (key lineage, resource) standings released reservations held room in."""
+    return {(lineage_id, resource) for _, resource, lineage_id in held if lineage_id is not None}

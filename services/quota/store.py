@@ -33,24 +33,26 @@ class Line:
 
 @dataclass(frozen=True, slots=True)
 class KeyRulesRow:
-    """What quota knows of one key (keys.v1): its account, limits, and whether it was deleted."""
+    """What quota knows of one key (keys.v1): its account, limits, whether it was deleted, and its
+    lineage (the counters its limits count in, shared with the keys it was rotated from)."""
 
     api_key_id: UUID
     account_id: UUID
     limits: list[KeyLimit]
     deleted: bool
+    lineage_id: UUID
 
 
 @dataclass(frozen=True, slots=True)
 class KeyLine:
-    """One key's counter in one window of one of its limits."""
+    """One key lineage's counter in one window of one of its limits."""
 
     used: int
     watermark: datetime
     mark: int  # the highest whole percent announced in this window
 
 
-Held = tuple[UUID, Resource, UUID | None]  # (account, resource, key) a released reservation held room in
+Held = tuple[UUID, Resource, UUID | None]  # (account, resource, key lineage) a released reservation held room in
 
 
 class QuotaStore:
@@ -226,13 +228,16 @@ class QuotaTx:
         created_at: datetime,
         expires_at: datetime,
         api_key_id: UUID | None = None,
+        lineage_id: UUID | None = None,
     ) -> None:
+        """`lineage_id`: the key lineage whose limits the reservation holds room in (None: none)."""
         await self.conn.execute(
             """
-            INSERT INTO quota.reservations (id, account_id, resource, amount, owner_id, created_at, expires_at, api_key_id)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+            INSERT INTO quota.reservations
+                   (id, account_id, resource, amount, owner_id, created_at, expires_at, api_key_id, lineage_id)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
             """,
-            (reservation_id, account_id, resource.value, amount, owner_id, created_at, expires_at, api_key_id),
+            (reservation_id, account_id, resource.value, amount, owner_id, created_at, expires_at, api_key_id, lineage_id),
         )
 
     async def reservation_account(self, reservation_id: UUID, owner_id: UUID | None) -> UUID | None:
@@ -245,16 +250,16 @@ class QuotaTx:
         return None if row is None else UUID(str(row["account_id"]))
 
     async def delete_reservation(self, reservation_id: UUID, owner_id: UUID | None) -> tuple[Resource, UUID | None] | None:
-        """The released reservation's resource and key (None: there was none of this owner)."""
+        """The released reservation's resource and key lineage (None: there was none of this owner)."""
         cur = await self.conn.execute(
             """
             DELETE FROM quota.reservations WHERE id = %s AND owner_id IS NOT DISTINCT FROM %s::uuid
-            RETURNING resource, api_key_id
+            RETURNING resource, lineage_id
             """,
             (reservation_id, owner_id),
         )
         row = await cur.fetchone()
-        return None if row is None else (Resource(row["resource"]), row["api_key_id"])
+        return None if row is None else (Resource(row["resource"]), row["lineage_id"])
 
     async def settle_reservations(self, settled: Iterable[tuple[UUID, UUID]]) -> set[Held]:
         """Release the reservations named by counted usage events ((reservation id, account id) pairs:
@@ -266,11 +271,11 @@ class QuotaTx:
             """
             DELETE FROM quota.reservations r USING unnest(%s::uuid[], %s::uuid[]) AS s(id, account_id)
              WHERE r.id = s.id AND r.account_id = s.account_id
-            RETURNING r.account_id, r.resource, r.api_key_id
+            RETURNING r.account_id, r.resource, r.lineage_id
             """,
             ([p[0] for p in pairs], [p[1] for p in pairs]),
         )
-        return {(UUID(str(r["account_id"])), Resource(r["resource"]), r["api_key_id"]) for r in await cur.fetchall()}
+        return {(UUID(str(r["account_id"])), Resource(r["resource"]), r["lineage_id"]) for r in await cur.fetchall()}
 
     async def expired_accounts(self, now: datetime, limit: int) -> list[UUID]:
         cur = await self.conn.execute(
@@ -282,71 +287,96 @@ class QuotaTx:
         cur = await self.conn.execute(
             """
             DELETE FROM quota.reservations WHERE account_id = ANY(%s) AND expires_at <= %s
-            RETURNING account_id, resource, api_key_id
+            RETURNING account_id, resource, lineage_id
             """,
             (account_ids, now),
         )
-        return {(UUID(str(r["account_id"])), Resource(r["resource"]), r["api_key_id"]) for r in await cur.fetchall()}
+        return {(UUID(str(r["account_id"])), Resource(r["resource"]), r["lineage_id"]) for r in await cur.fetchall()}
 
-    # ---- (v4) limits per key ----
+    # ---- (v4) limits per key, counted per key lineage ----
+    @staticmethod
+    def _key_rules_row(row: dict[str, Any]) -> KeyRulesRow:
+        limits = [KeyLimit.model_validate(x) for x in row["limits"]]
+        return KeyRulesRow(row["api_key_id"], row["account_id"], limits, row["deleted"], row["lineage_id"])
+
     async def key_rules(self, key_ids: Iterable[UUID]) -> dict[UUID, KeyRulesRow]:
         ids = sorted(set(key_ids))
         if not ids:
             return {}
         cur = await self.conn.execute(
-            "SELECT api_key_id, account_id, limits, deleted FROM quota.key_rules WHERE api_key_id = ANY(%s)", (ids,)
+            "SELECT api_key_id, account_id, limits, deleted, lineage_id FROM quota.key_rules WHERE api_key_id = ANY(%s)",
+            (ids,),
         )
-        return {
-            row["api_key_id"]: KeyRulesRow(
-                row["api_key_id"], row["account_id"], [KeyLimit.model_validate(x) for x in row["limits"]], row["deleted"]
-            )
-            for row in await cur.fetchall()
-        }
+        return {row["api_key_id"]: self._key_rules_row(row) for row in await cur.fetchall()}
 
-    async def set_key_rules(
-        self, api_key_id: UUID, account_id: UUID, limits: list[KeyLimit], deleted: bool, version: int, time: datetime
-    ) -> bool:
-        """Keep a key's limits unless a newer state of it is already kept (keys.v1 may redeliver
-        or reorder: contracts/events.py, order_of). True when this state was newer."""
+    async def lineage_rules(self, lineage_ids: Iterable[UUID]) -> dict[UUID, list[KeyRulesRow]]:
+        """Every key quota knows of each lineage (deleted ones too), oldest key id first."""
+        ids = sorted(set(lineage_ids))
+        if not ids:
+            return {}
         cur = await self.conn.execute(
             """
-            INSERT INTO quota.key_rules AS k (api_key_id, account_id, limits, deleted, rules_version, rules_time)
-            VALUES (%s, %s, %s, %s, %s, %s)
+            SELECT api_key_id, account_id, limits, deleted, lineage_id FROM quota.key_rules
+             WHERE lineage_id = ANY(%s) ORDER BY api_key_id
+            """,
+            (ids,),
+        )
+        found: dict[UUID, list[KeyRulesRow]] = {}
+        for row in await cur.fetchall():
+            found.setdefault(row["lineage_id"], []).append(self._key_rules_row(row))
+        return found
+
+    async def set_key_rules(
+        self,
+        api_key_id: UUID,
+        account_id: UUID,
+        limits: list[KeyLimit],
+        deleted: bool,
+        version: int,
+        time: datetime,
+        lineage_id: UUID,
+    ) -> bool:
+        """Keep a key's limits and lineage unless a newer state of it is already kept (keys.v1 may
+        redeliver or reorder: contracts/events.py, order_of). True when this state was newer."""
+        cur = await self.conn.execute(
+            """
+            INSERT INTO quota.key_rules AS k (api_key_id, account_id, limits, deleted, rules_version, rules_time, lineage_id)
+            VALUES (%s, %s, %s, %s, %s, %s, %s)
             ON CONFLICT (api_key_id) DO UPDATE
                SET limits = EXCLUDED.limits, deleted = EXCLUDED.deleted,
-                   rules_version = EXCLUDED.rules_version, rules_time = EXCLUDED.rules_time
+                   rules_version = EXCLUDED.rules_version, rules_time = EXCLUDED.rules_time, lineage_id = EXCLUDED.lineage_id
              WHERE (k.rules_version, k.rules_time) < (EXCLUDED.rules_version, EXCLUDED.rules_time)
                AND k.account_id = EXCLUDED.account_id
             """,
-            (api_key_id, account_id, json.dumps([x.model_dump(mode="json") for x in limits]), deleted, version, time),
+            (api_key_id, account_id, json.dumps([x.model_dump(mode="json") for x in limits]), deleted, version, time, lineage_id),
         )
         return cur.rowcount > 0
 
-    async def limited_keys(self, account_ids: Iterable[UUID]) -> list[UUID]:
-        """The live keys of these accounts that have limits (republishing, window changes)."""
+    async def limited_lineages(self, account_ids: Iterable[UUID]) -> list[UUID]:
+        """The lineages of these accounts with a live key that has limits (republishing, window changes)."""
         cur = await self.conn.execute(
             """
-            SELECT api_key_id FROM quota.key_rules
-             WHERE account_id = ANY(%s) AND NOT deleted AND limits <> '[]'::jsonb ORDER BY api_key_id
+            SELECT DISTINCT lineage_id FROM quota.key_rules
+             WHERE account_id = ANY(%s) AND NOT deleted AND limits <> '[]'::jsonb ORDER BY lineage_id
             """,
             (sorted(set(account_ids)),),
         )
-        return [row["api_key_id"] for row in await cur.fetchall()]
+        return [row["lineage_id"] for row in await cur.fetchall()]
 
     async def add_key_deltas(self, deltas: list[KeyDelta]) -> None:
         if not deltas:
             return
-        ordered = sorted(deltas, key=lambda d: (d.api_key_id, d.resource, d.period, d.window))
+        ordered = sorted(deltas, key=lambda d: (d.lineage_id, d.resource, d.period, d.window))
         await self.conn.execute(
             """
-            INSERT INTO quota.key_counters (api_key_id, resource, period, time_window, used, last_event_time)
+            INSERT INTO quota.key_counters (lineage_id, resource, period, time_window, used, last_event_time)
             SELECT * FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::bigint[], %s::timestamptz[])
-            ON CONFLICT (api_key_id, resource, period, time_window) DO UPDATE
+            ON CONFLICT (lineage_id, resource, period, time_window) DO UPDATE
                SET used = quota.key_counters.used + EXCLUDED.used,
                    last_event_time = GREATEST(quota.key_counters.last_event_time, EXCLUDED.last_event_time)
             """,
             (
-                [d.api_key_id for d in ordered],
+                [d.lineage_id for d in ordered],
                 [d.resource.value for d in ordered],
                 [d.period.value for d in ordered],
                 [d.window for d in ordered],
@@ -355,50 +385,55 @@ class QuotaTx:
             ),
         )
 
-    async def key_line(self, api_key_id: UUID, resource: Resource, period: LimitPeriod, window: str) -> KeyLine:
+    async def key_line(self, lineage_id: UUID, resource: Resource, period: LimitPeriod, window: str) -> KeyLine:
         cur = await self.conn.execute(
             """
             SELECT used, last_event_time, pct FROM quota.key_counters
-             WHERE api_key_id = %s AND resource = %s AND period = %s AND time_window = %s
+             WHERE lineage_id = %s AND resource = %s AND period = %s AND time_window = %s
             """,
-            (api_key_id, resource.value, period.value, window),
+            (lineage_id, resource.value, period.value, window),
         )
         row = await cur.fetchone()
         if row is None:
             return KeyLine(0, EPOCH, 0)
         return KeyLine(max(int(row["used"]), 0), row["last_event_time"], int(row["pct"]))
 
-    async def set_key_mark(self, api_key_id: UUID, resource: Resource, period: LimitPeriod, window: str, pct: int) -> None:
+    async def set_key_mark(self, lineage_id: UUID, resource: Resource, period: LimitPeriod, window: str, pct: int) -> None:
         await self.conn.execute(
             """
-            INSERT INTO quota.key_counters (api_key_id, resource, period, time_window, last_event_time, pct)
+            INSERT INTO quota.key_counters (lineage_id, resource, period, time_window, last_event_time, pct)
             VALUES (%s, %s, %s, %s, %s, %s)
-            ON CONFLICT (api_key_id, resource, period, time_window) DO UPDATE SET pct = EXCLUDED.pct
+            ON CONFLICT (lineage_id, resource, period, time_window) DO UPDATE SET pct = EXCLUDED.pct
             """,
-            (api_key_id, resource.value, period.value, window, EPOCH, pct),
+            (lineage_id, resource.value, period.value, window, EPOCH, pct),
         )
 
-    async def key_reserved(self, api_key_id: UUID, now: datetime) -> dict[Resource, int]:
-        """Open reservations made for this key's calls, per resource (unexpired at `now`)."""
+    async def key_reserved(self, lineage_id: UUID, now: datetime) -> dict[Resource, int]:
+        """Open reservations made for the calls of the lineage's keys, per resource (unexpired at `now`)."""
         cur = await self.conn.execute(
             """
             SELECT resource, sum(amount)::bigint AS amount FROM quota.reservations
-             WHERE api_key_id = %s AND expires_at > %s GROUP BY resource
+             WHERE lineage_id = %s AND expires_at > %s GROUP BY resource
             """,
-            (api_key_id, now),
+            (lineage_id, now),
         )
         found = {r["resource"]: int(r["amount"]) for r in await cur.fetchall()}
         return {resource: found.get(resource.value, 0) for resource in Resource}
 
-    async def next_key_state_version(self, api_key_id: UUID) -> int:
-        """The version of the key's next published states: one more than the last (under the
+    async def next_key_state_version(self, lineage_id: UUID) -> int:
+        """The version of the lineage's next published states: one more than the last (under the
         account's lock, so states computed one after the other get increasing versions)."""
         cur = await self.conn.execute(
-            "UPDATE quota.key_rules SET state_version = state_version + 1 WHERE api_key_id = %s RETURNING state_version",
-            (api_key_id,),
+            """
+            INSERT INTO quota.key_lineages AS l (lineage_id, state_version) VALUES (%s, 1)
+            ON CONFLICT (lineage_id) DO UPDATE SET state_version = l.state_version + 1
+            RETURNING state_version
+            """,
+            (lineage_id,),
         )
         row = await cur.fetchone()
-        return 0 if row is None else int(row["state_version"])
+        assert row is not None
+        return int(row["state_version"])
 
     async def try_lock(self, name: str) -> bool:
         """A transaction-scoped advisory try-lock: False when another replica holds it."""

@@ -139,3 +139,19 @@ async def test_who_may_change_a_key(client):
     [mine, _] = (await client.get(KEYS, headers=owner)).json()["items"]
     assert mine["id"] == owners_key["id"] and mine["allowed_models"] == []
     assert account["id"]
+
+
+@pytest.mark.parametrize(
+    ("method", "suffix", "body"),
+    [("POST", "/toggle", None), ("DELETE", "", None), ("POST", "/rotate", {"grace_seconds": 0})],
+)
+async def test_an_api_key_may_not_toggle_delete_or_rotate_a_key(client, method, suffix, body):
+    """Only a console session changes keys: an API key (even the account owner's, even on itself)
+    gets 403 `console_session_required`, and the key is left as it was."""
+    _, owner = await signup(client)
+    caller, target = await new_key(client, owner, name="caller"), await new_key(client, owner, name="target")
+    for key_id in (target["id"], caller["id"]):
+        refused = await client.request(method, f"{KEYS}/{key_id}{suffix}", json=body, headers=bearer(caller["key"]))
+        assert (refused.status_code, code(refused)) == (403, "console_session_required"), refused.text
+    listed = (await client.get(KEYS, headers=owner)).json()["items"]
+    assert sorted((k["id"], k["status"]) for k in listed) == sorted((k["id"], "enabled") for k in (caller, target))

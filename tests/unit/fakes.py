@@ -298,9 +298,11 @@ class FakeQuotaStore:
         self.known: set[UUID] = set()  # quota.accounts: every account a use case locked
         self.expiry_checks = 0
         self.transactions = 0
-        # (v4) key id -> (row, (rules version, time), state version); (key, resource, period, window) -> [used, watermark, mark]
-        self.key_rules_rows: dict[UUID, tuple[KeyRulesRow, tuple[int, datetime], int]] = {}
+        # (v4) key id -> (row, (rules version, time)); (lineage, resource, period, window) -> [used, watermark, mark];
+        # lineage -> the version of its last published states
+        self.key_rules_rows: dict[UUID, tuple[KeyRulesRow, tuple[int, datetime]]] = {}
         self.key_counters: dict[tuple[UUID, Resource, LimitPeriod, str], list[Any]] = {}
+        self.lineage_versions: dict[UUID, int] = {}
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator["FakeQuotaStore"]:
@@ -383,8 +385,10 @@ class FakeQuotaStore:
         created_at: datetime,
         expires_at: datetime,
         api_key_id: UUID | None = None,
+        lineage_id: UUID | None = None,
     ) -> None:
         self.reservations[reservation_id] = {
+            "lineage_id": lineage_id,
             "account_id": account_id,
             "resource": resource,
             "amount": amount,
@@ -402,7 +406,7 @@ class FakeQuotaStore:
         if r is None or r["owner_id"] != owner_id:
             return None
         del self.reservations[reservation_id]
-        return r["resource"], r["api_key_id"]
+        return r["resource"], r["lineage_id"]
 
     async def settle_reservations(self, settled: Iterable[tuple[UUID, UUID]]) -> set[Held]:
         freed = set()
@@ -410,7 +414,7 @@ class FakeQuotaStore:
             r = self.reservations.get(reservation_id)
             if r is not None and r["account_id"] == account_id:
                 del self.reservations[reservation_id]
-                freed.add((account_id, r["resource"], r["api_key_id"]))
+                freed.add((account_id, r["resource"], r["lineage_id"]))
         return freed
 
     async def try_lock(self, name: str) -> bool:
@@ -429,58 +433,73 @@ class FakeQuotaStore:
             for i, r in list(self.reservations.items())
             if r["account_id"] in account_ids and r["expires_at"] <= now
         ]
-        return {(r["account_id"], r["resource"], r["api_key_id"]) for r in gone}
+        return {(r["account_id"], r["resource"], r["lineage_id"]) for r in gone}
 
-    # (v4) limits per key
+    # (v4) limits per key, counted per key lineage
     async def key_rules(self, key_ids: Iterable[UUID]) -> dict[UUID, KeyRulesRow]:
         return {k: self.key_rules_rows[k][0] for k in set(key_ids) if k in self.key_rules_rows}
 
+    async def lineage_rules(self, lineage_ids: Iterable[UUID]) -> dict[UUID, list[KeyRulesRow]]:
+        wanted = set(lineage_ids)
+        found: dict[UUID, list[KeyRulesRow]] = {}
+        for key_id in sorted(self.key_rules_rows):
+            row = self.key_rules_rows[key_id][0]
+            if row.lineage_id in wanted:
+                found.setdefault(row.lineage_id, []).append(row)
+        return found
+
     async def set_key_rules(
-        self, api_key_id: UUID, account_id: UUID, limits: list[KeyLimit], deleted: bool, version: int, time: datetime
+        self,
+        api_key_id: UUID,
+        account_id: UUID,
+        limits: list[KeyLimit],
+        deleted: bool,
+        version: int,
+        time: datetime,
+        lineage_id: UUID,
     ) -> bool:
         current = self.key_rules_rows.get(api_key_id)
         if current is not None and (current[1] >= (version, time) or current[0].account_id != account_id):
             return False
-        state_version = 0 if current is None else current[2]
         self.key_rules_rows[api_key_id] = (
-            KeyRulesRow(api_key_id, account_id, list(limits), deleted),
+            KeyRulesRow(api_key_id, account_id, list(limits), deleted, lineage_id),
             (version, time),
-            state_version,
         )
         return True
 
-    async def limited_keys(self, account_ids: Iterable[UUID]) -> list[UUID]:
+    async def limited_lineages(self, account_ids: Iterable[UUID]) -> list[UUID]:
         accounts = set(account_ids)
         return sorted(
-            k for k, (row, _, _) in self.key_rules_rows.items() if row.account_id in accounts and not row.deleted and row.limits
+            {
+                row.lineage_id
+                for row, _ in self.key_rules_rows.values()
+                if row.account_id in accounts and not row.deleted and row.limits
+            }
         )
 
     async def add_key_deltas(self, deltas: list[KeyDelta]) -> None:
         for d in deltas:
-            line = self.key_counters.setdefault((d.api_key_id, d.resource, d.period, d.window), [0, EPOCH, 0])
+            line = self.key_counters.setdefault((d.lineage_id, d.resource, d.period, d.window), [0, EPOCH, 0])
             line[0] += d.quantity
             line[1] = max(line[1], d.last_time)
 
-    async def key_line(self, api_key_id: UUID, resource: Resource, period: LimitPeriod, window: str) -> KeyLine:
-        used, watermark, mark = self.key_counters.get((api_key_id, resource, period, window), [0, EPOCH, 0])
+    async def key_line(self, lineage_id: UUID, resource: Resource, period: LimitPeriod, window: str) -> KeyLine:
+        used, watermark, mark = self.key_counters.get((lineage_id, resource, period, window), [0, EPOCH, 0])
         return KeyLine(max(used, 0), watermark, mark)
 
-    async def set_key_mark(self, api_key_id: UUID, resource: Resource, period: LimitPeriod, window: str, pct: int) -> None:
-        self.key_counters.setdefault((api_key_id, resource, period, window), [0, EPOCH, 0])[2] = pct
+    async def set_key_mark(self, lineage_id: UUID, resource: Resource, period: LimitPeriod, window: str, pct: int) -> None:
+        self.key_counters.setdefault((lineage_id, resource, period, window), [0, EPOCH, 0])[2] = pct
 
-    async def key_reserved(self, api_key_id: UUID, now: datetime) -> dict[Resource, int]:
+    async def key_reserved(self, lineage_id: UUID, now: datetime) -> dict[Resource, int]:
         held = dict.fromkeys(Resource, 0)
         for r in self.reservations.values():
-            if r["api_key_id"] == api_key_id and r["expires_at"] > now:
+            if r["lineage_id"] == lineage_id and r["expires_at"] > now:
                 held[r["resource"]] += r["amount"]
         return held
 
-    async def next_key_state_version(self, api_key_id: UUID) -> int:
-        current = self.key_rules_rows.get(api_key_id)
-        if current is None:
-            return 0
-        self.key_rules_rows[api_key_id] = (current[0], current[1], current[2] + 1)
-        return current[2] + 1
+    async def next_key_state_version(self, lineage_id: UUID) -> int:
+        self.lineage_versions[lineage_id] = self.lineage_versions.get(lineage_id, 0) + 1
+        return self.lineage_versions[lineage_id]
 
 
 class FakePublisher:
@@ -908,6 +927,7 @@ _KEY_COLUMNS = (
     "created_by",
     "version",
     "rules",
+    "lineage_id",
 )
 
 
@@ -1073,9 +1093,11 @@ class FakeKeysStore:
         created_at: datetime,
         created_by: UUID,
         rules: dict[str, Any] | None = None,
+        lineage_id: UUID | None = None,
     ) -> dict[str, Any]:
         self.keys[key_id] = {
             "rules": copy.deepcopy(rules or {}),  # JSON, as the jsonb column returns it
+            "lineage_id": lineage_id or key_id,
             "created_by": created_by,
             "id": key_id,
             "account_id": account_id,

@@ -163,3 +163,14 @@ def test_only_individuals_are_kept_off_the_enterprise_tier():
     assert not user_type_may_take(UserType.INDIVIDUAL, Tier.ENTERPRISE)
     assert all(user_type_may_take(UserType.INDIVIDUAL, t) for t in Tier if t is not Tier.ENTERPRISE)
     assert all(user_type_may_take(UserType.ENTERPRISE, t) for t in Tier)
+
+
+def test_a_key_state_without_a_lineage_is_the_start_of_its_own():
+    """(v4) keys.v1 states published before lineages carry none: the key's own id."""
+    from contracts.events import KeyState
+
+    key, old = uuid4(), uuid4()
+    base = {"time": "2026-11-26T00:00:00Z", "account_id": str(uuid4()), "key_id": str(key), "hash": "a" * 64}
+    state = KeyState.model_validate({**base, "status": "enabled", "roles": ["owner"]})
+    assert state.lineage_id is None and state.lineage == key
+    assert KeyState.model_validate({**base, "status": "enabled", "roles": ["owner"], "lineage_id": str(old)}).lineage == old

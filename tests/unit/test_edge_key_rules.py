@@ -195,3 +195,28 @@ async def test_a_keys_own_rate_limit_binds_with_truthful_headers(app: Any) -> No
     assert [v.status for v in verdicts] == [200, 200, 429]
     assert [v.headers["X-RateLimit-Limit"] for v in verdicts] == ["2", "2", "2"]  # the key's burst binds, not the plan's 20
     assert verdicts[-1].headers["X-RateLimit-Remaining"] == "0" and int(verdicts[-1].headers["Retry-After"]) >= 1
+
+
+async def test_a_rotated_key_is_judged_where_its_lineage_stands(app: Any) -> None:
+    """(v4) A key made by rotation (keys.v1 `lineage_id`: its predecessor's) shares its predecessor's
+    standing and this process's admissions: a `once` api_calls limit spent by the old key refuses
+    the new one (scope api_key), and the new key's `usage` shows the spent amount."""
+    edge: Edge = app.state.runtime.edge
+    limits = [{"resource": "api_calls", "amount": 2, "period": "once"}]
+    old = narrow_key(edge, limits=limits)
+    account = edge.keys.by_id(old).account_id  # type: ignore[union-attr]
+    verdicts = [await edge.decide(ServiceCall(NARROW, "GET", "/v1/x", "203.0.113.7", "t", "gw"), "r") for _ in range(3)]
+    assert [v.status for v in verdicts] == [200, 200, 403]
+    new_secret = "sk-" + "r" * 43
+    new = uuid.uuid4()
+    edge.keys.apply(
+        KeyState(
+            time=datetime.now(UTC), account_id=account, key_id=new, hash=hash_secret(new_secret),
+            status="enabled", roles=[Role.OWNER], limits=limits, lineage_id=old,
+        )
+    )  # fmt: skip
+    refused = await edge.decide(ServiceCall(new_secret, "GET", "/v1/x", "203.0.113.7", "t", "gw"), "r")
+    assert refused.status == 403 and refused.refusal is not None
+    assert (refused.refusal.code.value, refused.refusal.details["scope"]) == ("insufficient_quota", "api_key")
+    usage = edge.key_usage(new, datetime.now(UTC))
+    assert [(u.used, u.remaining) for u in usage] == [(2, 0)]

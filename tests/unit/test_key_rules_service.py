@@ -105,3 +105,21 @@ async def test_rotation_keeps_the_keys_rules(world: World):
     row, _ = await world.service.create_key(account, account, "ci", None, audit=ACTOR, rules=RULES)
     new, _ = await world.service.rotate(account, account, row["id"], 60, audit=ACTOR)
     assert KeyRules.model_validate(new["rules"]) == RULES  # rotating must not widen what the secret may do
+
+
+async def test_rotation_continues_the_keys_lineage(world: World):
+    """A key made by POST starts its own lineage; each rotation's key continues its predecessor's,
+    published on keys.v1, so quota counts the new key's limits where the old one's stand."""
+    account = await world.register()
+    row, _ = await world.service.create_key(account, account, "ci", None, audit=ACTOR, rules=RULES)
+    assert row["lineage_id"] == row["id"]
+    assert last_key_state(world)["lineage_id"] == str(row["id"])
+    second, _ = await world.service.rotate(account, account, row["id"], 60, audit=ACTOR)
+    third, _ = await world.service.rotate(account, account, second["id"], 0, audit=ACTOR)
+    assert second["lineage_id"] == third["lineage_id"] == row["id"]
+    states = [s for s in world.events("keys.v1") if s is not None]
+    assert {s["key_id"]: s["lineage_id"] for s in states} == {
+        str(k): str(row["id"]) for k in (row["id"], second["id"], third["id"])
+    }
+    other, _ = await world.service.create_key(account, account, "other", None, audit=ACTOR)
+    assert other["lineage_id"] == other["id"]  # a new key starts a lineage of its own

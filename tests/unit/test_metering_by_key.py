@@ -69,3 +69,19 @@ async def test_by_key_counts_each_limit_in_its_window_and_only_the_accounts_keys
     assert view.items[1].limits == [] and view.as_of == NOW
     assert (await analytics.by_key(account, foreign)).items == []  # another account's key: nothing
     assert [i.api_key_id for i in (await analytics.by_key(account, k2)).items] == [k2]
+
+
+async def test_a_rotated_keys_limits_count_its_lineages_usage():
+    """(v4) A key made by rotation goes on from its predecessor's usage: the row shows the
+    lineage's (the deleted predecessor's included), never a sibling lineage's."""
+    account = uuid.uuid4()
+    first, second, current, unrelated = (uuid.uuid4() for _ in range(4))
+    once = (KeyLimit(resource=Resource.AI_TOKENS, amount=500, period=LimitPeriod.ONCE),)
+    known = {account: [KnownKey(current, account, "sk-dddd...dddd", once, lineage_keys=(first, second, current))]}
+    store = FakeMeteringStore()
+    for key, tokens in ((first, 300), (second, 150), (current, 20), (unrelated, 1000)):
+        store.add_usage(account, NOW - timedelta(days=40), tokens, 0, api_key_id=key)
+    analytics = Analytics(store, PriceTable("EUR", []), lambda _k: None, FakeClock(NOW), "UTC", lambda a: known.get(a, []))
+    [item] = (await analytics.by_key(account)).items
+    [limit] = item.limits
+    assert (item.api_key_id, limit.used, limit.remaining) == (current, 470, 30)

@@ -39,3 +39,17 @@ def test_a_live_keys_allowed_models_are_known_to_its_account_only():
     masks.apply(str(KEY).encode(), state(models=["openai/*"]))
     masks.apply(str(KEY).encode(), None)  # compacted away
     assert masks.allowed_models(ACCOUNT, KEY) == ()
+
+
+def test_a_keys_lineage_keeps_its_deleted_predecessors():
+    """(v4) keys_of gives each live key the keys of its lineage seen, deleted ones included (their
+    usage still counts against the rotated key's limits)."""
+    masks = KeyMasks()
+    new = uuid.uuid4()
+    masks.apply(str(KEY).encode(), state())
+    rotated = KeyState.model_validate_json(state()).model_copy(update={"key_id": new, "lineage_id": KEY})
+    masks.apply(str(new).encode(), rotated.model_dump_json().encode())
+    masks.apply(str(KEY).encode(), state(deleted=True))
+    masks.apply(str(KEY).encode(), None)
+    [known] = masks.keys_of(ACCOUNT)
+    assert known.key_id == new and set(known.lineage_keys) == {KEY, new}

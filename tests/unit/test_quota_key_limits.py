@@ -186,7 +186,7 @@ async def test_a_keys_crossings_name_the_key_the_limit_and_the_window(service, p
     assert crossed == [95, 96]
 
 
-async def test_a_cleared_limit_or_a_deleted_key_is_published_removed_and_older_states_change_nothing(service, publisher):
+async def test_a_cleared_limit_is_published_removed_and_older_states_change_nothing(service, publisher):
     account, key = uuid.uuid4(), uuid.uuid4()
     day = KeyLimit(resource=Resource.AI_TOKENS, amount=100, period=LimitPeriod.DAY)
     await service.apply_key(key_state(account, key, [month(1_000), day], version=2))
@@ -195,10 +195,57 @@ async def test_a_cleared_limit_or_a_deleted_key_is_published_removed_and_older_s
     await service.apply_key(key_state(account, key, [month(1_000)], version=3))  # the day limit cleared
     assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.DAY)["removed"]
     assert not last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["removed"]
-    await service.apply_key(key_state(account, key, [month(1_000)], version=4, deleted=True))
-    assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["removed"]
+
+
+async def test_a_deleted_keys_usage_counts_for_the_account_only_and_its_lineage_standing_stays(service, publisher):
+    """A deleted key removes no standing: the key rotated from it may reach quota after its
+    deletion, and must be judged where the lineage stands meanwhile (not from 0)."""
+    account, key = uuid.uuid4(), uuid.uuid4()
+    await service.apply_key(key_state(account, key, [month(1_000)], version=2))
+    await service.count([tokens(account, key, 10, T0)])
+    await service.apply_key(key_state(account, key, [month(1_000)], version=3, deleted=True))
+    before = len(key_states(publisher, key))
     await service.count([tokens(account, key, 10, T0)])  # a deleted key's usage counts for the account only
-    assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["removed"]
+    assert len(key_states(publisher, key)) == before
+    assert not last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["removed"]
+    assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["used"] == 10
+
+
+async def test_a_rotated_key_counts_in_its_lineage_whichever_of_the_two_states_comes_first(service, publisher):
+    """(v4) A key made by rotation continues its predecessor's lineage: the predecessor's spent
+    `once` credits stay spent, the two keys share one counter during the grace period, and a
+    reservation with the new key's id is judged where the lineage stands. The old key's deletion
+    (rotation with no grace) may reach quota before the new key's state: nothing is removed."""
+    once = KeyLimit(resource=Resource.AI_TOKENS, amount=100, period=LimitPeriod.ONCE)
+    for new_first in (False, True):
+        account, old, new = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+        await service.apply_key(key_state(account, old, [once], version=1))
+        await service.count([tokens(account, old, 90, T0)])
+        deleted = key_state(account, old, [once], version=2, deleted=True)
+        successor = key_state(account, new, [once], version=1, lineage_id=old)
+        for state in (successor, deleted) if new_first else (deleted, successor):
+            await service.apply_key(state)
+        assert not any(s["removed"] for s in key_states(publisher, old))
+        assert key_states(publisher, new) == []  # the lineage's standing is published under its id
+        await service.count([tokens(account, new, 5, T0)])
+        standing = last_state(publisher, old, Resource.AI_TOKENS, LimitPeriod.ONCE)
+        assert (standing["used"], standing["api_key_id"]) == (95, str(old))
+        with pytest.raises(Forbidden):
+            await service.reserve(account, Resource.AI_TOKENS, 6, 60, api_key_id=new)
+        held = await service.reserve(account, Resource.AI_TOKENS, 5, 60, api_key_id=new)
+        assert last_state(publisher, old, Resource.AI_TOKENS, LimitPeriod.ONCE)["reserved"] == 5
+        assert await service.release(held.id)
+
+
+async def test_a_lineage_crossing_is_announced_for_each_of_its_live_keys_with_the_limit(service, publisher):
+    """Alert rules name a key: during a rotation's grace both keys' rules hear of the lineage's crossing."""
+    account, old, new = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    await service.apply_key(key_state(account, old, [month(100)], version=1))
+    await service.apply_key(key_state(account, new, [month(100)], version=1, lineage_id=old))
+    await service.count([tokens(account, new, 80, T0)])
+    crossed = [json.loads(p) for t, _, p in publisher.sent if t is QUOTA_THRESHOLDS]
+    assert sorted(c["api_key_id"] for c in crossed) == sorted([str(old), str(new)])
+    assert {c["threshold_pct"] for c in crossed} == {80}
 
 
 async def test_states_of_one_key_carry_increasing_versions_and_republish_includes_them(service, publisher):
