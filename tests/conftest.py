@@ -90,9 +90,15 @@ async def own_settings(infra: Endpoints, database_url: str) -> AsyncIterator[Set
 
 
 @pytest.fixture
-def settings(infra: Endpoints, environment: Environment) -> Settings:
-    """Settings of a test of its own (its environment: topics, consumer groups, CH database)."""
+def fresh_settings(infra: Endpoints, environment: Environment) -> Settings:
+    """Settings of a test of its own (its environment: topics, consumer groups, CH database), also
+    in a module whose `settings` are its shared platform's (see module_settings)."""
     return environment.settings(infra)
+
+
+@pytest.fixture
+def settings(fresh_settings: Settings) -> Settings:
+    return fresh_settings
 
 
 @pytest.fixture
@@ -108,15 +114,28 @@ async def client(app_client: tuple[FastAPI, httpx.AsyncClient]) -> httpx.AsyncCl
 
 
 @pytest.fixture(scope="module")
-async def module_client(infra: Endpoints, template_db: str) -> AsyncIterator[httpx.AsyncClient]:
-    """The whole platform started once for a module whose tests need only its HTTP API and make
-    their own accounts (a module opts in by overriding `client` with it): one start, not one per test."""
-    url = databases.clone(infra.database_url, template_db)
-    try:
-        async with own_settings(infra, url) as settings, running_app(settings) as (_app, client):
-            yield client
-    finally:
-        databases.drop(infra.database_url, url)
+def module_settings(infra: Endpoints, environments: Environments) -> Iterator[Settings]:
+    """Settings of a module of its own (one environment) for a platform its tests share."""
+    taken = environments.take()
+    yield taken.settings(infra)
+    environments.give_back(taken)
+
+
+@pytest.fixture(scope="module")
+async def module_app_client(module_settings: Settings) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """The whole platform started once for a module whose tests make their own accounts and need no
+    platform of their own (no changed settings, no restart, no stopped parts): one start, not one per
+    test. A module opts in by overriding `app_client` and `settings` with module_app_client and
+    module_settings (`client` follows); a test of it that needs its own environment (its own
+    platform or `serve` processes) takes `fresh_settings`."""
+    async with running_app(module_settings) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+async def module_client(module_app_client: tuple[FastAPI, httpx.AsyncClient]) -> httpx.AsyncClient:
+    """module_app_client's client, for a module whose tests need only the HTTP API."""
+    return module_app_client[1]
 
 
 @pytest.fixture
