@@ -138,13 +138,22 @@ async def module_client(module_app_client: tuple[FastAPI, httpx.AsyncClient]) ->
     return module_app_client[1]
 
 
+@asynccontextmanager
+async def opened_pool(database_url: str) -> AsyncIterator[AsyncConnectionPool]:
+    """The services' own kind of Postgres pool on `database_url`, opened and ready."""
+    opened = open_pool(database_url)
+    await opened.open(wait=True)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
 @pytest.fixture
 async def pool(settings: Settings) -> AsyncIterator[AsyncConnectionPool]:
-    """The services' own kind of Postgres pool on the test's database, opened and ready."""
-    opened = open_pool(settings.database_url)
-    await opened.open(wait=True)
-    yield opened
-    await opened.close()
+    """opened_pool on the test's database."""
+    async with opened_pool(settings.database_url) as opened:
+        yield opened
 
 
 @pytest.fixture(scope="module")
