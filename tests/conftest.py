@@ -2,7 +2,6 @@
 (tests/support/environments.py makes them ahead and drops them behind)."""
 
 import os
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, asynccontextmanager
 
@@ -17,7 +16,7 @@ from services.runtime.platform.settings import Settings
 from tests.support import databases
 from tests.support.apps import running_app
 from tests.support.environments import Environment, Environments
-from tests.support.infra import Endpoints, delete_topics_with_prefix, drop_clickhouse_database, endpoints, exported_endpoints
+from tests.support.infra import Endpoints, endpoints, exported_endpoints
 from tests.support.redis_server import running_redis
 
 # Property tests write no example database (the unit suite does no I/O; a failure prints its
@@ -75,18 +74,6 @@ def environment(environments: Environments) -> Iterator[Environment]:
 @pytest.fixture
 def database_url(environment: Environment) -> str:
     return environment.database_url
-
-
-@asynccontextmanager
-async def own_settings(infra: Endpoints, database_url: str) -> AsyncIterator[Settings]:
-    """Settings of their own on `database_url`: unique topics, consumer groups and CH database,
-    deleted afterwards so the one broker does not pile up partitions."""
-    tag = uuid.uuid4().hex[:10]
-    try:
-        yield Environment(tag, database_url).settings(infra)
-    finally:
-        await delete_topics_with_prefix(infra.kafka_bootstrap, f"t{tag}.")
-        drop_clickhouse_database(infra.clickhouse_dsn, f"t_{tag}")
 
 
 @pytest.fixture
