@@ -2,7 +2,6 @@
 (tests/support/environments.py makes them ahead and drops them behind)."""
 
 import os
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, asynccontextmanager
 
@@ -17,7 +16,7 @@ from services.runtime.platform.settings import Settings
 from tests.support import databases
 from tests.support.apps import running_app
 from tests.support.environments import Environment, Environments
-from tests.support.infra import Endpoints, delete_topics_with_prefix, drop_clickhouse_database, endpoints, exported_endpoints
+from tests.support.infra import Endpoints, endpoints, exported_endpoints
 from tests.support.redis_server import running_redis
 
 # Property tests write no example database (the unit suite does no I/O; a failure prints its
@@ -77,22 +76,16 @@ def database_url(environment: Environment) -> str:
     return environment.database_url
 
 
-@asynccontextmanager
-async def own_settings(infra: Endpoints, database_url: str) -> AsyncIterator[Settings]:
-    """Settings of their own on `database_url`: unique topics, consumer groups and CH database,
-    deleted afterwards so the one broker does not pile up partitions."""
-    tag = uuid.uuid4().hex[:10]
-    try:
-        yield Environment(tag, database_url).settings(infra)
-    finally:
-        await delete_topics_with_prefix(infra.kafka_bootstrap, f"t{tag}.")
-        drop_clickhouse_database(infra.clickhouse_dsn, f"t_{tag}")
+@pytest.fixture
+def fresh_settings(infra: Endpoints, environment: Environment) -> Settings:
+    """Settings of a test of its own (its environment: topics, consumer groups, CH database), also
+    in a module whose `settings` are its shared platform's (see module_settings)."""
+    return environment.settings(infra)
 
 
 @pytest.fixture
-def settings(infra: Endpoints, environment: Environment) -> Settings:
-    """Settings of a test of its own (its environment: topics, consumer groups, CH database)."""
-    return environment.settings(infra)
+def settings(fresh_settings: Settings) -> Settings:
+    return fresh_settings
 
 
 @pytest.fixture
@@ -108,24 +101,46 @@ async def client(app_client: tuple[FastAPI, httpx.AsyncClient]) -> httpx.AsyncCl
 
 
 @pytest.fixture(scope="module")
-async def module_client(infra: Endpoints, template_db: str) -> AsyncIterator[httpx.AsyncClient]:
-    """The whole platform started once for a module whose tests need only its HTTP API and make
-    their own accounts (a module opts in by overriding `client` with it): one start, not one per test."""
-    url = databases.clone(infra.database_url, template_db)
+def module_settings(infra: Endpoints, environments: Environments) -> Iterator[Settings]:
+    """Settings of a module of its own (one environment) for a platform its tests share."""
+    taken = environments.take()
+    yield taken.settings(infra)
+    environments.give_back(taken)
+
+
+@pytest.fixture(scope="module")
+async def module_app_client(module_settings: Settings) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    """The whole platform started once for a module whose tests make their own accounts and need no
+    platform of their own (no changed settings, no restart, no stopped parts): one start, not one per
+    test. A module opts in by overriding `app_client` and `settings` with module_app_client and
+    module_settings (`client` follows); a test of it that needs its own environment (its own
+    platform or `serve` processes) takes `fresh_settings`."""
+    async with running_app(module_settings) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+async def module_client(module_app_client: tuple[FastAPI, httpx.AsyncClient]) -> httpx.AsyncClient:
+    """module_app_client's client, for a module whose tests need only the HTTP API."""
+    return module_app_client[1]
+
+
+@asynccontextmanager
+async def opened_pool(database_url: str) -> AsyncIterator[AsyncConnectionPool]:
+    """The services' own kind of Postgres pool on `database_url`, opened and ready."""
+    opened = open_pool(database_url)
+    await opened.open(wait=True)
     try:
-        async with own_settings(infra, url) as settings, running_app(settings) as (_app, client):
-            yield client
+        yield opened
     finally:
-        databases.drop(infra.database_url, url)
+        await opened.close()
 
 
 @pytest.fixture
 async def pool(settings: Settings) -> AsyncIterator[AsyncConnectionPool]:
-    """The services' own kind of Postgres pool on the test's database, opened and ready."""
-    opened = open_pool(settings.database_url)
-    await opened.open(wait=True)
-    yield opened
-    await opened.close()
+    """opened_pool on the test's database."""
+    async with opened_pool(settings.database_url) as opened:
+        yield opened
 
 
 @pytest.fixture(scope="module")

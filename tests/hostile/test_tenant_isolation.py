@@ -14,6 +14,17 @@ from tests.support.service_tokens import create_service_token, service_headers
 
 pytestmark = pytest.mark.integration
 
+
+@pytest.fixture
+def settings(module_settings):
+    return module_settings
+
+
+@pytest.fixture
+def app_client(module_app_client):
+    """Each test makes its two accounts of its own: one platform for the module (conftest.module_app_client)."""
+    return module_app_client
+
 CONSOLE_ONLY = {
     "/api/api-keys/{key_id}/toggle",
     "/api/api-keys/{key_id}",

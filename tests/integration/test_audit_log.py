@@ -17,13 +17,10 @@ from aiokafka import AIOKafkaProducer
 from contracts.audit import PLATFORM_ACCOUNT, AuditAction, AuditContext
 from contracts.topics import AUDIT
 from services.runtime.platform.settings import Settings
-from tests.conftest import own_settings
 from tests.integration.quota_helpers import eventually
 from tests.integration.test_keys_api import PASSWORD, bearer, code, new_key, signup
 from tests.integration.test_members import add, login
-from tests.support import databases
 from tests.support.apps import running_app
-from tests.support.infra import Endpoints
 
 pytestmark = pytest.mark.integration
 AUDIT_LOG = "/api/audit-log"
@@ -36,15 +33,10 @@ def _from(headers: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-async def platform(infra: Endpoints, template_db: str) -> AsyncIterator[tuple[Settings, httpx.AsyncClient]]:
-    database_url = databases.clone(infra.database_url, template_db)
-    try:
-        async with own_settings(infra, database_url) as own:
-            settings = own.model_copy(update={"trusted_proxies": ["127.0.0.0/8"]})
-            async with running_app(settings) as (_, client):
-                yield settings, client
-    finally:
-        databases.drop(infra.database_url, database_url)
+async def platform(module_settings: Settings) -> AsyncIterator[tuple[Settings, httpx.AsyncClient]]:
+    settings = module_settings.model_copy(update={"trusted_proxies": ["127.0.0.0/8"]})
+    async with running_app(settings) as (_, client):
+        yield settings, client
 
 
 @pytest.fixture

@@ -17,16 +17,36 @@ pytestmark = pytest.mark.integration
 PACKAGE = {"kind": "quota_package", "package": {"resource": "ai_tokens", "amount": 200_000}}
 
 
-@pytest.fixture
-def provider() -> TestProvider:
+@pytest.fixture(scope="module")
+def module_provider() -> TestProvider:
     return TestProvider()
 
 
-@pytest.fixture
-async def app_client(settings, provider):
-    """The whole platform with a payment provider this test holds (it counts the charges)."""
-    async with running_app(settings, overrides=Overrides(payment_provider=provider)) as pair:
+@pytest.fixture(scope="module")
+async def module_app_client(module_settings, module_provider):
+    """The whole platform with a payment provider the module holds (it counts the charges), shared
+    by the module's tests: each makes accounts and orders of its own."""
+    async with running_app(module_settings, overrides=Overrides(payment_provider=module_provider)) as pair:
         yield pair
+
+
+@pytest.fixture
+def provider(module_provider: TestProvider) -> TestProvider:
+    """The module's provider with its counts from zero for this test (the tests run one after the
+    other, and none pays an order of another)."""
+    module_provider.attempts = 0
+    module_provider.charges.clear()
+    return module_provider
+
+
+@pytest.fixture
+def settings(module_settings):
+    return module_settings
+
+
+@pytest.fixture
+def app_client(module_app_client):
+    return module_app_client
 
 
 def code(response) -> str:

@@ -10,11 +10,24 @@ import pytest
 
 from services.billing.domain import seller
 from services.billing.store import BillingTx
+from tests.conftest import opened_pool
 from tests.integration.quota_helpers import bearer, new_account, new_api_key
+from tests.support.apps import running_app
 
 pytestmark = pytest.mark.integration
 
 PACKAGE = {"kind": "quota_package", "package": {"resource": "ai_tokens", "amount": 200_000}}
+
+
+@pytest.fixture
+def settings(module_settings):
+    return module_settings
+
+
+@pytest.fixture
+def app_client(module_app_client):
+    """Each test makes accounts of its own: one platform for the module (conftest.module_app_client)."""
+    return module_app_client
 
 
 def code(response) -> str:
@@ -104,34 +117,37 @@ async def test_an_api_key_and_no_credentials_are_refused_on_the_console_routes(a
         assert (await client.get(path, headers=bearer(session))).status_code == 200
 
 
-async def test_concurrent_payments_number_invoices_one_to_n_without_gap_or_duplicate(app_client, settings, pool):
-    app, client = app_client
-    sessions = [(await new_account(app, settings))[1] for _ in range(4)]
-    orders = [
-        (s, (await client.post("/api/billing/orders", json=PACKAGE, headers=bearer(s))).json()["id"])
-        for s in sessions
-        for _ in range(5)
-    ]
+async def test_concurrent_payments_number_invoices_one_to_n_without_gap_or_duplicate(fresh_settings):
+    """Numbers count from 1 on a database of the test's own: a platform of its own, not the module's
+    (whose other tests pay orders too)."""
+    settings = fresh_settings
+    async with running_app(settings) as (app, client), opened_pool(settings.database_url) as pool:
+        sessions = [(await new_account(app, settings))[1] for _ in range(4)]
+        orders = [
+            (s, (await client.post("/api/billing/orders", json=PACKAGE, headers=bearer(s))).json()["id"])
+            for s in sessions
+            for _ in range(5)
+        ]
 
-    async def rolled_back_number() -> None:
-        """A payment that took a number and then failed: its transaction takes the number back."""
-        with pytest.raises(RuntimeError):
-            async with pool.connection() as conn, conn.transaction():
-                await BillingTx(conn).take_invoice_number(seller().id)
-                await asyncio.sleep(0.05)
-                raise RuntimeError("the payment failed after its number was taken")
+        async def rolled_back_number() -> None:
+            """A payment that took a number and then failed: its transaction takes the number back."""
+            with pytest.raises(RuntimeError):
+                async with pool.connection() as conn, conn.transaction():
+                    await BillingTx(conn).take_invoice_number(seller().id)
+                    await asyncio.sleep(0.05)
+                    raise RuntimeError("the payment failed after its number was taken")
 
-    answers = await asyncio.gather(
-        *[client.post(f"/api/billing/orders/{o}/pay", headers=bearer(s)) for s, o in orders],
-        *[client.post(f"/api/billing/orders/{o}/pay", headers=bearer(s)) for s, o in orders[:6]],  # doubled
-        *[rolled_back_number() for _ in range(4)],
-    )
-    assert {a.status_code for a in answers if a is not None} == {200}
-    numbers = []
-    for s, o in orders:
-        invoice = await client.get(f"/api/billing/orders/{o}/invoice", headers=bearer(s))
-        numbers.append(int(invoice.json()["number"].removeprefix("TG-")))
-    assert sorted(numbers) == list(range(1, len(orders) + 1))
-    async with pool.connection() as conn:
-        cur = await conn.execute("SELECT last_number FROM billing.invoice_counters WHERE seller = %s", (seller().id,))
-        assert (await cur.fetchone())["last_number"] == len(orders)
+        answers = await asyncio.gather(
+            *[client.post(f"/api/billing/orders/{o}/pay", headers=bearer(s)) for s, o in orders],
+            *[client.post(f"/api/billing/orders/{o}/pay", headers=bearer(s)) for s, o in orders[:6]],  # doubled
+            *[rolled_back_number() for _ in range(4)],
+        )
+        assert {a.status_code for a in answers if a is not None} == {200}
+        numbers = []
+        for s, o in orders:
+            invoice = await client.get(f"/api/billing/orders/{o}/invoice", headers=bearer(s))
+            numbers.append(int(invoice.json()["number"].removeprefix("TG-")))
+        assert sorted(numbers) == list(range(1, len(orders) + 1))
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT last_number FROM billing.invoice_counters WHERE seller = %s", (seller().id,))
+            assert (await cur.fetchone())["last_number"] == len(orders)

@@ -27,6 +27,18 @@ GEO = "/api/geo/projects"
 MEMBERS = "/api/account/members"
 
 
+@pytest.fixture
+def settings(module_settings):
+    return module_settings
+
+
+@pytest.fixture
+def app_client(module_app_client):
+    """Each test signs up accounts of its own (the overloaded case gives back every place of the
+    lane it takes): one platform for the module (conftest.module_app_client)."""
+    return module_app_client
+
+
 async def service_token(client: httpx.AsyncClient, settings: Any, scopes: list[str], name: str = "ai-gateway") -> str:
     made = await client.post(ADMIN_PATH, json={"name": name, "scopes": scopes}, headers=admin_headers(settings))
     assert made.status_code == 201, made.text

@@ -19,6 +19,12 @@ from services.runtime.platform.kafka import ensure_topics
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture
+def client(module_client):
+    """The two HTTP checks read the platform and change nothing: one platform for the module."""
+    return module_client
+
+
 async def test_faststream_publishes_and_a_consumer_group_receives(settings):
     await ensure_topics(settings, (USAGE,))
     topic = settings.topic(USAGE.name)

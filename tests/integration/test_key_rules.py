@@ -5,7 +5,6 @@ key's account (a developer: its own keys) may change a key."""
 
 import uuid
 
-import httpx
 import pytest
 
 from contracts.credentials import hash_secret
@@ -18,8 +17,9 @@ KEYS = "/api/api-keys"
 
 
 @pytest.fixture
-def client(module_client: httpx.AsyncClient) -> httpx.AsyncClient:
-    return module_client  # one platform for the module's tests that need only its HTTP API
+def app_client(module_app_client):
+    """Each test signs up accounts of its own: one platform for the module (conftest.module_app_client)."""
+    return module_app_client
 
 
 CI_RULES = {

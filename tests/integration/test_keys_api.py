@@ -13,6 +13,17 @@ pytestmark = pytest.mark.integration
 PASSWORD = "correct horse battery"
 
 
+@pytest.fixture
+def settings(module_settings):
+    return module_settings
+
+
+@pytest.fixture
+def app_client(module_app_client):
+    """Each test signs up accounts of its own: one platform for the module (conftest.module_app_client)."""
+    return module_app_client
+
+
 async def signup(client: httpx.AsyncClient, email: str | None = None) -> tuple[dict, dict[str, str]]:
     email = email or f"u{uuid.uuid4().hex[:8]}@example.com"
     body = {"email": email, "password": PASSWORD, "name": "Ada", "user_type": "individual"}

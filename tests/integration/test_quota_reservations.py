@@ -23,6 +23,17 @@ pytestmark = pytest.mark.integration
 FREE_TOKENS = 100_000
 
 
+@pytest.fixture
+def settings(module_settings):
+    return module_settings
+
+
+@pytest.fixture
+def app_client(module_app_client):
+    """Each test's accounts are its own (random ids, or signed up): one platform for the module (conftest.module_app_client)."""
+    return module_app_client
+
+
 def tokens(account_id: uuid.UUID, quantity: int, reservation_id: uuid.UUID | None = None, **kw) -> UsageEvent:
     return UsageEvent(
         time=datetime.now(UTC),

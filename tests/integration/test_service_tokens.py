@@ -26,6 +26,19 @@ INGEST = "/api/usage/events"
 GEO = "/api/geo/projects"
 
 
+@pytest.fixture
+def settings(module_settings):
+    return module_settings
+
+
+@pytest.fixture
+def app_client(module_app_client):
+    """Each test signs up its own accounts and finds its own service tokens by id: one platform for
+    the module (conftest.module_app_client). A test that starts its own platform or `serve`
+    processes takes `fresh_settings`: an environment of its own, not the module's."""
+    return module_app_client
+
+
 def _usage(account_id: str) -> dict:
     return {
         "id": str(uuid.uuid4()),
@@ -152,7 +165,8 @@ async def test_admin_routes_refuse_customers_and_bad_input(app_client, settings)
     assert made.status_code == 201 and made.json()["scopes"] == ["usage:write"]
 
 
-async def test_admin_routes_do_not_exist_without_admin_token(settings):
+async def test_admin_routes_do_not_exist_without_admin_token(fresh_settings):
+    settings = fresh_settings
     async with running_app(settings.model_copy(update={"admin_token": None}), ["keys"]) as (_, client):
         for method in ("GET", "POST"):
             missing = await client.request(method, ADMIN_PATH, headers=bearer("anything"), json={"name": "x"})
@@ -197,7 +211,8 @@ async def test_cli_lifecycle_in_force_in_a_running_process(app_client, settings)
     assert bad_scope.returncode != 0
 
 
-async def test_revocation_refused_by_a_second_process_within_one_second(settings):
+async def test_revocation_refused_by_a_second_process_within_one_second(fresh_settings):
+    settings = fresh_settings
     a, b = ServeProcess(settings, "keys,geo"), ServeProcess(settings, "keys,geo")
     tokens: list[str] = []
     try:

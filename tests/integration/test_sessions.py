@@ -22,6 +22,17 @@ pytestmark = pytest.mark.integration
 NEW_PASSWORD = "a brand new passphrase"
 
 
+@pytest.fixture
+def settings(module_settings):
+    return module_settings
+
+
+@pytest.fixture
+def app_client(module_app_client):
+    """Each test signs up accounts of its own: one platform for the module (conftest.module_app_client)."""
+    return module_app_client
+
+
 async def _login(client, email: str, password: str):
     return await client.post("/api/auth/login", json={"email": email, "password": password})
 
@@ -203,9 +214,10 @@ async def test_last_used_at_moves_only_on_admitted_calls(app_client, settings):
         await asyncio.sleep(0.2)
 
 
-async def test_a_logout_stays_in_force_after_the_ttl_is_shortened_and_the_platform_restarts(settings):
+async def test_a_logout_stays_in_force_after_the_ttl_is_shortened_and_the_platform_restarts(fresh_settings):
     """Issue #41, item 3: the restarted edge forgets logouts older than the *new* TTL, so a session
     issued under the old, longer one must end by the new one too."""
+    settings = fresh_settings  # restarts its platform with other settings: not the module's
     async with running_app(settings) as (_app, client):
         account, console = await signup(client)
         assert (await client.post("/api/auth/logout", headers=console)).status_code == 204

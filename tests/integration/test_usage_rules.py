@@ -23,6 +23,18 @@ pytestmark = pytest.mark.integration
 INGEST = "/api/usage/events"
 
 
+@pytest.fixture
+def settings(module_settings):
+    return module_settings
+
+
+@pytest.fixture
+def app_client(module_app_client):
+    """Each test signs up an account of its own, and no test but the one that checks a dead-letter
+    topic puts a record on it: one platform for the module (conftest.module_app_client)."""
+    return module_app_client
+
+
 def usage(account_id: str, quantity: int, *, time: datetime | None = None, resource: str = "ai_tokens", **extra) -> dict:
     return {
         "id": str(uuid.uuid4()),
