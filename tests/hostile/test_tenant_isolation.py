@@ -25,6 +25,7 @@ def app_client(module_app_client):
     """Each test makes its two accounts of its own: one platform for the module (conftest.module_app_client)."""
     return module_app_client
 
+
 CONSOLE_ONLY = {
     "/api/api-keys/{key_id}/toggle",
     "/api/api-keys/{key_id}",
