@@ -264,14 +264,14 @@ class Analytics:
         wanted = {limit.period for k in keys for limit in k.limits}
         starts = sorted({windows[p][1] for p in wanted})
         # (v4) a key's limits count its whole lineage's usage (the keys it was rotated from too)
-        lineage_keys = sorted({k for key in keys if key.limits for k in key.lineage_keys or (key.key_id,)})
+        lineage_keys = sorted({k for key in keys if key.limits for k in key.counted_keys})
         used = await self.store.key_usage_since(account_id, lineage_keys, starts)
         items = []
         for key in keys:
             limits = []
             for limit in key.limits:
                 window, start, end = windows[limit.period]
-                spent = sum(used.get((k, limit.resource.value, start), 0) for k in key.lineage_keys or (key.key_id,))
+                spent = sum(used.get((k, limit.resource.value, start), 0) for k in key.counted_keys)
                 limits.append(
                     KeyLimitStanding(
                         resource=limit.resource,

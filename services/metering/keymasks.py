@@ -25,6 +25,11 @@ class KnownKey:
     # (v4) every key of its lineage metering has seen, itself and the lineage's first key included
     lineage_keys: tuple[UUID, ...] = ()
 
+    @property
+    def counted_keys(self) -> tuple[UUID, ...]:
+        """The keys whose usage its limits count: its lineage's (none known: itself alone)."""
+        return self.lineage_keys or (self.key_id,)
+
 
 class KeyMasks:
     def __init__(self) -> None:
