@@ -7,23 +7,31 @@ With `--workers N` (N > 1: a supervisor and N spawned workers) each process is r
 seconds, and the total. Baseline, same run: a bare Python process idling in asyncio for the same
 time (what the interpreter costs doing nothing).
 
-    .venv/bin/python bench/idle.py [--seconds 60] [--settle 10] [--targets all] [--workers 1]
+    .venv/bin/python bench/idle.py [--seconds 60] [--settle 10] [--targets all] [--workers 1] [--own-stack]
+
+`--own-stack`: a stack of its own on free ports instead (its broker holds only this run's topics,
+as a production cluster of Tollgate's own would; the shared test broker holds every test's), up
+for the run and down after it.
 """
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from services.runtime.host import stack
 from services.runtime.platform.settings import Settings
 from tests.support import databases
-from tests.support.apps import ServeProcess, consumers_pids, worker_pids
-from tests.support.infra import delete_topics_with_prefix, endpoints
+from tests.support.apps import REPO, ServeProcess, consumers_pids, free_port, worker_pids
+from tests.support.infra import Endpoints, delete_topics_with_prefix, endpoints
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -57,10 +65,28 @@ def bare_python(seconds: float) -> float:
         idle.wait()
 
 
-def main(seconds: float, settle: float, targets: str, workers: int) -> None:
+@contextmanager
+def own_stack() -> Iterator[Endpoints]:
+    """A stack of its own on free ports, in a state directory of its own, down and deleted afterwards."""
+    state = REPO / ".tollgate" / f"bench-idle-{uuid.uuid4().hex[:6]}"
+    kafka, postgres, http, tcp, redis = (free_port() for _ in range(5))
+    cfg = stack.StackConfig(
+        state_dir=state, kafka_port=kafka, controller_port=free_port(), postgres_port=postgres,
+        clickhouse_http_port=http, clickhouse_tcp_port=tcp, redis_port=redis, clickhouse_extra_databases=("b_*",),
+    )  # fmt: skip
+    stack.up(cfg)
+    try:
+        yield Endpoints(cfg.kafka_bootstrap, cfg.database_url, cfg.clickhouse_dsn, cfg.analyst_dsns()["http"], cfg.redis_url)
+    finally:
+        stack.down(cfg)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def main(seconds: float, settle: float, targets: str, workers: int, stack_of_its_own: bool) -> None:
     import asyncio
 
-    with endpoints() as infra:
+    where: AbstractContextManager[Endpoints] = own_stack() if stack_of_its_own else endpoints()
+    with where as infra:
         tag = uuid.uuid4().hex[:8]
         template = databases.create_template(infra.database_url)
         url = databases.clone(infra.database_url, template)
@@ -101,5 +127,6 @@ if __name__ == "__main__":
     parser.add_argument("--settle", type=float, default=10)
     parser.add_argument("--targets", default="all")
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--own-stack", action="store_true", help="a stack of its own on free ports (a broker of its own)")
     args = parser.parse_args()
-    main(args.seconds, args.settle, args.targets, args.workers)
+    main(args.seconds, args.settle, args.targets, args.workers, args.own_stack)
