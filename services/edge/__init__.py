@@ -3,7 +3,7 @@
 Services use only what is exported here; everything else in this package is the edge's own.
 """
 
-from services.edge.calls import client_ip, parse_networks
+from services.edge.calls import client_ip, forwarded_for, parse_networks
 from services.edge.component import Component, Overrides, Runtime
 from services.edge.edge import Edge
 from services.edge.errors import ApiError, not_found
@@ -23,6 +23,7 @@ __all__ = [
     "ServicePrincipal",
     "accepts",
     "client_ip",
+    "forwarded_for",
     "not_found",
     "parse_networks",
 ]

@@ -31,6 +31,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
 from prometheus_client import Counter
+from starlette.datastructures import Headers
 
 from contracts.events import CallEvent
 from contracts.topics import CALLS
@@ -59,6 +60,13 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 def parse_networks(cidrs: list[str]) -> tuple[Network, ...]:
     return tuple(ipaddress.ip_network(c, strict=False) for c in cidrs)
+
+
+def forwarded_for(headers: Headers) -> str:
+    """X-Forwarded-For as one list: a proxy may add its hop as a line of its own (HAProxy's
+    `option forwardfor`), and the lines are one comma-separated list (RFC 9110, 5.3). The first
+    line alone may be the one the caller wrote."""
+    return ", ".join(headers.getlist("x-forwarded-for"))
 
 
 def client_ip(peer: str, forwarded_for: str, trusted: tuple[Network, ...]) -> str:

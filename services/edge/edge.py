@@ -41,7 +41,7 @@ from contracts.topics import ACCOUNTS, BILLING, KEYS, QUOTA, SERVICE_TOKENS, SES
 from services.edge import sessions
 from services.edge.admissions import ADMISSION_STORE_ERRORS
 from services.edge.billing_totals import BillingTotals
-from services.edge.calls import OVERLOADED, Call, CallRecorder, client_ip, parse_networks
+from services.edge.calls import OVERLOADED, Call, CallRecorder, client_ip, forwarded_for, parse_networks
 from services.edge.context import CALL_CONTEXT, CallContext, context_of
 from services.edge.errors import ApiError
 from services.edge.key_quota import KeyQuotaProjection, KeyStanding
@@ -412,7 +412,7 @@ class Edge:
             return None
         scope = request.scope
         client = scope.get("client")
-        ip = client_ip(client[0] if client else "", request.headers.get("x-forwarded-for", ""), self._trusted)
+        ip = client_ip(client[0] if client else "", forwarded_for(request.headers), self._trusted)
         route = getattr(scope.get("route"), "path", None) or scope["path"]
         broken = gate.refusal(ip, scope["method"], str(route), model, judges_model=judges_model)
         if broken is None:
@@ -520,7 +520,7 @@ class Edge:
         """Who makes this write and from where, for its audit entry (None: the operator). A key's
         user is its creator; a session or key from before members acts as the account's first user."""
         client = request.scope.get("client")
-        ip = client_ip(client[0] if client else "", request.headers.get("x-forwarded-for", ""), self._trusted)
+        ip = client_ip(client[0] if client else "", forwarded_for(request.headers), self._trusted)
         user_agent = request.headers.get("user-agent", "")
         if principal is None:
             return AuditContext(operator=True, ip=ip, user_agent=user_agent)
@@ -749,7 +749,7 @@ class Edge:
             request.method,
             str(path),
             0,  # status and latency: when the response has been sent
-            client_ip(client[0] if client else "", headers.get("x-forwarded-for", ""), self._trusted),
+            client_ip(client[0] if client else "", forwarded_for(headers), self._trusted),
             headers.get("user-agent", ""),
             0.0,
         )

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from contracts.common import Role, ServiceScope
 from contracts.edge_api import VerifiedKeyLimit, VerifiedQuota, VerifiedRateLimit, VerifyAnswer, VerifyRequest
 from contracts.errors import ErrorBody, ErrorCode, ErrorDetail
-from services.edge.calls import client_ip, parse_networks
+from services.edge.calls import client_ip, forwarded_for, parse_networks
 from services.edge.edge import Edge
 from services.edge.errors import ApiError, error_response, request_id_of
 from services.edge.openapi_security import INGRESS_SERVICE_TOKEN, accepts
@@ -144,13 +144,14 @@ class Ingress:
     def __init__(self, edge: Edge) -> None:
         self._trusted = parse_networks(edge.settings.trusted_proxies)
 
-    def described(self, headers: Mapping[str, str], method: str, uri: str, peer: str) -> dict[str, Any]:
-        """verify's body for the call (`VerifyRequest` judges it); `peer`: the ingress's address."""
+    def described(self, headers: Mapping[str, str], method: str, uri: str, peer: str, hops: str) -> dict[str, Any]:
+        """verify's body for the call (`VerifyRequest` judges it); `peer`: the ingress's address,
+        `hops`: the whole X-Forwarded-For (`forwarded_for`: every line of it, not the first)."""
         return {
             "key": bearer_token(headers.get("authorization", "")),
             "method": method,
             "path": uri.partition("?")[0],
-            "ip": client_ip(peer, headers.get("x-forwarded-for", ""), self._trusted),
+            "ip": client_ip(peer, hops, self._trusted),
             "user_agent": headers.get("user-agent", "")[:512],
             "resource": headers.get("x-tollgate-resource") or None,
             "cost": headers.get("x-tollgate-cost") or 0,
@@ -261,7 +262,8 @@ def build_router(edge: Edge) -> APIRouter:
         method, uri = _original_request(request)
         client = request.scope.get("client")
         try:
-            body = VerifyRequest.model_validate(ingress.described(request.headers, method, uri, client[0] if client else ""))
+            peer, hops = client[0] if client else "", forwarded_for(request.headers)
+            body = VerifyRequest.model_validate(ingress.described(request.headers, method, uri, peer, hops))
         except ValidationError as invalid:
             details = [{"field": ".".join(map(str, e["loc"])), "message": e["msg"]} for e in invalid.errors()]
             return error_response(request, 422, ErrorCode.VALIDATION_ERROR, "The forwarded request is not valid.", details)

@@ -27,11 +27,13 @@ from datetime import UTC, datetime
 
 from fastapi import FastAPI
 from pydantic import ValidationError
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contracts.common import ServiceScope
 from contracts.credentials import SERVICE_TOKEN_PREFIX
 from contracts.edge_api import VerifyRequest
+from services.edge.calls import forwarded_for
 from services.edge.context import context_of
 from services.edge.edge import Edge
 from services.edge.errors import ApiError
@@ -133,7 +135,8 @@ class VerifyFastPath:
         method, uri = forwarded_request(headers)
         client = scope.get("client")
         try:
-            return VerifyRequest.model_validate(self._ingress.described(headers, method, uri, client[0] if client else ""))
+            peer, hops = client[0] if client else "", forwarded_for(Headers(scope=scope))
+            return VerifyRequest.model_validate(self._ingress.described(headers, method, uri, peer, hops))
         except ValidationError:
             return None
 

@@ -30,7 +30,7 @@ from contracts.keys_api import (
     UserTypeRequest,
 )
 from contracts.service_tokens_api import ServiceTokenCreated, ServiceTokenCreateRequest, ServiceTokenItem, ServiceTokenList
-from services.edge import Principal, Runtime, client_ip, parse_networks
+from services.edge import Principal, Runtime, client_ip, forwarded_for, parse_networks
 from services.keys import domain
 from services.keys.login_throttle import LoginThrottle
 from services.keys.service import KeysService
@@ -120,7 +120,7 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
     )
     async def login(body: LoginRequest, request: Request) -> LoginResponse:
         peer = request.client.host if request.client is not None else ""
-        with throttle.attempt(body.email, client_ip(peer, request.headers.get("x-forwarded-for", ""), trusted)):
+        with throttle.attempt(body.email, client_ip(peer, forwarded_for(request.headers), trusted)):
             token, ttl = await service.login(body.email, body.password)
         return LoginResponse(access_token=token, expires_in=ttl)
 
