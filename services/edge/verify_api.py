@@ -23,7 +23,7 @@ from contracts.edge_api import VerifiedKeyLimit, VerifiedQuota, VerifiedRateLimi
 from contracts.errors import ErrorBody, ErrorCode, ErrorDetail
 from services.edge.calls import client_ip, forwarded_for, parse_networks
 from services.edge.edge import Edge
-from services.edge.errors import ApiError, error_response, request_id_of
+from services.edge.errors import ApiError, request_id_of
 from services.edge.openapi_security import INGRESS_SERVICE_TOKEN, accepts
 from services.edge.service_tokens import ServicePrincipal
 from services.edge.verdict import ServiceCall, Verdict
@@ -177,10 +177,16 @@ class Ingress:
             return Response(status_code=200, headers=answer)
         error = _error_body(verdict, request_id)
         assert error is not None
+        return self.refused(verdict.status, error, answer)
+
+    @staticmethod
+    def refused(status: int, error: ErrorBody, headers: dict[str, str]) -> Response:
+        """A refusal as every ingress passes it on: the status and the contract's body, and both again in
+        `X-Tollgate-Status` and `X-Tollgate-Error` for nginx (which passes only 401 and 403 on)."""
         # ASCII JSON on one line: the same bytes are a header's value (nginx answers from it)
         text = json.dumps(error.model_dump(mode="json", exclude_none=True), separators=(",", ":"))
-        answer.update({"X-Tollgate-Status": str(verdict.status), "X-Tollgate-Error": text})
-        return Response(text, status_code=verdict.status, headers=answer, media_type="application/json")
+        headers = {**headers, "X-Tollgate-Status": str(status), "X-Tollgate-Error": text}
+        return Response(text, status_code=status, headers=headers, media_type="application/json")
 
 
 def build_router(edge: Edge) -> APIRouter:
@@ -266,7 +272,12 @@ def build_router(edge: Edge) -> APIRouter:
             body = VerifyRequest.model_validate(ingress.described(request.headers, method, uri, peer, hops))
         except ValidationError as invalid:
             details = [{"field": ".".join(map(str, e["loc"])), "message": e["msg"]} for e in invalid.errors()]
-            return error_response(request, 422, ErrorCode.VALIDATION_ERROR, "The forwarded request is not valid.", details)
+            message = "The forwarded request is not valid."
+            detail = ErrorDetail(
+                code=ErrorCode.VALIDATION_ERROR, message=message, request_id=request_id_of(request), details=details
+            )
+            # in nginx's headers too: its auth_request would make any status but 401 and 403 a 500
+            return ingress.refused(422, ErrorBody(error=detail), {})
         call = service_call(body, service)
         request_id = request_id_of(request)
         return ingress.answer(await edge.decide(call, request_id), request_id)
