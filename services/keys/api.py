@@ -247,7 +247,8 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
     @api.post(
         "/api/api-keys/{key_id}/rotate",
         status_code=201,
-        description=CONSOLE + " The new key has the old one's name and no expiry; the old key expires after "
+        description=CONSOLE + " The new key has the old one's name, creator (it acts with that user's role, "
+        "whoever rotates) and rules, and no expiry; the old key expires after "
         "`grace_seconds` (never later than its own expiry) and is then deleted; 0 deletes it at once.",
     )
     async def rotate_key(
@@ -255,7 +256,6 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
     ) -> KeyCreated:
         row, secret = await service.rotate(
             principal.account_id,
-            _user(principal),
             key_id,
             body.grace_seconds,
             audit=edge.audit_context(request, principal),

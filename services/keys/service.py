@@ -547,14 +547,15 @@ class KeysService:
     async def rotate(
         self,
         account_id: UUID,
-        user_id: UUID,
         key_id: UUID,
         grace_seconds: int,
         *,
         audit: AuditContext,
         only_own: UUID | None = None,
     ) -> tuple[Row, str]:
-        """The new key (same name, created by `user_id`); the old one expires after the grace."""
+        """The new key (same name, same creator); the old one expires after the grace. Whoever
+        rotates (the audit names them), the new key acts as the old one's creator: rotating replaces
+        the secret, it neither gives the key the rotating owner's role nor takes it from its developer."""
         now = self.clock()
         changes = Changes()
         async with self.store.transaction() as tx:
@@ -571,8 +572,9 @@ class KeysService:
             # counted so far, and what the old key spends in its grace): rotating must not widen
             # what the secret may do
             rules = KeyRules.model_validate(old["rules"])
+            creator = old["created_by"] or account_id  # a key from before members: the registering user's
             row, secret = await self._insert_new_key(
-                tx, account_id, user_id, old["name"], None, now, changes, rules, lineage_id=old["lineage_id"]
+                tx, account_id, creator, old["name"], None, now, changes, rules, lineage_id=old["lineage_id"]
             )
             await self._audit(
                 tx,

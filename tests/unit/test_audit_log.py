@@ -77,7 +77,7 @@ async def test_every_keys_write_queues_one_entry_with_its_actor_target_and_addre
     s = keys.service
     key, _ = await s.create_key(account, account, "ci", None, audit=ACTOR)
     await s.toggle(account, key["id"], audit=ACTOR)
-    rotated, _ = await s.rotate(account, account, key["id"], 60, audit=ACTOR)
+    rotated, _ = await s.rotate(account, key["id"], 60, audit=ACTOR)
     await s.delete(account, rotated["id"], audit=ACTOR)
     member = await s.add_member(account, "dev@example.com", "Dev", "dev password", Role.DEVELOPER, audit=ACTOR)
     await s.change_member_role(account, member["id"], Role.VIEWER, audit=ACTOR)

@@ -103,7 +103,7 @@ async def test_a_developer_may_not_change_another_users_key_nor_anyone_another_a
 async def test_rotation_keeps_the_keys_rules(world: World):
     account = await world.register()
     row, _ = await world.service.create_key(account, account, "ci", None, audit=ACTOR, rules=RULES)
-    new, _ = await world.service.rotate(account, account, row["id"], 60, audit=ACTOR)
+    new, _ = await world.service.rotate(account, row["id"], 60, audit=ACTOR)
     assert KeyRules.model_validate(new["rules"]) == RULES  # rotating must not widen what the secret may do
 
 
@@ -114,8 +114,8 @@ async def test_rotation_continues_the_keys_lineage(world: World):
     row, _ = await world.service.create_key(account, account, "ci", None, audit=ACTOR, rules=RULES)
     assert row["lineage_id"] == row["id"]
     assert last_key_state(world)["lineage_id"] == str(row["id"])
-    second, _ = await world.service.rotate(account, account, row["id"], 60, audit=ACTOR)
-    third, _ = await world.service.rotate(account, account, second["id"], 0, audit=ACTOR)
+    second, _ = await world.service.rotate(account, row["id"], 60, audit=ACTOR)
+    third, _ = await world.service.rotate(account, second["id"], 0, audit=ACTOR)
     assert second["lineage_id"] == third["lineage_id"] == row["id"]
     states = [s for s in world.events("keys.v1") if s is not None]
     assert {s["key_id"]: s["lineage_id"] for s in states} == {

@@ -251,7 +251,7 @@ async def test_delete_publishes_the_deleted_state_and_a_tombstone(world: World):
 async def test_rotation_with_grace_keeps_the_old_key_until_then_and_the_sweep_deletes_it(world: World):
     account_id = await world.register()
     old, _ = await world.service.create_key(account_id, account_id, "prod", None, audit=ACTOR)
-    new, secret = await world.service.rotate(account_id, account_id, old["id"], 60, audit=ACTOR)
+    new, secret = await world.service.rotate(account_id, old["id"], 60, audit=ACTOR)
     assert new["name"] == "prod" and new["expires_at"] is None and new["hash"] == hash_secret(secret)
     end = world.clock.now + timedelta(seconds=60)
     assert world.store.keys[old["id"]]["expires_at"] == end == world.store.keys[old["id"]]["delete_at"]
@@ -266,7 +266,7 @@ async def test_rotation_with_grace_keeps_the_old_key_until_then_and_the_sweep_de
 async def test_rotation_with_no_grace_deletes_the_old_key_at_once(world: World):
     account_id = await world.register()
     old, _ = await world.service.create_key(account_id, account_id, "prod", None, audit=ACTOR)
-    new, _ = await world.service.rotate(account_id, account_id, old["id"], 0, audit=ACTOR)
+    new, _ = await world.service.rotate(account_id, old["id"], 0, audit=ACTOR)
     assert [r["id"] for r in await world.service.list_keys(account_id)] == [new["id"]]
     states = world.events("keys.v1")
     assert states[1]["deleted"] is True and states[2] is None and states[3]["key_id"] == str(new["id"])
@@ -280,7 +280,7 @@ async def test_another_accounts_key_is_not_found_for_every_write(world: World):
     for call in (
         world.service.toggle(mine, row["id"], audit=ACTOR),
         world.service.delete(mine, row["id"], audit=ACTOR),
-        world.service.rotate(mine, mine, row["id"], 60, audit=ACTOR),
+        world.service.rotate(mine, row["id"], 60, audit=ACTOR),
     ):
         with pytest.raises(NotFound) as caught:
             await call
@@ -345,7 +345,7 @@ async def test_every_state_change_writes_its_outbox_event(world: World):
         "roles": (lambda: world.service.set_roles(account_id, [Role.OWNER], audit=OPERATOR), "accounts.v1"),
         "create": (lambda: world.service.create_key(account_id, account_id, "k2", None, audit=ACTOR), "keys.v1"),
         "toggle": (lambda: world.service.toggle(account_id, key["id"], audit=ACTOR), "keys.v1"),
-        "rotate": (lambda: world.service.rotate(account_id, account_id, key["id"], 0, audit=ACTOR), "keys.v1"),
+        "rotate": (lambda: world.service.rotate(account_id, key["id"], 0, audit=ACTOR), "keys.v1"),
         "token": (
             lambda: world.service.create_service_token("gw2", [ServiceScope.USAGE_WRITE], audit=ACTOR),
             "service-tokens.v1",
@@ -439,7 +439,7 @@ async def test_a_developer_writes_only_the_keys_it_created(world: World):
     for call in (
         lambda: world.service.toggle(account_id, owners["id"], only_own=dev["id"], audit=ACTOR),
         lambda: world.service.delete(account_id, owners["id"], only_own=dev["id"], audit=ACTOR),
-        lambda: world.service.rotate(account_id, dev["id"], owners["id"], 0, only_own=dev["id"], audit=ACTOR),
+        lambda: world.service.rotate(account_id, owners["id"], 0, only_own=dev["id"], audit=ACTOR),
     ):
         with pytest.raises(Forbidden):
             await call()
