@@ -23,6 +23,7 @@ from tollgate_client import (
     InsufficientQuota,
     Retry,
     Tollgate,
+    TollgateError,
     TollgateMiddleware,
     UsageEvent,
     Verdict,
@@ -172,6 +173,33 @@ async def test_a_reservation_is_released_on_an_exception_sync_and_async(stage: S
             raise Boom
 
     with pytest.raises(Boom):
+        await asyncio.to_thread(blocking)
+    await _until_position(stage, account_id, used=0, reserved=0)
+
+
+async def test_a_settlement_tollgate_refuses_releases_the_hold_sync_and_async(stage: Stage):  # noqa: F811
+    token = await _writer(stage)
+    account, _owner = await signup(stage.client)
+    account_id = uuid.UUID(account["id"])
+    async with AsyncTollgate(f"http://{stage.tollgate}", token) as tollgate:
+        with pytest.raises(TollgateError) as refused:
+            async with tollgate.reserve(account_id, "ai_tokens", 6_000, ttl=600) as hold:
+                await _until_position(stage, account_id, used=0, reserved=6_000)
+                hold.settle(1_000, input_tokens=10, output_tokens=20)  # does not add up: a 422
+        assert refused.value.status == 422
+    await _until_position(stage, account_id, used=0, reserved=0)  # not held until the ttl
+
+    loop = asyncio.get_running_loop()
+
+    def blocking() -> None:
+        with (
+            Tollgate(f"http://{stage.tollgate}", token) as tollgate,
+            tollgate.reserve(account_id, "ai_tokens", 8_000, ttl=600) as hold,
+        ):
+            asyncio.run_coroutine_threadsafe(_until_position(stage, account_id, used=0, reserved=8_000), loop).result(30)
+            hold.settle(1_000, input_tokens=10, output_tokens=20)
+
+    with pytest.raises(TollgateError):
         await asyncio.to_thread(blocking)
     await _until_position(stage, account_id, used=0, reserved=0)
 

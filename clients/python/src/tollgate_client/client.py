@@ -348,14 +348,26 @@ class AsyncReservation(_Hold):
         # Shielded: a cancelled task (a client that hung up mid-stream) still settles or releases.
         event = self._settling_event()
         if event is not None:
-            await asyncio.shield(self._tollgate.report([event]))
-            return
+            try:
+                await asyncio.shield(self._tollgate.report([event]))
+                return
+            except TollgateError:
+                # Refused (e.g. token counts that do not add up), or not known to be taken: the hold
+                # would stay until its ttl. Released; a settlement that did land makes this a no-op.
+                await asyncio.shield(self._release_quietly())
+                raise
         try:
             await asyncio.shield(self._tollgate.release(self.id))
         except TollgateError as error:
             if exc is None:
                 raise
             _log_unreleased(self, error)  # the block's own exception is the one to see
+
+    async def _release_quietly(self) -> None:
+        try:
+            await self._tollgate.release(self.id)
+        except TollgateError as error:
+            _log_unreleased(self, error)
 
 
 class Reservation(_Hold):
@@ -372,11 +384,21 @@ class Reservation(_Hold):
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         event = self._settling_event()
         if event is not None:
-            self._tollgate.report([event])
-            return
+            try:
+                self._tollgate.report([event])
+                return
+            except TollgateError:
+                self._release_quietly()  # as AsyncReservation's
+                raise
         try:
             self._tollgate.release(self.id)
         except TollgateError as error:
             if exc is None:
                 raise
+            _log_unreleased(self, error)
+
+    def _release_quietly(self) -> None:
+        try:
+            self._tollgate.release(self.id)
+        except TollgateError as error:
             _log_unreleased(self, error)
