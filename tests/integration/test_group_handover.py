@@ -14,6 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from contracts.topics import Topic
 from services.runtime.platform.group_handover import GroupHandover
 from services.runtime.platform.kafka import ensure_topics
+from tests.support.metering import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -83,7 +84,11 @@ async def test_the_old_offsets_are_deleted_once_the_last_old_reader_stops(settin
     old, new = settings.group(f"old-{uuid.uuid4().hex[:6]}"), settings.group(f"new-{uuid.uuid4().hex[:6]}")
     # A replica of the previous version, still reading the topic in the old group.
     reader = AIOKafkaConsumer(
-        topic, bootstrap_servers=settings.kafka_bootstrap_servers, group_id=old, auto_offset_reset="earliest", enable_auto_commit=False
+        topic,
+        bootstrap_servers=settings.kafka_bootstrap_servers,
+        group_id=old,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
     )
     await reader.start()
     try:
@@ -100,9 +105,11 @@ async def test_the_old_offsets_are_deleted_once_the_last_old_reader_stops(settin
             await asyncio.sleep(0.6)
             assert await _committed(settings, old, topic) == left_off  # not deleted under a reader
             await reader.stop()
-            async with asyncio.timeout(30):
-                while await _committed(settings, old, topic):
-                    await asyncio.sleep(0.2)
+
+            async def deleted() -> bool:
+                return not await _committed(settings, old, topic)
+
+            await wait_until(deleted, timeout=30)
             assert handover._retrying is not None and handover._retrying.done()
         finally:
             await handover.close()
