@@ -3,12 +3,13 @@
 import logging
 from pathlib import Path
 
-from contracts.topics import STATE_OWNERS
+from contracts.topics import CALLS, STATE_OWNERS
 from services.edge import Component, Runtime
 from services.quota import api, consumers
 from services.quota.publisher import KafkaPublisher
 from services.quota.service import QuotaService
 from services.quota.store import QuotaStore
+from services.runtime.platform.group_handover import GroupHandover
 from services.runtime.platform.periodic import Periodic
 from services.runtime.platform.state_guard import StateGuard
 
@@ -38,6 +39,13 @@ def build(runtime: Runtime) -> Component:
         service.republish,
         hold=runtime.edge.rebuilding,
     )
+    settings = runtime.settings
+    calls_handover = GroupHandover(
+        settings.kafka_bootstrap_servers,
+        settings.topic(CALLS.name),
+        settings.group(consumers.USAGE_GROUP),
+        settings.group(consumers.CALLS_GROUP),
+    )
     return Component(
         name="quota",
         router=api.build_router(runtime, service),
@@ -45,4 +53,5 @@ def build(runtime: Runtime) -> Component:
         migrations=Path(__file__).parent / "migrations",
         on_start=[guard.start, sweeper.start],
         on_stop=[sweeper.stop, guard.stop],
+        consumers=[calls_handover],  # before the subscribers start: they read calls.v1 from where it was left
     )

@@ -1,4 +1,10 @@
-"""Quota's subscribers: usage.v1 + calls.v1 in batches, billing.v1 and (v4) keys.v1 one event at a time.
+"""Quota's subscribers: usage.v1 and calls.v1 in batches, billing.v1 and (v4) keys.v1 one event at a time.
+
+usage.v1 is counted as it comes: a usage event's block must reach every edge within 100 ms. calls.v1
+is gathered for up to a second (issue 38, decision 2): the edges admit api_calls themselves,
+exactly, in Redis (services/edge/admissions.py), so quota's count of calls blocks nothing on its
+own; a trickle of calls then costs one transaction, one quota.v1 state and one commit a second,
+not one per call (docs/architecture.md, "Consumers batch").
 
 Usage events that break a rule of contracts/usage_rules.py, and call events that break its time
 rule (judged against the record's own timestamp, like every consumer of usage.v1 and calls.v1)
@@ -16,6 +22,11 @@ from contracts.usage_rules import time_violations_at, violations_at
 from services.quota.service import QuotaService
 from services.runtime.platform.settings import Settings
 from services.runtime.platform.subscribe import Reading, Subscriber
+
+CALLS_GATHER_MS = 1000
+# calls.v1 was read by USAGE_GROUP with usage.v1 before it had a group of its own: an existing
+# deployment hands it over where it left off (app.py, runtime/platform/group_handover.py).
+USAGE_GROUP, CALLS_GROUP = "quota.usage", "quota.calls"
 
 COUNTED = Counter(
     "tollgate_quota_events_counted_total",
@@ -50,11 +61,10 @@ def build_router(service: QuotaService, broker: KafkaBroker, settings: Settings)
         COUNTED.labels(CALLS.name).inc(calls)
         COUNTED.labels(USAGE.name).inc(len(events) - calls)
 
+    # a group per subscriber: no rebalancing each other
+    subscribe.batches({USAGE: Reading(UsageEvent, _usage_rules)}, group=USAGE_GROUP, handle=count, max_records=1000)
     subscribe.batches(
-        {USAGE: Reading(UsageEvent, _usage_rules), CALLS: Reading(CallEvent, _call_rules)},
-        group="quota.usage",  # a group per subscriber: no rebalancing each other
-        handle=count,
-        max_records=1000,
+        {CALLS: Reading(CallEvent, _call_rules)}, group=CALLS_GROUP, handle=count, max_records=1000, gather_ms=CALLS_GATHER_MS
     )
     subscribe.each(BILLING, Reading(BILLING_EVENTS), group="quota.billing", handle=on_billing)
     # (v4) each key's limits (a projection: the newest state by order_of wins, so a replay is harmless)

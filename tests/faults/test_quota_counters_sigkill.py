@@ -1,4 +1,5 @@
-"""Counters stay exact under duplicated and reordered events and a SIGKILLed consumer."""
+"""Counters stay exact under duplicated and reordered events and a SIGKILLed consumer: usage.v1
+(quota.usage, each batch as it comes) and calls.v1 (quota.calls, gathered for up to a second)."""
 
 import asyncio
 import random
@@ -9,8 +10,8 @@ import psycopg
 import pytest
 
 from contracts.common import Resource
-from contracts.events import UsageEvent
-from contracts.topics import USAGE
+from contracts.events import CallEvent, UsageEvent
+from contracts.topics import CALLS, USAGE
 from tests.integration.quota_helpers import eventually, publish
 from tests.support.apps import ServeProcess
 
@@ -40,20 +41,40 @@ async def test_counts_are_exact_under_duplicates_reordering_and_sigkill(fault_se
                 source="test",
             )
         )
+    calls = [
+        CallEvent(
+            time=base - timedelta(seconds=rng.randint(0, 600)),
+            account_id=rng.choice(accounts),
+            api_key_id=uuid.uuid4(),
+            method="GET",
+            path="/api/geo/projects",
+            status=200,
+            ip="10.0.0.1",
+            latency_ms=1.5,
+        )
+        for _ in range(900)
+    ]
     expected: dict[tuple[uuid.UUID, str], int] = {}
     for e in events:
         expected[(e.account_id, e.resource.value)] = expected.get((e.account_id, e.resource.value), 0) + e.quantity
+    for c in calls:
+        expected[(c.account_id, Resource.API_CALLS.value)] = expected.get((c.account_id, Resource.API_CALLS.value), 0) + 1
     stream = events + rng.sample(events, 500)  # duplicates
     rng.shuffle(stream)
+    call_stream = calls + rng.sample(calls, 300)
+    rng.shuffle(call_stream)
     by_key = lambda e: str(e.account_id)  # noqa: E731
 
     first = ServeProcess(fault_settings, targets="quota")
     try:
         first.wait_ready()
         await publish(fault_settings, USAGE.name, stream[:1000], key=by_key)
+        await publish(fault_settings, CALLS.name, call_stream[:600], key=by_key)
 
         async def some_counted():
-            return sum(abs(v) for v in counters(fault_settings.database_url).values()) > 0 or None
+            got = counters(fault_settings.database_url)
+            calls_counted = sum(v for (_, resource), v in got.items() if resource == Resource.API_CALLS.value)
+            return (calls_counted > 0 and sum(abs(v) for v in got.values()) > calls_counted) or None
 
         await eventually(some_counted)
     finally:
@@ -61,6 +82,8 @@ async def test_counts_are_exact_under_duplicates_reordering_and_sigkill(fault_se
 
     await publish(fault_settings, USAGE.name, stream[1000:], key=by_key)
     await publish(fault_settings, USAGE.name, rng.sample(events, 200), key=by_key)  # redelivered after the crash
+    await publish(fault_settings, CALLS.name, call_stream[600:], key=by_key)
+    await publish(fault_settings, CALLS.name, rng.sample(calls, 150), key=by_key)
     second = ServeProcess(fault_settings, targets="quota")
     try:
         second.wait_ready()

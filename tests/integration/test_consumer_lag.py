@@ -79,7 +79,7 @@ async def test_the_platform_exports_the_lag_of_every_group_that_consumes_call_ev
             return groups if len(groups) == 3 and not any(lags.values()) else None
 
         groups = await wait_until(caught_up, timeout=60)
-    assert groups == {settings.group(name) for name in ("quota.usage", "metering.calls", "keys.last-used")}
+    assert groups == {settings.group(name) for name in ("quota.calls", "metering.calls", "keys.last-used")}
 
 
 async def test_a_pass_with_kafka_away_fails_and_leaves_no_client_open(caplog):

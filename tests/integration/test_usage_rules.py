@@ -178,7 +178,7 @@ async def test_a_call_outside_the_time_window_is_dead_lettered_by_every_consumer
     app, client = app_client
     account, console = await signup(client)
     groups = _usage_groups(app, CALLS)
-    assert groups == 3  # quota.usage, keys.last-used and metering.calls
+    assert groups == 3  # quota.calls, keys.last-used and metering.calls
     now = datetime.now(UTC)
 
     def call(time: datetime) -> CallEvent:
