@@ -8,7 +8,7 @@ import hashlib
 import json
 import tomllib
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from enum import Enum
 from functools import cache
@@ -113,8 +113,10 @@ def prorate(old_price: Decimal, new_price: Decimal, now: datetime, start: dateti
     difference = new_price - old_price
     if difference <= 0:
         return Decimal("0.00")
-    whole = _micros(end - start)
-    left = min(max(_micros(end - now), 0), whole)
+    # In UTC: aware datetimes of one zone subtract as wall clocks, which would count a month
+    # with a DST change an hour long or short and misprice every upgrade in it.
+    whole = _micros(end.astimezone(UTC) - start.astimezone(UTC))
+    left = min(max(_micros(end.astimezone(UTC) - now.astimezone(UTC)), 0), whole)
     return (difference * Decimal(left) / Decimal(whole)).quantize(CENT, rounding=ROUND_HALF_UP)
 
 

@@ -9,6 +9,7 @@ from uuid import UUID
 
 from contracts.clock import Clock
 from contracts.errors import ErrorCode
+from contracts.events import PlanChanged
 from services.edge import ApiError, Edge
 from services.keys.service import Changes
 from services.runtime.platform.outbox_relay import OutboxRelay
@@ -51,6 +52,9 @@ class EdgeDelivery:
 
     def knows_account(self, account_id: UUID) -> bool:
         return self.edge.accounts.get(account_id) is not None
+
+    def latest_plan(self, account_id: UUID) -> PlanChanged | None:
+        return self.edge.plans.latest(account_id)
 
     def issue_session(self, account_id: UUID, session_id: str, now: datetime, user_id: UUID) -> str:
         return self.edge.issue_session(account_id, session_id, now, user_id)

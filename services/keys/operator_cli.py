@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from contracts.audit import OPERATOR_CLI
 from contracts.common import ServiceScope
+from contracts.events import PlanChanged
 from services.keys import service_tokens
 from services.keys.service import REPUBLISHED_TOPICS, Changes, KeysService
 from services.keys.store import KeysStore, KeysTx, Row
@@ -70,6 +71,9 @@ class _Flush:
 
     def knows_account(self, account_id: UUID) -> bool:
         return False
+
+    def latest_plan(self, account_id: UUID) -> PlanChanged | None:
+        return None
 
     def issue_session(self, account_id: UUID, session_id: str, now: datetime, user_id: UUID) -> str:
         raise NotImplementedError("the operator's CLI issues no sessions")

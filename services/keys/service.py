@@ -23,7 +23,16 @@ from contracts.clock import Clock
 from contracts.common import KeyStatus, Role, ServiceScope, Tier, UserType
 from contracts.credentials import hash_secret, mask, new_api_key, rotation_due
 from contracts.domain_errors import NotFound
-from contracts.events import AccountState, KeyState, ServiceTokenState, SessionRevoked, UserState, UserTypeChanged
+from contracts.events import (
+    AccountState,
+    KeyState,
+    PlanChanged,
+    ServiceTokenState,
+    SessionRevoked,
+    UserState,
+    UserTypeChanged,
+    order_of,
+)
 from contracts.key_limits import KeyRules
 from contracts.keys_api import KeyUpdateRequest, RegisterRequest
 from contracts.plans import catalogue, user_type_may_take
@@ -65,6 +74,9 @@ class LocalEdge(Protocol):
         """Wait for Kafka's ack of the committed outbox rows, then make this process judge by them."""
 
     def knows_account(self, account_id: UUID) -> bool: ...
+
+    def latest_plan(self, account_id: UUID) -> PlanChanged | None:
+        """The newest plan_changed this process's edge holds for the account (None: never changed)."""
 
     def issue_session(self, account_id: UUID, session_id: str, now: datetime, user_id: UUID) -> str: ...
 
@@ -307,7 +319,7 @@ class KeysService:
             current = await tx.account_by_id(account_id, for_update=True)
             if current is None:
                 raise NotFound("account")
-            if not user_type_may_take(user_type, Tier(current["plan"])):
+            if not user_type_may_take(user_type, self._plan_in_force(current)):
                 raise UserTypePlanMismatch()
             if current["user_type"] == user_type.value:
                 return current
@@ -328,6 +340,19 @@ class KeysService:
             )
         await self.edge.deliver(changes)
         return row
+
+    def _plan_in_force(self, account: Row) -> Tier:
+        """The newer of the plan keys' billing.v1 consumer stored and the one this process's edge
+        holds. A payment is applied to the edge before it answers, while keys' consumer may not have
+        seen it yet: judged by the stored plan alone, an account that had just paid for enterprise
+        could become individual at once (version 12 broken)."""
+        stored = Tier(account["plan"])
+        edge = self.edge.latest_plan(account["id"])
+        if edge is None:
+            return stored
+        if account["plan_time"] is None or (account["plan_version"], account["plan_time"]) < order_of(edge):
+            return edge.plan
+        return stored
 
     async def set_roles(self, account_id: UUID, roles: list[Role], *, audit: AuditContext) -> Row:
         """Operator call: new roles for the account and every live key of it, at once."""

@@ -14,7 +14,7 @@ from uuid import UUID
 from contracts.alerts_api import Channel, Recipient
 from contracts.audit import AuditContext, AuditRecorded
 from contracts.common import STOCK_RESOURCES, AlertMetric, Resource, Tier, UserType
-from contracts.events import AccountState, KeyState, QuotaState, UsageEvent
+from contracts.events import AccountState, KeyState, PlanChanged, QuotaState, UsageEvent
 from contracts.key_limits import KeyLimit, LimitPeriod
 from contracts.plans import catalogue
 from contracts.topics import Topic
@@ -1278,6 +1278,7 @@ class FakeLocalEdge:
         self.delivered: list[Any] = []  # the Changes of each delivery, in order
         self.accounts: set[UUID] = set()
         self.uses: dict[UUID, datetime] = {}
+        self.plans: dict[UUID, PlanChanged] = {}  # the edge's plan projection (billing applies payments there)
 
     async def deliver(self, changes: Any) -> None:
         self.delivered.append(changes)
@@ -1285,6 +1286,9 @@ class FakeLocalEdge:
 
     def knows_account(self, account_id: UUID) -> bool:
         return account_id in self.accounts
+
+    def latest_plan(self, account_id: UUID) -> PlanChanged | None:
+        return self.plans.get(account_id)
 
     def issue_session(self, account_id: UUID, session_id: str, now: datetime, user_id: UUID) -> str:
         return f"tg1.{account_id}.{user_id}.{session_id}"

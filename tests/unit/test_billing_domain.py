@@ -2,12 +2,14 @@
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from zoneinfo import ZoneInfo
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts.common import Resource, Tier, UserType
+from contracts.period import period_bounds
 from contracts.plans import catalogue
 from services.billing import domain
 
@@ -50,6 +52,16 @@ def test_proration_examples():
     assert domain.prorate(Decimal("0"), Decimal("9.90"), START, START, END) == Decimal("9.90")
     assert domain.prorate(Decimal("0"), Decimal("9.90"), END, START, END) == Decimal("0.00")
     assert domain.prorate(Decimal("49.00"), Decimal("9.90"), mid, START, END) == Decimal("0.00")
+
+
+@pytest.mark.parametrize("month", ["2026-03", "2026-10"])  # 743 and 745 real hours in Berlin
+def test_proration_counts_real_time_in_a_month_with_a_dst_change(month):
+    berlin = ZoneInfo("Europe/Berlin")
+    start, end = period_bounds(month, berlin)
+    hours = Decimal(int((end.astimezone(UTC) - start.astimezone(UTC)).total_seconds()) // 3600)
+    assert domain.prorate(Decimal("0"), hours, start, start, end) == hours  # the whole month: the whole price
+    halfway = start.astimezone(UTC) + (end.astimezone(UTC) - start.astimezone(UTC)) / 2
+    assert domain.prorate(Decimal("0"), hours, halfway, start, end) == hours / 2
 
 
 @given(old=prices, new=prices, now=moments)

@@ -13,7 +13,9 @@ from contracts.common import Role, ServiceScope, Tier, UserType
 from contracts.credentials import hash_secret
 from contracts.domain_errors import Conflict, Forbidden, Invalid, NotFound, Unauthenticated
 from contracts.errors import ErrorCode
+from contracts.events import PlanChanged
 from contracts.keys_api import KeyListStatus, RegisterRequest
+from contracts.plans import catalogue
 from services.edge import ApiError
 from services.keys.domain import EmailTaken, InvalidCredentials, UserTypePlanMismatch, WrongCurrentPassword
 from services.keys.login_throttle import Limit, LoginThrottle
@@ -166,6 +168,28 @@ async def test_an_enterprise_account_cannot_become_individual(world: World):
     with pytest.raises(UserTypePlanMismatch) as caught:
         await world.service.change_user_type(account_id, UserType.INDIVIDUAL, audit=ACTOR)
     assert caught.value.code == ErrorCode.USER_TYPE_PLAN_MISMATCH
+
+
+async def test_an_account_that_just_paid_for_enterprise_cannot_become_individual(world: World):
+    """Billing puts a payment in force on the edge before it answers; keys' own copy of the plan
+    (its billing.v1 consumer) may still say free: the newer of the two decides."""
+    account_id = await world.register()
+    await world.service.change_user_type(account_id, UserType.ENTERPRISE, audit=ACTOR)
+    plan = catalogue()[Tier.ENTERPRISE]
+    world.edge.plans[account_id] = PlanChanged(
+        time=world.clock.now,
+        account_id=account_id,
+        plan=Tier.ENTERPRISE,
+        quotas=plan.quotas,
+        rate_limit=plan.rate_limit,
+        version=1,
+    )
+    with pytest.raises(UserTypePlanMismatch):
+        await world.service.change_user_type(account_id, UserType.INDIVIDUAL, audit=ACTOR)
+    # and an older edge view does not override a newer downgrade keys has stored
+    await world.service.set_plan(account_id, Tier.BASIC, world.clock.now, 2)
+    row = await world.service.change_user_type(account_id, UserType.INDIVIDUAL, audit=ACTOR)
+    assert row["user_type"] == "individual"
 
 
 async def test_operator_roles_reach_the_account_its_user_and_every_live_key(world: World):
