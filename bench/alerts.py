@@ -54,7 +54,7 @@ async def crossing_to_notification(settings: Settings, producer: AIOKafkaProduce
     period = period_of(datetime.now(UTC), settings.tz)
     accounts = [uuid.uuid4() for _ in range(n)]
     for account in accounts:
-        await store.insert_rule(conn, account, AlertMetric.TOTAL_TOKENS, 80, [Channel.IN_SITE], [])
+        await store.insert_rule(conn, account, AlertMetric.TOTAL_TOKENS, 80, [Channel.IN_SITE], [], datetime.now(UTC))
     samples = []
     for account in accounts:
         event = QuotaThresholdCrossed(

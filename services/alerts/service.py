@@ -44,12 +44,15 @@ class TargetCheck(Protocol):
 Deliver = Callable[[Iterable[UUID]], None]
 
 
-async def record_crossing(tx: AlertsTx, event: QuotaThresholdCrossed) -> list[UUID]:
+async def record_crossing(tx: AlertsTx, event: QuotaThresholdCrossed, tz: ZoneInfo) -> list[UUID]:
     """Record a firing (and its deliveries) for every rule the crossing reaches that has not fired
     this period; returns the new delivery ids. The unique constraint settles any race.
     (v4) A crossing of one key's limit reaches only the rules scoped to that key, and fires once
-    per (rule, threshold, window of the limit): a daily limit may fire again tomorrow."""
-    rules = await tx.rules_for(event.account_id, event.resource, event.threshold_pct, event.api_key_id)
+    per (rule, threshold, window of the limit): a daily limit may fire again tomorrow.
+    A rule made after the crossing's month is not reached: a late or replayed crossing of a month
+    that was over before the rule existed would announce a period the rule never watched."""
+    reached = await tx.rules_for(event.account_id, event.resource, event.threshold_pct, event.api_key_id)
+    rules = [r for r in reached if period_of(r.created_at, tz) <= event.period]
     if not rules:
         return []
     # A key crossing without its window (not one quota publishes) counts in the month it names.
@@ -133,7 +136,7 @@ class AlertsService:
                     details=[asdict(domain.Problem("scope.api_key_id", "The key is not a key of this account."))],
                 )
             rule = await tx.insert_rule(
-                account_id, body.metric, body.threshold_pct, body.channels, body.recipients, secret, key_id
+                account_id, body.metric, body.threshold_pct, body.channels, body.recipients, self._clock(), secret, key_id
             )
             delivery_ids: list[UUID] = []
             # An account rule already passed fires now; a key rule waits for its key's next crossing
@@ -194,7 +197,7 @@ class AlertsService:
     # ---- from quota ----------------------------------------------------------------------------
     async def fire_crossing(self, event: QuotaThresholdCrossed) -> None:
         async with self._store.transaction() as tx:
-            delivery_ids = await record_crossing(tx, event)
+            delivery_ids = await record_crossing(tx, event, self._tz)
         self._deliver(delivery_ids)  # after the commit
 
     async def save_quota_state(self, state: QuotaState) -> None:

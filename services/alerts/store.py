@@ -65,14 +65,16 @@ async def insert_rule(
     threshold_pct: int,
     channels: list[Channel],
     recipients: list[Recipient],
+    created_at: datetime,
     webhook_secret: str | None = None,
     api_key_id: UUID | None = None,
 ) -> Rule:
     # The webhook secret is kept in plain: the server signs with it (it is never logged or returned).
+    # created_at from the use case's clock: which periods the rule watches (record_crossing).
     cur = await conn.execute(
         """INSERT INTO alerts.rules
-               (id, account_id, metric, resource, threshold_pct, channels, recipients, webhook_secret, api_key_id)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING *""",
+               (id, account_id, metric, resource, threshold_pct, channels, recipients, webhook_secret, api_key_id, created_at)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING *""",
         (
             uuid4(),
             account_id,
@@ -83,6 +85,7 @@ async def insert_rule(
             Jsonb(_RECIPIENTS.dump_python(recipients, mode="json")),
             webhook_secret,
             api_key_id,
+            created_at,
         ),
     )
     row = await cur.fetchone()
@@ -464,10 +467,13 @@ class AlertsTx:
         threshold_pct: int,
         channels: list[Channel],
         recipients: list[Recipient],
+        created_at: datetime,
         webhook_secret: str | None = None,
         api_key_id: UUID | None = None,
     ) -> Rule:
-        return await insert_rule(self.conn, account_id, metric, threshold_pct, channels, recipients, webhook_secret, api_key_id)
+        return await insert_rule(
+            self.conn, account_id, metric, threshold_pct, channels, recipients, created_at, webhook_secret, api_key_id
+        )
 
     async def list_rules(self, account_id: UUID, current_windows: list[str], rule_id: UUID | None = None) -> list[RuleView]:
         return await list_rules(self.conn, account_id, current_windows, rule_id)

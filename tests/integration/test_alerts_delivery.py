@@ -4,6 +4,7 @@ backoff, failures recorded for good, one sender per delivery."""
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import pytest
 from psycopg.rows import dict_row
@@ -38,7 +39,7 @@ async def pool(settings) -> AsyncIterator[AsyncConnectionPool]:
 
 async def _fire(pool: AsyncConnectionPool, channels: list[Channel], recipients: list) -> list[uuid.UUID]:
     async with pool.connection() as conn, conn.transaction():
-        rule = await store.insert_rule(conn, uuid.uuid4(), AlertMetric.API_CALLS, 90, channels, recipients)
+        rule = await store.insert_rule(conn, uuid.uuid4(), AlertMetric.API_CALLS, 90, channels, recipients, datetime.now(UTC))
         return await store.record_firing(conn, store.Firing(rule, "2026-11", 950, 1000, "crossing"))
 
 

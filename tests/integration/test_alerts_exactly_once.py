@@ -3,6 +3,7 @@ events, competing consumers (two processes' worth in one group) and a SIGKILL mi
 
 import asyncio
 import uuid
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -54,14 +55,20 @@ async def test_two_transactions_deciding_the_same_crossing_record_one_firing(set
         async with setup.transaction():
             for threshold in (80, 90):
                 await store.insert_rule(
-                    setup, account, AlertMetric.TOTAL_TOKENS, threshold, [Channel.EMAIL], [EmailRecipient(email=EMAILS[0])]
+                    setup,
+                    account,
+                    AlertMetric.TOTAL_TOKENS,
+                    threshold,
+                    [Channel.EMAIL],
+                    [EmailRecipient(email=EMAILS[0])],
+                    datetime.now(UTC),
                 )
     event = QuotaThresholdCrossed.model_validate(
         {
-            "time": "2026-11-22T08:00:00Z",
+            "time": datetime.now(UTC),
             "account_id": account,
             "resource": "ai_tokens",
-            "period": "2026-11",
+            "period": this_period(),
             "threshold_pct": 95,
             "used": 95,
             "total": 100,
@@ -72,7 +79,7 @@ async def test_two_transactions_deciding_the_same_crossing_record_one_firing(set
 
     async def decide() -> list[uuid.UUID]:
         async with await AsyncConnection.connect(settings.database_url, row_factory=dict_row) as conn, conn.transaction():
-            ids = await record_crossing(store.AlertsTx(conn, relay), event)
+            ids = await record_crossing(store.AlertsTx(conn, relay), event, settings.tz)
             await asyncio.sleep(0.2)  # hold the transaction open so the racer really overlaps
             return ids
 

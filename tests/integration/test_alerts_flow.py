@@ -313,10 +313,11 @@ async def test_a_late_event_of_last_month_fires_last_months_rule_once_for_last_m
     async with running_app(settings, targets=("quota", "alerts"), overrides=Overrides(clock=clock)) as (app, client):
         broker = app.state.runtime.broker
         headers = await login(app, account)
-        rule = await client.post("/api/ai/usage/alert", json=_rule(50, channels=("in_site",)), headers=headers)
-        assert rule.status_code == 201
         midnight = period_bounds(this_period(), UTC)[0]
         last_month = period_of(midnight - timedelta(seconds=2), UTC)
+        clock.fixed = midnight - timedelta(minutes=5)  # the rule is last month's (a rule fires for its own months)
+        rule = await client.post("/api/ai/usage/alert", json=_rule(50, channels=("in_site",)), headers=headers)
+        assert rule.status_code == 201
         clock.fixed = midnight + timedelta(seconds=1)
         late = UsageEvent(
             time=midnight - timedelta(seconds=2), account_id=account, resource=Resource.AI_TOKENS, quantity=60_000, source="test"

@@ -251,7 +251,14 @@ async def test_the_address_is_checked_again_at_delivery_and_a_refused_target_fai
         pass
     async with pool.connection() as conn, conn.transaction():
         rule = await store.insert_rule(
-            conn, uuid.uuid4(), AlertMetric.API_CALLS, 90, [Channel.WEBHOOK], [WebhookRecipient(url=receiver.url())], "whsec_x"
+            conn,
+            uuid.uuid4(),
+            AlertMetric.API_CALLS,
+            90,
+            [Channel.WEBHOOK],
+            [WebhookRecipient(url=receiver.url())],
+            datetime.now(UTC),
+            "whsec_x",
         )
         (delivery_id,) = await store.record_firing(conn, store.Firing(rule, "2026-11", 950, 1000, "crossing"))
     sender = WebhookSender(allow_private=False)
@@ -352,7 +359,14 @@ async def test_a_postponed_webhook_is_not_swept_early_and_another_process_resume
     receiver.statuses = [503]
     async with pool.connection() as conn, conn.transaction():
         rule = await store.insert_rule(
-            conn, uuid.uuid4(), AlertMetric.API_CALLS, 90, [Channel.WEBHOOK], [WebhookRecipient(url=receiver.url())], "whsec_y"
+            conn,
+            uuid.uuid4(),
+            AlertMetric.API_CALLS,
+            90,
+            [Channel.WEBHOOK],
+            [WebhookRecipient(url=receiver.url())],
+            datetime.now(UTC),
+            "whsec_y",
         )
         (delivery_id,) = await store.record_firing(conn, store.Firing(rule, "2026-11", 950, 1000, "crossing"))
     backoff = Backoff(initial_seconds=3.0, max_seconds=6.0)  # ample: the "not yet" checks take milliseconds

@@ -544,10 +544,11 @@ class FakeAlertsStore:
         threshold_pct: int,
         channels: list[Channel],
         recipients: list[Recipient],
+        created_at: datetime,
         webhook_secret: str | None = None,
         api_key_id: UUID | None = None,
     ) -> Rule:
-        rule = Rule(uuid.uuid4(), account_id, metric, threshold_pct, channels, recipients, datetime.now(UTC), api_key_id)
+        rule = Rule(uuid.uuid4(), account_id, metric, threshold_pct, channels, recipients, created_at, api_key_id)
         self.rules[rule.id] = rule
         return rule
 

@@ -77,11 +77,6 @@ async def test_a_jump_from_50_to_95_fires_the_80_and_90_rules_once_per_period(se
     assert {(f["rule_id"], f["period"]) for f in store.firings.values()} >= {(r80.id, "2026-12")}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: record_crossing reaches every rule of the account whatever the crossing's period; fix: "
-    "rules made after the crossing's period (created_at from the use case's clock) are skipped",
-)
 async def test_a_late_crossing_of_a_period_over_before_the_rule_was_made_does_not_fire_it(service, store, deliver):
     """A lagging or replayed quota-thresholds.v1 event of an old month must not alert about it
     through a rule made after that month (it fires for crossings of its own periods only)."""

@@ -166,7 +166,7 @@ async def test_every_write_of_a_key_moves_its_version_on():
     row, _ = await world.service.create_key(account_id, account_id, "k", None, audit=ACTOR)
     await world.service.toggle(account_id, row["id"], audit=ACTOR)
     await world.service.set_roles(account_id, [Role.VIEWER], audit=ACTOR)  # its creator's role: a new state
-    await world.service.rotate(account_id, account_id, row["id"], 60, audit=ACTOR)
+    await world.service.rotate(account_id, row["id"], 60, audit=ACTOR)
     world.clock.advance(seconds=61)
     await world.service.sweep_rotated()
     versions = [e["version"] for e in world.events("keys.v1") if e is not None and e["key_id"] == str(row["id"])]
