@@ -21,6 +21,10 @@ from services.runtime.platform.postgres import autocommit, try_xact_lock
 
 Conn = AsyncConnection[Any]  # dict rows (see services/runtime/platform/postgres.py)
 _STOCKS = [r.value for r in STOCK_RESOURCES]
+# A month's packages past this are unlimited in effect: capped so that their sum (and a plan's quota
+# on top) stays a bigint. Two of the largest orders billing takes would overflow it, and the
+# failing billing.v1 event would be redelivered for ever, holding up every account behind it.
+PACKAGES_CAP = 2**62
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,10 +171,10 @@ class QuotaTx:
         )
         cur = await self.conn.execute(
             """
-            SELECT resource, sum(amount)::bigint AS amount FROM quota.packages
+            SELECT resource, least(sum(amount), %s)::bigint AS amount FROM quota.packages
              WHERE account_id = %s AND period = %s GROUP BY resource
             """,
-            (account_id, period),
+            (PACKAGES_CAP, account_id, period),
         )
         packages = {r["resource"]: int(r["amount"]) for r in await cur.fetchall()}
         cur = await self.conn.execute(
