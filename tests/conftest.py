@@ -7,16 +7,15 @@ from contextlib import ExitStack, asynccontextmanager
 
 import httpx
 import pytest
-from argon2 import PasswordHasher, profiles
 from fastapi import FastAPI
 from hypothesis import settings as hypothesis_settings
 from psycopg_pool import AsyncConnectionPool
 
-from services.keys import service as keys_service
 from services.runtime.platform.postgres import open_pool
 from services.runtime.platform.settings import Settings
 from tests.support import databases
 from tests.support.apps import running_app
+from tests.support.cheap_hashes import use_cheapest_argon2
 from tests.support.environments import Environment, Environments
 from tests.support.infra import Endpoints, endpoints, exported_endpoints
 from tests.support.redis_server import running_redis
@@ -29,12 +28,9 @@ hypothesis_settings.register_profile("tollgate", deadline=None, database=None)
 hypothesis_settings.register_profile("quick", deadline=None, database=None, max_examples=25)
 hypothesis_settings.load_profile("tollgate")
 
-# Password hashes at argon2's cheapest parameters (argon2.profiles.CHEAPEST, meant for tests) in
-# every platform a test runs in its own process: the same argon2id, checked the same way, but
-# ~0.2 ms a hash instead of ~0.4 s on this machine's two cores. Each platform hashes once at its
-# start and at every sign-up, and verifies at every login: minutes of the suite. `serve` processes
-# the tests start keep production's parameters (a hash names its own, so both verify either).
-keys_service.PasswordHasher = lambda: PasswordHasher.from_parameters(profiles.CHEAPEST)  # type: ignore[assignment,misc]
+# Cheap password hashes in every platform a test runs in this process (and in its `serve`
+# processes: tests/support/serve.py).
+use_cheapest_argon2()
 
 
 _CONTROLLER_STACK = ExitStack()
