@@ -15,6 +15,7 @@ from services.runtime.platform.postgres import open_pool
 from services.runtime.platform.settings import Settings
 from tests.support import databases
 from tests.support.apps import running_app
+from tests.support.cheap_hashes import use_cheapest_argon2
 from tests.support.environments import Environment, Environments
 from tests.support.infra import Endpoints, endpoints, exported_endpoints
 from tests.support.redis_server import running_redis
@@ -26,6 +27,10 @@ from tests.support.redis_server import running_redis
 hypothesis_settings.register_profile("tollgate", deadline=None, database=None)
 hypothesis_settings.register_profile("quick", deadline=None, database=None, max_examples=25)
 hypothesis_settings.load_profile("tollgate")
+
+# Cheap password hashes in every platform a test runs in this process (and in its `serve`
+# processes: tests/support/serve.py).
+use_cheapest_argon2()
 
 
 _CONTROLLER_STACK = ExitStack()

@@ -36,7 +36,7 @@ async def test_logins_are_throttled_per_email_and_per_ip_and_unknown_emails_stil
         return real_verify(self, stored, password)
 
     monkeypatch.setattr(PasswordHasher, "verify", counting_verify)
-    # Lower limits than production's (each argon2 check costs ~0.5 s on the shared 2 cores); the rules are the same.
+    # Lower limits than production's (fewer logins to make); the rules are the same.
     EMAIL_LIMIT, IP_LIMIT = 3, 9
     monkeypatch.setattr(login_throttle, "EMAIL_LIMIT", EMAIL_LIMIT)
     monkeypatch.setattr(login_throttle, "IP_LIMIT", IP_LIMIT)

@@ -9,13 +9,13 @@ from datetime import UTC, datetime
 
 import psycopg
 import pytest
-from argon2 import PasswordHasher
 
 from contracts.common import KeyStatus, Role
 from contracts.credentials import hash_secret, new_api_key
 from contracts.events import KeyState
 from contracts.topics import KEYS
 from tests.integration.test_keys_api import PASSWORD, bearer, code, new_key, signup
+from tests.support.cheap_hashes import cheapest
 from tests.support.metering import wait_until
 
 pytestmark = pytest.mark.integration
@@ -31,7 +31,7 @@ async def _member_committed_but_not_published(settings, account_id: str) -> tupl
         await conn.execute(
             "INSERT INTO keys.users (id, account_id, email, password_hash, name, role, created_at)"
             " VALUES (%s, %s, %s, %s, 'V', 'viewer', now())",
-            [member_id, account_id, email, PasswordHasher().hash(PASSWORD)],
+            [member_id, account_id, email, cheapest().hash(PASSWORD)],
         )
     return member_id, email
 

@@ -65,11 +65,13 @@ class Stage:
     app: object
 
 
-@pytest.fixture
-async def stage(settings) -> AsyncIterator[Stage]:
+@pytest.fixture(scope="module")
+async def stage(module_settings) -> AsyncIterator[Stage]:
     """Tollgate (every service, in this process) served over HTTP by uvicorn, trusting loopback
-    proxies, a keys:verify token, and the upstream."""
-    trusting = settings.model_copy(update={"trusted_proxies": ["127.0.0.1/32"]})
+    proxies, a keys:verify token, and the upstream. One per module (its tests, here and in the
+    modules that import it, make accounts and keys of their own, and give back what they take of
+    the edge's admitted lane): one start, not one per test."""
+    trusting = module_settings.model_copy(update={"trusted_proxies": ["127.0.0.1/32"]})
     async with running_app(trusting) as (app, client):
         port = free_port()
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning"))

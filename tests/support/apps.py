@@ -175,7 +175,7 @@ class ServeProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [
-                    *[sys.executable, "-m", "services.runtime.host.cli", "serve", "--target", targets],
+                    *[sys.executable, "-m", "tests.support.serve", "serve", "--target", targets],
                     *["--port", str(self.port), "--workers", str(workers)],
                 ],
                 env=settings_env(settings),
