@@ -7,13 +7,14 @@ import gc
 import uuid
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from contracts.topics import CALLS
 from services.runtime.platform.consumer_lag import ConsumerLag
+from services.runtime.platform.group_handover import commit_offsets
 from services.runtime.platform.kafka import ensure_topics
 from services.runtime.platform.settings import Settings
 from tests.support.apps import running_app
@@ -24,13 +25,7 @@ pytestmark = pytest.mark.integration
 
 
 async def commit(settings: Settings, group: str, offsets: dict[TopicPartition, int]) -> None:
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap_servers, group_id=group, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        consumer.assign(list(offsets))
-        await consumer.commit(offsets)
-    finally:
-        await consumer.stop()
+    await commit_offsets(settings.kafka_bootstrap_servers, group, offsets)
 
 
 async def test_lag_is_the_log_end_minus_the_groups_commit_for_this_tollgates_groups_only(settings):

@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from contracts.topics import Topic
-from services.runtime.platform.group_handover import GroupHandover
+from services.runtime.platform.group_handover import GroupHandover, commit_offsets
 from services.runtime.platform.kafka import ensure_topics
 from tests.support.metering import wait_until
 
@@ -33,13 +33,7 @@ async def _topic_with_records(settings, records: int) -> str:
 
 
 async def _commit(settings, group: str, offsets: dict[TopicPartition, int]) -> None:
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap_servers, group_id=group, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        consumer.assign(list(offsets))
-        await consumer.commit(offsets)
-    finally:
-        await consumer.stop()
+    await commit_offsets(settings.kafka_bootstrap_servers, group, offsets)
 
 
 async def _committed(settings, group: str, topic: str) -> dict[TopicPartition, int]:

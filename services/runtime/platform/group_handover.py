@@ -46,6 +46,17 @@ def plan(new: dict[TopicPartition, int], old: dict[TopicPartition, int]) -> Hand
     return Handover(start={} if new else dict(old), delete_old=bool(old))
 
 
+async def commit_offsets(bootstrap_servers: str, group: str, offsets: dict[TopicPartition, int]) -> None:
+    """Commits `offsets` for `group` without joining it (a consumer with the partitions assigned by hand)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign(list(offsets))
+        await consumer.commit(offsets)
+    finally:
+        await consumer.stop()
+
+
 # Kafka's OffsetDelete (KIP-496, API key 47), which aiokafka's admin client does not offer.
 class _OffsetDeleteResponseV0(Response):  # type: ignore[misc]  # aiokafka is untyped
     API_KEY = 47
@@ -117,7 +128,7 @@ class GroupHandover:
             old = await self._committed(admin, self._old, partitions)
             handover = plan(new, old)
             if handover.start:
-                await self._commit(handover.start)
+                await commit_offsets(self._bootstrap, self._new, handover.start)
                 log.info("handed %s from group %s to %s at %s", self._topic, self._old, self._new, handover.start)
             return handover.delete_old and not await self._delete(admin)
         finally:
@@ -144,16 +155,6 @@ class GroupHandover:
     async def _committed(admin: AIOKafkaAdminClient, group: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
         offsets = await admin.list_consumer_group_offsets(group, partitions=partitions)
         return {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
-
-    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
-        # A consumer of the new group with the partitions assigned by hand commits without joining.
-        consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, group_id=self._new, enable_auto_commit=False)
-        await consumer.start()
-        try:
-            consumer.assign(list(offsets))
-            await consumer.commit(offsets)
-        finally:
-            await consumer.stop()
 
     async def _delete(self, admin: AIOKafkaAdminClient) -> bool:
         """Deletes the old group's offsets on the topic; False while a member still reads it."""
