@@ -20,6 +20,13 @@ from services.runtime.platform.settings import Settings
 log = logging.getLogger(__name__)
 M = TypeVar("M")
 
+# A record that (nearly) filled Kafka's message limit (1 MiB by default) would not fit in it again
+# with the headers added: its dead-letter publish would fail at every redelivery and hold its
+# consumer there for good. Beyond these sizes the dead letter keeps the record's head, and says
+# how large it was; the whole record is still in its own topic. No contract event comes near them.
+MAX_DEAD_LETTER_VALUE = 256 * 1024
+MAX_DEAD_LETTER_KEY = 1024
+
 DEAD_LETTERED = Counter(
     "tollgate_dead_lettered_total",
     "Messages any consumer sent to a dead-letter topic, by the topic they came from (unit: messages)",
@@ -32,12 +39,14 @@ for _topic in ALL_TOPICS:  # on /metrics at 0 from the start, so an alert can wa
 async def send_to_dead_letter(
     broker: KafkaBroker, settings: Settings, topic: Topic, raw: bytes, error: str, *, key: bytes | None = None
 ) -> None:
-    await broker.publish(
-        raw,
-        settings.topic(dead_letter(topic).name),
-        key=key,
-        headers={"x-error": error[:1000], "x-original-topic": settings.topic(topic.name)},
-    )
+    headers = {"x-error": error[:1000], "x-original-topic": settings.topic(topic.name)}
+    if len(raw) > MAX_DEAD_LETTER_VALUE:
+        headers["x-truncated-from"] = str(len(raw))
+        raw = raw[:MAX_DEAD_LETTER_VALUE]
+    if key is not None and len(key) > MAX_DEAD_LETTER_KEY:
+        headers["x-key-truncated-from"] = str(len(key))
+        key = key[:MAX_DEAD_LETTER_KEY]
+    await broker.publish(raw, settings.topic(dead_letter(topic).name), key=key, headers=headers)
     DEAD_LETTERED.labels(topic.name).inc()
     log.warning("dead-lettered a message from %s: %s", topic.name, error[:200])
 

@@ -9,6 +9,10 @@ Every subscriber has the same skeleton, so it is written once here:
 - each record parsed into its contract model, or dead-lettered with the reason (malformed, or
   breaking a rule judged against the record's own timestamp) while the subscriber goes on;
 - compacted topics' tombstones (a record without a value) skipped;
+- a valid event the database cannot store (`psycopg.DataError`, SQLSTATE class 22: a NUL in a
+  text, a number past its column) dead-lettered with the database's reason: it would fail at
+  every redelivery and hold its group for good. In a batch, the halves are handled again until
+  the event is found (the handlers are idempotent); any other error is retried as above;
 - the pace of every consumer (`kafka.FETCH_WAIT_MS`, `kafka.IDLE_WAKE_MS`, then `fetch_pace` once
   idle, set by `kafka.start_subscribers`): no latency floor, an idle process's CPU.
 """
@@ -17,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import psycopg
 from aiokafka import ConsumerRecord
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker, KafkaRouter
@@ -24,7 +29,7 @@ from faststream.kafka.annotations import KafkaMessage
 from pydantic import TypeAdapter
 
 from contracts.topics import Topic
-from services.runtime.platform.deadletter import parse_or_dead_letter
+from services.runtime.platform.deadletter import parse_or_dead_letter, send_to_dead_letter
 from services.runtime.platform.kafka import FETCH_WAIT_MS, IDLE_WAKE_MS
 from services.runtime.platform.settings import Settings
 
@@ -69,7 +74,10 @@ class Subscriber:
             assert not isinstance(record, tuple)
             event = await self._read(topic, reading, record)
             if event is not None:
-                await handle(event)
+                try:
+                    await handle(event)
+                except psycopg.DataError as exc:
+                    await self._unstorable(topic, record, exc)
 
     def batches(
         self,
@@ -106,13 +114,32 @@ class Subscriber:
         )
         async def on_batch(msg: KafkaMessage) -> None:
             records = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
-            events: list[M] = []
+            read: list[tuple[ConsumerRecord[Any, Any], M]] = []
             for record in records:
                 topic, reading = by_name[record.topic]
                 event = await self._read(topic, reading, record)
                 if event is not None:
-                    events.append(event)
-            await handle(events)
+                    read.append((record, event))
+            await handle_storable(read)
+
+        async def handle_storable(read: list[tuple[ConsumerRecord[Any, Any], M]]) -> None:
+            """`handle` the events; one the database cannot store is found by halves and dead-lettered."""
+            try:
+                await handle([event for _, event in read])
+            except psycopg.DataError as exc:
+                if len(read) == 1:
+                    record = read[0][0]
+                    await self._unstorable(by_name[record.topic][0], record, exc)
+                    return
+                if not read:
+                    raise
+                half = len(read) // 2
+                await handle_storable(read[:half])
+                await handle_storable(read[half:])
+
+    async def _unstorable(self, topic: Topic, record: ConsumerRecord[Any, Any], exc: psycopg.DataError) -> None:
+        error = f"the database cannot store it: {type(exc).__name__}: {exc}"
+        await send_to_dead_letter(self.broker, self.settings, topic, record.value, error, key=record.key)
 
     async def _read(self, topic: Topic, reading: Reading[M], record: ConsumerRecord[Any, Any]) -> M | None:
         if record.value is None:
