@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import psycopg
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from contracts.audit import AuditAction, AuditContext
 from contracts.common import Resource
@@ -16,6 +16,7 @@ from contracts.events import QuotaState
 from contracts.topics import AUDIT, QUOTA, dead_letter
 from tests.support.apps import running_app
 from tests.support.metering import wait_until
+from tests.support.topics import topic_records
 
 pytestmark = pytest.mark.integration
 
@@ -23,19 +24,6 @@ pytestmark = pytest.mark.integration
 def _rows(database_url: str, sql: str, *params: object) -> list[tuple]:
     with psycopg.connect(database_url, autocommit=True) as conn:
         return conn.execute(sql, params).fetchall()
-
-
-async def _dead_letters(bootstrap: str, topic: str) -> list:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        found = []
-        while batches := await consumer.getmany(timeout_ms=1500):
-            for records in batches.values():
-                found += records
-        return found
-    finally:
-        await consumer.stop()
 
 
 async def _send(bootstrap: str, topic: str, key: bytes, *values: str) -> None:
@@ -70,7 +58,7 @@ async def test_an_audit_entry_with_a_nul_character_is_dead_lettered_and_the_log_
             return _rows(settings.database_url, "SELECT id FROM keys.audit_log WHERE account_id = %s", account)
 
         assert await wait_until(stored, timeout=30) == [(after.id,)]
-    letters = await _dead_letters(settings.kafka_bootstrap_servers, settings.topic(dead_letter(AUDIT).name))
+    letters = await topic_records(settings.kafka_bootstrap_servers, settings.topic(dead_letter(AUDIT).name))
     assert [r.value for r in letters] == [poison.model_dump_json().encode()]
     assert b"NUL" in dict(letters[0].headers)["x-error"]
 
@@ -97,6 +85,6 @@ async def test_a_quota_state_past_a_bigint_is_dead_lettered_and_alerts_keeps_the
             return rows if len(rows) == 4 else []
 
         assert await wait_until(stored, timeout=30) == [(accounts[i], i) for i in (0, 1, 3, 4)]
-    letters = await _dead_letters(settings.kafka_bootstrap_servers, settings.topic(dead_letter(QUOTA).name))
+    letters = await topic_records(settings.kafka_bootstrap_servers, settings.topic(dead_letter(QUOTA).name))
     assert [r.value for r in letters] == [states[2].model_dump_json().encode()]
     assert b"bigint out of range" in dict(letters[0].headers)["x-error"]

@@ -10,13 +10,14 @@ from datetime import UTC, datetime
 
 import psycopg
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from contracts.topics import USAGE, dead_letter
 from services.metering.store import MeteringStore
 from services.runtime.platform.deadletter import MAX_DEAD_LETTER_KEY, MAX_DEAD_LETTER_VALUE
 from tests.support.apps import running_app
 from tests.support.metering import wait_until
+from tests.support.topics import topic_records
 
 pytestmark = pytest.mark.integration
 
@@ -33,19 +34,6 @@ async def _counted(database_url: str, account: str) -> int:
         cur = await conn.execute("SELECT coalesce(sum(used), 0) FROM quota.counters WHERE account_id = %s", [account])
         row = await cur.fetchone()
     return int(row[0]) if row else 0
-
-
-async def _dead_letters(bootstrap: str, topic: str) -> list:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        found = []
-        while batches := await consumer.getmany(timeout_ms=1500):
-            for records in batches.values():
-                found += records
-        return found
-    finally:
-        await consumer.stop()
 
 
 async def test_a_record_as_large_as_kafka_takes_is_dead_lettered_and_the_consumers_go_on(settings):
@@ -81,7 +69,7 @@ async def test_a_record_as_large_as_kafka_takes_is_dead_lettered_and_the_consume
             store.close()
         assert await wait_until(lambda: _counted(settings.database_url, account), timeout=30) == 7
 
-    letters = await _dead_letters(settings.kafka_bootstrap_servers, settings.topic(dead_letter(USAGE).name))
+    letters = await topic_records(settings.kafka_bootstrap_servers, settings.topic(dead_letter(USAGE).name))
     big = [r for r in letters if dict(r.headers).get("x-truncated-from") == str(NEARLY_ONE_MIB).encode()]
     assert len(big) == 2  # once by each group: the sink's and quota's
     assert all(r.value == b"x" * MAX_DEAD_LETTER_VALUE and r.key == account.encode() for r in big)

@@ -11,13 +11,14 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from contracts.events import CallEvent
 from contracts.topics import CALLS, USAGE, Topic, dead_letter
 from tests.integration.test_keys_api import signup
 from tests.support.metering import metering_sink, wait_until
 from tests.support.service_tokens import service_headers
+from tests.support.topics import topic_records
 
 pytestmark = pytest.mark.integration
 INGEST = "/api/usage/events"
@@ -56,19 +57,6 @@ def _usage_groups(app, of: Topic = USAGE) -> int:
     return subscribers + sum(s.topic == topic for s in metering_sink(app).topics)
 
 
-async def _topic_records(settings, topic: str) -> list:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.kafka_bootstrap_servers, auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        found = []
-        while batches := await consumer.getmany(timeout_ms=1500):
-            for records in batches.values():
-                found += records
-        return found
-    finally:
-        await consumer.stop()
-
-
 async def _quota_used(settings, account_id: str) -> int:
     async with await psycopg.AsyncConnection.connect(settings.database_url) as conn:
         cur = await conn.execute("SELECT coalesce(sum(used), 0) FROM quota.counters WHERE account_id = %s", [account_id])
@@ -103,7 +91,7 @@ async def test_http_refuses_the_whole_batch_with_details_by_index_and_publishes_
     assert "10^12" in by_index[5]["message"]
 
     # nothing of the batch was published or remembered: the good event is new when sent alone
-    published = await _topic_records(settings, settings.topic(USAGE.name))
+    published = await topic_records(settings.kafka_bootstrap_servers, settings.topic(USAGE.name))
     assert not [r for r in published if any(e["id"].encode() in r.value for e in batch)]
     accepted = await client.post(INGEST, json={"events": [good]}, headers=service)
     assert accepted.json() == {"accepted": 1, "duplicates": 0}
@@ -158,7 +146,7 @@ async def test_a_bad_record_on_kafka_is_dead_lettered_by_every_consumer_and_neve
     # every bad record is in the DLQ once per group, with its reason; the good ones are not
     reasons: Counter[str] = Counter()
     ids = {e["id"] for e, _ in bad}
-    for record in await _topic_records(settings, settings.topic(dead_letter(USAGE).name)):
+    for record in await topic_records(settings.kafka_bootstrap_servers, settings.topic(dead_letter(USAGE).name)):
         headers = dict(record.headers)
         event_id = json.loads(record.value)["id"]
         assert event_id in ids, "only the bad records are dead-lettered"
@@ -213,7 +201,7 @@ async def test_a_call_outside_the_time_window_is_dead_lettered_by_every_consumer
 
     async def all_dead_lettered() -> bool:
         reasons.clear()
-        for record in await _topic_records(settings, settings.topic(dead_letter(CALLS).name)):
+        for record in await topic_records(settings.kafka_bootstrap_servers, settings.topic(dead_letter(CALLS).name)):
             assert dict(record.headers)["x-error"].decode().startswith("time: more than")
             reasons[json.loads(record.value)["id"]] += 1
         return reasons == {str(e.id): groups for e in bad}
