@@ -242,13 +242,8 @@ async def pool(settings) -> AsyncIterator[AsyncConnectionPool]:
         yield opened
 
 
-async def test_the_address_is_checked_again_at_delivery_and_a_refused_target_fails_logged(settings, pool, receiver: Receiver):
-    """A rule whose URL passed at creation (here: written straight to the table) but now resolves to a
-    private address is never connected to; each attempt is logged, and after the window it fails."""
-    settings = _fast(settings, allow_private=False)
-    # Migrations of the alerts schema, as the service applies them.
-    async with running_app(settings, targets=("alerts",)):
-        pass
+async def _webhook_delivery(pool, url: str, secret: str) -> uuid.UUID:
+    """A webhook rule's firing, straight in the store: its one pending delivery."""
     async with pool.connection() as conn, conn.transaction():
         rule = await store.insert_rule(
             conn,
@@ -256,11 +251,22 @@ async def test_the_address_is_checked_again_at_delivery_and_a_refused_target_fai
             AlertMetric.API_CALLS,
             90,
             [Channel.WEBHOOK],
-            [WebhookRecipient(url=receiver.url())],
+            [WebhookRecipient(url=url)],
             datetime.now(UTC),
-            "whsec_x",
+            secret,
         )
         (delivery_id,) = await store.record_firing(conn, store.Firing(rule, "2026-11", 950, 1000, "crossing"))
+    return delivery_id
+
+
+async def test_the_address_is_checked_again_at_delivery_and_a_refused_target_fails_logged(settings, pool, receiver: Receiver):
+    """A rule whose URL passed at creation (here: written straight to the table) but now resolves to a
+    private address is never connected to; each attempt is logged, and after the window it fails."""
+    settings = _fast(settings, allow_private=False)
+    # Migrations of the alerts schema, as the service applies them.
+    async with running_app(settings, targets=("alerts",)):
+        pass
+    delivery_id = await _webhook_delivery(pool, receiver.url(), "whsec_x")
     sender = WebhookSender(allow_private=False)
     dispatcher = Dispatcher(pool, [], CONSOLE_URL, webhooks=sender, webhook_backoff=Backoff(0.1, 0.2, window_seconds=0.5))
     await dispatcher.deliver(delivery_id)
@@ -357,18 +363,7 @@ async def test_a_postponed_webhook_is_not_swept_early_and_another_process_resume
     async with running_app(settings, targets=("alerts",)):
         pass  # the alerts schema, migrated as the service does it
     receiver.statuses = [503]
-    async with pool.connection() as conn, conn.transaction():
-        rule = await store.insert_rule(
-            conn,
-            uuid.uuid4(),
-            AlertMetric.API_CALLS,
-            90,
-            [Channel.WEBHOOK],
-            [WebhookRecipient(url=receiver.url())],
-            datetime.now(UTC),
-            "whsec_y",
-        )
-        (delivery_id,) = await store.record_firing(conn, store.Firing(rule, "2026-11", 950, 1000, "crossing"))
+    delivery_id = await _webhook_delivery(pool, receiver.url(), "whsec_y")
     backoff = Backoff(initial_seconds=3.0, max_seconds=6.0)  # ample: the "not yet" checks take milliseconds
     first = Dispatcher(pool, [], CONSOLE_URL, webhooks=WebhookSender(allow_private=True), webhook_backoff=backoff)
     await first.deliver(delivery_id)
