@@ -130,7 +130,7 @@ class GroupHandover:
             if handover.start:
                 await commit_offsets(self._bootstrap, self._new, handover.start)
                 log.info("handed %s from group %s to %s at %s", self._topic, self._old, self._new, handover.start)
-            return handover.delete_old and not await self._delete(admin)
+            return handover.delete_old and not await self._delete(admin, partitions)
         finally:
             await admin.close()
 
@@ -140,7 +140,7 @@ class GroupHandover:
             admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap)
             try:
                 await admin.start()
-                if await self._delete(admin):
+                if await self._delete(admin, await self._partitions(admin)):
                     return
             except Exception:
                 log.warning("deleting %s's offsets on %s failed; trying again", self._old, self._topic, exc_info=True)
@@ -156,11 +156,11 @@ class GroupHandover:
         offsets = await admin.list_consumer_group_offsets(group, partitions=partitions)
         return {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
 
-    async def _delete(self, admin: AIOKafkaAdminClient) -> bool:
+    async def _delete(self, admin: AIOKafkaAdminClient, partitions: list[TopicPartition]) -> bool:
         """Deletes the old group's offsets on the topic; False while a member still reads it."""
-        partitions = [tp.partition for tp in await self._partitions(admin)]
         coordinator = await admin.find_coordinator(self._old)
-        answer = await admin._send_request(_OffsetDelete(self._old, self._topic, partitions), coordinator)
+        request = _OffsetDelete(self._old, self._topic, [tp.partition for tp in partitions])
+        answer = await admin._send_request(request, coordinator)
         codes = {answer.error_code} | {code for _, parts in answer.topics for _, code in parts}
         if codes <= DONE_CODES:
             log.info("deleted group %s's offsets on %s", self._old, self._topic)
