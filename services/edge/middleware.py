@@ -22,6 +22,9 @@ HTTP_LATENCY = Histogram(
 )
 MAX_REQUEST_ID = 128
 MAX_SERIES = 10_000  # (method, route, status) children kept at hand; routes are templates, so few
+# The methods a route may take; any other (the HTTP parser accepts some thirty: PROPFIND, MKCOL,
+# LINK...) is the caller's choice and is labelled `other`, so no caller adds series at will.
+METRIC_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 def request_id_from(incoming: str) -> str:
@@ -71,5 +74,6 @@ class RequestMiddleware:
             seconds = time.perf_counter() - context.started
             current_request_id.reset(token)
             route = getattr(scope.get("route"), "path", "unmatched")
-            self._observe(scope["method"], route, status, seconds)
+            method = scope["method"]
+            self._observe(method if method in METRIC_METHODS else "other", route, status, seconds)
             context.finish(status, seconds)  # after the last byte left: e.g. the calls.v1 event
