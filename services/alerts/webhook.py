@@ -154,7 +154,8 @@ class WebhookSender:
         except (targets.TargetError, TargetRefused) as exc:
             return AttemptResult(None, f"target refused: {exc}")
         except OSError as exc:
-            return AttemptResult(None, f"cannot resolve {request.url}: {exc}")
+            # the host only: a Slack or Teams URL's path and query are its credential
+            return AttemptResult(None, f"cannot resolve {target.host}: {exc}")
         headers = {
             "Host": target.host_header,
             "Content-Type": "application/json",
