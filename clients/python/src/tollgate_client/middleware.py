@@ -112,13 +112,18 @@ def _ingress_verdict(scope: Scope) -> Verdict:
         log.error("trust_ingress: a request without X-Tollgate-Account/-Key: is the app reachable around its ingress?")
         return NOT_BEHIND_INGRESS
     user = _header(scope, b"x-tollgate-user")
+    try:
+        account_id, api_key_id, user_id = UUID(account), UUID(key), UUID(user) if user else None
+    except ValueError:  # not the ingress's (it sends ids): someone reached the app around it
+        log.error("trust_ingress: X-Tollgate-* headers that are not ids: is the app reachable around its ingress?")
+        return NOT_BEHIND_INGRESS
     return Verdict(
         valid=True,
         code="valid",
         status=200,
-        account_id=UUID(account),
-        api_key_id=UUID(key),
-        user_id=UUID(user) if user else None,
+        account_id=account_id,
+        api_key_id=api_key_id,
+        user_id=user_id,
         role=_header(scope, b"x-tollgate-role") or None,
         plan=_header(scope, b"x-tollgate-plan") or None,
     )
