@@ -36,6 +36,7 @@ from services.metering.validation import DEAD_LETTER_REASONS
 from services.runtime.platform.deadletter import send_to_dead_letter
 from services.runtime.platform.kafka import IDLE_WAKE_MS, adapt_started
 from services.runtime.platform.metrics import DEPENDENCY_ERRORS
+from services.runtime.platform.redelivery import Redelivery
 
 log = logging.getLogger(__name__)
 
@@ -242,4 +243,6 @@ class Sink:
             SINK_EVENTS.labels(name, "inserted").inc(result.inserted)
             SINK_EVENTS.labels(name, "duplicate").inc(result.duplicates)
 
-        return TopicSink(self._runtime, use_case.topic, group, WritePipeline(prepare, write))
+        settings = self._runtime.settings
+        redelivery = Redelivery(settings.group(group), [settings.topic(name)])
+        return TopicSink(self._runtime, use_case.topic, group, WritePipeline(prepare, write, redelivery))

@@ -8,8 +8,10 @@ What keeps it exactly once:
   position, which is already past the batches behind it.
 - Batches are written and committed in order, one at a time; at most `DEPTH` are in the
   pipeline (the consumer's loop waits for the oldest before handing on another).
-- A batch whose preparation or write fails rewinds the consumer at once (it is written again
-  even if nothing else arrives), and the batches fetched behind it are dropped: every partition
+- A batch whose preparation or write fails rewinds the consumer after a backoff (0.5 s, doubling
+  at each failure in a row up to 30 s: runtime/platform/redelivery.py, which logs each attempt
+  once and counts it in `tollgate_consumer_failures_total`), so it is written again even if
+  nothing else arrives, and the batches fetched behind it are dropped: every partition
   goes back to its first offset in the failed batch or behind it, before the next fetch. Nothing
   behind a failed batch is committed, and nothing of it is skipped.
 - A rebalance waits for the batches in the pipeline (the ones fetched before it are dropped: their
@@ -30,9 +32,11 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
+from services.runtime.platform.redelivery import Redelivery
+
 log = logging.getLogger(__name__)
 
-RETRY_DELAY_S = 1.0
+RETRY_DELAY_S = 1.0  # between attempts to join the group again (consumers.TopicSink)
 DEPTH = 2  # one batch being written, one being prepared
 
 Records = Sequence[ConsumerRecord[Any, Any]]
@@ -58,13 +62,15 @@ Write = Callable[[P], Awaitable[None]]
 
 
 class WritePipeline(Generic[P]):
-    def __init__(self, prepare: Prepare[P], write: Write[P]) -> None:
+    def __init__(self, prepare: Prepare[P], write: Write[P], redelivery: Redelivery) -> None:
         self._prepare = prepare
         self._write = write
+        self._redelivery = redelivery
         self._batches: deque[tuple[Batch, asyncio.Task[None]]] = deque()  # in order; each waits for the one before
         # After a failed batch: the partitions rewound, until a batch fetched after that is written.
         self._rewound: set[TopicPartition] | None = None
         self._closed = False
+        self._wake = asyncio.Event()  # set (and replaced) when a failed batch's wait must end early
         # Bumped when the consumer's positions move under the pipeline (a rebalance, a rewind):
         # a batch fetched before that is dropped. The consumer's loop reads it right after the
         # fetch, before its next await.
@@ -98,11 +104,24 @@ class WritePipeline(Generic[P]):
         """Before the consumer stops (and leaves its group): finish and commit the write in
         flight, and start no other (the batches handed in later are fetched again after a restart)."""
         self._closed = True
+        self._wake_waiting()
         await self.drain()
 
     def revoked(self) -> None:
         self.epoch += 1
         self._rewound = None  # the next assignment starts from the committed offsets
+        self._wake_waiting()
+
+    def _wake_waiting(self) -> None:
+        self._wake.set()
+        self._wake = asyncio.Event()
+
+    async def _wait(self, seconds: float) -> None:
+        wake = self._wake
+        try:
+            await asyncio.wait_for(wake.wait(), seconds)
+        except TimeoutError:
+            pass
 
     async def _wait_oldest(self) -> None:
         oldest = self._batches[0]
@@ -125,9 +144,12 @@ class WritePipeline(Generic[P]):
             return
         try:
             await self._write(await prepared)
-        except Exception:
-            log.exception("metering sink: a batch was not written; fetching it again")
-            await asyncio.sleep(RETRY_DELAY_S)
+        except Exception as exc:
+            # Logged, then a wait before the batch is fetched again; cut short by a rebalance or
+            # a shutdown, which need this task done (they drop the batch anyway).
+            await self._wait(self._redelivery.failed(exc))
+            if epoch != self.epoch or self._closed:
+                return  # revoked meanwhile: the next assignment starts from the committed offsets
             # All at once, before the next fetch: this batch's offsets, then those of the batches
             # behind it that this one does not cover (each partition to its earliest offset).
             queued = [b for b, _ in self._batches]
@@ -136,6 +158,7 @@ class WritePipeline(Generic[P]):
             self.epoch += 1  # after the seek: whatever was fetched before it is dropped
             return
         self._rewound = None
+        self._redelivery.succeeded()
         offsets = {tp: OffsetAndMetadata(offset, "") for tp, offset in batch.next.items()}
         try:
             await consumer.commit(offsets)

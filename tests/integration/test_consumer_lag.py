@@ -47,9 +47,12 @@ async def test_lag_is_the_log_end_minus_the_groups_commit_for_this_tollgates_gro
     await reader.export()
     labels = {"group": ours, "topic": tp.topic, "partition": "0"}
     assert REGISTRY.get_sample_value("tollgate_kafka_consumer_lag", labels) == 6
+    assert REGISTRY.get_sample_value("tollgate_kafka_consumer_committed_offset", labels) == 4  # TollgateConsumerStalled
 
     await commit(settings, ours, {tp: 10})
     assert await reader.read() == {(ours, tp): 0}
+    await reader.export()
+    assert REGISTRY.get_sample_value("tollgate_kafka_consumer_committed_offset", labels) == 10
 
 
 async def test_the_platform_exports_the_lag_of_every_group_that_consumes_call_events(settings):

@@ -50,6 +50,8 @@ def test_the_issues_alerts_are_there():
     names = {rule["alert"] for rule in rules()}
     assert {
         "TollgateConsumerLagGrowing",
+        "TollgateConsumerFailing",
+        "TollgateConsumerStalled",
         "TollgateSinkStalled",
         "TollgateDeadLetters",
         "TollgateOutboxBacklogOld",

@@ -29,6 +29,14 @@ LAG = Gauge(
     ["group", "topic", "partition"],
     multiprocess_mode="mostrecent",  # one process reads it for the whole cluster (serve's consumers' process)
 )
+# With the lag, what tells a stuck group from a busy one: a lag above 0 whose commit has not
+# moved for minutes (TollgateConsumerStalled), whatever the size of the lag or the topic's pace.
+COMMITTED = Gauge(
+    "tollgate_kafka_consumer_committed_offset",
+    "The offset a consumer group has committed, per partition (unit: offset)",
+    ["group", "topic", "partition"],
+    multiprocess_mode="mostrecent",
+)
 
 
 def lag(ends: Mapping[TopicPartition, int], committed: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
@@ -55,11 +63,19 @@ class ConsumerLag:
 
     async def read(self) -> dict[tuple[str, TopicPartition], int]:
         """(group, partition) -> records not committed yet, for this Tollgate's groups."""
-        committed = await self._cluster.committed(self._prefix)
-        partitions = sorted({tp for offsets in committed.values() for tp in offsets})
-        ends = await self._cluster.end_offsets(partitions) if partitions else {}
+        committed, ends = await self._offsets()
         return {(group, tp): records for group, offsets in committed.items() for tp, records in lag(ends, offsets).items()}
 
     async def export(self) -> None:
-        for (group, tp), records in (await self.read()).items():
-            LAG.labels(group, tp.topic, str(tp.partition)).set(records)
+        committed, ends = await self._offsets()
+        for group, offsets in committed.items():
+            for tp, records in lag(ends, offsets).items():
+                LAG.labels(group, tp.topic, str(tp.partition)).set(records)
+                COMMITTED.labels(group, tp.topic, str(tp.partition)).set(offsets[tp])
+
+    async def _offsets(self) -> tuple[dict[str, dict[TopicPartition, int]], dict[TopicPartition, int]]:
+        """Every group's committed offsets, and the log end offsets of the partitions they name."""
+        committed = await self._cluster.committed(self._prefix)
+        partitions = sorted({tp for offsets in committed.values() for tp in offsets})
+        ends = await self._cluster.end_offsets(partitions) if partitions else {}
+        return committed, ends

@@ -12,18 +12,24 @@ Every subscriber has the same skeleton, so it is written once here:
 - a valid event the database cannot store (`psycopg.DataError`, SQLSTATE class 22: a NUL in a
   text, a number past its column) dead-lettered with the database's reason: it would fail at
   every redelivery and hold its group for good. In a batch, the halves are handled again until
-  the event is found (the handlers are idempotent); any other error is retried as above;
+  the event is found (the handlers are idempotent);
+- any other error (a bug on one event, Postgres down) is retried as above, never dead-lettered,
+  after a wait that doubles at each failure in a row up to 30 s (redelivery.py: one log line and
+  one `tollgate_consumer_failures_total` per attempt), instead of at once, ~160 times a second;
 - the pace of every consumer (`kafka.FETCH_WAIT_MS`, `kafka.IDLE_WAKE_MS`, then `fetch_pace` once
   idle, set by `kafka.start_subscribers`): no latency floor, an idle process's CPU.
 """
 
-from collections.abc import Awaitable, Callable, Mapping
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import psycopg
 from aiokafka import ConsumerRecord
 from faststream import AckPolicy
+from faststream.exceptions import NackMessage
 from faststream.kafka import KafkaBroker, KafkaRouter
 from faststream.kafka.annotations import KafkaMessage
 from pydantic import TypeAdapter
@@ -31,11 +37,25 @@ from pydantic import TypeAdapter
 from contracts.topics import Topic
 from services.runtime.platform.deadletter import parse_or_dead_letter, send_to_dead_letter
 from services.runtime.platform.kafka import FETCH_WAIT_MS, IDLE_WAKE_MS
+from services.runtime.platform.redelivery import Redelivery
 from services.runtime.platform.settings import Settings
 
 M = TypeVar("M")
 BATCH_TIMEOUT_MS = 500  # FastStream sleeps this long after an empty batch fetch
 GATHER_MIN_BYTES = 1024 * 1024  # a gathering subscriber's fetch ends early only with this much
+
+
+@asynccontextmanager
+async def _retried_after_backoff(redelivery: Redelivery, topics: Sequence[str] = ()) -> AsyncIterator[None]:
+    """An error of the block is handled again after the consumer's backoff: waited out here, then
+    the message (or batch) rewound by a nack. Raised as `NackMessage`, FastStream neither logs it
+    again (Redelivery logs each attempt once) nor commits; the cause stays in `__cause__`."""
+    try:
+        yield
+    except Exception as exc:
+        await asyncio.sleep(redelivery.failed(exc, topics))
+        raise NackMessage() from exc
+    redelivery.succeeded()
 
 
 @dataclass(frozen=True)
@@ -59,6 +79,7 @@ class Subscriber:
         self, topic: Topic, reading: Reading[M], *, group: str, handle: Callable[[M], Awaitable[None]], title: str = ""
     ) -> None:
         """`handle` gets every valid event of `topic`, one at a time, in offset order."""
+        redelivery = Redelivery(self.settings.group(group), [self.settings.topic(topic.name)])
 
         @self.router.subscriber(
             self.settings.topic(topic.name),
@@ -72,12 +93,13 @@ class Subscriber:
         async def on_message(msg: KafkaMessage) -> None:
             record = msg.raw_message
             assert not isinstance(record, tuple)
-            event = await self._read(topic, reading, record)
-            if event is not None:
-                try:
-                    await handle(event)
-                except psycopg.DataError as exc:
-                    await self._unstorable(topic, record, exc)
+            async with _retried_after_backoff(redelivery):
+                event = await self._read(topic, reading, record)
+                if event is not None:
+                    try:
+                        await handle(event)
+                    except psycopg.DataError as exc:
+                        await self._unstorable(topic, record, exc)
 
     def batches(
         self,
@@ -98,6 +120,7 @@ class Subscriber:
         handled (and committed) once per `gather_ms`, not once per record. An idle consumer
         still answers its first record at once (fetch_pace.py)."""
         by_name = {self.settings.topic(topic.name): (topic, reading) for topic, reading in readings.items()}
+        redelivery = Redelivery(self.settings.group(group), list(by_name))
 
         @self.router.subscriber(
             *by_name,
@@ -114,13 +137,14 @@ class Subscriber:
         )
         async def on_batch(msg: KafkaMessage) -> None:
             records = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
-            read: list[tuple[ConsumerRecord[Any, Any], M]] = []
-            for record in records:
-                topic, reading = by_name[record.topic]
-                event = await self._read(topic, reading, record)
-                if event is not None:
-                    read.append((record, event))
-            await handle_storable(read)
+            async with _retried_after_backoff(redelivery, sorted({record.topic for record in records})):
+                read: list[tuple[ConsumerRecord[Any, Any], M]] = []
+                for record in records:
+                    topic, reading = by_name[record.topic]
+                    event = await self._read(topic, reading, record)
+                    if event is not None:
+                        read.append((record, event))
+                await handle_storable(read)
 
         async def handle_storable(read: list[tuple[ConsumerRecord[Any, Any], M]]) -> None:
             """`handle` the events; one the database cannot store is found by halves and dead-lettered."""
