@@ -22,7 +22,8 @@ import httpx
 
 from services.alerts import domain, targets
 
-ATTEMPT_TIMEOUT_SECONDS = 5.0
+ATTEMPT_TIMEOUT_SECONDS = 5.0  # resolving, then the exchange (connecting, sending, the answer) each
+ANSWER_READ_BYTES = 4096  # of a receiver's answer: enough for its status and an error's first words
 SIGNATURE_HEADER = "Tollgate-Signature"
 USER_AGENT = "Tollgate-Webhooks/1"
 
@@ -135,10 +136,13 @@ class WebhookRequest:
 
 
 class WebhookSender:
-    def __init__(self, allow_private: bool, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self, allow_private: bool, client: httpx.AsyncClient | None = None, timeout_seconds: float = ATTEMPT_TIMEOUT_SECONDS
+    ) -> None:
         self._allow_private = allow_private
+        self._timeout = timeout_seconds
         # No proxies from the environment (they would connect elsewhere), no redirects followed.
-        self._client = client or httpx.AsyncClient(timeout=ATTEMPT_TIMEOUT_SECONDS, follow_redirects=False, trust_env=False)
+        self._client = client or httpx.AsyncClient(timeout=timeout_seconds, follow_redirects=False, trust_env=False)
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -162,16 +166,36 @@ class WebhookSender:
             "User-Agent": USER_AGENT,
             "Tollgate-Delivery": str(request.delivery_id),
             "Tollgate-Attempt": str(request.attempt),
+            "Accept-Encoding": "identity",  # only the head of the answer is read (_head_of): nothing to inflate
         }
         if request.secret is not None:
             headers[SIGNATURE_HEADER] = signature(request.secret, int(now.timestamp()), request.body)
         extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
+        # One deadline for the whole exchange: httpx's timeout bounds each read, so a receiver that
+        # drips its answer a byte at a time would otherwise hold this attempt (its row lock, a pooled
+        # connection and a dispatcher slot every account's alerts share) for as long as it liked.
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await self._post(request, target, addresses, headers, extensions)
+        except TimeoutError:
+            return AttemptResult(None, f"no complete answer within {self._timeout} s")
+
+    async def _post(
+        self,
+        request: WebhookRequest,
+        target: targets.Target,
+        addresses: list[targets.IPAddress],
+        headers: dict[str, str],
+        extensions: dict[str, Any],
+    ) -> AttemptResult:
         errors: list[str] = []
         for address in addresses:  # only checked ones; the next when one refuses the connection
             try:
-                response = await self._client.post(
-                    target.url_for(address), content=request.body, headers=headers, extensions=extensions
-                )
+                async with self._client.stream(
+                    "POST", target.url_for(address), content=request.body, headers=headers, extensions=extensions
+                ) as response:
+                    # Only the head of the answer is read: an endless one must not fill memory.
+                    answer = (await _head_of(response)).strip()[:200]  # Slack's errors name themselves
                 break
             except httpx.ConnectError as exc:
                 errors.append(f"cannot connect to {address}: {exc}")
@@ -179,11 +203,20 @@ class WebhookSender:
                 return AttemptResult(None, f"{type(exc).__name__} at {address}: {exc}"[:1000])
         else:
             return AttemptResult(None, "; ".join(errors)[:1000])
-        answer = response.text.strip()[:200]  # Slack's errors name themselves: "invalid_payload"
         if response.is_success and request.ok_body in (None, answer):
             return AttemptResult(response.status_code, None)
         error = f"receiver answered {response.status_code}" + (f": {answer}" if answer else "")
         return AttemptResult(response.status_code, error)
+
+
+async def _head_of(response: httpx.Response) -> str:
+    """The first ANSWER_READ_BYTES of the answer's body, decoded (the rest is never read)."""
+    head = b""
+    async for chunk in response.aiter_bytes():
+        head += chunk
+        if len(head) >= ANSWER_READ_BYTES:
+            break
+    return head[:ANSWER_READ_BYTES].decode(response.encoding or "utf-8", errors="replace")
 
 
 @dataclass(frozen=True)

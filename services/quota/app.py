@@ -20,7 +20,12 @@ def quota_service(runtime: Runtime) -> QuotaService:
     """The use cases on the runtime's Postgres, Kafka and clock (tests and benchmarks build one too)."""
     settings = runtime.settings
     return QuotaService(
-        QuotaStore(runtime.pool), KafkaPublisher(runtime.broker, settings), runtime.clock, settings.tz, settings.console_url
+        QuotaStore(runtime.pool),
+        KafkaPublisher(runtime.broker, settings),
+        runtime.clock,
+        settings.tz,
+        settings.console_url,
+        totals=runtime.edge.totals.total,
     )
 
 

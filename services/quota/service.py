@@ -13,7 +13,7 @@ one the edge gates.
 """
 
 import asyncio
-from collections.abc import Awaitable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID, uuid4
@@ -57,13 +57,30 @@ def key_record(lineage_id: UUID, resource: Resource, period: LimitPeriod) -> str
     return f"key:{lineage_id}:{resource.value}:{period.value}"
 
 
+# An account's total of a resource in a period as billing.v1 says it, None when it said nothing of
+# the account (the edge's BillingTotals.total).
+Totals = Callable[[UUID, Resource, str], int | None]
+
+
 class QuotaService:
-    def __init__(self, store: QuotaStore, publisher: KafkaPublisher, clock: Clock, tz: ZoneInfo, console_url: str) -> None:
+    def __init__(
+        self,
+        store: QuotaStore,
+        publisher: KafkaPublisher,
+        clock: Clock,
+        tz: ZoneInfo,
+        console_url: str,
+        totals: Totals | None = None,
+    ) -> None:
         self._store = store
         self._publisher = publisher
         self._clock = clock
         self._tz = tz
         self._console_url = console_url  # the links of a refusal's details
+        # A payment is in force once billing.v1 has it (its 200 waits for that): the reads and the
+        # reservations judge by billing.v1's totals where known, not by this service's copy, which
+        # its billing.v1 consumer updates a moment later.
+        self._totals = totals
         self._day: str | None = None  # the day window the last window check saw (roll_key_windows)
 
     def current_period(self) -> str:
@@ -165,10 +182,11 @@ class QuotaService:
                     if not domain.fits(key_line.used, key_held, amount, limit.amount):
                         raise domain.KeyLimitExhausted(limit, key_line.used, key_held, resets_at, self._console_url)
             line = (await tx.lines(account_id, period))[resource]
+            total = self._total(account_id, line, period)
             held = (await tx.reserved(account_id, now))[resource]
-            if not domain.fits(line.used, held, amount, line.total):
+            if not domain.fits(line.used, held, amount, total):
                 end = period_bounds(period, self._tz)[1]
-                raise domain.InsufficientQuota(resource, line.used, held, line.total, end, self._console_url)
+                raise domain.InsufficientQuota(resource, line.used, held, total, end, self._console_url)
             expires_at = now + timedelta(seconds=ttl_seconds)
             reservation = Reservation(uuid4(), account_id, resource, amount, expires_at, api_key_id)
             await tx.add_reservation(
@@ -519,6 +537,10 @@ class QuotaService:
         return [self._publisher.publish(QUOTA_THRESHOLDS, str(account_id), crossed.model_dump_json())]
 
     # ---- queries -------------------------------------------------------------------------------
+    def _total(self, account_id: UUID, line: Line, period: str) -> int:
+        known = None if self._totals is None else self._totals(account_id, line.resource, period)
+        return line.total if known is None else known
+
     async def report(self, account_id: UUID) -> QuotaReport:
         period = self.current_period()
         start, end = period_bounds(period, self._tz)
@@ -527,15 +549,16 @@ class QuotaService:
         items = []
         for resource in Resource:
             line = lines[resource]
-            rate = domain.usage_rate(line.used, line.total)
+            total = self._total(account_id, line, period)
+            rate = domain.usage_rate(line.used, total)
             items.append(
                 QuotaItem(
                     resource=resource,
-                    total=line.total,
+                    total=total,
                     used=line.used,
-                    remaining=max(line.total - line.used, 0),
+                    remaining=max(total - line.used, 0),
                     usage_rate=float(rate),
-                    status="exhausted" if domain.is_exhausted(line.used, line.total) else "available",
+                    status="exhausted" if domain.is_exhausted(line.used, total) else "available",
                     band=domain.band(rate),
                 )
             )

@@ -2,14 +2,16 @@
 deliveries retried with backoff, the per-attempt delivery log, and the SSRF guard at creation
 and at delivery."""
 
+import asyncio
 import itertools
 import json
+import socket
 import ssl
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,7 +31,7 @@ from contracts.alerts_api import Channel, WebhookRecipient
 from contracts.common import AlertMetric
 from services.alerts import store
 from services.alerts.dispatcher import Dispatcher
-from services.alerts.webhook import Backoff, WebhookRequest, WebhookSender, verify
+from services.alerts.webhook import AttemptResult, Backoff, WebhookRequest, WebhookSender, verify
 from services.runtime.platform.settings import Settings
 from tests.integration.quota_helpers import bearer, new_api_key
 from tests.integration.test_alerts_helpers import CONSOLE_URL, eventually, login, publish_crossing, query, this_period
@@ -395,3 +397,76 @@ def row_due(settings: Settings, delivery_id: uuid.UUID) -> float:
         settings, "SELECT next_attempt_at FROM alerts.delivery_attempts WHERE delivery_id = %s AND attempt = 1", delivery_id
     )
     return float(rows[0]["next_attempt_at"].timestamp())
+
+
+# ---- a receiver cannot hold a sender: one deadline per attempt, a bounded answer ---------------
+@contextmanager
+def _raw_receiver(body: Callable[[socket.socket], None]) -> Iterator[int]:
+    """A TCP server on 127.0.0.1 that reads a request, then lets `body` write the answer; its port."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.recv(65536)
+                with suppress(OSError):
+                    body(conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+
+
+async def test_a_receiver_that_drips_or_never_ends_its_answer_cannot_hold_the_sender() -> None:
+    """httpx's timeout bounds each read, not the request: a receiver that sends a byte now and then
+    held the attempt (its delivery's row lock, a pooled connection and one of the dispatcher's four
+    slots, shared by every account's alerts) for as long as it liked, and one that streams an endless
+    answer filled the process's memory. An attempt has one deadline and reads a bounded answer."""
+
+    def drip(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+        for _ in range(100000):
+            if stop_dripping.is_set():
+                return
+            conn.sendall(b"x")
+            time.sleep(0.2)
+
+    def endless(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        chunk = b"%x\r\n%s\r\n" % (65536, b"y" * 65536)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not stop_dripping.is_set():
+            conn.sendall(chunk)
+
+    stop_dripping = threading.Event()
+    sender = WebhookSender(allow_private=True, timeout_seconds=1.0)
+
+    async def attempt(port: int) -> AttemptResult:
+        request = WebhookRequest(f"http://127.0.0.1:{port}/", "whsec_x", uuid.uuid4(), 1, b"{}")
+        return await asyncio.wait_for(sender.attempt(request, datetime.now(UTC)), 10)
+
+    try:
+        with _raw_receiver(drip) as port:
+            started = time.monotonic()
+            dripped = await attempt(port)
+            assert time.monotonic() - started < 3
+            assert dripped.status_code is None and dripped.error and "1.0 s" in dripped.error
+        with _raw_receiver(endless) as port:
+            started = time.monotonic()
+            flood = await attempt(port)
+            assert time.monotonic() - started < 3
+            assert (flood.status_code, flood.error) == (200, None)  # the status is the answer; the rest is not read
+    finally:
+        stop_dripping.set()
+        await sender.close()

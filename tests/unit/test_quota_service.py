@@ -230,3 +230,28 @@ async def test_the_sweepers_idle_pass_is_one_read_and_no_transaction(clock, publ
     clock.advance(seconds=60)
     await service.expire_all()
     assert store.transactions > before and states(publisher, Resource.AI_TOKENS)[-1]["reserved"] == 0
+
+
+async def test_reads_and_reservations_judge_by_billing_v1_totals_before_quota_has_applied_them(
+    clock: FakeClock, publisher: FakePublisher
+) -> None:
+    """A payment answers once billing.v1 has it; quota's own billing.v1 consumer may apply it a
+    moment later. The quota reads and reservations take billing.v1's totals (the edge's) where
+    known, so a package or upgrade just paid is in them, and a downgrade too; the free plan's
+    otherwise."""
+    account, other = uuid.uuid4(), uuid.uuid4()
+    known = {(account, Resource.AI_TOKENS, "2026-11"): TOKENS + 500_000}
+    service = QuotaService(
+        FakeQuotaStore(),  # type: ignore[arg-type]
+        publisher,  # type: ignore[arg-type]
+        clock,
+        ZoneInfo("UTC"),
+        CONSOLE,
+        totals=lambda a, r, p: known.get((a, r, p)),
+    )
+    report = {i.resource: i for i in (await service.report(account)).items}
+    assert report[Resource.AI_TOKENS].total == TOKENS + 500_000 and report[Resource.AI_TOKENS].remaining == TOKENS + 500_000
+    assert report[Resource.API_CALLS].total == CALLS  # nothing known of it: quota's own (the free plan's)
+    await service.reserve(account, Resource.AI_TOKENS, TOKENS + 1, ttl_seconds=60)
+    with pytest.raises(InsufficientQuota):
+        await service.reserve(other, Resource.AI_TOKENS, TOKENS + 1, ttl_seconds=60)
