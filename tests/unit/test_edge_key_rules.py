@@ -85,6 +85,22 @@ def test_routes_match_exactly_or_by_their_prefix(method: str, path: str, allowed
     assert code(g.refusal("1.2.3.4", method, path, None, judges_model=False)) == (None if allowed else "route_not_allowed")
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/chat/..;/admin",  # Tomcat, Jetty: `..;` is `..` with an (empty) path parameter
+        "/v1/chat/.;x=1/admin",
+        "/v1/chat/x%2F..%2F..%2Fadmin",  # encoded slashes, which a decoding upstream resolves
+        "/v1/chat/x%2f..%2f..%2fadmin",
+        "/v1/chat/..%5Cadmin",  # a backslash, a separator to IIS and to some proxies
+        "/v1/chat/..\\admin",
+    ],
+)
+def test_a_prefix_never_matches_a_path_that_an_upstream_may_resolve_out_of_it(path: str):
+    g = gate(allowed_routes=["POST /v1/chat/*"])
+    assert code(g.refusal("1.2.3.4", "POST", path, None, judges_model=False)) == "route_not_allowed"
+
+
 def test_models_by_name_or_provider_and_a_call_without_a_model_fails_closed():
     g = gate(allowed_models=["openai/gpt-4o-mini", "anthropic/*"])
     judged = {m: code(g.refusal("1.2.3.4", "POST", "/v1", m, judges_model=True)) for m in
