@@ -42,9 +42,12 @@ class QuotaReport(BaseModel):
 UNCOUNTED_CALLS: frozenset[tuple[str, str]] = frozenset({("GET", "/api/billing/check-quota"), ("GET", "/api/ai/usage/quota")})
 
 
-def counts_as_api_call(method: str, path: str) -> bool:
-    """Whether an admitted API-key call on this route (template) counts against api_calls."""
-    return (method, path) not in UNCOUNTED_CALLS
+def counts_as_api_call(method: str, path: str, service: str | None = None) -> bool:
+    """Whether an admitted API-key call on this route (template) counts against api_calls. Only
+    Tollgate's own quota reads are free: a call a platform service verified (`service`, its
+    token's name) is that service's, on its own route, whatever its path is named (a caller
+    behind an ingress chooses it)."""
+    return service is not None or (method, path) not in UNCOUNTED_CALLS
 
 
 class QuotaLinks(BaseModel):

@@ -453,7 +453,7 @@ class Edge:
             refusal = self._rules_refusal(request, principal, now, call.model, judges_model=True)
             refusal = refusal or self._refused_by_copy(request, principal, now)
             if refusal is None:
-                counted = counts_as_api_call(call.method, call.path)
+                counted = counts_as_api_call(call.method, call.path, call.service)
                 await self._admit_key_call(
                     request, context, principal, call.permission, call.resource, counted, False, now, call.cost
                 )

@@ -91,8 +91,17 @@ class KeyGate:
         return any(address in network for network in self.networks)
 
     def _allows_route(self, method: str, path: str) -> bool:
-        # `/v1/../admin` starts with `/v1/` but is not under it: a path with a dot segment
-        # (written or percent-encoded) never matches, whatever the upstream makes of it.
-        if any(unquote(segment) in (".", "..") for segment in path.split("/")):
+        if _leaves_its_prefix(path):
             return False
         return any(route.matches(method, path) for route in self.routes)
+
+
+def _leaves_its_prefix(path: str) -> bool:
+    """`/v1/../admin` starts with `/v1/` but is not under it: a path with a dot segment never
+    matches, whatever the upstream makes of it. So the segments are read as the most lenient
+    upstream reads them: percent-decoded (`%2e`, and `%2f` a separator), `\\` a separator (IIS),
+    and a segment's `;parameters` dropped (Tomcat, Jetty: `..;/` is `../`)."""
+    for segment in unquote(path).replace("\\", "/").split("/"):
+        if segment.partition(";")[0] in (".", ".."):
+            return True
+    return False

@@ -409,13 +409,14 @@ class MeteringStore:
             params[f"s{i}"] = start.astimezone(UTC)
         since = ", ".join(f"sumIf(quantity, time >= {{s{i}:DateTime64(6, 'UTC')}})" for i in range(len(starts)))
         calls_since = ", ".join(f"sumIf(toInt64(count), time >= {{s{i}:DateTime64(6, 'UTC')}})" for i in range(len(starts)))
-        free_reads = ", ".join(f"'{path}'" for _, path in sorted(UNCOUNTED_CALLS))  # constants, not input
+        # constants, not input; only Tollgate's own quota reads (service '') are free (counts_as_api_call)
+        free_reads = ", ".join(f"('{method}', '{path}')" for method, path in sorted(UNCOUNTED_CALLS))
         sql = (
             f"SELECT api_key_id, resource, {since} FROM {self.db}.usage_events "
             "WHERE account_id = {account:UUID} AND api_key_id IN {keys:Array(UUID)} GROUP BY api_key_id, resource "
             f"UNION ALL SELECT api_key_id, 'api_calls', {calls_since} FROM {self.db}.call_events "
             "WHERE account_id = {account:UUID} AND api_key_id IN {keys:Array(UUID)} AND error_code = '' "
-            f"AND path NOT IN ({free_reads}) GROUP BY api_key_id"
+            f"AND NOT (service = '' AND (method, path) IN ({free_reads})) GROUP BY api_key_id"
         )
         rows = await self.reader.run(lambda c: c.query(sql, parameters=params).result_rows)
         used: dict[tuple[UUID, str, datetime], int] = {}

@@ -29,7 +29,8 @@ REFUSED_STATUSES = frozenset({401, 403, 429})
 def call_counts(event: CallEvent) -> bool:
     """Admitted calls count (refused ones carry an error code), except the quota reads (the edge
     does not gate them either)."""
-    return event.error_code is None and event.status not in REFUSED_STATUSES and counts_as_api_call(event.method, event.path)
+    admitted = event.error_code is None and event.status not in REFUSED_STATUSES
+    return admitted and counts_as_api_call(event.method, event.path, event.service)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,14 @@ from tests.support.metering import ai_tokens, key_state, publish_all, sign_in, w
 pytestmark = pytest.mark.integration
 
 
-def call(t: datetime, account: uuid.UUID, key: uuid.UUID, path: str = "/api/geo/projects", error: str | None = None) -> CallEvent:
+def call(
+    t: datetime,
+    account: uuid.UUID,
+    key: uuid.UUID,
+    path: str = "/api/geo/projects",
+    error: str | None = None,
+    service: str | None = None,
+) -> CallEvent:
     status = 403 if error else 200
     return CallEvent(
         time=t,
@@ -32,6 +39,7 @@ def call(t: datetime, account: uuid.UUID, key: uuid.UUID, path: str = "/api/geo/
         ip="10.0.0.1",
         latency_ms=1,
         error_code=error,
+        service=service,
     )
 
 
@@ -78,6 +86,8 @@ async def test_the_by_key_view_counts_each_limit_in_its_window_and_shows_no_othe
             call(now - timedelta(minutes=1), account, k1),
             call(now - timedelta(minutes=1), account, k1, error="insufficient_quota"),  # refused: not counted
             call(now - timedelta(minutes=1), account, k1, path="/api/billing/check-quota"),  # a free quota read
+            # a platform service's call (verify) on a path named like it: that service's, so counted
+            call(now - timedelta(minutes=1), account, k1, path="/api/billing/check-quota", service="ai-gateway"),
             call(now - timedelta(minutes=1), other, k3),
         ]
         await publish_all(broker, settings.topic(USAGE.name), usage, lambda e: str(e.account_id).encode())
@@ -86,7 +96,7 @@ async def test_the_by_key_view_counts_each_limit_in_its_window_and_shows_no_othe
         starts = window_starts(now)
         mine = [e for e in usage if e.account_id == account and e.api_key_id == k1]
         expected = {("ai_tokens", p): sum(e.quantity for e in mine if e.time >= start) for p, start in starts.items()}
-        expected[("api_calls", "day")] = 2
+        expected[("api_calls", "day")] = 3
 
         async def view(params: dict[str, str] | None = None, h: dict[str, str] = headers) -> dict:
             r = await client.get("/api/ai/usage/by-key", params=params or {}, headers=h)
