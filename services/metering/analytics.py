@@ -40,7 +40,7 @@ from services.metering.prices import PriceTable
 from services.metering.rollups import UsageRow
 from services.metering.store import ActivityFilter, CallRow, UsageQuery
 
-MaskOf = Callable[[UUID], str | None]  # key id -> its masked key (keys.v1), None for a key never seen
+MaskOf = Callable[[UUID, UUID], str | None]  # account, key id -> its masked key (keys.v1); None: never seen, or another account's
 KeysOf = Callable[[UUID], list[KnownKey]]  # (v4) account id -> its live keys and their limits (keys.v1)
 
 
@@ -210,7 +210,7 @@ class Analytics:
         q = UsageQuery(ask.account_id, r.start, r.end, ask.api_key_id, per_key)
         return r, self.store.stream_usage(q, per="day", at_once=at_once)
 
-    def _item(self, key: rollups.ItemKey, t: rollups.Totals) -> ProviderItem:
+    def _item(self, account_id: UUID, key: rollups.ItemKey, t: rollups.Totals) -> ProviderItem:
         provider, model, key_id = key
         key_id = None if key_id == domain.NO_KEY else key_id
         return ProviderItem.model_construct(
@@ -221,7 +221,7 @@ class Analytics:
             estimated_cost=t.estimated_cost,
             priced=t.priced,
             api_key_id=key_id,
-            masked_key=self.masks(key_id) if key_id is not None else None,
+            masked_key=self.masks(account_id, key_id) if key_id is not None else None,
         )
 
     async def by_provider(self, ask: Ask, per_key: bool = False) -> ByProvider:
@@ -234,7 +234,7 @@ class Analytics:
         done += builder.finish()
         done.sort(key=lambda kt: (kt[0][0], -kt[1].total_tokens, kt[0][1], str(kt[0][2])))
         return ByProvider.model_construct(
-            items=[self._item(k, t) for k, t in done], range=_range_model(r), currency=self.prices.currency
+            items=[self._item(ask.account_id, k, t) for k, t in done], range=_range_model(r), currency=self.prices.currency
         )
 
     def by_provider_stream(self, ask: Ask, per_key: bool = False) -> AsyncIterator[list[ProviderItem]]:
@@ -244,8 +244,8 @@ class Analytics:
 
         async def stream() -> AsyncIterator[list[ProviderItem]]:
             async for block in blocks:
-                yield [self._item(k, t) for k, t in builder.feed(block)]
-            yield [self._item(k, t) for k, t in builder.finish()]
+                yield [self._item(ask.account_id, k, t) for k, t in builder.feed(block)]
+            yield [self._item(ask.account_id, k, t) for k, t in builder.finish()]
 
         return stream()
 
@@ -294,7 +294,7 @@ class Analytics:
         rows = await self.store.calls(account_id, where, limit + 1, after)
         page = rows[:limit]
         next_cursor = domain.Cursor(page[-1].time, page[-1].id).encode() if len(rows) > limit else None
-        return ActivityLog(items=[self._activity_item(row, ActivityItem) for row in page], next_cursor=next_cursor)
+        return ActivityLog(items=[self._activity_item(account_id, row, ActivityItem) for row in page], next_cursor=next_cursor)
 
     def activity_stream(
         self, account_id: UUID, where: ActivityFilter, cursor: str | None = None
@@ -306,15 +306,15 @@ class Analytics:
 
         async def stream() -> AsyncIterator[list[ActivityItem]]:
             async for block in blocks:
-                yield [self._activity_item(row, ActivityItem.model_construct) for row in block]
+                yield [self._activity_item(account_id, row, ActivityItem.model_construct) for row in block]
 
         return stream()
 
-    def _activity_item(self, row: CallRow, make: Callable[..., ActivityItem]) -> ActivityItem:
+    def _activity_item(self, account_id: UUID, row: CallRow, make: Callable[..., ActivityItem]) -> ActivityItem:
         return make(
             time=row.time,
             api_key_id=row.api_key_id,
-            masked_key=self.masks(row.api_key_id),
+            masked_key=self.masks(account_id, row.api_key_id),
             method=row.method,
             path=row.path,
             status=row.status,

@@ -25,7 +25,7 @@ def build(runtime: Runtime) -> Component:
     follower = TopicFollower(settings.kafka_bootstrap_servers, {settings.topic(KEYS.name): masks.apply})
     price_table = prices.load(settings.metering_prices_file)
     ingest = Ingest(IngestedIds(runtime.pool), UsageTopic(runtime).publish, runtime.clock)
-    analytics = Analytics(store, price_table, masks.get, runtime.clock, settings.platform_timezone, masks.keys_of)
+    analytics = Analytics(store, price_table, masks.mask, runtime.clock, settings.platform_timezone, masks.keys_of)
     sink = Sink(runtime, store, masks.allowed_models, follower.caught_up.wait)
     window = Pruner(  # forgets the idempotency window's ids (store.IngestedIds)
         runtime.pool,

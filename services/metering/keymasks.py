@@ -4,7 +4,9 @@ called) and (v4) its account, own limits (the by-key view's usage against each l
 sink flags usage of a model its key does not allow).
 
 keys.v1 carries `masked_key` (never the secret). A deleted key keeps its mask here: the log
-of its past calls should still say which key it was. Unknown keys show null.
+of its past calls should still say which key it was. Unknown keys show null, and so does another
+account's key: a platform service's usage event may name any key id, and its mask is not the
+reporting account's to see.
 """
 
 import json
@@ -33,7 +35,7 @@ class KnownKey:
 
 class KeyMasks:
     def __init__(self) -> None:
-        self._masks: dict[UUID, str] = {}
+        self._masks: dict[UUID, tuple[UUID, str]] = {}  # key -> its account, its mask
         self._live: dict[UUID, dict[UUID, KnownKey]] = {}  # account -> its live keys
         # (v4) lineage -> the keys of it seen; kept after a deletion, as masks are: a rotated key's
         # limits go on counting its predecessors' usage
@@ -47,7 +49,7 @@ class KeyMasks:
             return
         state = KeyState.model_validate(json.loads(value))
         if state.masked_key:
-            self._masks[state.key_id] = state.masked_key
+            self._masks[state.key_id] = (state.account_id, state.masked_key)
         self._lineages.setdefault(state.lineage, {state.lineage}).add(state.key_id)
         self._lineage_of[state.key_id] = state.lineage
         keys = self._live.setdefault(state.account_id, {})
@@ -57,7 +59,7 @@ class KeyMasks:
             keys[state.key_id] = KnownKey(
                 state.key_id,
                 state.account_id,
-                self.get(state.key_id),
+                state.masked_key or self.mask(state.account_id, state.key_id),
                 tuple(state.limits),
                 tuple(state.allowed_models),
             )
@@ -70,8 +72,10 @@ class KeyMasks:
         for keys in self._live.values():
             keys.pop(gone, None)
 
-    def get(self, key_id: UUID) -> str | None:
-        return self._masks.get(key_id)
+    def mask(self, account_id: UUID, key_id: UUID) -> str | None:
+        """The key's mask if it is a key of `account_id` (deleted ones too), else None."""
+        known = self._masks.get(key_id)
+        return known[1] if known is not None and known[0] == account_id else None
 
     def allowed_models(self, account_id: UUID, key_id: UUID) -> tuple[str, ...]:
         """The key's allowed_models as keys.v1 last said; () (every model) for a key that is not a

@@ -137,7 +137,11 @@ async def test_usage_per_key_csv_and_honest_numbers(settings, tmp_path, monkeypa
         ]
         previous_in = [usage(prev_start + HOUR, account, k1, "openai", "gpt-4o", 111, 11)]
         previous_after = [usage(prev_start + elapsed + HOUR, account, k1, "openai", "gpt-4o", 999, 99)]  # not yet elapsed
-        strangers = [usage(start + HOUR, other, k3, "openai", "gpt-4o", 5, 5)]
+        strangers = [
+            usage(start + HOUR, other, k3, "openai", "gpt-4o", 5, 5),
+            # a platform service may name any key in the other account's usage: here the account's k1
+            usage(start + HOUR, other, k1, "openai", "gpt-4o", 6, 6),
+        ]
         events = current + previous_in + previous_after + strangers
         await publish_all(broker, settings.topic(USAGE.name), events, lambda e: str(e.account_id).encode())
 
@@ -219,6 +223,9 @@ async def test_usage_per_key_csv_and_honest_numbers(settings, tmp_path, monkeypa
             ("openai", "gpt-4o", 2, None),
         ]
         assert (await by_provider({"api_key_id": str(k3)})).json()["items"] == []
+        # The other account sees the key id its usage named, never the account's mask of k1.
+        theirs = (await by_provider({"group_by": "api_key"}, other_headers)).json()["items"]
+        assert sorted((i["api_key_id"], i["masked_key"]) for i in theirs) == sorted([(str(k3), None), (str(k1), None)])
         # As a customer would, with the API key itself (a read: no usage is recorded for it).
         r = await client.get(
             "/api/ai/usage/by-provider", params=dict(window, group_by="api_key"), headers={"Authorization": f"Bearer {SECRET}"}

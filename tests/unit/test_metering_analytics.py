@@ -51,8 +51,8 @@ def store() -> FakeMeteringStore:
 
 @pytest.fixture
 def analytics(store: FakeMeteringStore, clock: FakeClock) -> Analytics:
-    masks = {KEY: "tg_live_ab...cdef"}
-    return Analytics(store, TABLE, masks.get, clock, "UTC")
+    masks = {(ACCOUNT, KEY): "tg_live_ab...cdef"}
+    return Analytics(store, TABLE, lambda account, key: masks.get((account, key)), clock, "UTC")
 
 
 def custom(start: datetime, end: datetime, **extra: object) -> Ask:
@@ -216,6 +216,14 @@ async def test_by_provider_per_key_shows_the_masked_key(analytics: Analytics, st
     assert sorted(i.total_tokens for i in streamed) == [10, 20, 30]
     only = (await analytics.by_provider(Ask(ACCOUNT, "today", api_key_id=KEY2))).items
     assert [(i.total_tokens, i.api_key_id) for i in only] == [(20, None)]
+
+
+async def test_another_accounts_key_named_in_usage_shows_no_mask(analytics: Analytics, store: FakeMeteringStore):
+    """A platform service may report OTHER's usage naming ACCOUNT's key: OTHER sees the id it was
+    sent, never ACCOUNT's mask."""
+    store.add_usage(OTHER, NOW, 10, 0, api_key_id=KEY)
+    items = (await analytics.by_provider(Ask(OTHER, "today"), per_key=True)).items
+    assert [(i.api_key_id, i.masked_key) for i in items] == [(KEY, None)]
 
 
 # ---- activity log ---------------------------------------------------------------------------------------

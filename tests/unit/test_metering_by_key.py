@@ -53,7 +53,7 @@ async def test_by_key_counts_each_limit_in_its_window_and_only_the_accounts_keys
     store.add_usage(account, NOW - timedelta(days=3), 100, 0, api_key_id=k1)  # this month only
     store.add_usage(account, NOW - timedelta(hours=1), 9, 0, api_key_id=k2)
     store.add_usage(other, NOW - timedelta(hours=1), 77, 0, api_key_id=k1)  # another account naming k1
-    analytics = Analytics(store, PriceTable("EUR", []), lambda _k: None, FakeClock(NOW), "UTC", lambda a: known.get(a, []))
+    analytics = Analytics(store, PriceTable("EUR", []), lambda _a, _k: None, FakeClock(NOW), "UTC", lambda a: known.get(a, []))
 
     view = await analytics.by_key(account)
     assert [(i.api_key_id, i.masked_key) for i in view.items] == [(k1, "sk-aaaa...aaaa"), (k2, "sk-bbbb...bbbb")]
@@ -81,7 +81,7 @@ async def test_a_rotated_keys_limits_count_its_lineages_usage():
     store = FakeMeteringStore()
     for key, tokens in ((first, 300), (second, 150), (current, 20), (unrelated, 1000)):
         store.add_usage(account, NOW - timedelta(days=40), tokens, 0, api_key_id=key)
-    analytics = Analytics(store, PriceTable("EUR", []), lambda _k: None, FakeClock(NOW), "UTC", lambda a: known.get(a, []))
+    analytics = Analytics(store, PriceTable("EUR", []), lambda _a, _k: None, FakeClock(NOW), "UTC", lambda a: known.get(a, []))
     [item] = (await analytics.by_key(account)).items
     [limit] = item.limits
     assert (item.api_key_id, limit.used, limit.remaining) == (current, 470, 30)

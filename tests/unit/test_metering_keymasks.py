@@ -53,3 +53,16 @@ def test_a_keys_lineage_keeps_its_deleted_predecessors():
     masks.apply(str(KEY).encode(), None)
     [known] = masks.keys_of(ACCOUNT)
     assert known.key_id == new and set(known.lineage_keys) == {KEY, new}
+
+
+def test_a_keys_mask_is_shown_to_its_own_account_only():
+    """A platform service's usage event for another account may name this key (review): that
+    account's by-provider view and activity log must not show this account's mask."""
+    masks = KeyMasks()
+    masked = KeyState.model_validate_json(state()).model_copy(update={"masked_key": "sk-ab...cdef"})
+    masks.apply(str(KEY).encode(), masked.model_dump_json().encode())
+    assert masks.mask(ACCOUNT, KEY) == "sk-ab...cdef"
+    assert masks.mask(OTHER, KEY) is None
+    masks.apply(str(KEY).encode(), masked.model_copy(update={"deleted": True}).model_dump_json().encode())
+    assert masks.mask(ACCOUNT, KEY) == "sk-ab...cdef"  # a deleted key keeps its mask for its history
+    assert masks.mask(OTHER, KEY) is None
