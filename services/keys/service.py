@@ -195,10 +195,12 @@ class KeysService:
             raise InvalidCredentials() from None
         if row is None:
             raise InvalidCredentials()
-        if self.hasher.check_needs_rehash(stored):
-            new_hash = await asyncio.to_thread(self.hasher.hash, password)
-            async with self.store.transaction() as tx:
-                await tx.set_user_password_hash(row["id"], new_hash)
+        rehashed = await asyncio.to_thread(self.hasher.hash, password) if self.hasher.check_needs_rehash(stored) else None
+        async with self.store.transaction() as tx:
+            # A password change may have landed while argon2 verified the old one (tens of ms): the
+            # old password then opens no session, and its rehash does not put it back.
+            if not await tx.keep_password_hash(row["id"], stored, rehashed):
+                raise InvalidCredentials()
         if not self.edge.knows_account(row["account_id"]):
             await self.republish_account(row["account_id"])  # e.g. accounts.v1 was recreated: heal it
         token = self.edge.issue_session(row["account_id"], secrets.token_urlsafe(16), self.clock(), row["id"])

@@ -126,8 +126,17 @@ class KeysTx:
         """The user, removed or not."""
         return await self._one("SELECT * FROM keys.users WHERE id = %s", (user_id,))
 
-    async def set_user_password_hash(self, user_id: UUID, password_hash: str) -> None:
-        await self.conn.execute("UPDATE keys.users SET password_hash = %s WHERE id = %s", (password_hash, user_id))
+    async def keep_password_hash(self, user_id: UUID, verified_hash: str, rehashed: str | None) -> bool:
+        """Whether the user's password hash is still `verified_hash`; `rehashed`, if given, replaces it
+        then (a password change that landed meanwhile is never overwritten)."""
+        if rehashed is None:
+            row = await self._one("SELECT id FROM keys.users WHERE id = %s AND password_hash = %s", (user_id, verified_hash))
+        else:
+            row = await self._one(
+                "UPDATE keys.users SET password_hash = %s WHERE id = %s AND password_hash = %s RETURNING id",
+                (rehashed, user_id, verified_hash),
+            )
+        return row is not None
 
     async def set_user_password(self, user_id: UUID, password_hash: str, sessions_not_before: datetime) -> Row | None:
         """A new password; every session of the user issued before `sessions_not_before` ends."""

@@ -1039,8 +1039,13 @@ class FakeKeysStore:
         row = self.users.get(user_id)
         return None if row is None else dict(row)
 
-    async def set_user_password_hash(self, user_id: UUID, password_hash: str) -> None:
-        self.users[user_id]["password_hash"] = password_hash
+    async def keep_password_hash(self, user_id: UUID, verified_hash: str, rehashed: str | None) -> bool:
+        user = self.users.get(user_id)
+        if user is None or user["password_hash"] != verified_hash:
+            return False
+        if rehashed is not None:
+            user["password_hash"] = rehashed
+        return True
 
     async def set_user_password(self, user_id: UUID, password_hash: str, sessions_not_before: datetime) -> dict[str, Any] | None:
         return await self._update_user(user_id, password_hash=password_hash, sessions_not_before=sessions_not_before)
