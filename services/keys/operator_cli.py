@@ -4,6 +4,7 @@ row in one transaction and flushes the outbox itself, so a revocation is in Kafk
 force on every replica within milliseconds) when the command returns."""
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -17,6 +18,7 @@ from contracts.audit import OPERATOR_CLI
 from contracts.common import ServiceScope
 from contracts.events import PlanChanged
 from services.keys import service_tokens
+from services.keys.published import RECONCILED_TOPICS, Published
 from services.keys.service import REPUBLISHED_TOPICS, Changes, KeysService
 from services.keys.store import KeysStore, KeysTx, Row
 from services.runtime.platform.clock import system_clock
@@ -24,6 +26,7 @@ from services.runtime.platform.kafka import ensure_topics
 from services.runtime.platform.outbox_relay import OutboxRelay
 from services.runtime.platform.postgres import apply_migrations, open_pool
 from services.runtime.platform.settings import Settings
+from services.runtime.platform.topic_follower import TopicFollower
 
 T = TypeVar("T")
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -86,12 +89,31 @@ class _Flush:
 
 
 async def republish(settings: Settings, topics: Collection[str] = REPUBLISHED_TOPICS) -> dict[str, int]:
-    """`tollgate republish`: every state of the keys service's topics again, from Postgres."""
+    """`tollgate republish`: every state of the keys service's topics again, from Postgres, and
+    reconciled with what those topics hold (a restore to an older point: services/keys/reconcile.py)."""
     async with _outbox(settings) as (pool, relay):
         service = KeysService(
             KeysStore(pool, relay), _Flush(relay), system_clock, session_ttl_seconds=settings.session_ttl_seconds
         )
-        return await service.republish(topics)
+        return await service.republish(topics, await _published(settings, topics))
+
+
+async def _published(settings: Settings, topics: Collection[str]) -> Published:
+    """What the reconciled topics among `topics` hold, read to their end offsets as of now."""
+    published = Published()
+    wanted = [t for t in RECONCILED_TOPICS if t in topics]
+    if not wanted:
+        return published
+    follower = TopicFollower(
+        settings.kafka_bootstrap_servers,
+        {settings.topic(t): functools.partial(published.apply, t) for t in wanted},
+    )
+    await follower.start()
+    try:
+        await follower.caught_up.wait()
+    finally:
+        await follower.stop()
+    return published
 
 
 def _item(row: Row) -> dict[str, Any]:

@@ -37,8 +37,9 @@ from contracts.key_limits import KeyRules
 from contracts.keys_api import KeyUpdateRequest, RegisterRequest
 from contracts.plans import catalogue, user_type_may_take
 from contracts.topics import ACCOUNTS, AUDIT, BILLING, KEYS, SERVICE_TOKENS, SESSIONS, USERS
-from services.keys import domain, service_tokens
+from services.keys import domain, reconcile, service_tokens
 from services.keys.domain import EmailTaken, InvalidCredentials, InvalidField, UserTypePlanMismatch, WrongCurrentPassword
+from services.keys.published import Published
 from services.keys.store import KeysTx, Row
 
 # The topics whose every state the keys service owns and can publish again from Postgres.
@@ -261,25 +262,40 @@ class KeysService:
         await self.edge.deliver(changes)
 
     # ---- republishing (docs/architecture.md, "Kafka is transport") --------------------------------
-    async def republish(self, topics: Collection[str] = REPUBLISHED_TOPICS) -> dict[str, int]:
+    async def republish(
+        self, topics: Collection[str] = REPUBLISHED_TOPICS, published: Published | None = None
+    ) -> dict[str, int]:
         """The current state of every object of `topics` again, from Postgres, through the outbox,
         then applied to this process's edge; how many states per topic. Each state keeps its
         row's version, so consumers that hold it already change nothing, and the rows are read
-        under a share lock: a write racing this one publishes after it, never before."""
+        under a share lock: a write racing this one publishes after it, never before.
+        `published`: what those topics hold now (services/keys/published.py). Given it, the
+        republish also reconciles Kafka with a Postgres that is behind it (a restore:
+        services/keys/reconcile.py): rows behind Kafka's version first move past it, and what
+        Kafka holds live but Postgres does not (made after the backup) is ended; those ends are
+        counted with the topic's states."""
         unknown = sorted(set(topics) - set(REPUBLISHED_TOPICS))
         if unknown:
             raise ValueError(f"the keys service does not own {unknown}")
         now = self.clock()
         changes = Changes()
+        accounts: list[Row] = []
+        users: list[Row] = []
+        live_keys: list[Row] = []
         async with self.store.transaction() as tx:
+            if published is not None:
+                await reconcile.move_past(tx, published, topics)
             if ACCOUNTS.name in topics:  # the locking order of the writers: account, users, keys
-                for row in await tx.all_accounts():
+                accounts = await tx.all_accounts()
+                for row in accounts:
                     await self._emit_account(tx, row, now, changes)
             if USERS.name in topics:
-                for user in await tx.all_users():
+                users = await tx.all_users()
+                for user in users:
                     await self._emit_user(tx, user, now, changes)
             if KEYS.name in topics:
-                for key in await tx.all_live_keys():
+                live_keys = await tx.all_live_keys()
+                for key in live_keys:
                     if key["creator_role"] is not None:  # a key without its user is refused anyway
                         await self._emit_key(tx, self._state(key, [Role(key["creator_role"])], now), changes)
             if SERVICE_TOKENS.name in topics:
@@ -295,6 +311,23 @@ class KeysService:
                     )
                     await tx.publish(SESSIONS, event.session_id.encode(), event.model_dump_json().encode())
                     changes.sessions.append(event)
+            if published is not None:  # after the live states: an account's end after its users' and keys'
+                if KEYS.name in topics:
+                    for ghost in reconcile.ghost_keys(published, (k["id"] for k in live_keys), now):
+                        await self._emit_key(tx, ghost, changes)
+                if SERVICE_TOKENS.name in topics:
+                    live = [t.token_id for t in changes.service_tokens]
+                    for gone in reconcile.ghost_service_tokens(published, live, now):
+                        await service_tokens.emit(tx, gone)
+                        changes.service_tokens.append(gone)
+                if USERS.name in topics:
+                    for removed in reconcile.ghost_users(published, (u["id"] for u in users), now):
+                        await tx.publish(USERS, str(removed.user_id).encode(), removed.model_dump_json().encode())
+                        changes.users.append(removed)
+                if ACCOUNTS.name in topics:
+                    for deleted in reconcile.ghost_accounts(published, (a["id"] for a in accounts), now):
+                        await tx.publish(ACCOUNTS, str(deleted.account_id).encode(), deleted.model_dump_json().encode())
+                        changes.accounts.append(deleted)
         await self.edge.deliver(changes)
         counts = {
             ACCOUNTS.name: len(changes.accounts),

@@ -27,7 +27,7 @@ def _state(row: Row, now: datetime) -> ServiceTokenState:
     )
 
 
-async def _emit(tx: KeysTx, state: ServiceTokenState) -> None:
+async def emit(tx: KeysTx, state: ServiceTokenState) -> None:
     key = str(state.token_id).encode()
     await tx.publish(SERVICE_TOKENS, key, state.model_dump_json().encode())
     if state.revoked:
@@ -48,7 +48,7 @@ async def create(
     unique = [s.value for s in ServiceScope if s in scopes]
     row = await tx.insert_service_token(token_id=uuid4(), name=name, digest=hash_secret(token), scopes=unique, created_at=now)
     state = _state(row, now)
-    await _emit(tx, state)
+    await emit(tx, state)
     await _audit(tx, audit, now, AuditAction.SERVICE_TOKEN_CREATED, row)
     return row, token, state
 
@@ -60,7 +60,7 @@ async def revoke(tx: KeysTx, token_id: UUID, now: datetime, audit: AuditContext)
     if row is None:
         return None
     state = _state(row, now)
-    await _emit(tx, state)
+    await emit(tx, state)
     if row["revoked_at"] == now:
         await _audit(tx, audit, now, AuditAction.SERVICE_TOKEN_REVOKED, row)
     return state
@@ -71,5 +71,5 @@ async def republish(tx: KeysTx, now: datetime) -> list[ServiceTokenState]:
     revoked ones are left out: on a topic that lost them they are unknown, hence refused."""
     states = [_state(row, now) for row in await tx.live_service_tokens()]
     for state in states:
-        await _emit(tx, state)
+        await emit(tx, state)
     return states

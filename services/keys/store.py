@@ -2,7 +2,7 @@
 `transaction()` and gets a `KeysTx`: every method runs in it, and `publish` queues an outbox row
 in it, so the change and its events commit together (the relay sends them to Kafka after)."""
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, cast
@@ -25,6 +25,13 @@ _KEY_COLUMNS = (
     " lineage_id"
 )
 _ST_COLUMNS = "id, name, hash, scopes, created_at, last_used_at, revoked_at, version"
+# the table of each topic's objects, whose `version` their states carry
+_VERSIONED_TABLES = {
+    ACCOUNTS.name: "keys.accounts",
+    USERS.name: "keys.users",
+    KEYS.name: "keys.api_keys",
+    SERVICE_TOKENS.name: "keys.service_tokens",
+}
 
 
 class KeysStore:
@@ -336,6 +343,19 @@ class KeysTx:
                 FROM keys.api_keys AS k LEFT JOIN keys.users AS u ON u.id = COALESCE(k.created_by, k.account_id)
                 WHERE k.deleted_at IS NULL ORDER BY k.id FOR SHARE OF k""",
             (),
+        )
+
+    async def raise_versions(self, topic: str, kafka_versions: Mapping[UUID, int]) -> None:
+        """Each row of `topic`'s objects whose version is below the one Kafka holds of it takes the
+        version after Kafka's (a Postgres restored to an older point: services/keys/reconcile.py)."""
+        if not kafka_versions:
+            return
+        ids, versions = zip(*kafka_versions.items(), strict=True)
+        await self.conn.execute(
+            f"""UPDATE {_VERSIONED_TABLES[topic]} AS t SET version = k.version + 1
+                FROM unnest(%s::uuid[], %s::bigint[]) AS k(id, version)
+                WHERE t.id = k.id AND t.version < k.version""",
+            (list(ids), list(versions)),
         )
 
     async def live_service_tokens(self) -> list[Row]:

@@ -1217,6 +1217,13 @@ class FakeKeysStore:
             rows.append({**self._key(k), "creator_role": None if creator is None else creator["role"]})
         return rows
 
+    async def raise_versions(self, topic: str, kafka_versions: Mapping[UUID, int]) -> None:
+        table = {"accounts.v1": self.accounts, "users.v1": self.users, "keys.v1": self.keys, "service-tokens.v1": self.tokens}
+        for object_id, version in kafka_versions.items():
+            row = table[topic].get(object_id)
+            if row is not None and row["version"] < version:
+                row["version"] = version + 1
+
     async def live_service_tokens(self) -> list[dict[str, Any]]:
         return [dict(self.tokens[t]) for t in sorted(self.tokens) if self.tokens[t]["revoked_at"] is None]
 

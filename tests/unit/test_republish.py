@@ -2,6 +2,7 @@
 the keys, billing and quota use cases on fakes, the guard's rule, and the order a consumer keeps
 when a republished state arrives after a newer one."""
 
+import copy
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -11,11 +12,14 @@ import pytest
 from argon2 import PasswordHasher
 
 from contracts.common import KeyStatus, Resource, Role, ServiceScope, Tier, UserType
-from contracts.events import KeyState, QuotaState, StateComplete, UsageEvent
+from contracts.events import AccountState, KeyState, QuotaState, ServiceTokenState, StateComplete, UsageEvent, UserState
 from contracts.keys_api import RegisterRequest
 from contracts.topics import QUOTA, QUOTA_THRESHOLDS
 from services.billing.service import BillingService
-from services.edge.projections import KeyProjection
+from services.edge.projections import AccountProjection, KeyProjection
+from services.edge.service_tokens import ServiceTokenProjection
+from services.edge.session_revocations import UserSessions
+from services.keys.published import RECONCILED_TOPICS, Published
 from services.keys.service import REPUBLISHED_TOPICS, KeysService
 from services.quota.service import QuotaService
 from services.runtime.platform.state_guard import Checked, check_topics, short_topics
@@ -351,3 +355,64 @@ async def test_the_first_check_holds_the_edge_until_it_wrote_the_owners_record(m
         await asyncio.sleep(0.01)
     assert held == ["held", "released"] and len(attempts) == 4
     await guard.stop()
+
+
+# ---- reconciling with a Postgres behind Kafka (a restore: services/keys/reconcile.py) ------------
+def kafka_of(keys: Keys) -> Published:
+    """What the keys topics hold: every outbox row published so far, in order."""
+    published = Published()
+    for topic, key, value in keys.store.outbox:
+        if topic in RECONCILED_TOPICS:
+            published.apply(topic, key, value)
+    return published
+
+
+async def test_a_republish_given_what_kafka_holds_ends_what_postgres_lost_and_outversions_what_it_rolled_back(keys: Keys):
+    s = keys.service
+    ids = await keys.populated()
+    backup = copy.deepcopy((keys.store.accounts, keys.store.users, keys.store.keys, keys.store.tokens))
+    # after the backup: a key, a member, a service token, an account, and the disabled key enabled
+    later, _ = await s.create_key(ids["account"], ids["account"], "later", None, audit=ACTOR)
+    member = await s.add_member(ids["account"], "cy@example.com", "Cy", "pw-123456789", Role.OWNER, audit=ACTOR)
+    token, _ = await s.create_service_token("later", [ServiceScope.USAGE_WRITE], audit=ACTOR)
+    other = await s.register(
+        RegisterRequest(email="eve@example.com", password="pw-123456789", name="Eve", user_type=UserType.INDIVIDUAL)
+    )
+    await s.toggle(ids["account"], ids["disabled"], audit=ACTOR)
+    kafka = kafka_of(keys)
+    assert kafka.keys.top[ids["disabled"]] == 3
+    keys.store.accounts, keys.store.users, keys.store.keys, keys.store.tokens = backup  # the restore
+    keys.edge.delivered.clear()
+
+    await s.republish(REPUBLISHED_TOPICS, kafka)
+
+    edge = KeyProjection()
+    accounts, users, tokens = AccountProjection(), UserSessions(), ServiceTokenProjection()
+    after = kafka_of(keys)
+    for topic, key, value in keys.store.outbox:  # an edge rebuilding from the topics
+        if value is None:
+            continue
+        if topic == "keys.v1":
+            edge.apply(KeyState.model_validate_json(value))
+        elif topic == "accounts.v1":
+            accounts.apply(AccountState.model_validate_json(value))
+        elif topic == "users.v1":
+            users.apply(UserState.model_validate_json(value))
+        elif topic == "service-tokens.v1":
+            tokens.apply(ServiceTokenState.model_validate_json(value))
+    assert set(after.keys.live) == {ids["enabled"], ids["disabled"]}  # the later key is ended
+    disabled = keys.store.keys[ids["disabled"]]
+    assert disabled["version"] == 4 and disabled["status"] == KeyStatus.DISABLED.value  # moved past Kafka's 3
+    assert edge.by_id(ids["disabled"]).status is KeyStatus.DISABLED and edge.by_id(later["id"]) is None
+    assert users.get(member["id"]).removed and users.ended(member["id"], 0)
+    assert accounts.get(other["id"]) is None and users.get(other["id"]).removed
+    assert len(tokens) == 1 and set(after.service_tokens.live) == {ids["token"]}
+    assert token["id"] not in after.service_tokens.live
+    # this process's edge judged by the same at once
+    (delivered,) = keys.edge.delivered
+    assert any(k.key_id == later["id"] and k.deleted for k in delivered.keys)
+    # and nothing more to do: a second reconciliation ends nothing and moves no version
+    keys.edge.delivered.clear()
+    await s.republish(REPUBLISHED_TOPICS, kafka_of(keys))
+    assert not any(k.deleted for k in keys.edge.delivered[0].keys)
+    assert keys.store.keys[ids["disabled"]]["version"] == 4

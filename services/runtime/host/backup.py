@@ -6,8 +6,11 @@ service's schema), `clickhouse/` (the files of ClickHouse's own `BACKUP DATABASE
 with the versions, the time, the row counts and a sha256 of every file. It is made in a
 sibling folder and renamed into place at the end, so a failed backup leaves no folder behind.
 
-Kafka is not in it: the services rebuild their topics from Postgres (`tollgate republish`, and
-the outboxes' relays at start), and restore leaves the stack's Kafka as it finds it.
+Kafka is not in it: the services rebuild their topics from Postgres. Its data is kept, but a
+restore to an older point leaves it *ahead* of Postgres (credentials made after the backup,
+states newer than the restored rows), so restore ends by reconciling it with the restored
+Postgres: `tollgate republish`, which ends what Postgres no longer holds and republishes the rest
+above Kafka's versions (services/keys/reconcile.py), with Kafka started for that time.
 
 Restore never half-restores: it checks every file against the manifest before it writes
 anything, restores Postgres into a new database and ClickHouse beside the database it replaces
@@ -15,6 +18,7 @@ anything, restores Postgres into a new database and ClickHouse beside the databa
 was replaced; a failure on the way drops what it made and puts back what it moved.
 """
 
+import asyncio
 import glob
 import hashlib
 import hmac
@@ -47,6 +51,11 @@ SECRET_FILES = ("clickhouse-passwords.json", "demo-service-token.json")
 
 class BackupError(Exception):
     """A backup or restore refused or failed; the message says why and what to do."""
+
+
+class NotReconciled(BackupError):
+    """The databases are restored, but Kafka could not be reconciled with them (the message says
+    what to run before `tollgate up`)."""
 
 
 # ---- backup --------------------------------------------------------------------------------------
@@ -125,7 +134,7 @@ def _clickhouse_backup(cfg: stack.StackConfig, out: Path) -> dict[str, Any]:
 def restore(cfg: stack.StackConfig, source: Path, *, force: bool) -> dict[str, Any]:
     """Restore the backup in `source` into the stack's Postgres and ClickHouse databases and its
     generated secrets. The stack must be stopped; an existing, non-empty stack is replaced only
-    with `force`. Kafka is left alone."""
+    with `force`. Then Kafka is reconciled with the restored Postgres (`_reconcile_kafka`)."""
     source = source.resolve()
     manifest = _checked_manifest(source)
     running = [part for part, state in _running_parts(cfg).items() if state]
@@ -154,8 +163,9 @@ def restore(cfg: stack.StackConfig, source: Path, *, force: bool) -> dict[str, A
             raise
         if replaced_ch:
             _ch(cfg, f"DROP DATABASE IF EXISTS {replaced_ch} SYNC")
-    for name in manifest["secrets"]:
-        _copy_private(source / SECRETS / name, cfg.state_dir / name)
+        for name in manifest["secrets"]:
+            _copy_private(source / SECRETS / name, cfg.state_dir / name)
+        reconciled = _reconcile_kafka(cfg)
     return {
         "restored": str(source),
         "created_at": manifest["created_at"],
@@ -163,8 +173,33 @@ def restore(cfg: stack.StackConfig, source: Path, *, force: bool) -> dict[str, A
         "postgres": manifest["postgres"]["schemas"],
         "clickhouse": manifest["clickhouse"]["tables"],
         "secrets": manifest["secrets"],
-        "kafka": "left as it was: `tollgate up` recreates missing topics; `tollgate republish` rebuilds their contents",
+        "kafka": {"reconciled": reconciled},
     }
+
+
+def _reconcile_kafka(cfg: stack.StackConfig) -> dict[str, int]:
+    """`tollgate republish` against the restored Postgres, Kafka started for it and stopped after:
+    what was made after the backup is ended in the topics, and the restored states outrank the
+    newer ones Kafka holds, before any edge rebuilds from them. How many states each topic got."""
+    from services.runtime.host.republish import republish
+    from services.runtime.platform.settings import Settings
+
+    settings = Settings(
+        kafka_bootstrap_servers=cfg.kafka_bootstrap,
+        kafka_replication_factor=cfg.kafka_replication_factor,
+        database_url=cfg.database_url,
+    )
+    try:
+        stack.kafka_up(cfg)
+        return asyncio.run(republish(settings))
+    except Exception as exc:
+        raise NotReconciled(
+            f"Postgres and ClickHouse are restored, but Kafka could not be reconciled with them ({exc}). Before "
+            "`tollgate up`: `tollgate stack up`, then `tollgate republish` (until then, Kafka may still hold "
+            "credentials made after the backup)"
+        ) from exc
+    finally:
+        stack.kafka_down(cfg)
 
 
 def _checked_manifest(source: Path) -> dict[str, Any]:

@@ -439,12 +439,15 @@ def restore(
     directory: Annotated[Path, typer.Argument(help="a folder `tollgate backup` wrote")],
     force: Annotated[bool, typer.Option("--force", help="replace a stack that already holds data")] = False,
 ) -> None:
-    """Restore a backup into the stopped local stack (then `tollgate up`); all or nothing. Kafka
-    is left alone: its topics come back at start and through `tollgate republish` (docs/backup.md)."""
+    """Restore a backup into the stopped local stack (then `tollgate up`); all or nothing. Kafka's
+    topics are then reconciled with the restored Postgres (`tollgate republish`, docs/backup.md)."""
     from services.runtime.host import backup as backups
 
     try:
         typer.echo(json.dumps(backups.restore(_config(), directory, force=force), indent=2))
+    except backups.NotReconciled as exc:
+        typer.echo(f"restore: {exc}", err=True)
+        raise typer.Exit(1) from None
     except backups.BackupError as exc:
         typer.echo(f"restore: {exc} (the stack is as it was)", err=True)
         raise typer.Exit(1) from None

@@ -1,0 +1,103 @@
+"""What the keys service's compacted topics hold, as an edge rebuilding from them would see it.
+
+Postgres is the store of record and Kafka only carries its states (docs/architecture.md, "Kafka is
+transport"), but a Postgres restored to an older point (docs/backup.md) is *behind* Kafka: the
+topics still hold credentials made after the backup (a key, a member, a service token, an
+account) and states newer than the restored rows (a key toggled off after the backup carries a
+higher version than the backup's row). Every edge keeps the state with the highest version and
+rebuilds from the topics, so republishing the rows alone would leave both in force. `Published`
+folds the topics' records into what reconciling needs (services/keys/reconcile.py): per object,
+its newest state if it is live there, and the highest version any of its records carried.
+Pure: the records are handed in (the operator CLI reads them with a TopicFollower).
+"""
+
+import logging
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+from uuid import UUID
+
+from pydantic import ValidationError
+
+from contracts.events import AccountState, KeyState, ServiceTokenState, UserState, order_of
+from contracts.topics import ACCOUNTS, KEYS, SERVICE_TOKENS, USERS
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S", KeyState, AccountState, UserState, ServiceTokenState)
+
+# The compacted topics whose objects Postgres may have lost (sessions.v1 only carries logouts:
+# one made after the backup still ends its session, which is what a restore should keep).
+RECONCILED_TOPICS: tuple[str, ...] = (ACCOUNTS.name, USERS.name, KEYS.name, SERVICE_TOKENS.name)
+
+
+def _object_id(state: KeyState | AccountState | UserState | ServiceTokenState) -> UUID:
+    if isinstance(state, KeyState):
+        return state.key_id
+    if isinstance(state, UserState):
+        return state.user_id
+    if isinstance(state, ServiceTokenState):
+        return state.token_id
+    return state.account_id
+
+
+def _is_live(state: KeyState | AccountState | UserState | ServiceTokenState) -> bool:
+    if isinstance(state, KeyState | AccountState):
+        return not state.deleted
+    if isinstance(state, UserState):
+        return not state.removed
+    return not state.revoked
+
+
+@dataclass
+class TopicHeld(Generic[S]):
+    """One topic: per object id, its newest state while live there, and the highest version seen."""
+
+    model: type[S]
+    live: dict[UUID, S] = field(default_factory=dict)
+    top: dict[UUID, int] = field(default_factory=dict)
+
+    def apply(self, key: bytes | None, value: bytes | None) -> None:
+        if value is None:  # a tombstone: every edge forgets the object (keys, service tokens)
+            if key is not None:
+                self.live.pop(UUID(key.decode()), None)
+            return
+        state = self.model.model_validate_json(value)
+        object_id = _object_id(state)
+        self.top[object_id] = max(self.top.get(object_id, 0), state.version)
+        current = self.live.get(object_id)
+        if current is not None and order_of(current) > order_of(state):
+            return  # an older state after a newer one: edges keep the newer
+        if _is_live(state):
+            self.live[object_id] = state
+        else:
+            self.live.pop(object_id, None)
+
+
+_AnyHeld = TopicHeld[KeyState] | TopicHeld[AccountState] | TopicHeld[UserState] | TopicHeld[ServiceTokenState]
+
+
+class Published:
+    """The four reconciled topics (by their names without the prefix), fed record by record."""
+
+    def __init__(self) -> None:
+        self.keys = TopicHeld(KeyState)
+        self.accounts = TopicHeld(AccountState)
+        self.users = TopicHeld(UserState)
+        self.service_tokens = TopicHeld(ServiceTokenState)
+        self._by_topic: dict[str, _AnyHeld] = {
+            KEYS.name: self.keys,
+            ACCOUNTS.name: self.accounts,
+            USERS.name: self.users,
+            SERVICE_TOKENS.name: self.service_tokens,
+        }
+
+    def apply(self, topic: str, key: bytes | None, value: bytes | None) -> None:
+        try:
+            self._by_topic[topic].apply(key, value)
+        except (ValidationError, ValueError):  # as the edge does: a bad record changes nothing
+            log.warning("a record of %s that is no state was skipped", topic)
+
+    def top_versions(self, topic: str) -> dict[UUID, int]:
+        """object id -> the highest version its records in `topic` carried."""
+        return dict(self._by_topic[topic].top)
+
