@@ -382,13 +382,16 @@ class QuotaService:
                     blocked=domain.is_blocked(line.used, held[resource], line.total),
                 )
                 sends.append(self._publisher.publish(QUOTA, f"{account_id}:{resource.value}", state.model_dump_json()))
-                if totals_changed:
-                    # A bigger total lowers the rate: later crossings are announced from there.
-                    await tx.set_mark(account_id, resource, period, domain.percent_floor(line.used, line.total))
+                mark, rate = marks.get(resource, 0), domain.percent_floor(line.used, line.total)
+                if totals_changed and (rate < mark or line.used <= 0):
+                    # A bigger total lowers the rate: later crossings are announced from there. A
+                    # smaller one (a downgrade) raises it: what usage now stands across is announced
+                    # below (nothing used, nothing crossed: a zero quota is "100%" of nothing).
+                    await tx.set_mark(account_id, resource, period, rate)
                     continue
                 if not crossings:
                     continue
-                sends += await self._crossing(tx, account_id, resource, period, line, marks.get(resource, 0), now)
+                sends += await self._crossing(tx, account_id, resource, period, line, mark, now)
         await asyncio.gather(*sends)
 
     async def _publish_key_states(

@@ -255,3 +255,35 @@ async def test_reads_and_reservations_judge_by_billing_v1_totals_before_quota_ha
     await service.reserve(account, Resource.AI_TOKENS, TOKENS + 1, ttl_seconds=60)
     with pytest.raises(InsufficientQuota):
         await service.reserve(other, Resource.AI_TOKENS, TOKENS + 1, ttl_seconds=60)
+
+
+async def test_a_smaller_total_announces_the_percents_it_pushes_usage_across(service, clock, publisher):
+    """A downgrade raises the usage rate: quota-thresholds.v1 announces each time the rate rises
+    across a whole percent (API.md), so the 100% crossing of a downgrade past the new total is
+    announced (alerts then fire every rule at or below it that has not fired this period). Only a
+    bigger total lowers the mark silently."""
+    account = uuid.uuid4()
+    basic = PlanChanged(
+        time=clock(),
+        account_id=account,
+        plan=Tier.BASIC,
+        quotas={Resource.API_CALLS: 50_000, Resource.AI_TOKENS: 1_000_000},
+        rate_limit=RateLimit(per_second=10, burst=20, per_minute=600),
+        version=1,
+    )
+    await service.apply_plan(basic)
+    await service.count([tokens(account, 600_000, clock())])
+    assert crossings(publisher) == [60]
+    free = basic.model_copy(
+        update={
+            "id": uuid.uuid4(),
+            "plan": Tier.FREE,
+            "quotas": {Resource.API_CALLS: CALLS, Resource.AI_TOKENS: TOKENS},
+            "version": 2,
+        }
+    )
+    await service.apply_plan(free)  # 600,000 of 100,000: 600%
+    assert crossings(publisher) == [60, 100]
+    await service.apply_plan(free)  # redelivered: nothing new
+    await service.count([tokens(account, 1, clock())])
+    assert crossings(publisher) == [60, 100]
