@@ -287,3 +287,15 @@ async def test_a_smaller_total_announces_the_percents_it_pushes_usage_across(ser
     await service.apply_plan(free)  # redelivered: nothing new
     await service.count([tokens(account, 1, clock())])
     assert crossings(publisher) == [60, 100]
+
+
+async def test_a_reservation_past_its_expiry_cannot_be_released_before_the_sweeper_comes(service, clock, publisher):
+    """It stopped counting at expires_at (the reads take only unexpired rows), so it is expired there
+    and then, swept or not: its release is 404 (API.md), not a 204 that frees nothing."""
+    account, owner = uuid.uuid4(), uuid.uuid4()
+    held = await service.reserve(account, Resource.AI_TOKENS, 1_000, ttl_seconds=60, owner_id=owner)
+    clock.advance(seconds=60)  # exactly at expires_at: no longer held
+    assert states(publisher, Resource.AI_TOKENS)[-1]["reserved"] == 1_000  # the sweeper has not run
+    assert not await service.release(held.id, owner_id=owner)
+    assert await service.expire() == 1  # the sweeper still frees it and publishes the state
+    assert states(publisher, Resource.AI_TOKENS)[-1]["reserved"] == 0
