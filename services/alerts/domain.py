@@ -160,7 +160,11 @@ def fires_at_creation(
         return False
     if resource not in STOCK_RESOURCES and state_period != current_period:
         return False
-    return usage_rate(used, total) >= threshold_pct
+    if total <= 0:
+        return usage_rate(used, total) >= threshold_pct
+    # exact, as quota's crossings are (whole percents, rounded down): 79.995% is not 80%, though
+    # usage_rate shows it as 80.00
+    return used * 100 >= threshold_pct * total
 
 
 # ---- what is sent ----------------------------------------------------------------------------

@@ -100,4 +100,3 @@ class Published:
     def top_versions(self, topic: str) -> dict[UUID, int]:
         """object id -> the highest version its records in `topic` carried."""
         return dict(self._by_topic[topic].top)
-

@@ -262,9 +262,7 @@ class KeysService:
         await self.edge.deliver(changes)
 
     # ---- republishing (docs/architecture.md, "Kafka is transport") --------------------------------
-    async def republish(
-        self, topics: Collection[str] = REPUBLISHED_TOPICS, published: Published | None = None
-    ) -> dict[str, int]:
+    async def republish(self, topics: Collection[str] = REPUBLISHED_TOPICS, published: Published | None = None) -> dict[str, int]:
         """The current state of every object of `topics` again, from Postgres, through the outbox,
         then applied to this process's edge; how many states per topic. Each state keeps its
         row's version, so consumers that hold it already change nothing, and the rows are read

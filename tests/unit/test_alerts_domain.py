@@ -102,6 +102,8 @@ def test_usage_rate_and_creation_firing():
     now = "2026-11"
     assert domain.fires_at_creation(80, Resource.AI_TOKENS, now, 800, 1000, now)
     assert not domain.fires_at_creation(80, Resource.AI_TOKENS, now, 799, 1000, now)
+    assert not domain.fires_at_creation(80, Resource.AI_TOKENS, now, 79_995, 100_000, now)  # shown as 80.00%
+    assert domain.fires_at_creation(80, Resource.AI_TOKENS, now, 80_000, 100_000, now)
     assert not domain.fires_at_creation(80, Resource.AI_TOKENS, "2026-10", 900, 1000, now)  # a flow resets
     assert domain.fires_at_creation(80, Resource.STORAGE_BYTES, "2026-10", 900, 1000, now)  # a stock carries over
     assert not domain.fires_at_creation(1, Resource.AI_TOKENS, None, 0, 0, now)

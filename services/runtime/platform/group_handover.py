@@ -4,7 +4,7 @@ A group that starts for the first time reads its topics from the earliest offset
 moves to a group of its own (quota's calls.v1, issue 38), that would make an existing deployment
 count the topic's whole retention again: harmless (counting is idempotent on the event id), but
 hours of work. And the old group would keep its offsets on a topic it no longer reads, a lag that
-grows forever on the dashboards and pages the operator (TollgateConsumerLagging).
+grows forever on the dashboards and pages the operator (TollgateConsumerLagGrowing, TollgateConsumerStalled).
 
 So before its subscribers start, the process gives the new group the old one's committed offsets
 (only if the new group has none: it is never moved back) and then deletes the old group's offsets
