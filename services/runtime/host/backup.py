@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 
 from services.runtime.host import chserver, stack
+from services.runtime.host.private_files import write_private
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -87,7 +88,7 @@ def backup(cfg: stack.StackConfig, target: Path) -> dict[str, Any]:
             "kafka": "not included: rebuilt from Postgres (tollgate republish, the outbox relays at start)",
             "files": {str(p.relative_to(work)): _sha256(p) for p in sorted(work.rglob("*")) if p.is_file()},
         }
-        _write_private(work / MANIFEST, json.dumps(manifest, indent=2))
+        write_private(work / MANIFEST, json.dumps(manifest, indent=2))
         if target.exists():
             target.rmdir()
         work.rename(target)
@@ -382,13 +383,4 @@ def _sha256(path: Path) -> str:
 
 
 def _copy_private(src: Path, dst: Path) -> None:
-    _write_private(dst, src.read_text())
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Written whole under a temporary name, then renamed: readable by the owner only, never half there."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    tmp.replace(path)
+    write_private(dst, src.read_text())

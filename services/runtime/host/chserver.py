@@ -30,6 +30,7 @@ from types import ModuleType
 from xml.sax.saxutils import escape
 
 from services.runtime.host import capabilities
+from services.runtime.host.private_files import write_private
 
 SPEC_ENV = "TOLLGATE_CH_SERVER_SPEC"
 RUN_AS = "nobody"
@@ -247,9 +248,7 @@ def serve(instance: Path, spec: ServerSpec) -> int:
     instance.mkdir(parents=True, exist_ok=True)
     lock_fd = _lock(instance)  # before writing anything: a live instance's files stay untouched
     for name, text in (("config.xml", config_xml(spec)), ("users.xml", users_xml(spec))):
-        fd = os.open(instance / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
+        write_private(instance / name, text)
     (instance / "data").mkdir(exist_ok=True)
     os.chdir(instance)  # the engine reads ./config.xml
     if os.geteuid() == 0:

@@ -15,6 +15,7 @@ import httpx
 import typer
 
 from services.runtime.host import stack
+from services.runtime.host.private_files import write_private
 
 if TYPE_CHECKING:
     import socket
@@ -189,8 +190,7 @@ def _up_file() -> Path:
 def _remember_what_up_printed(shown: dict[str, object]) -> None:
     path = _up_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(mode=0o600)
-    path.write_text(json.dumps(shown, indent=2))
+    write_private(path, json.dumps(shown, indent=2))
 
 
 def _what_up_printed() -> dict[str, object] | None:
@@ -323,8 +323,7 @@ def _demo_service_token(cfg: stack.StackConfig) -> str:
     from contracts.common import ServiceScope
 
     created = asyncio.run(operator_cli.create(settings, DEMO_SERVICE_TOKEN_NAME, [ServiceScope.USAGE_WRITE]))
-    saved.touch(mode=0o600)
-    saved.write_text(json.dumps(created))
+    write_private(saved, json.dumps(created))
     return created["token"]
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from services.runtime.host.chserver import ServerSpec, sha256_hex
+from services.runtime.host.private_files import write_private
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = REPO_ROOT / "deploy" / "local"
@@ -100,9 +101,7 @@ class StackConfig:
         except FileNotFoundError:
             stored = {"tollgate": secrets.token_urlsafe(18), "analyst": secrets.token_urlsafe(18)}
             self.state_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as out:
-                json.dump(stored, out)
+            write_private(path, json.dumps(stored))
         return {
             "tollgate": self.clickhouse_password or stored["tollgate"],
             "analyst": self.clickhouse_analyst_password or stored["analyst"],
@@ -431,9 +430,7 @@ def clickhouse_up(cfg: StackConfig, timeout: float = 60) -> None:
         extra_table_engines=cfg.clickhouse_extra_table_engines,
     )
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(ctl_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump({"marker": spec.marker, "ctl_password": spec.ctl_password, "http_port": spec.http_port}, out)
+    write_private(ctl_file, json.dumps({"marker": spec.marker, "ctl_password": spec.ctl_password, "http_port": spec.http_port}))
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "services.runtime.host.chserver", str(instance)],
