@@ -99,6 +99,21 @@ async def test_http_refuses_the_whole_batch_with_details_by_index_and_publishes_
     assert (await client.post(INGEST, json={"events": [good]}, headers=console)).status_code == 403
 
 
+async def test_http_refuses_an_event_without_its_id_so_a_retry_is_never_counted_twice(app_client, settings):
+    """The event id is the idempotency key: an id invented by the server would be new at every
+    retry of the same request (a timeout, a 503), and the same usage would be counted again."""
+    _, client = app_client
+    account, _ = await signup(client)
+    service = await service_headers(client, settings)
+    without_id = {k: v for k, v in usage(account["id"], 5, resource="content_publishes").items() if k != "id"}
+    for _ in range(2):  # the platform service's retry
+        refused = await client.post(INGEST, json={"events": [without_id]}, headers=service)
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "validation_error"
+        assert [(d["field"], d["type"]) for d in error["details"]] == [("events.0.id", "missing")]
+
+
 async def test_a_bad_record_on_kafka_is_dead_lettered_by_every_consumer_and_never_counted(app_client, settings):
     app, client = app_client
     account, console = await signup(client)
