@@ -99,6 +99,24 @@ async def test_http_refuses_the_whole_batch_with_details_by_index_and_publishes_
     assert (await client.post(INGEST, json={"events": [good]}, headers=console)).status_code == 403
 
 
+async def test_http_refuses_a_token_count_above_10_to_the_12(app_client, settings):
+    """One token count alone is compared with nothing; metering sums it as the event's tokens, and
+    three of 2^63 - 1 wrapped the UInt64 sums: an event of quantity 3 showed 9.2e18 tokens."""
+    _, client = app_client
+    account, _ = await signup(client)
+    service = await service_headers(client, settings)
+    batch = [
+        usage(account["id"], 3, input_tokens=10**12),  # at the bound: fine
+        usage(account["id"], 3, input_tokens=2**63 - 1),
+        usage(account["id"], 1, resource="ai_conversations", output_tokens=10**12 + 1),
+    ]
+    refused = await client.post(INGEST, json={"events": batch}, headers=service)
+    assert refused.status_code == 422, refused.text
+    details = refused.json()["error"]["details"]
+    assert [(d["index"], d["message"].split(":")[0]) for d in details] == [(1, "input_tokens"), (2, "output_tokens")]
+    assert all("above 10^12" in d["message"] for d in details)
+
+
 async def test_http_refuses_an_event_without_its_id_so_a_retry_is_never_counted_twice(app_client, settings):
     """The event id is the idempotency key: an id invented by the server would be new at every
     retry of the same request (a timeout, a 503), and the same usage would be counted again."""
