@@ -209,14 +209,16 @@ class QuotaService:
         return row.lineage_id, [] if row.deleted else [limit for limit in row.limits if limit.resource is resource]
 
     async def release(self, reservation_id: UUID, owner_id: UUID | None = None) -> bool:
-        """Release an open reservation early; False when there is none of this owner by that id."""
+        """Release an open reservation early; False when there is none of this owner by that id (an
+        expired one holds nothing any more, swept or not)."""
+        now = self._clock()
         period = self.current_period()
         async with self._store.transaction() as tx:
-            account_id = await tx.reservation_account(reservation_id, owner_id)
+            account_id = await tx.reservation_account(reservation_id, owner_id, now)
             if account_id is None:
                 return False
             await tx.lock_accounts([account_id])  # first the account, as every writer does
-            released = await tx.delete_reservation(reservation_id, owner_id)
+            released = await tx.delete_reservation(reservation_id, owner_id, now)
             if released is None:  # settled or expired meanwhile
                 return False
             resource, api_key_id = released

@@ -244,23 +244,30 @@ class QuotaTx:
             (reservation_id, account_id, resource.value, amount, owner_id, created_at, expires_at, api_key_id, lineage_id),
         )
 
-    async def reservation_account(self, reservation_id: UUID, owner_id: UUID | None) -> UUID | None:
-        """The account of an open reservation made by `owner_id` (None: unknown, or another owner's)."""
+    async def reservation_account(self, reservation_id: UUID, owner_id: UUID | None, now: datetime) -> UUID | None:
+        """The account of an open reservation made by `owner_id` (None: unknown, another owner's, or
+        expired at `now`: it holds nothing since its expiry, even before the sweeper drops it)."""
         cur = await self.conn.execute(
-            "SELECT account_id FROM quota.reservations WHERE id = %s AND owner_id IS NOT DISTINCT FROM %s::uuid",
-            (reservation_id, owner_id),
+            """
+            SELECT account_id FROM quota.reservations
+             WHERE id = %s AND owner_id IS NOT DISTINCT FROM %s::uuid AND expires_at > %s
+            """,
+            (reservation_id, owner_id, now),
         )
         row = await cur.fetchone()
         return None if row is None else UUID(str(row["account_id"]))
 
-    async def delete_reservation(self, reservation_id: UUID, owner_id: UUID | None) -> tuple[Resource, UUID | None] | None:
-        """The released reservation's resource and key lineage (None: there was none of this owner)."""
+    async def delete_reservation(
+        self, reservation_id: UUID, owner_id: UUID | None, now: datetime
+    ) -> tuple[Resource, UUID | None] | None:
+        """The released reservation's resource and key lineage (None: there was no open one of this owner)."""
         cur = await self.conn.execute(
             """
-            DELETE FROM quota.reservations WHERE id = %s AND owner_id IS NOT DISTINCT FROM %s::uuid
+            DELETE FROM quota.reservations
+             WHERE id = %s AND owner_id IS NOT DISTINCT FROM %s::uuid AND expires_at > %s
             RETURNING resource, lineage_id
             """,
-            (reservation_id, owner_id),
+            (reservation_id, owner_id, now),
         )
         row = await cur.fetchone()
         return None if row is None else (Resource(row["resource"]), row["lineage_id"])

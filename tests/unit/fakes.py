@@ -397,13 +397,15 @@ class FakeQuotaStore:
             "api_key_id": api_key_id,
         }
 
-    async def reservation_account(self, reservation_id: UUID, owner_id: UUID | None) -> UUID | None:
+    async def reservation_account(self, reservation_id: UUID, owner_id: UUID | None, now: datetime) -> UUID | None:
         r = self.reservations.get(reservation_id)
-        return r["account_id"] if r and r["owner_id"] == owner_id else None
+        return r["account_id"] if r and r["owner_id"] == owner_id and r["expires_at"] > now else None
 
-    async def delete_reservation(self, reservation_id: UUID, owner_id: UUID | None) -> tuple[Resource, UUID | None] | None:
+    async def delete_reservation(
+        self, reservation_id: UUID, owner_id: UUID | None, now: datetime
+    ) -> tuple[Resource, UUID | None] | None:
         r = self.reservations.get(reservation_id)
-        if r is None or r["owner_id"] != owner_id:
+        if r is None or r["owner_id"] != owner_id or r["expires_at"] <= now:
             return None
         del self.reservations[reservation_id]
         return r["resource"], r["lineage_id"]

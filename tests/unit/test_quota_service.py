@@ -219,6 +219,17 @@ async def test_reservations_reserve_refuse_settle_release_and_expire(service, cl
     assert await service.expire() == 0
 
 
+async def test_an_expired_reservation_is_not_released_even_before_the_sweep(service, clock, publisher):
+    """It stopped holding anything at its expiry: DELETE answers 404 (as the route says), not a 204
+    that tells the service it released a hold, and publishes nothing."""
+    owner = uuid.uuid4()
+    held = await service.reserve(uuid.uuid4(), Resource.AI_TOKENS, 1_000, ttl_seconds=60, owner_id=owner)
+    published = len(publisher.sent)
+    clock.advance(seconds=60)
+    assert not await service.release(held.id, owner_id=owner)
+    assert len(publisher.sent) == published
+
+
 async def test_the_sweepers_idle_pass_is_one_read_and_no_transaction(clock, publisher):
     store = FakeQuotaStore()
     service = QuotaService(store, publisher, clock, ZoneInfo("UTC"), CONSOLE)  # type: ignore[arg-type]
