@@ -149,6 +149,7 @@ async def test_a_bad_record_on_kafka_is_dead_lettered_by_every_consumer_and_neve
         (usage(account["id"], 5, time=old), now_ms),  # 40 days before its record
         (usage(account["id"], 5, time=now), int((now - timedelta(minutes=10)).timestamp() * 1000)),  # ahead of its record
         (usage(account["id"], 10**12 + 1, resource="storage_bytes"), None),
+        (usage(account["id"], 3, input_tokens=2**63 - 1), None),  # a token count alone, absurd
     ]
     backfilled = usage(account["id"], 11, time=old, input_tokens=5, output_tokens=6)  # history, stamped as such
     valid = usage(account["id"], 77, input_tokens=70, output_tokens=7)
@@ -186,7 +187,7 @@ async def test_a_bad_record_on_kafka_is_dead_lettered_by_every_consumer_and_neve
         assert headers["x-original-topic"] == topic.encode()
         reasons[event_id] += 1
         reason = headers["x-error"].decode()
-        assert reason.startswith(("quantity:", "time:")), reason
+        assert reason.startswith(("quantity:", "time:", "input_tokens:")), reason
     assert reasons == {i: groups for i in ids}
 
     # nothing of them was counted (already settled above), nor is later: the counts stay put
