@@ -14,8 +14,15 @@ Granularity = Literal["hour", "day", "week"]
 GroupBy = Literal["model", "provider", "api_key"]
 
 
+class ReportedUsage(UsageEvent):
+    """A usage event as a platform service reports it over HTTP: with its `id`, which the event
+    model would otherwise invent, a new one at every retry of the request (counted again)."""
+
+    id: UUID = Field(description="The idempotency key: a retry of the same usage carries the same id.")
+
+
 class IngestRequest(BaseModel):
-    events: list[UsageEvent] = Field(min_length=1, max_length=1000)
+    events: list[ReportedUsage] = Field(min_length=1, max_length=1000)
 
 
 class IngestResponse(BaseModel):

@@ -58,6 +58,8 @@ def violations_at(event: Usage, reference_us: int) -> list[str]:
     delta = (seconds - offset.seconds) * _US + t.microsecond - offset.microseconds - reference_us
     if (
         0 <= quantity <= MAX_ABS_QUANTITY
+        and (i is None or i <= MAX_ABS_QUANTITY)
+        and (o is None or o <= MAX_ABS_QUANTITY)
         and (i is None or o is None or quantity == i + o or event.resource is not _AI_TOKENS)
         and -_BEHIND_US <= delta <= _AHEAD_US
     ):
@@ -74,6 +76,11 @@ def _broken(event: Usage, delta: int, reference_us: int) -> list[str]:
     if quantity > MAX_ABS_QUANTITY or quantity < -MAX_ABS_QUANTITY:
         found.append(f"quantity: |{quantity}| is above 10^12")
     i, o = event.input_tokens, event.output_tokens
+    # Token counts are summed by metering as the event's tokens (one alone is compared with
+    # nothing): bounded as the quantity is, so that no sum of them wraps around.
+    for name, count in (("input_tokens", i), ("output_tokens", o)):
+        if count is not None and count > MAX_ABS_QUANTITY:
+            found.append(f"{name}: {count} is above 10^12")
     if i is not None and o is not None and event.resource is _AI_TOKENS and quantity != i + o:
         found.append(f"quantity: {quantity} is not input_tokens + output_tokens ({i} + {o})")
     late_or_early = _time_broken(delta, reference_us)

@@ -29,6 +29,9 @@ _HEADERS = {
         "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
         "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
     ),
+    # frame-ancestors above keeps other sites from framing the console (clickjacking of its buttons:
+    # pay, delete a key); browsers that predate it read only this header.
+    "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     # Assets change with the code; revalidate (ETag) rather than serve a stale page.

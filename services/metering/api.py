@@ -82,9 +82,11 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
             "Validated, idempotent on each event's `id`, and published to usage.v1 (key = account id) before the 202. "
             "A batch with any event that breaks a rule (contracts/usage_rules.py, the same the consumers of usage.v1 apply: "
             "a negative quantity on a flow resource, `ai_tokens` whose quantity is not input_tokens + output_tokens when "
-            "both are given, a time more than 5 minutes ahead of or 35 days behind now, |quantity| above 10^12) is refused "
+            "both are given, a time more than 5 minutes ahead of or 35 days behind now, |quantity|, input_tokens or "
+            "output_tokens above 10^12) is refused "
             'whole: 422 `validation_error`, one `details` item per broken rule, `{field: "events.<i>", index, message}`; '
-            "nothing is published. "
+            "nothing is published. Every event carries its `id`, the idempotency key (a retry of the same usage sends the "
+            "same id): one without it is 422 too (`details[].field` `events.<i>.id`), never given a new id. "
             "**Service** endpoint: only a platform service token (`st-...`) with the scope `usage:write`, for any "
             "account; a customer's API key or console session gets 403 `permission_denied` (the metered party never "
             "writes its own meter), an unknown or revoked service token 401 `invalid_service_token`. "

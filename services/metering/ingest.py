@@ -45,7 +45,7 @@ class Ingest:
         self.publish = publish
         self.clock = clock
 
-    async def accept(self, events: list[UsageEvent]) -> IngestResponse:
+    async def accept(self, events: Sequence[UsageEvent]) -> IngestResponse:
         """Judge every event, then publish the ones this window has not seen, then remember them
         (a crash between the two re-publishes on retry: the sink drops the duplicates)."""
         reference = self.clock()
@@ -56,7 +56,7 @@ class Ingest:
         ]
         if broken:  # the whole batch, or a retry could not tell what was counted
             raise UsageRulesBroken(broken)
-        unique = domain.first_of_each_id(events)
+        unique = domain.first_of_each_id(list(events))
         known = await self.ingested.known([e.id for e in unique])
         fresh = [e for e in unique if e.id not in known]
         await self.publish(fresh)

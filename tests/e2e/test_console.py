@@ -514,6 +514,8 @@ async def test_the_console_is_served_same_origin_only() -> None:
         assert index.status_code == 200 and "text/html" in index.headers["content-type"]
         csp = index.headers["content-security-policy"]
         assert "default-src 'self'" in csp and "script-src 'self'" in csp
+        # never framed by another site (clickjacking): CSP for today's browsers, X-Frame-Options for the rest
+        assert "frame-ancestors 'none'" in csp and index.headers["x-frame-options"] == "DENY"
         assert (await client.get("/console/assets/app.js")).headers["content-type"].startswith("text/javascript")
         assert (await client.get("/console/assets/..%2F__init__.py")).status_code == 404
         assert (await client.get("/console/assets/__init__.py")).status_code == 404

@@ -82,6 +82,7 @@ async def _objects_of(client, settings, a: Account) -> dict[str, str]:
     member = await client.post("/api/account/members", json=member_body, headers=a.headers)
     assert member.status_code == 201, member.text
     usage = {
+        "id": str(uuid.uuid4()),
         "time": datetime.now(UTC).isoformat(),
         "account_id": a.id,
         "resource": "ai_tokens",

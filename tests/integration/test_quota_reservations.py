@@ -14,6 +14,9 @@ from contracts.events import UsageEvent
 from contracts.topics import USAGE
 from services.quota.app import quota_service
 from services.quota.domain import InsufficientQuota
+from services.quota.publisher import KafkaPublisher
+from services.quota.service import QuotaService
+from services.quota.store import QuotaStore
 from tests.integration.quota_helpers import eventually, publish
 from tests.integration.test_keys_api import bearer, new_key, signup
 from tests.support.service_tokens import service_headers
@@ -113,6 +116,21 @@ async def test_release_frees_at_once_and_only_once(app_client):
     anonymous = await quota.reserve(account, Resource.STORAGE_BYTES, 5, ttl_seconds=60)
     assert not await quota.release(anonymous.id, owner_id=owner)
     assert await quota.release(anonymous.id)
+
+
+async def test_an_expired_reservation_is_not_released_before_the_sweeper_drops_it(app_client):
+    """Past its expiry a reservation holds nothing, swept or not: releasing it is 404, not a 204."""
+    app, _client = app_client
+    runtime = app.state.runtime
+    quota = quota_service(runtime)
+    account, owner = uuid.uuid4(), uuid.uuid4()
+    held = await quota.reserve(account, Resource.STORAGE_BYTES, 10, ttl_seconds=60, owner_id=owner)
+    later = QuotaService(
+        QuotaStore(runtime.pool), KafkaPublisher(runtime.broker, runtime.settings), lambda: held.expires_at,
+        runtime.settings.tz, runtime.settings.console_url,
+    )  # fmt: skip
+    assert not await later.release(held.id, owner_id=owner)  # the sweeper's clock has not reached it yet
+    assert await quota.release(held.id, owner_id=owner)  # before its expiry it is released
 
 
 async def test_an_unsettled_reservation_is_released_at_its_expiry_by_the_sweeper(app_client):

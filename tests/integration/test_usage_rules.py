@@ -99,6 +99,39 @@ async def test_http_refuses_the_whole_batch_with_details_by_index_and_publishes_
     assert (await client.post(INGEST, json={"events": [good]}, headers=console)).status_code == 403
 
 
+async def test_http_refuses_a_token_count_above_10_to_the_12(app_client, settings):
+    """One token count alone is compared with nothing; metering sums it as the event's tokens, and
+    three of 2^63 - 1 wrapped the UInt64 sums: an event of quantity 3 showed 9.2e18 tokens."""
+    _, client = app_client
+    account, _ = await signup(client)
+    service = await service_headers(client, settings)
+    batch = [
+        usage(account["id"], 3, input_tokens=10**12),  # at the bound: fine
+        usage(account["id"], 3, input_tokens=2**63 - 1),
+        usage(account["id"], 1, resource="ai_conversations", output_tokens=10**12 + 1),
+    ]
+    refused = await client.post(INGEST, json={"events": batch}, headers=service)
+    assert refused.status_code == 422, refused.text
+    details = refused.json()["error"]["details"]
+    assert [(d["index"], d["message"].split(":")[0]) for d in details] == [(1, "input_tokens"), (2, "output_tokens")]
+    assert all("above 10^12" in d["message"] for d in details)
+
+
+async def test_http_refuses_an_event_without_its_id_so_a_retry_is_never_counted_twice(app_client, settings):
+    """The event id is the idempotency key: an id invented by the server would be new at every
+    retry of the same request (a timeout, a 503), and the same usage would be counted again."""
+    _, client = app_client
+    account, _ = await signup(client)
+    service = await service_headers(client, settings)
+    without_id = {k: v for k, v in usage(account["id"], 5, resource="content_publishes").items() if k != "id"}
+    for _ in range(2):  # the platform service's retry
+        refused = await client.post(INGEST, json={"events": [without_id]}, headers=service)
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "validation_error"
+        assert [(d["field"], d["type"]) for d in error["details"]] == [("events.0.id", "missing")]
+
+
 async def test_a_bad_record_on_kafka_is_dead_lettered_by_every_consumer_and_never_counted(app_client, settings):
     app, client = app_client
     account, console = await signup(client)
@@ -116,6 +149,7 @@ async def test_a_bad_record_on_kafka_is_dead_lettered_by_every_consumer_and_neve
         (usage(account["id"], 5, time=old), now_ms),  # 40 days before its record
         (usage(account["id"], 5, time=now), int((now - timedelta(minutes=10)).timestamp() * 1000)),  # ahead of its record
         (usage(account["id"], 10**12 + 1, resource="storage_bytes"), None),
+        (usage(account["id"], 3, input_tokens=2**63 - 1), None),  # a token count alone, absurd
     ]
     backfilled = usage(account["id"], 11, time=old, input_tokens=5, output_tokens=6)  # history, stamped as such
     valid = usage(account["id"], 77, input_tokens=70, output_tokens=7)
@@ -153,7 +187,7 @@ async def test_a_bad_record_on_kafka_is_dead_lettered_by_every_consumer_and_neve
         assert headers["x-original-topic"] == topic.encode()
         reasons[event_id] += 1
         reason = headers["x-error"].decode()
-        assert reason.startswith(("quantity:", "time:")), reason
+        assert reason.startswith(("quantity:", "time:", "input_tokens:")), reason
     assert reasons == {i: groups for i in ids}
 
     # nothing of them was counted (already settled above), nor is later: the counts stay put

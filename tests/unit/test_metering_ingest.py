@@ -6,10 +6,12 @@ from datetime import datetime, timedelta
 
 import pytest
 from aiokafka.structs import ConsumerRecord
+from pydantic import ValidationError
 
 from contracts.common import Resource
 from contracts.domain_errors import Invalid
 from contracts.events import CallEvent, UsageEvent
+from contracts.metering_api import IngestRequest
 from contracts.topics import CALLS, USAGE, Topic
 from services.metering.domain import UsageRulesBroken
 from services.metering.ingest import Ingest, SinkWrite, call_rules, model_flag, usage_rules
@@ -22,7 +24,7 @@ ACCOUNT = uuid.uuid4()
 def event(
     quantity: int = 30, *, time: datetime | None = None, resource: Resource = Resource.AI_TOKENS, **extra: object
 ) -> UsageEvent:
-    fields: dict[str, object] = {"provider": "openai", "model": "gpt-4o", "source": "geo-service"} | extra
+    fields: dict[str, object] = {"id": uuid.uuid4(), "provider": "openai", "model": "gpt-4o", "source": "geo-service"} | extra
     return UsageEvent(time=time or FakeClock().now, account_id=ACCOUNT, resource=resource, quantity=quantity, **fields)
 
 
@@ -96,6 +98,17 @@ async def test_times_too_far_ahead_or_behind_now_are_refused_per_index(ingest: I
     assert f"time: more than 5 minutes after {now.isoformat()}" == details[0]["message"]
     assert f"time: more than 35 days before {now.isoformat()}" == details[1]["message"]
     assert topic.published == []
+
+
+def test_an_event_without_its_id_is_refused_not_given_one():
+    """The id is the idempotency key: one invented on parsing would differ at every retry of the
+    request, and a retried batch would be counted twice. Refused (422), as the sink dead-letters it."""
+    sent = event(7).model_dump(mode="json")
+    assert IngestRequest.model_validate({"events": [sent]}).events[0].id == uuid.UUID(sent["id"])
+    del sent["id"]
+    with pytest.raises(ValidationError) as caught:
+        IngestRequest.model_validate({"events": [event().model_dump(mode="json"), sent]})
+    assert [(e["loc"], e["type"]) for e in caught.value.errors()] == [(("events", 1, "id"), "missing")]
 
 
 async def test_the_rules_are_judged_against_the_clock(ingest: Ingest, topic: FakeUsageTopic, clock: FakeClock):

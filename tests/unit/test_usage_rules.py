@@ -49,6 +49,20 @@ def test_ai_tokens_must_equal_input_plus_output_when_both_are_given():
     assert violations(event(Resource.AI_CONVERSATIONS, 1, input_tokens=10, output_tokens=20), REF) == []
 
 
+def test_token_counts_are_bounded_like_the_quantity():
+    """A token count alone (the other side absent) is compared with nothing, and metering sums it
+    as the event's tokens: up to 2^63 - 1 each, three events wrapped ClickHouse's UInt64 sums and
+    an event of quantity 3 showed 9.2e18 tokens and a cost of trillions. Bounded at 10^12, on
+    every resource (another's token fields are summed too)."""
+    assert violations(event(quantity=3, input_tokens=MAX_ABS_QUANTITY), REF) == []
+    (reason,) = violations(event(quantity=3, input_tokens=MAX_ABS_QUANTITY + 1), REF)
+    assert reason == f"input_tokens: {MAX_ABS_QUANTITY + 1} is above 10^12"
+    (reason,) = violations(event(Resource.AI_CONVERSATIONS, 1, output_tokens=2**63 - 1), REF)
+    assert reason == f"output_tokens: {2**63 - 1} is above 10^12"
+    both = violations(event(quantity=3, input_tokens=2**62, output_tokens=2**62), REF)
+    assert [r.split(":")[0] for r in both] == ["input_tokens", "output_tokens", "quantity"]
+
+
 def test_time_bounds_are_inclusive_at_exactly_five_minutes_and_35_days():
     assert violations(event(time=REF + MAX_AHEAD), REF) == []
     assert violations(event(time=REF - MAX_BEHIND), REF) == []
