@@ -358,7 +358,7 @@ class Edge:
                 route = getattr(request.scope.get("route"), "path", None)
                 ruled = self._rules_refusal(request, principal, now)
                 if ruled is not None:
-                    raise ruled
+                    await self._rate_limit(context, principal, None, [], ruled)  # raises `ruled`, with X-RateLimit-*
                 counted = counts_as_api_call(request.method, str(route))
                 await self._admit_key_call(request, context, principal, permission, consumes, counted, console_only, now)
             context.principal = principal
@@ -377,9 +377,11 @@ class Edge:
 
     def screen(self, scope: Scope) -> ApiError | None:
         """The refusal of an API-key call to a guarded route that needs no route to run: its key's
-        401, or a 429 from the rate limiter's copy of a refusal (no I/O). The same checks in the
-        same order as `requires`' dependency, which judges everything else (None) with the
-        principal found here. Paths are screened once a call has reached their route."""
+        401, or while the rate limiter's copy refuses the key (no I/O), its 429 or (v4) the 403 of
+        the key's own rules, which come first. The same checks in the same order as `requires`'
+        dependency, which judges everything else (None) with the principal found here: a call the
+        key's rules refuse takes a rate-limit token there, as any call of the key. Paths are
+        screened once a call has reached their route."""
         route = self._guarded.get((scope["method"], scope["path"]))
         if route is None:
             return None
@@ -393,9 +395,6 @@ class Edge:
             principal = self._authenticate_key(token, now, request)
         except ApiError as unauthorized:
             return unauthorized
-        ruled = self._rules_refusal(request, principal, now)
-        if ruled is not None:
-            return ruled
         limited = self._refused_by_copy(request, principal, now)
         if limited is None:
             context_of(scope).principal = principal
@@ -405,8 +404,10 @@ class Edge:
         self, request: Request, principal: Principal, now: datetime, model: str | None = None, *, judges_model: bool = False
     ) -> ApiError | None:
         """(v4) The 403 of the key's own restrictions (address, route, model: key_rules.py), logged
-        as a refused call, before the rate limit and the quota gate take anything; None: none broken.
-        The route is the template (Tollgate's routes) or the path the service passed (verify)."""
+        as a refused call, judged before the rate limit and the quota gate; None: none broken. The
+        caller then asks the rate limiter for the 403's X-RateLimit-* (`_rate_limit(..., ruled)`:
+        the call takes a token, never an api_calls admission). The route is the template
+        (Tollgate's routes) or the path the service passed (verify)."""
         gate = principal.gate
         if gate is None:
             return None
@@ -421,16 +422,25 @@ class Edge:
         self._record_call(request, principal.account_id, principal.api_key_id, now)
         return ApiError(403, *broken)
 
-    def _refused_by_copy(self, request: Request, principal: Principal, now: datetime) -> ApiError | None:
-        """The 429 of the rate limiter's copy of a refusal for this key's call (no I/O), logged
-        as a refused call; None: the copy would let it through (the limiter itself decides)."""
+    def _refused_by_copy(
+        self, request: Request, principal: Principal, now: datetime, *, rules_judged: bool = False
+    ) -> ApiError | None:
+        """The refusal answered while the rate limiter's copy refuses this key's call (no I/O): the
+        403 of the key's own rules (they come first) or the 429, logged as a refused call; None:
+        the copy would let it through (the limiter itself decides, and takes a token).
+        `rules_judged`: the caller found the key's rules unbroken already."""
         account_id, key_id = principal.account_id, principal.api_key_id
         assert key_id is not None
         decision = self.limiter.refused(self._subjects_of(key_id, account_id), self._limits_of(principal), time.time())
         if decision is None:
             return None
+        context = context_of(request.scope)
+        ruled = None if rules_judged else self._rules_refusal(request, principal, now)
+        if ruled is not None:
+            context.response_headers = decision.limit_headers()
+            return ruled
         self._record_call(request, account_id, key_id, now)
-        context_of(request.scope).response_headers = decision.headers()
+        context.response_headers = decision.headers()
         return _rate_limited(decision)
 
     async def decide(self, call: ServiceCall, request_id: str) -> Verdict:
@@ -450,8 +460,10 @@ class Edge:
             if not call.key.startswith(API_KEY_PREFIX):  # a session or a service token is no customer's key here
                 raise _unauthorized(ErrorCode.INVALID_API_KEY, "The API key is not valid.")
             principal = self._authenticate_key(call.key, now, request)
-            refusal = self._rules_refusal(request, principal, now, call.model, judges_model=True)
-            refusal = refusal or self._refused_by_copy(request, principal, now)
+            ruled = self._rules_refusal(request, principal, now, call.model, judges_model=True)
+            if ruled is not None:
+                await self._rate_limit(context, principal, None, [], ruled)  # raises `ruled`, with X-RateLimit-*
+            refusal = self._refused_by_copy(request, principal, now, rules_judged=True)
             if refusal is None:
                 counted = counts_as_api_call(call.method, call.path, call.service)
                 await self._admit_key_call(
@@ -645,7 +657,12 @@ class Edge:
         return self.quota.admit_call(account_id, now)
 
     async def _rate_limit(
-        self, context: CallContext, principal: Principal, admission: CallsView | None, key_views: list[CallsView]
+        self,
+        context: CallContext,
+        principal: Principal,
+        admission: CallsView | None,
+        key_views: list[CallsView],
+        ruled: ApiError | None = None,
     ) -> int | None:
         """429 when the account's or the key's bucket or window is exhausted (the call's place, if
         it took one, is freed); X-RateLimit-* on every API-key response (RequestMiddleware adds
@@ -654,7 +671,12 @@ class Edge:
         round trip asks whether the key was revoked after the state this process judged it by
         (`revoke_everywhere`): 401 then, as the state will say once it arrives. (v4) The key's own
         api_calls limits (`key_views`) are admitted with the account's, all or none: 0 admitted,
-        1 the account had no room, 1 + i the key's i-th api_calls limit had none."""
+        1 the account had no room, 1 + i the key's i-th api_calls limit had none. (v4) `ruled`:
+        the call is refused by the key's own rules, which come before the rate limit: it takes a
+        token like any call of the key (so a flood of them is bounded by the key's limit and then
+        answered from the copy, without round trips) and is raised with the limiter's
+        X-RateLimit-*, whatever the limiter says (no Retry-After: waiting would not admit it);
+        a revoked key's 401 still comes first."""
         account_id, key_id = principal.account_id, principal.api_key_id
         assert key_id is not None
         limits, subjects = self._limits_of(principal), self._subjects_of(key_id, account_id)
@@ -678,6 +700,9 @@ class Edge:
             if revoked.deleted:
                 raise _unauthorized(ErrorCode.INVALID_API_KEY, "The API key is not valid.") from None
             raise _unauthorized(ErrorCode.API_KEY_DISABLED, "The API key is disabled.") from None
+        if ruled is not None:
+            context.response_headers = decision.limit_headers()
+            raise ruled
         context.response_headers = decision.headers()
         if not decision.allowed:
             self._free_place(context)

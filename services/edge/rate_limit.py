@@ -73,14 +73,20 @@ class Decision:
     retry_after_s: int  # Retry-After when not allowed (>= 1), else 0
 
     def headers(self) -> dict[str, str]:
-        headers = {
+        """The answer's headers: `limit_headers`, and Retry-After on a refusal (a 429)."""
+        headers = self.limit_headers()
+        if not self.allowed:
+            headers["Retry-After"] = str(self.retry_after_s)
+        return headers
+
+    def limit_headers(self) -> dict[str, str]:
+        """X-RateLimit-* alone: what a refusal other than the limiter's own (v4: a 403 of the key's
+        rules) carries; no Retry-After, since waiting would not change that answer."""
+        return {
             "X-RateLimit-Limit": str(self.limit),
             "X-RateLimit-Remaining": str(self.remaining),
             "X-RateLimit-Reset": str(self.reset_s),
         }
-        if not self.allowed:
-            headers["Retry-After"] = str(self.retry_after_s)
-        return headers
 
 
 def window_start(now: float) -> float:

@@ -174,13 +174,17 @@ async def test_a_protected_route_refuses_a_call_outside_the_keys_rules_logged_an
     app: Any, rules: dict[str, Any], code_: str
 ) -> None:
     edge: Edge = app.state.runtime.edge
-    narrow_key(edge, **rules)
-    routed, screened = await call(app, NARROW), await call(app, NARROW)  # the dependency, then the screen
-    for answer in (routed, screened):
+    key_id = narrow_key(edge, rate_limit={"per_second": 0.001, "burst": 2, "per_minute": 100}, **rules)
+    # the dependency's: each takes a token, as any call of the key; then, while the limiter
+    # refuses the key, the screen's: the 403 still (the key's rules come first), before routing
+    answers = [await call(app, NARROW) for _ in range(3)]
+    for answer in answers:
         assert (answer.status, answer.body["error"]["code"]) == (403, code_)
-    assert not screened.routed
-    assert logged_calls(app) == [("GET", ROUTE, 403, code_, "test/1")] * 2
-    # never counted: tests/integration/test_key_ips_behind_proxies.py and test_edge_verify.py count api_calls
+    assert [a.routed for a in answers] == [True, True, False]
+    assert [a.headers["x-ratelimit-remaining"] for a in answers] == ["1", "0", "0"]
+    assert logged_calls(app) == [("GET", ROUTE, 403, code_, "test/1")] * 3
+    assert edge.quota.pending_calls(edge.keys.by_id(key_id).account_id) == 0  # type: ignore[union-attr]  # never admitted
+    # counted by quota: tests/integration/test_key_ips_behind_proxies.py and test_edge_verify.py count api_calls
 
 
 async def test_a_route_inside_the_keys_rules_goes_on_and_its_model_is_not_judged(app: Any) -> None:
@@ -238,12 +242,44 @@ async def test_a_rotated_key_is_judged_where_its_lineage_stands(app: Any) -> Non
     assert [(u.used, u.remaining) for u in usage] == [(2, 0)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="API.md: every API-key response carries X-RateLimit-*; a refusal by the key's own rules (ip, route) "
-    "comes before the limiter is asked and answers without them (the limiter has no read that takes nothing)",
-)
 async def test_a_refusal_by_the_keys_rules_still_carries_the_rate_limit_headers(app: Any) -> None:
+    """API.md: every API-key response carries X-RateLimit-*, a 403 of the key's own rules too
+    (judged before the limiter, which is asked for them after: the call takes a token)."""
     narrow_key(app.state.runtime.edge, allowed_ips=["198.51.100.0/24"])  # the test client is 127.0.0.1
     answer = await call(app, NARROW)
     assert answer.status == 403 and {"x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"} <= set(answer.headers)
+    # the plan's (free: burst 20) after this call's token; no Retry-After: waiting would not admit it
+    assert (answer.headers["x-ratelimit-limit"], answer.headers["x-ratelimit-remaining"]) == ("20", "19")
+    assert "retry-after" not in answer.headers
+
+
+@pytest.mark.parametrize(
+    ("rules", "where", "code_"),
+    [
+        ({"allowed_ips": ["198.51.100.0/24"]}, {}, "ip_not_allowed"),
+        ({"allowed_routes": ["GET /v1/models"]}, {}, "route_not_allowed"),
+        ({"allowed_models": ["openai/gpt-4o-mini"]}, {"model": "openai/gpt-4o"}, "model_not_allowed"),
+        ({"allowed_models": ["openai/gpt-4o-mini"]}, {}, "model_not_allowed"),  # none named: fail closed
+    ],
+)
+async def test_verify_answers_a_refusal_by_the_keys_rules_with_the_limiters_headers_and_admits_nothing(
+    app: Any, rules: dict[str, Any], where: dict[str, Any], code_: str
+) -> None:
+    """verify's and authorize's decision (`Edge.decide`, their routes' and their fast path's): the
+    key's 403 comes before the rate limit, even for a key the limiter refuses (API.md, "Per-key
+    limits and restrictions": address, route, then the rate limits), and carries X-RateLimit-*
+    (verify's `rate_limit`) but no Retry-After; each refusal takes a token, none an api_call."""
+    edge: Edge = app.state.runtime.edge
+    key_id = narrow_key(edge, rate_limit={"per_second": 0.001, "burst": 2, "per_minute": 100}, **rules)
+    refused = ServiceCall(NARROW, "POST", "/v1/chat", "192.0.2.1", "t", "gw", **where)
+    verdicts = [await edge.decide(refused, "r") for _ in range(3)]
+    assert [(v.status, v.refusal.code.value if v.refusal else None) for v in verdicts] == [(403, code_)] * 3
+    assert [v.headers.get("X-RateLimit-Remaining") for v in verdicts] == ["1", "0", "0"]  # the key's burst of 2
+    assert all(v.headers["X-RateLimit-Limit"] == "2" and "Retry-After" not in v.headers for v in verdicts)
+    assert edge.quota.pending_calls(edge.keys.by_id(key_id).account_id) == 0  # type: ignore[union-attr]
+    # the tokens were taken: a call within the rules is now the limiter's 429
+    allowed = ServiceCall(NARROW, "GET", "/v1/models", "198.51.100.7", "t", "gw", model="openai/gpt-4o-mini")
+    limited = await edge.decide(allowed, "r")
+    assert (limited.status, limited.refusal.code.value if limited.refusal else None) == (429, "rate_limited")
+    assert int(limited.headers["Retry-After"]) >= 1
+
