@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
+from typing import NoReturn
 from uuid import UUID
 
 from fastapi import Request
@@ -132,6 +133,21 @@ def acting_roles(
     if user_id == account_id and account_roles is not None:
         return frozenset(Role(r) for r in account_roles)
     return frozenset()
+
+
+def _revoked_refusal(revoked: KeyRevoked) -> ApiError:
+    """The answer for a key the shared store says was revoked after the state this process
+    judged it by (`Edge.revoke_everywhere`): what that state will say once it arrives."""
+    if revoked.narrowed:  # judged by rules older than the key's: never wider, so not at all
+        return ApiError(
+            503,
+            ErrorCode.SERVICE_UNAVAILABLE,
+            "The API key's rules changed a moment ago and this server is still reading them; retry shortly.",
+            headers={"Retry-After": "1"},
+        )
+    if revoked.deleted:
+        return _unauthorized(ErrorCode.INVALID_API_KEY, "The API key is not valid.")
+    return _unauthorized(ErrorCode.API_KEY_DISABLED, "The API key is disabled.")
 
 
 def _rate_limited(decision: Decision) -> ApiError:
@@ -358,7 +374,7 @@ class Edge:
                 route = getattr(request.scope.get("route"), "path", None)
                 ruled = self._rules_refusal(request, principal, now)
                 if ruled is not None:
-                    await self._rate_limit(context, principal, None, [], ruled)  # raises `ruled`, with X-RateLimit-*
+                    await self._refuse_by_rules(context, principal, ruled)
                 counted = counts_as_api_call(request.method, str(route))
                 await self._admit_key_call(request, context, principal, permission, consumes, counted, console_only, now)
             context.principal = principal
@@ -379,8 +395,8 @@ class Edge:
         """The refusal of an API-key call to a guarded route that needs no route to run: its key's
         401, or while the rate limiter's copy refuses the key (no I/O), its 429 or (v4) the 403 of
         the key's own rules, which come first. The same checks in the same order as `requires`'
-        dependency, which judges everything else (None) with the principal found here: a call the
-        key's rules refuse takes a rate-limit token there, as any call of the key. Paths are
+        dependency, which judges everything else (None) with the principal found here (a call the
+        key's rules refuse gets its headers there from a peek, which takes nothing). Paths are
         screened once a call has reached their route."""
         route = self._guarded.get((scope["method"], scope["path"]))
         if route is None:
@@ -405,9 +421,8 @@ class Edge:
     ) -> ApiError | None:
         """(v4) The 403 of the key's own restrictions (address, route, model: key_rules.py), logged
         as a refused call, judged before the rate limit and the quota gate; None: none broken. The
-        caller then asks the rate limiter for the 403's X-RateLimit-* (`_rate_limit(..., ruled)`:
-        the call takes a token, never an api_calls admission). The route is the template
-        (Tollgate's routes) or the path the service passed (verify)."""
+        caller then raises it with X-RateLimit-* (`_refuse_by_rules`: a peek, which takes nothing).
+        The route is the template (Tollgate's routes) or the path the service passed (verify)."""
         gate = principal.gate
         if gate is None:
             return None
@@ -427,7 +442,7 @@ class Edge:
     ) -> ApiError | None:
         """The refusal answered while the rate limiter's copy refuses this key's call (no I/O): the
         403 of the key's own rules (they come first) or the 429, logged as a refused call; None:
-        the copy would let it through (the limiter itself decides, and takes a token).
+        the copy would let it through (the limiter itself decides).
         `rules_judged`: the caller found the key's rules unbroken already."""
         account_id, key_id = principal.account_id, principal.api_key_id
         assert key_id is not None
@@ -462,7 +477,7 @@ class Edge:
             principal = self._authenticate_key(call.key, now, request)
             ruled = self._rules_refusal(request, principal, now, call.model, judges_model=True)
             if ruled is not None:
-                await self._rate_limit(context, principal, None, [], ruled)  # raises `ruled`, with X-RateLimit-*
+                await self._refuse_by_rules(context, principal, ruled)
             refusal = self._refused_by_copy(request, principal, now, rules_judged=True)
             if refusal is None:
                 counted = counts_as_api_call(call.method, call.path, call.service)
@@ -662,7 +677,6 @@ class Edge:
         principal: Principal,
         admission: CallsView | None,
         key_views: list[CallsView],
-        ruled: ApiError | None = None,
     ) -> int | None:
         """429 when the account's or the key's bucket or window is exhausted (the call's place, if
         it took one, is freed); X-RateLimit-* on every API-key response (RequestMiddleware adds
@@ -671,12 +685,7 @@ class Edge:
         round trip asks whether the key was revoked after the state this process judged it by
         (`revoke_everywhere`): 401 then, as the state will say once it arrives. (v4) The key's own
         api_calls limits (`key_views`) are admitted with the account's, all or none: 0 admitted,
-        1 the account had no room, 1 + i the key's i-th api_calls limit had none. (v4) `ruled`:
-        the call is refused by the key's own rules, which come before the rate limit: it takes a
-        token like any call of the key (so a flood of them is bounded by the key's limit and then
-        answered from the copy, without round trips) and is raised with the limiter's
-        X-RateLimit-*, whatever the limiter says (no Retry-After: waiting would not admit it);
-        a revoked key's 401 still comes first."""
+        1 the account had no room, 1 + i the key's i-th api_calls limit had none."""
         account_id, key_id = principal.account_id, principal.api_key_id
         assert key_id is not None
         limits, subjects = self._limits_of(principal), self._subjects_of(key_id, account_id)
@@ -690,24 +699,32 @@ class Edge:
                 decision = await self.limiter.hit(subjects, limits, time.time())
         except KeyRevoked as revoked:
             self._free_place(context)
-            if revoked.narrowed:  # judged by rules older than the key's: never wider, so not at all
-                raise ApiError(
-                    503,
-                    ErrorCode.SERVICE_UNAVAILABLE,
-                    "The API key's rules changed a moment ago and this server is still reading them; retry shortly.",
-                    headers={"Retry-After": "1"},
-                ) from None
-            if revoked.deleted:
-                raise _unauthorized(ErrorCode.INVALID_API_KEY, "The API key is not valid.") from None
-            raise _unauthorized(ErrorCode.API_KEY_DISABLED, "The API key is disabled.") from None
-        if ruled is not None:
-            context.response_headers = decision.limit_headers()
-            raise ruled
+            raise _revoked_refusal(revoked) from None
         context.response_headers = decision.headers()
         if not decision.allowed:
             self._free_place(context)
             raise _rate_limited(decision)
         return admitted
+
+    async def _refuse_by_rules(self, context: CallContext, principal: Principal, ruled: ApiError) -> NoReturn:
+        """(v4) Raise `ruled`, the 403 of the key's own rules (which come before the rate limit),
+        with the limiter's X-RateLimit-* as they stand (no Retry-After: waiting would not admit it).
+        A peek takes nothing, from the key or its account: a key used outside its rules (a leaked
+        one, from elsewhere) spends no one's rate limit. The shared store's peek still asks whether
+        the key was revoked on another replica (a revoked key's 401 first), and answers from its
+        copy, without a round trip, while the copy refuses the key."""
+        account_id, key_id = principal.account_id, principal.api_key_id
+        assert key_id is not None
+        limits, subjects = self._limits_of(principal), self._subjects_of(key_id, account_id)
+        try:
+            if self.shared is not None:
+                decision = await self.shared.peek(subjects, limits, time.time(), KeyCheck(key_id, principal.key_version))
+            else:
+                decision = await self.limiter.peek(subjects, limits, time.time())
+        except KeyRevoked as revoked:
+            raise _revoked_refusal(revoked) from None
+        context.response_headers = decision.limit_headers()
+        raise ruled
 
     def _free_place(self, context: CallContext) -> None:
         """A call refused after it took its place in the admitted lane gives the place back."""
