@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
+from typing import NoReturn
 from uuid import UUID
 
 from fastapi import Request
@@ -132,6 +133,21 @@ def acting_roles(
     if user_id == account_id and account_roles is not None:
         return frozenset(Role(r) for r in account_roles)
     return frozenset()
+
+
+def _revoked_refusal(revoked: KeyRevoked) -> ApiError:
+    """The answer for a key the shared store says was revoked after the state this process
+    judged it by (`Edge.revoke_everywhere`): what that state will say once it arrives."""
+    if revoked.narrowed:  # judged by rules older than the key's: never wider, so not at all
+        return ApiError(
+            503,
+            ErrorCode.SERVICE_UNAVAILABLE,
+            "The API key's rules changed a moment ago and this server is still reading them; retry shortly.",
+            headers={"Retry-After": "1"},
+        )
+    if revoked.deleted:
+        return _unauthorized(ErrorCode.INVALID_API_KEY, "The API key is not valid.")
+    return _unauthorized(ErrorCode.API_KEY_DISABLED, "The API key is disabled.")
 
 
 def _rate_limited(decision: Decision) -> ApiError:
@@ -358,7 +374,7 @@ class Edge:
                 route = getattr(request.scope.get("route"), "path", None)
                 ruled = self._rules_refusal(request, principal, now)
                 if ruled is not None:
-                    raise ruled
+                    await self._refuse_by_rules(context, principal, ruled)
                 counted = counts_as_api_call(request.method, str(route))
                 await self._admit_key_call(request, context, principal, permission, consumes, counted, console_only, now)
             context.principal = principal
@@ -377,9 +393,11 @@ class Edge:
 
     def screen(self, scope: Scope) -> ApiError | None:
         """The refusal of an API-key call to a guarded route that needs no route to run: its key's
-        401, or a 429 from the rate limiter's copy of a refusal (no I/O). The same checks in the
-        same order as `requires`' dependency, which judges everything else (None) with the
-        principal found here. Paths are screened once a call has reached their route."""
+        401, or while the rate limiter's copy refuses the key (no I/O), its 429 or (v4) the 403 of
+        the key's own rules, which come first. The same checks in the same order as `requires`'
+        dependency, which judges everything else (None) with the principal found here (a call the
+        key's rules refuse gets its headers there from a peek, which takes nothing). Paths are
+        screened once a call has reached their route."""
         route = self._guarded.get((scope["method"], scope["path"]))
         if route is None:
             return None
@@ -393,9 +411,6 @@ class Edge:
             principal = self._authenticate_key(token, now, request)
         except ApiError as unauthorized:
             return unauthorized
-        ruled = self._rules_refusal(request, principal, now)
-        if ruled is not None:
-            return ruled
         limited = self._refused_by_copy(request, principal, now)
         if limited is None:
             context_of(scope).principal = principal
@@ -405,7 +420,8 @@ class Edge:
         self, request: Request, principal: Principal, now: datetime, model: str | None = None, *, judges_model: bool = False
     ) -> ApiError | None:
         """(v4) The 403 of the key's own restrictions (address, route, model: key_rules.py), logged
-        as a refused call, before the rate limit and the quota gate take anything; None: none broken.
+        as a refused call, judged before the rate limit and the quota gate; None: none broken. The
+        caller then raises it with X-RateLimit-* (`_refuse_by_rules`: a peek, which takes nothing).
         The route is the template (Tollgate's routes) or the path the service passed (verify)."""
         gate = principal.gate
         if gate is None:
@@ -421,16 +437,25 @@ class Edge:
         self._record_call(request, principal.account_id, principal.api_key_id, now)
         return ApiError(403, *broken)
 
-    def _refused_by_copy(self, request: Request, principal: Principal, now: datetime) -> ApiError | None:
-        """The 429 of the rate limiter's copy of a refusal for this key's call (no I/O), logged
-        as a refused call; None: the copy would let it through (the limiter itself decides)."""
+    def _refused_by_copy(
+        self, request: Request, principal: Principal, now: datetime, *, rules_judged: bool = False
+    ) -> ApiError | None:
+        """The refusal answered while the rate limiter's copy refuses this key's call (no I/O): the
+        403 of the key's own rules (they come first) or the 429, logged as a refused call; None:
+        the copy would let it through (the limiter itself decides).
+        `rules_judged`: the caller found the key's rules unbroken already."""
         account_id, key_id = principal.account_id, principal.api_key_id
         assert key_id is not None
         decision = self.limiter.refused(self._subjects_of(key_id, account_id), self._limits_of(principal), time.time())
         if decision is None:
             return None
+        context = context_of(request.scope)
+        ruled = None if rules_judged else self._rules_refusal(request, principal, now)
+        if ruled is not None:
+            context.response_headers = decision.limit_headers()
+            return ruled
         self._record_call(request, account_id, key_id, now)
-        context_of(request.scope).response_headers = decision.headers()
+        context.response_headers = decision.headers()
         return _rate_limited(decision)
 
     async def decide(self, call: ServiceCall, request_id: str) -> Verdict:
@@ -450,8 +475,10 @@ class Edge:
             if not call.key.startswith(API_KEY_PREFIX):  # a session or a service token is no customer's key here
                 raise _unauthorized(ErrorCode.INVALID_API_KEY, "The API key is not valid.")
             principal = self._authenticate_key(call.key, now, request)
-            refusal = self._rules_refusal(request, principal, now, call.model, judges_model=True)
-            refusal = refusal or self._refused_by_copy(request, principal, now)
+            ruled = self._rules_refusal(request, principal, now, call.model, judges_model=True)
+            if ruled is not None:
+                await self._refuse_by_rules(context, principal, ruled)
+            refusal = self._refused_by_copy(request, principal, now, rules_judged=True)
             if refusal is None:
                 counted = counts_as_api_call(call.method, call.path, call.service)
                 await self._admit_key_call(
@@ -645,7 +672,11 @@ class Edge:
         return self.quota.admit_call(account_id, now)
 
     async def _rate_limit(
-        self, context: CallContext, principal: Principal, admission: CallsView | None, key_views: list[CallsView]
+        self,
+        context: CallContext,
+        principal: Principal,
+        admission: CallsView | None,
+        key_views: list[CallsView],
     ) -> int | None:
         """429 when the account's or the key's bucket or window is exhausted (the call's place, if
         it took one, is freed); X-RateLimit-* on every API-key response (RequestMiddleware adds
@@ -668,21 +699,32 @@ class Edge:
                 decision = await self.limiter.hit(subjects, limits, time.time())
         except KeyRevoked as revoked:
             self._free_place(context)
-            if revoked.narrowed:  # judged by rules older than the key's: never wider, so not at all
-                raise ApiError(
-                    503,
-                    ErrorCode.SERVICE_UNAVAILABLE,
-                    "The API key's rules changed a moment ago and this server is still reading them; retry shortly.",
-                    headers={"Retry-After": "1"},
-                ) from None
-            if revoked.deleted:
-                raise _unauthorized(ErrorCode.INVALID_API_KEY, "The API key is not valid.") from None
-            raise _unauthorized(ErrorCode.API_KEY_DISABLED, "The API key is disabled.") from None
+            raise _revoked_refusal(revoked) from None
         context.response_headers = decision.headers()
         if not decision.allowed:
             self._free_place(context)
             raise _rate_limited(decision)
         return admitted
+
+    async def _refuse_by_rules(self, context: CallContext, principal: Principal, ruled: ApiError) -> NoReturn:
+        """(v4) Raise `ruled`, the 403 of the key's own rules (which come before the rate limit),
+        with the limiter's X-RateLimit-* as they stand (no Retry-After: waiting would not admit it).
+        A peek takes nothing, from the key or its account: a key used outside its rules (a leaked
+        one, from elsewhere) spends no one's rate limit. The shared store's peek still asks whether
+        the key was revoked on another replica (a revoked key's 401 first), and answers from its
+        copy, without a round trip, while the copy refuses the key."""
+        account_id, key_id = principal.account_id, principal.api_key_id
+        assert key_id is not None
+        limits, subjects = self._limits_of(principal), self._subjects_of(key_id, account_id)
+        try:
+            if self.shared is not None:
+                decision = await self.shared.peek(subjects, limits, time.time(), KeyCheck(key_id, principal.key_version))
+            else:
+                decision = await self.limiter.peek(subjects, limits, time.time())
+        except KeyRevoked as revoked:
+            raise _revoked_refusal(revoked) from None
+        context.response_headers = decision.limit_headers()
+        raise ruled
 
     def _free_place(self, context: CallContext) -> None:
         """A call refused after it took its place in the admitted lane gives the place back."""

@@ -73,14 +73,20 @@ class Decision:
     retry_after_s: int  # Retry-After when not allowed (>= 1), else 0
 
     def headers(self) -> dict[str, str]:
-        headers = {
+        """The answer's headers: `limit_headers`, and Retry-After on a refusal (a 429)."""
+        headers = self.limit_headers()
+        if not self.allowed:
+            headers["Retry-After"] = str(self.retry_after_s)
+        return headers
+
+    def limit_headers(self) -> dict[str, str]:
+        """X-RateLimit-* alone: what a refusal other than the limiter's own (v4: a 403 of the key's
+        rules) carries; no Retry-After, since waiting would not change that answer."""
+        return {
             "X-RateLimit-Limit": str(self.limit),
             "X-RateLimit-Remaining": str(self.remaining),
             "X-RateLimit-Reset": str(self.reset_s),
         }
-        if not self.allowed:
-            headers["Retry-After"] = str(self.retry_after_s)
-        return headers
 
 
 def window_start(now: float) -> float:
@@ -143,10 +149,14 @@ def window_reset(slot: Slot, now: float) -> float:
     return 0.0
 
 
-def evaluate(slots: Sequence[Slot | None], limits: PerSubject, now: float) -> tuple[Decision, list[Slot] | None]:
+def evaluate(
+    slots: Sequence[Slot | None], limits: PerSubject, now: float, *, take: bool = True
+) -> tuple[Decision, list[Slot] | None]:
     """Judge one request against every subject; the new slots only if it is allowed (a rejected
     request consumes nothing, from no subject and no limit). The headers describe the limit that
-    binds (the module's docstring), whichever subject's it is."""
+    binds (the module's docstring), whichever subject's it is. `take=False` is a peek (v4: the
+    headers of a call refused by its key's own rules, which must take nothing): the same judgment,
+    no slots, and on an allowed answer the room left now, this call not counted."""
     per = each(limits, len(slots))
     current = [advance(s, lim, now) for s, lim in zip(slots, per, strict=True)]
     refusing = _refusing(current, per, now)
@@ -154,7 +164,7 @@ def evaluate(slots: Sequence[Slot | None], limits: PerSubject, now: float) -> tu
         # The limit that refused: the one whose wait is Retry-After (then the longest Reset).
         retry, reset, limit = max((_retry(wait), math.ceil(reset), size) for wait, reset, size in refusing)
         return Decision(False, limit, 0, max(reset, retry), retry), None
-    after = [Slot(s.tokens - 1.0, s.updated, s.wstart, s.cur + 1.0, s.prev) for s in current]
+    after = [Slot(s.tokens - 1.0, s.updated, s.wstart, s.cur + 1.0, s.prev) for s in current] if take else current
     # The tightest limit: the least room left (then the longest until it is whole again).
     remaining, reset, limit = min(
         min(
@@ -163,7 +173,7 @@ def evaluate(slots: Sequence[Slot | None], limits: PerSubject, now: float) -> tu
         )
         for s, lim in zip(after, per, strict=True)
     )
-    return Decision(True, limit, max(0, remaining), -reset, 0), after
+    return Decision(True, limit, max(0, remaining), -reset, 0), after if take else None
 
 
 # Float rounding may move a boundary the arithmetic below predicts by a few ulps: stop short of it.

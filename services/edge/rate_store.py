@@ -6,7 +6,9 @@ store is one Lua script, so replicas share the limits exactly; the same script a
 against the shared api_calls count (admissions.py), so an API-key call costs one round trip.
 Redis keeps the doubles as `%.17g` strings, which round-trip exactly, so both stores give the
 same decisions. A subject over its limit is refused from the Redis store's copy of its slots
-until that copy would let a request through: a flood of 429s costs no round trips.
+until that copy would let a request through: a flood of 429s costs no round trips. (v4) `peek`
+is the same judgment taking nothing (the headers of a call its key's own rules refuse): the
+script run read-only, or the copy's refusal without a round trip.
 """
 
 import asyncio
@@ -60,6 +62,12 @@ class KeyRevoked(Exception):
 class RateLimitStore(Protocol):
     async def hit(self, subjects: Sequence[str], limits: PerSubject, now: float) -> Decision: ...
 
+    async def peek(self, subjects: Sequence[str], limits: PerSubject, now: float) -> Decision:
+        """What `hit` would answer now, taking nothing (rate_limit.evaluate's take=False): Remaining
+        is the room left now, this call not counted. (v4) The headers of a call refused by its
+        key's own rules, which must leave every limit as it was."""
+        ...
+
     def refused(self, subjects: Sequence[str], limits: PerSubject, now: float) -> Decision | None:
         """The refusal `hit` would answer without a round trip, or None (then `hit` judges); changes
         nothing. The edge's screen asks it before routing (screen.py)."""
@@ -86,6 +94,9 @@ class MemoryStore:
                 self._slots[subject] = slot
         return decision
 
+    async def peek(self, subjects: Sequence[str], limits: PerSubject, now: float) -> Decision:
+        return evaluate([self._slots.get(s) for s in subjects], limits, now, take=False)[0]
+
     def refused(self, subjects: Sequence[str], limits: PerSubject, now: float) -> Decision | None:
         decision, _ = evaluate([self._slots.get(s) for s in subjects], limits, now)
         return None if decision.allowed else decision
@@ -104,11 +115,12 @@ class MemoryStore:
 
 
 # The same arithmetic as rate_limit.py, statement for statement (keep them in step).
-# rate_limit(keys, now, limits, ttl) -> allowed; the headers' limit, remaining, reset and retry (the
-# binding limit's, as rate_limit.evaluate); the slots as stored after the call (HMGET-like rows);
-# whether a request at the same time would be refused. limits[i] = {rate, burst, limit} of keys[i].
+# rate_limit(keys, now, limits, ttl, take) -> allowed; the headers' limit, remaining, reset and retry
+# (the binding limit's, as rate_limit.evaluate); the slots as stored after the call (HMGET-like
+# rows); whether a request at the same time would be refused. limits[i] = {rate, burst, limit} of
+# keys[i]. `take` false is a peek (evaluate's take=False): nothing written, the room left now.
 RATE_LIMIT_FN = """
-local function rate_limit(keys, now, limits, ttl)
+local function rate_limit(keys, now, limits, ttl, take)
   local W = 60.0
   local wnow = math.floor(now / W) * W
   local slots = {}
@@ -183,13 +195,15 @@ local function rate_limit(keys, now, limits, ttl)
     end
     for i, s in ipairs(slots) do
       local rate, burst, limit = limits[i][1], limits[i][2], limits[i][3]
-      s.tokens = s.tokens - 1.0
-      s.cur = s.cur + 1.0
-      stored[i] = {string.format('%.17g', s.tokens), string.format('%.17g', s.updated),
-        string.format('%.17g', s.wstart), string.format('%.17g', s.cur), string.format('%.17g', s.prev)}
-      redis.call('HSET', keys[i], 'tokens', stored[i][1], 'updated', stored[i][2], 'wstart', stored[i][3],
-        'cur', stored[i][4], 'prev', stored[i][5])
-      redis.call('EXPIRE', keys[i], ttl)
+      if take then
+        s.tokens = s.tokens - 1.0
+        s.cur = s.cur + 1.0
+        stored[i] = {string.format('%.17g', s.tokens), string.format('%.17g', s.updated),
+          string.format('%.17g', s.wstart), string.format('%.17g', s.cur), string.format('%.17g', s.prev)}
+        redis.call('HSET', keys[i], 'tokens', stored[i][1], 'updated', stored[i][2], 'wstart', stored[i][3],
+          'cur', stored[i][4], 'prev', stored[i][5])
+        redis.call('EXPIRE', keys[i], ttl)
+      end
       room(math.floor(s.tokens), math.ceil(math.max(0.0, (burst - s.tokens) / rate)), burst)
       room(math.floor(limit - estimate(s)), math.ceil(window_reset(s)), limit)
     end
@@ -205,8 +219,9 @@ end
 """
 # KEYS: the rate limit's subjects, then (when ARGV[4] >= 0) the key's revocation entry, then the
 # ARGV[3] admissions' hashes. ARGV[1..2]: now, ttl; ARGV[4]: the version of the key's state the
-# caller judged it by (-1: no check); ARGV[5]: n, the number of subjects, then each subject's rate,
-# burst, limit (3n values); then 6 per admission (admissions.admission_args). Returns
+# caller judged it by (-1: no check); ARGV[5]: n, the number of subjects; ARGV[6]: 1 to take, 0 for
+# a peek (v4: writes nothing, and asks no admission); then each subject's rate, burst, limit (3n
+# values); then 6 per admission (admissions.admission_args). Returns
 # {-1, 'deleted' | 'disabled' | 'narrowed'} when the key was revoked (v4: or given new rules) at a
 # later version (nothing is taken), else {allowed, limit, remaining, reset, retry (the headers'),
 # admitted (0: every admission taken; i: the i-th had no room, none taken; -1 not judged), and
@@ -218,9 +233,10 @@ SCRIPT = (
 local wants = tonumber(ARGV[3])
 local known = tonumber(ARGV[4])
 local n = tonumber(ARGV[5])
+local take = ARGV[6] == '1'
 local limits = {}
 for i = 1, n do
-  limits[i] = {tonumber(ARGV[3 + 3 * i]), tonumber(ARGV[4 + 3 * i]), tonumber(ARGV[5 + 3 * i])}
+  limits[i] = {tonumber(ARGV[4 + 3 * i]), tonumber(ARGV[5 + 3 * i]), tonumber(ARGV[6 + 3 * i])}
 end
 local last = #KEYS - wants
 local before_admissions = last
@@ -237,13 +253,13 @@ end
 local subjects = {}
 for i = 1, last do subjects[i] = KEYS[i] end
 local allowed, size, remaining, reset, retry, stored, next_refused = rate_limit(
-  subjects, tonumber(ARGV[1]), limits, tonumber(ARGV[2]))
+  subjects, tonumber(ARGV[1]), limits, tonumber(ARGV[2]), take)
 local admitted = -1
-if allowed and wants > 0 then
+if allowed and take and wants > 0 then
   admitted = 0
   local counts = {}
   for i = 1, wants do
-    local count, fits = room(KEYS[before_admissions + i], ARGV, 6 + 3 * n + (i - 1) * 6)
+    local count, fits = room(KEYS[before_admissions + i], ARGV, 7 + 3 * n + (i - 1) * 6)
     counts[i] = count
     if not fits and admitted == 0 then admitted = i end
   end
@@ -253,7 +269,7 @@ if allowed and wants > 0 then
 end
 local result = {allowed and 1 or 0, size, remaining, reset, retry, admitted}
 if next_refused then
-  -- the slots as stored after this call (a refusal writes nothing), for the caller's copy
+  -- the slots as stored after this call (a refusal or a peek writes nothing), for the caller's copy
   for i, h in ipairs(stored) do
     for f = 1, 5 do result[#result + 1] = h[1] and h[f] or '' end
   end
@@ -351,6 +367,17 @@ class RedisStore:
                 del self._judging[subjects]
                 judged.set_result(None)
 
+    async def peek(self, subjects: Sequence[str], limits: PerSubject, now: float, known: KeyCheck | None = None) -> Decision:
+        """What `hit` would answer now, taking nothing: the copy's refusal while it refuses (no
+        round trip, as a flood of 429s), else one read-only run of the script, which asks the
+        revocation check as `hit_and_admit_all` does (raises KeyRevoked) and keeps a refusal's
+        slots in the copy."""
+        subjects = tuple(subjects)
+        refusal = self.refused(subjects, limits, now)
+        if refusal is not None:
+            return refusal
+        return (await self._judge(subjects, limits, now, None, known, take=False))[0]
+
     async def _judge(
         self,
         subjects: tuple[str, ...],
@@ -358,13 +385,15 @@ class RedisStore:
         now: float,
         admission: tuple[CallsView, ...] | None,
         known: KeyCheck | None,
+        *,
+        take: bool = True,
     ) -> tuple[Decision, int | None]:
         # Idle slots expire once a full bucket and an empty window would be the same thing.
         per = each(limits, len(subjects))
         ttl = int(2 * WINDOW_S + max(math.ceil(lim.burst / lim.per_second) for lim in per))
         keys = [self._prefix + s for s in subjects]
         args: list[str | int] = [repr(now), ttl, 0 if admission is None else len(admission)]
-        args += [-1 if known is None else known.version, len(per)]
+        args += [-1 if known is None else known.version, len(per), 1 if take else 0]
         for lim in per:
             args += [repr(lim.per_second), lim.burst, lim.per_minute]
         if known is not None:

@@ -17,8 +17,8 @@ from contracts.events import CallEvent, PlanChanged
 from contracts.plans import catalogue
 from contracts.rate_limit import RateLimit
 from contracts.topics import BILLING, CALLS
-from services.edge.rate_limit import Limits
-from services.edge.rate_store import MemoryStore, RedisStore
+from services.edge.rate_limit import Decision, Limits
+from services.edge.rate_store import KeyCheck, KeyRevoked, MemoryStore, RedisStore
 from tests.integration.test_keys_api import bearer, code, new_key, signup
 from tests.support.apps import running_app
 
@@ -35,9 +35,13 @@ async def test_redis_store_decides_exactly_like_the_in_process_store(redis_url):
             now += rng.choice([0.0, 0.0, 0.01, 0.13, 0.4, 2.5, 31.0])
             subjects = ("acct", rng.choice(["k1", "k2", "k3"]))
             peek = memory.refused(subjects, limits, now)  # the screen's question: takes nothing
+            # (v4) a key-rule refusal's headers: the same read on both stores, taking nothing
+            peeked = await memory.peek(subjects, limits, now)
+            assert peeked == await shared.peek(subjects, limits, now)
             decision = await memory.hit(subjects, limits, now)
             assert decision == await shared.hit(subjects, limits, now)
             assert peek == (None if decision.allowed else decision)
+            assert peeked.allowed == decision.allowed
     finally:
         await shared.close()
 
@@ -82,6 +86,39 @@ async def test_redis_store_refuses_a_flood_from_its_copy_and_asks_redis_again_in
     finally:
         await store.close()
         await other_replica.close()
+
+
+async def test_redis_store_peeks_without_writing_from_its_copy_or_in_one_round_trip(redis_url):
+    """(v4) The headers of a call its key's own rules refuse: `peek` writes nothing in Redis, asks
+    the revocation check as a call does, and answers from the copy while the copy refuses."""
+    prefix = f"t{uuid.uuid4().hex[:8]}:"
+    store, redis = RedisStore(redis_url, prefix=prefix, revoked_prefix=f"{prefix}revoked:"), Redis.from_url(redis_url)
+    round_trips = 0
+    script = store._script
+
+    async def counted(**kwargs):  # type: ignore[no-untyped-def]
+        nonlocal round_trips
+        round_trips += 1
+        return await script(**kwargs)
+
+    store._script = counted  # type: ignore[assignment]
+    limits = Limits(per_second=1.0, burst=2, per_minute=100)
+    subjects, now, known = ("acct", "key"), 1_800_000_000.0, KeyCheck(uuid.uuid4(), 1)
+    try:
+        peeked = [await store.peek(subjects, limits, now, known) for _ in range(5)]
+        assert peeked == [Decision(True, 2, 2, 0, 0)] * 5 and round_trips == 5  # the whole burst: nothing taken
+        assert await redis.exists(prefix + "acct", prefix + "key") == 0
+        assert [(await store.hit(subjects, limits, now)).allowed for _ in range(2)] == [True, True]
+        refusal = store.refused(subjects, limits, now + 0.5)
+        assert refusal is not None and round_trips == 7
+        assert await store.peek(subjects, limits, now + 0.5, known) == refusal and round_trips == 7  # from the copy
+        await store.revoke(KeyCheck(known.key_id, 2), how="disabled")  # another replica's toggle
+        with pytest.raises(KeyRevoked):
+            await store.peek(subjects, limits, now + 1.0, known)  # the copy lets one through: Redis is asked
+        assert round_trips == 8
+    finally:
+        await store.close()
+        await redis.aclose()
 
 
 async def publish_plan(settings, account_id: uuid.UUID, rate: RateLimit) -> None:

@@ -17,7 +17,7 @@ from contracts.rate_limit import RateLimit
 from services.edge.edge import Edge
 from services.edge.key_rules import KeyGate, narrower
 from services.edge.rate_limit import Limits, evaluate
-from services.edge.verdict import ServiceCall
+from services.edge.verdict import ServiceCall, Verdict
 from services.runtime.host.app import create_app
 from services.runtime.platform.settings import Settings
 from tests.unit.test_edge_screen import ROUTE, call, logged_calls
@@ -152,35 +152,50 @@ def test_each_subject_is_judged_by_its_own_limits_and_the_headers_name_the_bindi
     assert slots[0].tokens == 18.0
 
 
-def narrow_key(edge: Edge, **rules: Any) -> uuid.UUID:
+def narrow_key(edge: Edge, secret: str = NARROW, account_id: uuid.UUID | None = None, **rules: Any) -> uuid.UUID:
     key_id = uuid.uuid4()
     edge.keys.apply(
         KeyState(
-            time=datetime.now(UTC), account_id=uuid.uuid4(), key_id=key_id, hash=hash_secret(NARROW),
+            time=datetime.now(UTC), account_id=account_id or uuid.uuid4(), key_id=key_id, hash=hash_secret(secret),
             status="enabled", roles=[Role.OWNER], **rules,
         )
     )  # fmt: skip
     return key_id
 
 
+def rate_limited(verdict: Verdict) -> tuple[int, str | None, str | None]:
+    """A verdict's status, refusal code and X-RateLimit-Remaining."""
+    return verdict.status, verdict.refusal.code.value if verdict.refusal else None, verdict.headers.get("X-RateLimit-Remaining")
+
+
 @pytest.mark.parametrize(
-    ("rules", "code_"),
+    ("rules", "inside", "code_"),
     [
-        ({"allowed_ips": ["198.51.100.0/24"]}, "ip_not_allowed"),  # the test client is 127.0.0.1
-        ({"allowed_routes": ["GET /api/other/*"]}, "route_not_allowed"),
+        # the test client is 127.0.0.1; `inside`: a call of the key within its rules (verify's)
+        ({"allowed_ips": ["198.51.100.0/24"]}, ("GET", ROUTE, "198.51.100.7"), "ip_not_allowed"),
+        ({"allowed_routes": ["GET /api/other/*"]}, ("GET", "/api/other/x", "127.0.0.1"), "route_not_allowed"),
     ],
 )
 async def test_a_protected_route_refuses_a_call_outside_the_keys_rules_logged_and_never_counted(
-    app: Any, rules: dict[str, Any], code_: str
+    app: Any, rules: dict[str, Any], inside: tuple[str, str, str], code_: str
 ) -> None:
     edge: Edge = app.state.runtime.edge
-    narrow_key(edge, **rules)
-    routed, screened = await call(app, NARROW), await call(app, NARROW)  # the dependency, then the screen
-    for answer in (routed, screened):
+    key_id = narrow_key(edge, rate_limit={"per_second": 0.001, "burst": 2, "per_minute": 100}, **rules)
+    # the dependency's: its headers from a peek, which takes nothing (the key's burst of 2 stays whole)
+    answers = [await call(app, NARROW) for _ in range(3)]
+    for answer in answers:
         assert (answer.status, answer.body["error"]["code"]) == (403, code_)
-    assert not screened.routed
-    assert logged_calls(app) == [("GET", ROUTE, 403, code_, "test/1")] * 2
-    # never counted: tests/integration/test_key_ips_behind_proxies.py and test_edge_verify.py count api_calls
+    assert [(a.routed, a.headers["x-ratelimit-remaining"]) for a in answers] == [(True, "2")] * 3
+    # the key's calls within its rules spend its limit; then, while the limiter's copy refuses the
+    # key, the screen's answer: the 403 still (the key's rules come first), before routing
+    within = ServiceCall(NARROW, *inside, "t", "gw")
+    assert [rate_limited(await edge.decide(within, "r")) for _ in range(2)] == [(200, None, "1"), (200, None, "0")]
+    screened = await call(app, NARROW)
+    assert (screened.routed, screened.status, screened.body["error"]["code"]) == (False, 403, code_)
+    assert screened.headers["x-ratelimit-remaining"] == "0" and "retry-after" not in screened.headers
+    assert [c for c in logged_calls(app) if c[2] == 403] == [("GET", ROUTE, 403, code_, "test/1")] * 4
+    assert edge.quota.pending_calls(edge.keys.by_id(key_id).account_id) == 2  # type: ignore[union-attr]  # the 200s only
+    # counted by quota: tests/integration/test_key_ips_behind_proxies.py and test_edge_verify.py count api_calls
 
 
 async def test_a_route_inside_the_keys_rules_goes_on_and_its_model_is_not_judged(app: Any) -> None:
@@ -238,12 +253,70 @@ async def test_a_rotated_key_is_judged_where_its_lineage_stands(app: Any) -> Non
     assert [(u.used, u.remaining) for u in usage] == [(2, 0)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="API.md: every API-key response carries X-RateLimit-*; a refusal by the key's own rules (ip, route) "
-    "comes before the limiter is asked and answers without them (the limiter has no read that takes nothing)",
-)
 async def test_a_refusal_by_the_keys_rules_still_carries_the_rate_limit_headers(app: Any) -> None:
+    """API.md: every API-key response carries X-RateLimit-*, a 403 of the key's own rules too
+    (judged before the limiter, which is then peeked at for them: the call takes nothing)."""
     narrow_key(app.state.runtime.edge, allowed_ips=["198.51.100.0/24"])  # the test client is 127.0.0.1
     answer = await call(app, NARROW)
     assert answer.status == 403 and {"x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"} <= set(answer.headers)
+    # the plan's (free: burst 20), whole: this call took no token; no Retry-After: waiting would not admit it
+    limits = (answer.headers["x-ratelimit-limit"], answer.headers["x-ratelimit-remaining"], answer.headers["x-ratelimit-reset"])
+    assert limits == ("20", "20", "0")
+    assert "retry-after" not in answer.headers
+
+
+@pytest.mark.parametrize(
+    ("rules", "where", "code_"),
+    [
+        ({"allowed_ips": ["198.51.100.0/24"]}, {}, "ip_not_allowed"),
+        ({"allowed_routes": ["GET /v1/models"]}, {}, "route_not_allowed"),
+        ({"allowed_models": ["openai/gpt-4o-mini"]}, {"model": "openai/gpt-4o"}, "model_not_allowed"),
+        ({"allowed_models": ["openai/gpt-4o-mini"]}, {}, "model_not_allowed"),  # none named: fail closed
+    ],
+)
+async def test_verify_answers_a_refusal_by_the_keys_rules_with_the_limiters_headers_and_admits_nothing(
+    app: Any, rules: dict[str, Any], where: dict[str, Any], code_: str
+) -> None:
+    """verify's and authorize's decision (`Edge.decide`, their routes' and their fast path's): the
+    key's 403 comes before the rate limit, even for a key the limiter refuses (API.md, "Per-key
+    limits and restrictions": address, route, then the rate limits), and carries X-RateLimit-*
+    (verify's `rate_limit`) but no Retry-After; no refusal takes a token or an api_call."""
+    edge: Edge = app.state.runtime.edge
+    key_id = narrow_key(edge, rate_limit={"per_second": 0.001, "burst": 2, "per_minute": 100}, **rules)
+    refused = ServiceCall(NARROW, "POST", "/v1/chat", "192.0.2.1", "t", "gw", **where)
+    verdicts = [await edge.decide(refused, "r") for _ in range(3)]
+    assert [rate_limited(v) for v in verdicts] == [(403, code_, "2")] * 3  # the key's burst of 2, whole
+    assert all(v.headers["X-RateLimit-Limit"] == "2" and "Retry-After" not in v.headers for v in verdicts)
+    assert edge.quota.pending_calls(edge.keys.by_id(key_id).account_id) == 0  # type: ignore[union-attr]
+    # nothing was taken: the calls within the rules have the whole burst; then over it, still the 403
+    allowed = ServiceCall(NARROW, "GET", "/v1/models", "198.51.100.7", "t", "gw", model="openai/gpt-4o-mini")
+    assert [rate_limited(await edge.decide(allowed, "r")) for _ in range(3)] == [
+        (200, None, "1"),
+        (200, None, "0"),
+        (429, "rate_limited", "0"),
+    ]
+    assert rate_limited(await edge.decide(refused, "r")) == (403, code_, "0")
+
+
+async def test_a_flood_of_calls_outside_a_keys_rules_leaves_every_rate_limit_as_it_was(app: Any) -> None:
+    """A key used outside its rules (a leaked key, from elsewhere) is inert there: its refusals,
+    however many (past the key's burst and the account's), take nothing from the key's limits or
+    from its account's, so the account's other keys and the key's own callers are not 429ed."""
+    edge: Edge = app.state.runtime.edge
+    account_id, other = uuid.uuid4(), "sk-" + "o" * 43
+    narrow_key(
+        edge,
+        account_id=account_id,
+        allowed_ips=["198.51.100.0/24"],
+        rate_limit={"per_second": 0.01, "burst": 5, "per_minute": 100},
+    )
+    narrow_key(edge, other, account_id=account_id)  # no rules: the plan's (free: burst 20)
+    outside = ServiceCall(NARROW, "POST", "/v1/chat", "192.0.2.1", "t", "gw")
+    verdicts, routed = [await edge.decide(outside, "r") for _ in range(15)], [await call(app, NARROW) for _ in range(15)]
+    assert {rate_limited(v) for v in verdicts} == {(403, "ip_not_allowed", "5")}  # the key's burst of 5, whole
+    assert {(a.status, a.headers["x-ratelimit-remaining"]) for a in routed} == {(403, "5")}
+    assert edge.quota.pending_calls(account_id) == 0
+    # the account's whole burst for its other key, then the key's whole burst from its office
+    assert rate_limited(await edge.decide(ServiceCall(other, "GET", "/v1/x", "192.0.2.1", "t", "gw"), "r")) == (200, None, "19")
+    inside = await edge.decide(ServiceCall(NARROW, "POST", "/v1/chat", "198.51.100.7", "t", "gw"), "r")
+    assert rate_limited(inside) == (200, None, "4") and inside.headers["X-RateLimit-Limit"] == "5"

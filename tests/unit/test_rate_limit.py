@@ -118,6 +118,34 @@ def test_retry_after_is_honest(times, limits):
         assert retry.allowed, (decision, slot)
 
 
+@settings(max_examples=150, deadline=None)
+@given(times=times, limits=limit_sets)
+def test_a_peek_takes_nothing_and_counts_no_call_in_its_remaining(times, limits):
+    """(v4) A peek (the headers of a call its key's own rules refuse) is the judgment a call
+    would get, taking nothing: the same refusal, or the room left now, this call not counted
+    (one more than the call would leave), and the store as it was."""
+    store, subjects = MemoryStore(), ("acct", "key")
+    for i, t in enumerate(times):
+        now = T0 + t
+        before = dict(store._slots)
+        peeked = asyncio.run(store.peek(subjects, limits, now))
+        assert store._slots == before and evaluate([before.get(s) for s in subjects], limits, now, take=False)[1] is None
+        if i % 2:  # every other moment, only peeks: the next call's judgment is unchanged
+            continue
+        decision = run(store, subjects, limits, now)
+        assert peeked.allowed == decision.allowed
+        if decision.allowed:
+            assert peeked.remaining == decision.remaining + 1
+        else:
+            assert peeked == decision
+
+
+def test_a_peek_of_untouched_subjects_answers_their_whole_limits():
+    limits = Limits(per_second=5, burst=20, per_minute=120)
+    peeked = asyncio.run(MemoryStore().peek(("acct", "key"), limits, T0))
+    assert (peeked.allowed, peeked.limit, peeked.remaining, peeked.reset_s, peeked.retry_after_s) == (True, 20, 20, 0, 0)
+
+
 def test_a_refusal_lasts_until_its_headers_or_its_answer_would_change():
     store, limits = MemoryStore(), Limits(per_second=1, burst=1, per_minute=1000)
     assert run(store, ("k",), limits, T0 + 10.0).allowed  # the only token
