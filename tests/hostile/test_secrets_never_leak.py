@@ -67,7 +67,14 @@ def _exercise(base: str, admin_token: str) -> tuple[list[str], list[str]]:
         made = http.post("/api/admin/service-tokens", json={"name": "gateway", "scopes": ["usage:write"]}, headers=admin)
         service = made.json()["token"]
         now = datetime.now(UTC).isoformat()
-        usage = {"time": now, "account_id": str(uuid.uuid4()), "resource": "api_calls", "quantity": 1, "source": "x"}
+        usage = {
+            "id": str(uuid.uuid4()),
+            "time": now,
+            "account_id": str(uuid.uuid4()),
+            "resource": "api_calls",
+            "quantity": 1,
+            "source": "x",
+        }
         assert http.post("/api/usage/events", json={"events": [usage]}, headers=_bearer(service)).status_code == 202
         assert http.get("/api/geo/projects", headers=_bearer(service)).status_code == 403
         st_miss = service[:-1] + ("A" if service[-1] != "A" else "B")
