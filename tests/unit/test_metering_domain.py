@@ -201,3 +201,25 @@ def test_the_item_builder_sums_each_provider_model_and_key_across_days():
         (("p", "m", key), 2, "1.500000"),
         (("p", "m", domain.NO_KEY), 1, "0.000010"),
     ]
+
+
+@pytest.mark.parametrize("zone", ["Asia/Kolkata", "America/St_Johns", "Asia/Kathmandu", "Europe/Berlin"])
+def test_a_zone_with_a_non_whole_hour_offset_keeps_its_day_whole_and_compares_with_the_day_before(zone):
+    """A day's first rollup hour starts before its local midnight (23:30 in Kolkata): it is that
+    day's, not an extra bucket of the day before; `previous` is yesterday, not the day before it;
+    and today is one day of the daily average."""
+    tz = ZoneInfo(zone)
+    now = datetime(2026, 11, 26, 12, tzinfo=UTC)  # a Thursday in each zone
+    today = ranges.resolve_range("today", tz, now)
+    assert ranges.buckets(today, "day") == [today.start]
+    assert ranges.bucket_of(today.start, "day", tz) == today.start  # its first hour is in its one bucket
+    assert ranges.bucket_of(today.end - timedelta(hours=1), "day", tz) == today.start
+    assert ranges.elapsed_days(today, now) == 1
+    prev = ranges.previous_range(today)
+    assert (prev.start, prev.end) == (today.start - timedelta(days=1), today.start)
+    week = ranges.resolve_range("week", tz, now)
+    assert ranges.buckets(week, "week") == [week.start] and len(ranges.buckets(week, "day")) == 7
+    assert ranges.previous_range(week).start == week.start - timedelta(days=7)
+    month = ranges.resolve_range("month", tz, now)
+    assert len(ranges.buckets(month, "day")) == 30  # November
+    assert ranges.buckets(month, "day")[0] == month.start
