@@ -6,6 +6,8 @@ from decimal import Decimal
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from services.metering import domain, prices, ranges, rollups
 from services.metering.domain import InvalidQuery
@@ -223,3 +225,24 @@ def test_a_zone_with_a_non_whole_hour_offset_keeps_its_day_whole_and_compares_wi
     month = ranges.resolve_range("month", tz, now)
     assert len(ranges.buckets(month, "day")) == 30  # November
     assert ranges.buckets(month, "day")[0] == month.start
+
+
+@given(
+    st.sampled_from(["UTC", "Europe/Berlin", "America/New_York", "Asia/Kolkata", "America/St_Johns", "Asia/Kathmandu",
+                     "Australia/Lord_Howe", "Pacific/Chatham", "America/Havana"]),
+    st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2040, 1, 1), timezones=st.just(UTC)),
+    st.sampled_from(["today", "week", "month"]),
+    st.sampled_from(["day", "week"]),
+)  # fmt: skip
+def test_every_hour_of_a_range_falls_in_one_of_its_buckets_and_the_first_holds_its_start(zone, now, name, granularity):
+    tz = ZoneInfo(zone)
+    r = ranges.resolve_range(name, tz, now)
+    starts = ranges.buckets(r, granularity)
+    assert starts == sorted(set(starts)) and starts[0] <= r.start
+    hour = r.start
+    while hour < r.end:
+        assert ranges.bucket_of(hour, granularity, tz) in starts
+        hour += timedelta(hours=1)
+    if granularity == "day" or name == "week":  # a day's or a month's week may start before it
+        assert starts[0] == r.start
+    assert ranges.previous_range(r).end == r.start
