@@ -29,8 +29,11 @@ class DeliveryStatus(StrEnum):
     FAILED = "failed"
 
 
-# A pragmatic address check (no DNS, no dependency): one @, no spaces, a dot in the domain.
-EMAIL_PATTERN = r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$"
+# A pragmatic address check (no DNS, no dependency): one @, no spaces, a dot in the domain, and
+# none of the characters a header reads as address syntax (`,` `;` `:` `<` `>` `(` `)` `[` `]`
+# `"` `\`): `root,ops@example.com` in a To header is two recipients, `root` delivered locally.
+_ATOM = r'[^@\s,;:<>()\[\]"\\]'
+EMAIL_PATTERN = rf"^{_ATOM}{{1,64}}@{_ATOM}+\.{_ATOM}+$"
 # E.164: a plus, a country code that does not start with 0, at most 15 digits in all.
 PHONE_PATTERN = r"^\+[1-9]\d{6,14}$"
 

@@ -85,6 +85,8 @@ class EmailChannel:
         try:
             await aiosmtplib.send(
                 self.compose(delivery, message),
+                # the envelope is the stored address, never what the To header parses into
+                recipients=[domain.address_of(delivery.recipient)],
                 hostname=s.smtp_host,
                 port=s.smtp_port,
                 username=s.smtp_username,

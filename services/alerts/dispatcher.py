@@ -3,8 +3,10 @@
 A sender keeps the delivery's row locked (SELECT ... FOR UPDATE SKIP LOCKED) for the whole send,
 in an open transaction. Another process or the sweeper skips a locked row, so one message goes
 out per delivery; a sender that dies (even by SIGKILL) loses its connection and Postgres frees
-the row at once, so the sweeper of any live process resumes it. A delivery whose attempts are
-exhausted is marked failed (visible in the rule listing) and is never sent again.
+the row at once, so the sweeper of any live process resumes it. A round of attempts that all fail
+for a passing reason leaves the delivery pending until the next round is due (an outage of the
+SMTP server or SMS gateway loses no alert); one that fails permanently, or still fails when the
+window is over, is marked failed (visible in the rule listing) and is never sent again.
 
 Webhooks (v2), and the Slack and Teams posts (v4) that are webhooks with another body, retry for
 hours, too long to hold a lock: each call makes one attempt, and a failed one leaves the delivery
@@ -171,8 +173,11 @@ class Dispatcher:
                 if pending.channel in URL_CHANNELS and self._webhooks is not None:
                     status, error, due = await self._attempt_webhook(conn, pending, self._webhooks)
                 else:
-                    status, attempts, error = await self._send(conn, pending)
-                    await store.finish_delivery(conn, delivery_id, status, attempts, error)
+                    status, attempts, error, due = await self._send(conn, pending)
+                    if due is not None:
+                        await store.postpone_delivery(conn, delivery_id, error or "", due, attempts)
+                    else:
+                        await store.finish_delivery(conn, delivery_id, status, attempts, error)
             if due is not None:
                 self._wake_at(delivery_id, due)
             if status is not DeliveryStatus.PENDING:
@@ -240,10 +245,16 @@ class Dispatcher:
         ok_body = chat.SLACK_OK_BODY if pending.channel is Channel.SLACK else None
         return webhook.WebhookRequest(url, None, pending.id, number, chat_body, https_only=True, ok_body=ok_body)
 
-    async def _send(self, conn: store.Conn, pending: store.PendingDelivery) -> tuple[DeliveryStatus, int, str | None]:
+    async def _send(
+        self, conn: store.Conn, pending: store.PendingDelivery
+    ) -> tuple[DeliveryStatus, int, str | None, datetime | None]:
+        """A round of attempts with the row locked. Transient failures to the end of the round (an
+        SMTP server or SMS gateway down for longer than its seconds) leave the delivery pending
+        until the next round is due (the webhooks' backoff and window, returned as the last item),
+        so an outage loses no alert; after the window, or on a permanent error, it fails."""
         sender = self._senders.get(pending.channel)
         if sender is None:
-            return DeliveryStatus.FAILED, 0, f"channel {pending.channel.value} is not available"
+            return DeliveryStatus.FAILED, 0, f"channel {pending.channel.value} is not available", None
         message = self._message(pending)
         attempts = 0
         # The attempt log, written with the outcome; a failed attempt learns when the next is due
@@ -277,10 +288,18 @@ class Dispatcher:
                         raise
                     log_rows.append(store.Attempt(pending.attempts + attempts, started))
         except RetryError as exc:
+            error = str(exc.last_attempt.exception())[:1000]
+            backoff = self._webhook_backoff
+            rounds = (pending.attempts + attempts) // max(1, self._retry.attempts)
+            due = datetime.now(UTC) + timedelta(seconds=backoff.delay(rounds, random.random()))
+            if due > pending.created_at + timedelta(seconds=backoff.window_seconds):  # the window is over
+                await store.record_attempts(conn, pending.id, log_rows)
+                return DeliveryStatus.FAILED, attempts, error, None
+            log_rows[-1] = replace(log_rows[-1], next_attempt_at=due)
             await store.record_attempts(conn, pending.id, log_rows)
-            return DeliveryStatus.FAILED, attempts, str(exc.last_attempt.exception())[:1000]
+            return DeliveryStatus.PENDING, attempts, error, due
         except DeliveryError as exc:  # permanent: not retried
             await store.record_attempts(conn, pending.id, log_rows)
-            return DeliveryStatus.FAILED, attempts, str(exc)[:1000]
+            return DeliveryStatus.FAILED, attempts, str(exc)[:1000], None
         await store.record_attempts(conn, pending.id, log_rows)
-        return DeliveryStatus.SENT, attempts, None
+        return DeliveryStatus.SENT, attempts, None, None

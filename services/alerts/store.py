@@ -289,12 +289,12 @@ async def finish_delivery(conn: Conn, delivery_id: UUID, status: DeliveryStatus,
     )
 
 
-async def postpone_delivery(conn: Conn, delivery_id: UUID, error: str, next_attempt_at: datetime) -> None:
-    """One more failed attempt; the delivery stays pending until `next_attempt_at`."""
+async def postpone_delivery(conn: Conn, delivery_id: UUID, error: str, next_attempt_at: datetime, attempts: int = 1) -> None:
+    """`attempts` more failed attempts; the delivery stays pending until `next_attempt_at`."""
     await conn.execute(
-        """UPDATE alerts.deliveries SET attempts = attempts + 1, last_error = %s, next_attempt_at = %s
+        """UPDATE alerts.deliveries SET attempts = attempts + %s, last_error = %s, next_attempt_at = %s
             WHERE id = %s""",
-        (error, next_attempt_at, delivery_id),
+        (attempts, error, next_attempt_at, delivery_id),
     )
 
 

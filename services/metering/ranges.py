@@ -48,6 +48,18 @@ def local_midnight(day: date, tz: ZoneInfo) -> datetime:
     return datetime.combine(day, time(0), tzinfo=tz).astimezone(UTC)
 
 
+def day_of_hour(hour: datetime, tz: ZoneInfo) -> date:
+    """The local day a UTC hour of the rollup counts in: that of its last instant. In a zone whose
+    offset is not whole hours (Asia/Kolkata, America/St_Johns) a day's first hour starts before
+    its local midnight (23:30): it belongs to the day it mostly lies in, where its range puts it."""
+    return (hour + HOUR - timedelta(microseconds=1)).astimezone(tz).date()
+
+
+def day_start(day: date, tz: ZoneInfo) -> datetime:
+    """Where `day` starts on the rollup's grid of whole UTC hours: its local midnight, floored."""
+    return floor_hour(local_midnight(day, tz))
+
+
 def _period_start(name: RangeName, day: date) -> date:
     if name == "today":
         return day
@@ -91,7 +103,7 @@ def resolve_range(
     if start is not None or end is not None:
         raise InvalidQuery("start", "start and end are only for range=custom")
     first = _period_start(name, now.astimezone(tz).date())
-    return TimeRange(floor_hour(local_midnight(first, tz)), floor_hour(local_midnight(_next_period(name, first), tz)), tz, name)
+    return TimeRange(day_start(first, tz), day_start(_next_period(name, first), tz), tz, name)
 
 
 def previous_range(r: TimeRange) -> TimeRange:
@@ -99,9 +111,8 @@ def previous_range(r: TimeRange) -> TimeRange:
     today/week/month; for custom, the same duration ending where `r` starts."""
     if r.name == "custom":
         return TimeRange(r.start - (r.end - r.start), r.start, r.tz, r.name)
-    first = r.local(r.start).date()
-    prev = _previous_period(r.name, first)
-    return TimeRange(floor_hour(local_midnight(prev, r.tz)), r.start, r.tz, r.name)
+    prev = _previous_period(r.name, day_of_hour(r.start, r.tz))
+    return TimeRange(day_start(prev, r.tz), r.start, r.tz, r.name)
 
 
 def comparable_previous(r: TimeRange, now: datetime) -> TimeRange:
@@ -118,7 +129,7 @@ def elapsed_days(r: TimeRange, now: datetime) -> int:
     until = min(r.end, max(now, r.start))
     if until <= r.start:
         return 1
-    first = r.local(r.start).date()
+    first = day_of_hour(r.start, r.tz)
     last = r.local(until - timedelta(microseconds=1)).date()
     return max(1, (last - first).days + 1)
 
@@ -126,13 +137,14 @@ def elapsed_days(r: TimeRange, now: datetime) -> int:
 # ---- buckets -------------------------------------------------------------------------------
 def bucket_of(hour: datetime, granularity: Granularity, tz: ZoneInfo) -> datetime:
     """The start (UTC) of the bucket holding the UTC hour `hour`: the hour itself, or the local
-    midnight of its day, or the local Monday midnight of its ISO week."""
+    midnight of its day, or the local Monday midnight of its ISO week (floored to a whole UTC
+    hour: the grid of the rollup and of the range)."""
     if granularity == "hour":
         return hour
-    day = hour.astimezone(tz).date()
+    day = day_of_hour(hour, tz)
     if granularity == "week":
         day -= timedelta(days=day.weekday())
-    return local_midnight(day, tz)
+    return day_start(day, tz)
 
 
 def buckets(r: TimeRange, granularity: Granularity) -> list[datetime]:
@@ -142,8 +154,8 @@ def buckets(r: TimeRange, granularity: Granularity) -> list[datetime]:
         if count > MAX_BUCKETS:
             raise InvalidQuery("granularity", f"at most {MAX_BUCKETS} buckets; choose a coarser granularity")
         return [r.start + i * HOUR for i in range(count)]
-    first = r.local(r.start).date()
-    last = r.local(r.end - timedelta(microseconds=1)).date()
+    first = day_of_hour(r.start, r.tz)
+    last = day_of_hour(r.end - HOUR, r.tz)
     step = 1
     if granularity == "week":
         first -= timedelta(days=first.weekday())
@@ -151,6 +163,6 @@ def buckets(r: TimeRange, granularity: Granularity) -> list[datetime]:
     out = []
     day = first
     while day <= last:
-        out.append(local_midnight(day, r.tz))
+        out.append(day_start(day, r.tz))
         day += timedelta(days=step)
     return out

@@ -15,6 +15,7 @@ from contracts.common import AlertMetric
 from services.alerts import store
 from services.alerts.channels import EmailChannel, InSiteChannel, SmsChannel, message_id
 from services.alerts.dispatcher import Dispatcher, RetryPolicy
+from services.alerts.webhook import Backoff
 from tests.integration.test_alerts_helpers import (  # noqa: F401  (fixtures)
     SmsGateway,
     SmtpServer,
@@ -27,6 +28,7 @@ from tests.support.apps import free_port
 
 pytestmark = pytest.mark.integration
 FAST = RetryPolicy(attempts=3, initial_seconds=0.01, max_seconds=0.05)
+NO_WINDOW = Backoff(0.01, 0.01, 0)  # a failed round is final (the window for later rounds is over)
 
 
 @pytest.fixture
@@ -65,7 +67,7 @@ async def test_a_delivery_that_keeps_failing_is_marked_failed_and_never_sent_aga
     settings = alert_settings(settings, smtp_server, sms_gateway)
     sms_gateway.always = 503
     sms = SmsChannel(settings)
-    dispatcher = Dispatcher(pool, [sms], settings.console_url, retry=FAST)
+    dispatcher = Dispatcher(pool, [sms], settings.console_url, retry=FAST, webhook_backoff=NO_WINDOW)
     (delivery_id,) = await _fire(pool, [Channel.SMS], [PhoneRecipient(phone="+14155550100")])
     await dispatcher.deliver(delivery_id)
     row = _delivery(settings, delivery_id)
@@ -85,7 +87,7 @@ async def test_a_refusing_gateway_fails_at_once_and_an_unreachable_smtp_server_a
     sms_gateway.always = 400
     sms = SmsChannel(settings)
     dead_smtp = settings.model_copy(update={"smtp_port": free_port()})
-    dispatcher = Dispatcher(pool, [sms, EmailChannel(dead_smtp)], settings.console_url, retry=FAST)
+    dispatcher = Dispatcher(pool, [sms, EmailChannel(dead_smtp)], settings.console_url, retry=FAST, webhook_backoff=NO_WINDOW)
     sms_id, email_id = await _fire(
         pool, [Channel.SMS, Channel.EMAIL], [PhoneRecipient(phone="+14155550100"), EmailRecipient(email="x@example.com")]
     )
@@ -93,6 +95,27 @@ async def test_a_refusing_gateway_fails_at_once_and_an_unreachable_smtp_server_a
     await sms.close()
     assert (_delivery(settings, sms_id)["status"], _delivery(settings, sms_id)["attempts"]) == ("failed", 1)
     assert (_delivery(settings, email_id)["status"], _delivery(settings, email_id)["attempts"]) == ("failed", 3)
+
+
+async def test_an_smtp_server_down_longer_than_a_round_loses_no_alert(settings, pool, smtp_server, sms_gateway):
+    """The round's attempts all fail: the delivery waits for the next round (backoff, no lock held,
+    no hot loop) and is sent once the server is back, one e-mail."""
+    settings = alert_settings(settings, smtp_server, sms_gateway)
+    dead_smtp = settings.model_copy(update={"smtp_port": free_port()})
+    down = Dispatcher(pool, [EmailChannel(dead_smtp)], settings.console_url, retry=FAST)  # 30 s, then doubling, for 24 h
+    (email_id,) = await _fire(pool, [Channel.EMAIL], [EmailRecipient(email="outage@example.com")])
+    await down.deliver(email_id)
+    row = _delivery(settings, email_id)
+    assert (row["status"], row["attempts"]) == ("pending", 3) and row["next_attempt_at"] > datetime.now(UTC)
+    assert await down.sweep() == 0  # not due yet
+    await down.stop()  # its wake-up timer
+    query(settings, "UPDATE alerts.deliveries SET next_attempt_at = now() WHERE id = %s RETURNING id", email_id)
+    up = Dispatcher(pool, [EmailChannel(settings)], settings.console_url, retry=FAST)
+    assert await up.sweep() == 1
+    await up.idle()
+    row = _delivery(settings, email_id)
+    assert (row["status"], row["attempts"]) == ("sent", 4)
+    assert [m["Message-ID"] for m in smtp_server.to("outage@example.com")] == [message_id(email_id)]
 
 
 async def test_concurrent_senders_and_sweeps_send_each_delivery_once(settings, pool, smtp_server, sms_gateway):

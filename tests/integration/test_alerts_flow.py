@@ -188,6 +188,9 @@ async def test_rules_are_validated_scoped_to_the_account_and_notifications_can_b
             {"metric": "api_calls", "threshold_pct": 50, "channels": [], "recipients": []},
             {"metric": "api_calls", "threshold_pct": 50, "channels": ["pigeon"], "recipients": []},
             {"metric": "api_calls", "threshold_pct": 50, "channels": ["email"], "recipients": [{"email": "not-an-address"}]},
+            # one recipient is one mailbox: a To header would read `r,o@b.io` as `r` and `o@b.io`
+            {"metric": "api_calls", "threshold_pct": 50, "channels": ["email"], "recipients": [{"email": "r,o@b.io"}]},
+            {"metric": "api_calls", "threshold_pct": 50, "channels": ["email"], "recipients": [{"email": "a@b.io\r\nBcc:x@y"}]},
             {"metric": "api_calls", "threshold_pct": 50, "channels": ["sms"], "recipients": [{"phone": "12345"}]},
             {"metric": "api_calls", "threshold_pct": 50, "channels": ["email"], "recipients": []},
             {"metric": "api_calls", "threshold_pct": 50, "channels": ["in_site"], "recipients": [{"email": "a@b.io"}]},

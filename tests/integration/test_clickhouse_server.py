@@ -261,3 +261,34 @@ def test_only_the_launchers_ctl_backs_up_and_only_into_the_backups_folder(own_se
     backup._ch(cfg, "BACKUP DATABASE tollgate TO File('mine')")
     assert (cfg.state_dir / "clickhouse" / "data" / "backups" / "mine" / ".backup").exists()
     app.close()
+
+
+def test_the_analysts_queries_together_are_bounded(own_server):
+    """Each analyst query is limited, and so are all of them at once: their memory in total, and
+    how many run (a fifth beside four is refused: TOO_MANY_SIMULTANEOUS_QUERIES), so that a
+    dashboard's many panels cannot hold N x 2 GB of the server's memory."""
+    cfg = own_server
+    app = clickhouse.connect(cfg.clickhouse_dsn)
+    app.command("CREATE DATABASE tollgate")
+    app.command("CREATE TABLE tollgate.slow (n UInt32) ENGINE = MergeTree ORDER BY n")
+    app.command("INSERT INTO tollgate.slow SELECT number FROM numbers(40)")
+    app.close()
+    analysts = [clickhouse.connect(cfg.analyst_dsns()["http"]) for _ in range(5)]
+    limits = (
+        analysts[0]
+        .query("SELECT getSetting('max_memory_usage_for_user'), getSetting('max_concurrent_queries_for_user')")
+        .result_rows[0]
+    )
+    assert (int(limits[0]), int(limits[1])) == (2_000_000_000, 4)
+    slow = [threading.Thread(target=c.query, args=("SELECT sum(sleepEachRow(0.05)) FROM tollgate.slow",)) for c in analysts[:4]]
+    for worker in slow:
+        worker.start()
+    try:
+        threading.Event().wait(0.7)  # the four are running (each takes 2 s)
+        with pytest.raises(Exception, match=r"TOO_MANY_SIMULTANEOUS_QUERIES|202"):
+            analysts[4].query("SELECT 1")
+    finally:
+        for worker in slow:
+            worker.join()
+        for client in analysts:
+            client.close()

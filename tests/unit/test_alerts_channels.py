@@ -3,7 +3,11 @@
 import uuid
 from datetime import UTC, datetime
 
-from contracts.alerts_api import Channel
+import aiosmtplib
+import pytest
+from pydantic import ValidationError
+
+from contracts.alerts_api import Channel, EmailRecipient
 from contracts.common import AlertMetric
 from services.alerts import domain, store
 from services.alerts.channels import EmailChannel, message_id, render
@@ -53,3 +57,24 @@ def test_html_escapes_and_the_sms_is_one_line():
     assert "\n" not in sms
     assert "total_tokens" in sms and "80%" in sms and "95,000" in sms and "100,000" in sms
     assert "https://console.example/plan" in sms and "https://console.example/quota?buy=ai_tokens" in sms
+
+
+# One {email} recipient is one mailbox: an address the headers would read as several (a comma, a
+# group's colon, angle brackets in its local part) is refused, and the envelope names exactly the
+# stored address, whatever its To header parses into.
+@pytest.mark.parametrize("email", ["root,ops@example.com", "a;b@example.com", "x:ops@example.com", "ops>,<root@example.com"])
+def test_an_email_recipient_with_address_separators_is_refused(email):
+    with pytest.raises(ValidationError):
+        EmailRecipient(email=email)
+
+
+async def test_the_smtp_envelope_names_the_stored_address_alone(monkeypatch):
+    sent: list[dict[str, object]] = []
+
+    async def fake_send(message, **kwargs):
+        sent.append(kwargs)
+
+    monkeypatch.setattr(aiosmtplib, "send", fake_send)
+    channel = EmailChannel(Settings(mail_from="a@t.example"))
+    await channel.send(None, _pending("email:root,ops@example.com"), MESSAGE)  # stored before the rule tightened
+    assert sent[0]["recipients"] == ["root,ops@example.com"]

@@ -62,3 +62,12 @@ def test_the_analyst_profile_is_readonly_and_limited():
     analyst = _users().find("profiles/analyst")
     assert analyst.findtext("readonly") == "1"
     assert int(analyst.findtext("max_execution_time")) > 0 and int(analyst.findtext("max_memory_usage")) > 0
+
+
+def test_the_analysts_queries_together_are_bounded_not_only_each_one():
+    """Limits per query alone let N concurrent analyst queries hold N x 2 GB and starve Tollgate's
+    own queries of the server's memory: the analyst's total and concurrency are capped too."""
+    analyst = _users().find("profiles/analyst")
+    per_query = int(analyst.findtext("max_memory_usage"))
+    assert 0 < int(analyst.findtext("max_memory_usage_for_user") or 0) <= per_query
+    assert 0 < int(analyst.findtext("max_concurrent_queries_for_user") or 0) <= 8

@@ -6,6 +6,8 @@ from decimal import Decimal
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from services.metering import domain, prices, ranges, rollups
 from services.metering.domain import InvalidQuery
@@ -201,3 +203,46 @@ def test_the_item_builder_sums_each_provider_model_and_key_across_days():
         (("p", "m", key), 2, "1.500000"),
         (("p", "m", domain.NO_KEY), 1, "0.000010"),
     ]
+
+
+@pytest.mark.parametrize("zone", ["Asia/Kolkata", "America/St_Johns", "Asia/Kathmandu", "Europe/Berlin"])
+def test_a_zone_with_a_non_whole_hour_offset_keeps_its_day_whole_and_compares_with_the_day_before(zone):
+    """A day's first rollup hour starts before its local midnight (23:30 in Kolkata): it is that
+    day's, not an extra bucket of the day before; `previous` is yesterday, not the day before it;
+    and today is one day of the daily average."""
+    tz = ZoneInfo(zone)
+    now = datetime(2026, 11, 26, 12, tzinfo=UTC)  # a Thursday in each zone
+    today = ranges.resolve_range("today", tz, now)
+    assert ranges.buckets(today, "day") == [today.start]
+    assert ranges.bucket_of(today.start, "day", tz) == today.start  # its first hour is in its one bucket
+    assert ranges.bucket_of(today.end - timedelta(hours=1), "day", tz) == today.start
+    assert ranges.elapsed_days(today, now) == 1
+    prev = ranges.previous_range(today)
+    assert (prev.start, prev.end) == (today.start - timedelta(days=1), today.start)
+    week = ranges.resolve_range("week", tz, now)
+    assert ranges.buckets(week, "week") == [week.start] and len(ranges.buckets(week, "day")) == 7
+    assert ranges.previous_range(week).start == week.start - timedelta(days=7)
+    month = ranges.resolve_range("month", tz, now)
+    assert len(ranges.buckets(month, "day")) == 30  # November
+    assert ranges.buckets(month, "day")[0] == month.start
+
+
+@given(
+    st.sampled_from(["UTC", "Europe/Berlin", "America/New_York", "Asia/Kolkata", "America/St_Johns", "Asia/Kathmandu",
+                     "Australia/Lord_Howe", "Pacific/Chatham", "America/Havana"]),
+    st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2040, 1, 1), timezones=st.just(UTC)),
+    st.sampled_from(["today", "week", "month"]),
+    st.sampled_from(["day", "week"]),
+)  # fmt: skip
+def test_every_hour_of_a_range_falls_in_one_of_its_buckets_and_the_first_holds_its_start(zone, now, name, granularity):
+    tz = ZoneInfo(zone)
+    r = ranges.resolve_range(name, tz, now)
+    starts = ranges.buckets(r, granularity)
+    assert starts == sorted(set(starts)) and starts[0] <= r.start
+    hour = r.start
+    while hour < r.end:
+        assert ranges.bucket_of(hour, granularity, tz) in starts
+        hour += timedelta(hours=1)
+    if granularity == "day" or name == "week":  # a day's or a month's week may start before it
+        assert starts[0] == r.start
+    assert ranges.previous_range(r).end == r.start

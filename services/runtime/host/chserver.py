@@ -81,6 +81,7 @@ class ServerSpec:
     extra_table_engines: tuple[str, ...] = ()
     analyst_max_execution_time_s: int = 30
     analyst_max_memory_bytes: int = 2_000_000_000
+    analyst_max_concurrent_queries: int = 4
 
     def to_env(self) -> dict[str, str]:
         return {SPEC_ENV: json.dumps(asdict(self))}
@@ -127,6 +128,11 @@ def users_xml(spec: ServerSpec) -> str:
         "<readonly>1</readonly>"
         f"<max_execution_time>{spec.analyst_max_execution_time_s}</max_execution_time>"
         f"<max_memory_usage>{spec.analyst_max_memory_bytes}</max_memory_usage>"
+        # Per query alone, N analyst queries at once (a dashboard's panels, a script's loop) could
+        # hold N times the memory and take the server's from Tollgate's own: the user's total is
+        # capped too, and how many run at once (the rest are refused, TOO_MANY_SIMULTANEOUS_QUERIES).
+        f"<max_memory_usage_for_user>{spec.analyst_max_memory_bytes}</max_memory_usage_for_user>"
+        f"<max_concurrent_queries_for_user>{spec.analyst_max_concurrent_queries}</max_concurrent_queries_for_user>"
         "<max_threads>1</max_threads>"
         # Tollgate's own queries come first: the analyst's threads run at the lowest CPU priority
         # (nice 19), and the engine pauses them while higher-priority (lower value) queries run.

@@ -1,0 +1,110 @@
+"""The dispatcher's outcome of a round of e-mail or SMS attempts, with its store calls faked: an
+outage longer than the round (an SMTP server or SMS gateway down for a minute) postpones the
+delivery with backoff instead of losing the alert; only the end of the window or a permanent
+error fails it. (The same against real Postgres, SMTP and a gateway: test_alerts_delivery.py.)"""
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from contracts.alerts_api import Channel
+from contracts.common import AlertMetric
+from services.alerts import dispatcher as dispatcher_module
+from services.alerts import store
+from services.alerts.channels import DeliveryError, PermanentDeliveryError
+from services.alerts.dispatcher import Dispatcher, RetryPolicy
+from services.alerts.webhook import Backoff
+
+FAST = RetryPolicy(attempts=3, initial_seconds=0.001, max_seconds=0.002)
+
+
+class _Conn:
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        yield
+
+
+class _Pool:
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[_Conn]:
+        yield _Conn()
+
+
+class _Down:
+    """An e-mail channel whose server is down for the first `failures` sends."""
+
+    channel = Channel.EMAIL
+
+    def __init__(self, failures: int, permanent: bool = False) -> None:
+        self.failures, self.permanent, self.sent = failures, permanent, 0
+
+    async def send(self, conn: Any, delivery: store.PendingDelivery, message: Any) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise (PermanentDeliveryError if self.permanent else DeliveryError)("smtp: connection refused")
+        self.sent += 1
+
+
+class _Rows:
+    """alerts.deliveries' one row, as the store functions the dispatcher calls see it."""
+
+    def __init__(self, created_at: datetime) -> None:
+        self.status, self.attempts, self.next_attempt_at, self.error = "pending", 0, None, None
+        self.created_at = created_at
+        self.log: list[store.Attempt] = []
+
+    async def lock_pending(self, conn: Any, delivery_id: uuid.UUID, now: datetime) -> store.PendingDelivery | None:
+        if self.status != "pending" or (self.next_attempt_at is not None and self.next_attempt_at > now):
+            return None
+        return store.PendingDelivery(
+            delivery_id, uuid.uuid4(), Channel.EMAIL, "email:ops@example.com", self.attempts,
+            AlertMetric.API_CALLS, 90, "2026-11", 950, 1000, uuid.uuid4(), self.created_at, self.created_at,
+        )  # fmt: skip
+
+    async def finish_delivery(self, conn: Any, delivery_id: uuid.UUID, status: Any, attempts: int, error: str | None) -> None:
+        self.status, self.attempts, self.error, self.next_attempt_at = status.value, self.attempts + attempts, error, None
+
+    async def postpone_delivery(self, conn: Any, delivery_id: uuid.UUID, error: str, due: datetime, attempts: int = 1) -> None:
+        self.attempts, self.error, self.next_attempt_at = self.attempts + attempts, error, due
+
+    async def record_attempts(self, conn: Any, delivery_id: uuid.UUID, attempts: list[store.Attempt]) -> None:
+        self.log += attempts
+
+
+@pytest.fixture
+def rows(monkeypatch: pytest.MonkeyPatch) -> _Rows:
+    fake = _Rows(datetime.now(UTC))
+    for name in ("lock_pending", "finish_delivery", "postpone_delivery", "record_attempts"):
+        monkeypatch.setattr(dispatcher_module.store, name, getattr(fake, name))
+    return fake
+
+
+async def test_an_smtp_outage_longer_than_a_round_postpones_the_delivery_and_it_is_sent_when_the_server_is_back(rows):
+    channel = _Down(failures=4)  # a round of 3 attempts fails, the next round's second succeeds
+    dispatcher = Dispatcher(_Pool(), [channel], "https://console", retry=FAST, webhook_backoff=Backoff(30, 3600, 86400))  # type: ignore[arg-type]
+    delivery_id = uuid.uuid4()
+    await dispatcher.deliver(delivery_id)
+    assert (rows.status, rows.attempts) == ("pending", 3)  # not failed: the alert is not lost
+    due = rows.next_attempt_at
+    assert due is not None and timedelta(seconds=29) < due - datetime.now(UTC) <= timedelta(seconds=34)  # no hot loop
+    assert rows.log[-1].next_attempt_at == due and "refused" in (rows.error or "")
+    await dispatcher.deliver(delivery_id)  # a sweep before it is due sends nothing
+    assert channel.sent == 0 and rows.attempts == 3
+    rows.next_attempt_at = datetime.now(UTC)  # due now
+    await dispatcher.deliver(delivery_id)
+    assert (rows.status, rows.attempts, channel.sent) == ("sent", 5, 1)
+    await dispatcher.stop()
+
+
+async def test_after_the_window_or_on_a_permanent_error_the_delivery_fails_for_good(rows):
+    dispatcher = Dispatcher(_Pool(), [_Down(failures=99)], "https://console", retry=FAST, webhook_backoff=Backoff(30, 3600, 10))  # type: ignore[arg-type]
+    await dispatcher.deliver(uuid.uuid4())
+    assert (rows.status, rows.attempts, rows.next_attempt_at) == ("failed", 3, None)
+    rows.status, rows.attempts = "pending", 0
+    refused = Dispatcher(_Pool(), [_Down(failures=1, permanent=True)], "https://console", retry=FAST)  # type: ignore[arg-type]
+    await refused.deliver(uuid.uuid4())
+    assert (rows.status, rows.attempts) == ("failed", 1)
