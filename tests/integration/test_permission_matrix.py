@@ -28,7 +28,7 @@ import pytest
 
 from services.runtime.platform.settings import Settings
 from tests.hostile.helpers import PASSWORD, bearer, eventually, new_account
-from tests.support.permission_contract import CALLERS, ROLES, Access, Caller, answer
+from tests.support.permission_contract import CALLERS, READS, ROLES, WRITES, Access, Caller, answer
 from tests.support.service_tokens import ADMIN_PATH, admin_headers
 
 pytestmark = pytest.mark.integration
@@ -406,6 +406,31 @@ async def test_the_matrix_covers_every_route(module_app_client) -> None:
     app = module_app_client[0]
     served = {(method.upper(), path) for path, ops in app.openapi()["paths"].items() for method in ops}
     assert served == {(r.method, r.template) for r in ROUTES}, "a new route: give it its row in ROUTES"
+
+
+async def test_verify_and_authorize_judge_each_roles_permissions(world: World) -> None:
+    """(v3) `permission` (verify) and `X-Tollgate-Permission` (authorize) "must be one of the key's
+    user's permissions (else permission_denied)": each role's key x each permission, judged by its
+    user's current role (the billing and viewer keys were made by developers)."""
+    verifier = world.tokens["keys:verify"]
+    wrong = []
+    for role, key in world.keys.items():
+        for permission in sorted(READS | WRITES):
+            want = ("valid", 200) if permission in ROLES[role] else ("permission_denied", 403)
+            body = {"key": key, "method": "GET", "path": "/v1/things", "ip": "203.0.113.7", "permission": permission}
+            verdict = (await world.client.post("/api/edge/verify", json=body, headers=bearer(verifier))).json()
+            ingress = {
+                "X-Tollgate-Service-Token": verifier,
+                "Authorization": f"Bearer {key}",
+                "X-Forwarded-Method": "GET",
+                "X-Forwarded-Uri": "/v1/things",
+                "X-Tollgate-Permission": permission,
+            }
+            authorized = await world.client.get("/api/edge/authorize", headers=ingress)
+            got = (verdict["code"], verdict["status"], authorized.status_code)
+            if got != (*want, want[1]) or (verdict["role"], authorized.headers.get("X-Tollgate-Role", role)) != (role, role):
+                wrong.append(f"{role} key, {permission}: expected {want}, got {got}, role {verdict['role']}")
+    assert not wrong, "\n".join(wrong)
 
 
 async def test_refused_cells_changed_nothing(world: World) -> None:
