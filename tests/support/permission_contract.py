@@ -73,6 +73,10 @@ def answer(
             return 401, "invalid_service_token"  # nothing there, or no service token
         return (ok, None) if access.need in caller.scopes else (403, "permission_denied")
     if caller.kind == "none":
+        if access.kind == "service" and access.need == "keys:verify":
+            # verify: "a missing or revoked service token is 401 invalid_service_token" (its
+            # decision `missing_credentials` is the caller's key's: the two must not be confused)
+            return 401, "invalid_service_token"
         return 401, "missing_credentials"
     if access.kind == "operator":
         return (ok, None) if caller.kind == "admin" else (403, "permission_denied")

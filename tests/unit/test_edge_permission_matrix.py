@@ -1,6 +1,6 @@
 """The edge's half of the permission matrix, without I/O: every way a route can declare what it
 needs (`requires(permission)`, `requires(permission, console_only=True)`, `requires_service(scope)`,
-`requires_operator()`), for every permission and scope, x every kind of caller (none, a session and
+`requires_operator()`, and verify's `verifier_of`), for every permission and scope, x every kind of caller (none, a session and
 an API key of each role, a service token of each scope, the operator's token), each answer
 derived from the contract's words (tests/support/permission_contract.py), not from the code's role
 table. The edge is fed by hand (users.v1, keys.v1, service-tokens.v1). Each API-key cell is asked
@@ -23,6 +23,7 @@ from services.edge.edge import Edge
 from services.edge.errors import install_error_handlers
 from services.edge.middleware import RequestMiddleware
 from services.edge.screen import RefusalScreen
+from services.edge.verify_api import verifier_of
 from services.runtime.platform.settings import Settings
 from tests.support.permission_contract import CALLERS, READS, ROLES, SCOPES, WRITES, Access, Caller, answer
 
@@ -53,8 +54,9 @@ def _app(edge: Edge) -> FastAPI:
     app.add_middleware(RefusalScreen, edge=edge)
     app.add_middleware(RequestMiddleware)
     for access in ACCESSES:
-        if access.kind == "service":
-            dependency: Any = edge.requires_service(ServiceScope(access.need))
+        if access.kind == "service":  # keys:verify: as verify declares it (its missing token is its own)
+            scope = ServiceScope(access.need)
+            dependency: Any = verifier_of(edge) if scope is ServiceScope.KEYS_VERIFY else edge.requires_service(scope)
         elif access.kind == "operator":
             dependency = edge.requires_operator()
         else:
