@@ -5,8 +5,10 @@ Callers: no credentials; a console session and an API key of each role (owner, d
 billing, viewer) of one account, each key made by the user of its role (a key acts with its
 creator's current role: the billing and viewer users made theirs as developers, then were
 given their role); service tokens with `usage:write` and with `keys:verify`; the operator's
-ADMIN_TOKEN; and on every route that takes an object's id, another account's owner (a session
-and a key) and another `usage:write` token, to whom the object does not exist (404).
+ADMIN_TOKEN; credentials that died (the owner's key disabled, another deleted, a session logged
+out, a token with every scope revoked: each refused with its own 401 wherever a credential is
+judged); and on every route that takes an object's id, another account's owner (a session and a
+key) and another `usage:write` token, to whom the object does not exist (404).
 
 The expected answer of a cell comes from the contract's words alone (tests/support/
 permission_contract.py: API.md's role table written out, not contracts/common.py's), so the code
@@ -28,7 +30,7 @@ import pytest
 
 from services.runtime.platform.settings import Settings
 from tests.hostile.helpers import PASSWORD, bearer, eventually, new_account
-from tests.support.permission_contract import CALLERS, READS, ROLES, WRITES, Access, Caller, answer
+from tests.support.permission_contract import CALLERS, DEAD_CALLERS, READS, ROLES, WRITES, Access, Caller, answer
 from tests.support.service_tokens import ADMIN_PATH, admin_headers
 
 pytestmark = pytest.mark.integration
@@ -189,6 +191,7 @@ def cells(route: Route) -> list[Caller]:
     """The callers a route is walked with: every caller; another account's (or token's) too where
     the path names an object. The own-key variant only with the callers that have a user."""
     callers = [c for c in CALLERS if route.target != "own_key" or c.role is not None]
+    callers += [c for c in DEAD_CALLERS if route.target != "own_key"]
     if route.target in {"key", "member", "order", "paid_order", "rule", "notification", "project"}:
         callers += [c for c in STRANGERS if c.kind != "service"]
     if route.target == "reservation":
@@ -210,6 +213,7 @@ class World:
     standing: dict[str, str] = field(default_factory=dict)  # target kind -> a standing object's id
     stranger_session: dict[str, str] = field(default_factory=dict)
     stranger_key: str = ""
+    dead: dict[str, str] = field(default_factory=dict)  # Caller.dead -> the token that died
 
     async def made(self, method: str, path: str, headers: dict[str, str], body: Any = None, status: int = 201) -> Any:
         response = await self.client.request(method, path, json=body, headers=headers)
@@ -279,6 +283,8 @@ class World:
         """The caller's token (None: it sends none)."""
         if caller.kind == "none":
             return None
+        if caller.dead:
+            return self.dead[caller.dead]
         if caller.kind == "admin":
             assert self.settings.admin_token is not None
             return self.settings.admin_token.get_secret_value()
@@ -336,6 +342,20 @@ async def _setup(client: httpx.AsyncClient, settings: Settings) -> World:
         return str(items[0]["id"]) if items else None
 
     world.standing["notification"] = await eventually(notification, what="the 1% rule's notification")
+    # the owner's key disabled, another deleted, a session logged out, a token of every scope revoked
+    disabled, deleted = await world.new_key("owner"), await world.new_key("owner")
+    await world.made("POST", f"/api/api-keys/{disabled['id']}/toggle", owner.headers, status=200)
+    await world.made("DELETE", f"/api/api-keys/{deleted['id']}", owner.headers, status=204)
+    logged_out = await world.login(owner.email)
+    await world.made("POST", "/api/auth/logout", logged_out, status=204)
+    revoked = await world.service_token(["usage:write", "keys:verify"])
+    await world.made("DELETE", f"{ADMIN_PATH}/{revoked['id']}", admin_headers(settings), status=204)
+    world.dead = {
+        "disabled": disabled["key"],
+        "deleted": deleted["key"],
+        "logged_out": logged_out["Authorization"].split(" ", 1)[1],
+        "revoked": revoked["token"],
+    }
     stranger = await new_account(client)
     world.stranger_session = stranger.headers
     world.stranger_key = (await world.made("POST", "/api/api-keys", stranger.headers, {"name": "stranger's key"}))["key"]

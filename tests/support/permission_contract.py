@@ -37,6 +37,16 @@ class Caller:
     role: str | None = None
     scopes: frozenset[str] = frozenset()
     stranger: bool = False  # of another account (for a reservation: another service token)
+    dead: Literal["", "disabled", "deleted", "logged_out", "revoked"] = ""  # a credential that was the owner's
+
+
+# The 401 of a credential that no longer works, wherever a credential is judged (API.md's table)
+DEAD: dict[str, str] = {
+    "disabled": "api_key_disabled",
+    "deleted": "invalid_api_key",
+    "logged_out": "invalid_session",
+    "revoked": "invalid_service_token",
+}
 
 
 CALLERS: tuple[Caller, ...] = (
@@ -45,6 +55,13 @@ CALLERS: tuple[Caller, ...] = (
     *(Caller(f"{role} key", "key", role) for role in ROLES),
     *(Caller(f"{scope} token", "service", scopes=frozenset({scope})) for scope in SCOPES),
     Caller("admin token", "admin"),
+)
+# the owner's, or a token with every scope, before they died: every refusal is theirs alone
+DEAD_CALLERS: tuple[Caller, ...] = (
+    Caller("disabled owner key", "key", "owner", dead="disabled"),
+    Caller("deleted owner key", "key", "owner", dead="deleted"),
+    Caller("logged-out owner session", "session", "owner", dead="logged_out"),
+    Caller("revoked service token", "service", scopes=frozenset(SCOPES), dead="revoked"),
 )
 
 
@@ -69,8 +86,8 @@ def answer(
     if access.kind == "public":
         return ok, None
     if access.kind == "ingress":  # the ingress's own token rides in X-Tollgate-Service-Token
-        if caller.kind != "service":
-            return 401, "invalid_service_token"  # nothing there, or no service token
+        if caller.kind != "service" or caller.dead:
+            return 401, "invalid_service_token"  # nothing there, or no (live) service token
         return (ok, None) if access.need in caller.scopes else (403, "permission_denied")
     if caller.kind == "none":
         if access.kind == "service" and access.need == "keys:verify":
@@ -80,6 +97,8 @@ def answer(
         return 401, "missing_credentials"
     if access.kind == "operator":
         return (ok, None) if caller.kind == "admin" else (403, "permission_denied")
+    if caller.dead:  # "a leaked key can neither mint keys nor re-enable itself": refused as dead first
+        return 401, DEAD[caller.dead]
     if access.kind == "service":  # "a customer's API key or session there gets 403 permission_denied"
         if caller.kind != "service" or access.need not in caller.scopes:
             return 403, "permission_denied"

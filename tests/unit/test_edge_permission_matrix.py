@@ -1,7 +1,8 @@
 """The edge's half of the permission matrix, without I/O: every way a route can declare what it
 needs (`requires(permission)`, `requires(permission, console_only=True)`, `requires_service(scope)`,
 `requires_operator()`, and verify's `verifier_of`), for every permission and scope, x every kind of caller (none, a session and
-an API key of each role, a service token of each scope, the operator's token), each answer
+an API key of each role, a service token of each scope, the operator's token, and credentials
+that died: a disabled and a deleted key, a logged-out session, a revoked token), each answer
 derived from the contract's words (tests/support/permission_contract.py), not from the code's role
 table. The edge is fed by hand (users.v1, keys.v1, service-tokens.v1). Each API-key cell is asked
 twice: the route's dependency judges the first call, the screen the second (its route is known)."""
@@ -16,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from contracts.common import Permission, Role, ServiceScope, Tier, UserType
 from contracts.credentials import hash_secret
-from contracts.events import AccountState, KeyState, PlanChanged, ServiceTokenState, UserState
+from contracts.events import AccountState, KeyState, PlanChanged, ServiceTokenState, SessionRevoked, UserState
 from contracts.plans import catalogue
 from services.edge.calls import CallRecorder
 from services.edge.edge import Edge
@@ -25,7 +26,7 @@ from services.edge.middleware import RequestMiddleware
 from services.edge.screen import RefusalScreen
 from services.edge.verify_api import verifier_of
 from services.runtime.platform.settings import Settings
-from tests.support.permission_contract import CALLERS, READS, ROLES, SCOPES, WRITES, Access, Caller, answer
+from tests.support.permission_contract import CALLERS, DEAD_CALLERS, READS, ROLES, SCOPES, WRITES, Access, Caller, answer
 
 NOW = datetime.now(UTC)
 ACCOUNT = uuid.uuid4()
@@ -34,6 +35,8 @@ USERS = {role: ACCOUNT if role == "owner" else uuid.uuid4() for role in ROLES}  
 KEYS = {role: "sk-" + role[0] * 43 for role in ROLES}
 TOKENS = {scope: "st-" + scope[0] * 43 for scope in SCOPES}
 PERMISSIONS = sorted(READS | WRITES)
+DEAD = {"disabled": "sk-" + "x" * 43, "deleted": "sk-" + "y" * 43, "revoked": "st-" + "z" * 43}
+LOGGED_OUT = uuid.uuid4().hex  # the session id of the owner's session that logged out
 ACCESSES: list[Access] = [
     Access("customer"),
     Access("console"),
@@ -102,12 +105,27 @@ def served() -> tuple[Edge, TestClient]:
             time=NOW, token_id=uuid.uuid4(), name=scope, hash=hash_secret(token), scopes=[ServiceScope(scope)]
         )
         edge.service_tokens.apply(state)
+    # credentials that died: the owner's keys disabled and deleted, a session logged out, a revoked token
+    for dead, changes in (("disabled", {"status": "disabled"}), ("deleted", {"deleted": True})):
+        edge.keys.apply(
+            KeyState(time=NOW, account_id=ACCOUNT, key_id=uuid.uuid4(), hash=hash_secret(DEAD[dead]), status="enabled",
+                     roles=[Role.OWNER], created_by=ACCOUNT).model_copy(update=changes)
+        )  # fmt: skip
+    edge.revoked_sessions.apply(SessionRevoked(time=NOW, account_id=ACCOUNT, session_id=LOGGED_OUT, user_id=ACCOUNT,
+                                               revoked_at=NOW), NOW)  # fmt: skip
+    revoked = ServiceTokenState(time=NOW, token_id=uuid.uuid4(), name="gone", hash=hash_secret(DEAD["revoked"]),
+                                scopes=[ServiceScope(s) for s in SCOPES], revoked=True)  # fmt: skip
+    edge.service_tokens.apply(revoked)
     return edge, TestClient(_app(edge), raise_server_exceptions=False)
 
 
 def _headers(edge: Edge, caller: Caller) -> dict[str, str]:
     if caller.kind == "none":
         return {}
+    if caller.dead == "logged_out":
+        return {"Authorization": f"Bearer {edge.issue_session(ACCOUNT, LOGGED_OUT, NOW, ACCOUNT)}"}
+    if caller.dead:
+        return {"Authorization": f"Bearer {DEAD[caller.dead]}"}
     if caller.kind == "admin":
         token = ADMIN
     elif caller.kind == "service":
@@ -126,7 +144,7 @@ def _headers(edge: Edge, caller: Caller) -> dict[str, str]:
 def test_every_caller_gets_the_contracts_answer(served: tuple[Edge, TestClient], access: Access) -> None:
     edge, http = served
     wrong = []
-    for caller in CALLERS:
+    for caller in (*CALLERS, *DEAD_CALLERS):
         want = answer(access, caller, 204)
         for turn in ("dependency", "screen") if caller.kind == "key" else ("dependency",):
             response = http.get(_path(access), headers=_headers(edge, caller))
