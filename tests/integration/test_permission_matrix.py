@@ -6,9 +6,10 @@ billing, viewer) of one account, each key made by the user of its role (a key ac
 creator's current role: the billing and viewer users made theirs as developers, then were
 given their role); service tokens with `usage:write` and with `keys:verify`; the operator's
 ADMIN_TOKEN; credentials that died (the owner's key disabled, another deleted, a session logged
-out, a token with every scope revoked: each refused with its own 401 wherever a credential is
-judged); and on every route that takes an object's id, another account's owner (a session and a
-key) and another `usage:write` token, to whom the object does not exist (404).
+out, a removed developer's key and session, a token with every scope revoked: each refused with
+its own 401 wherever a credential is judged); and on every route that takes an object's id,
+another account's owner (a session and a key) and another `usage:write` token, to whom the object
+does not exist (404).
 
 The expected answer of a cell comes from the contract's words alone (tests/support/
 permission_contract.py: API.md's role table written out, not contracts/common.py's), so the code
@@ -350,7 +351,13 @@ async def _setup(client: httpx.AsyncClient, settings: Settings) -> World:
     await world.made("POST", "/api/auth/logout", logged_out, status=204)
     revoked = await world.service_token(["usage:write", "keys:verify"])
     await world.made("DELETE", f"{ADMIN_PATH}/{revoked['id']}", admin_headers(settings), status=204)
+    removed = await world.add_member("developer")
+    removed_session = await world.login(removed["email"])
+    removed_key = await world.made("POST", "/api/api-keys", removed_session, {"name": "a removed developer's key"})
+    await world.made("DELETE", f"/api/account/members/{removed['id']}", owner.headers, status=204)
     world.dead = {
+        "removed_key": removed_key["key"],
+        "removed_session": removed_session["Authorization"].split(" ", 1)[1],
         "disabled": disabled["key"],
         "deleted": deleted["key"],
         "logged_out": logged_out["Authorization"].split(" ", 1)[1],

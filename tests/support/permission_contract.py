@@ -37,7 +37,9 @@ class Caller:
     role: str | None = None
     scopes: frozenset[str] = frozenset()
     stranger: bool = False  # of another account (for a reservation: another service token)
-    dead: Literal["", "disabled", "deleted", "logged_out", "revoked"] = ""  # a credential that was the owner's
+    # a credential that died: the owner's (a key disabled or deleted, a session logged out), a
+    # removed developer's (its key and session), or a revoked token with every scope
+    dead: Literal["", "disabled", "deleted", "logged_out", "removed_key", "removed_session", "revoked"] = ""
 
 
 # The 401 of a credential that no longer works, wherever a credential is judged (API.md's table)
@@ -45,6 +47,8 @@ DEAD: dict[str, str] = {
     "disabled": "api_key_disabled",
     "deleted": "invalid_api_key",
     "logged_out": "invalid_session",
+    "removed_key": "invalid_api_key",  # "that user's keys and sessions die at once"
+    "removed_session": "invalid_session",
     "revoked": "invalid_service_token",
 }
 
@@ -56,11 +60,13 @@ CALLERS: tuple[Caller, ...] = (
     *(Caller(f"{scope} token", "service", scopes=frozenset({scope})) for scope in SCOPES),
     Caller("admin token", "admin"),
 )
-# the owner's, or a token with every scope, before they died: every refusal is theirs alone
+# credentials that worked before they died: every refusal is theirs alone
 DEAD_CALLERS: tuple[Caller, ...] = (
     Caller("disabled owner key", "key", "owner", dead="disabled"),
     Caller("deleted owner key", "key", "owner", dead="deleted"),
     Caller("logged-out owner session", "session", "owner", dead="logged_out"),
+    Caller("removed developer's key", "key", "developer", dead="removed_key"),
+    Caller("removed developer's session", "session", "developer", dead="removed_session"),
     Caller("revoked service token", "service", scopes=frozenset(SCOPES), dead="revoked"),
 )
 

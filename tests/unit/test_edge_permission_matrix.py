@@ -2,7 +2,8 @@
 needs (`requires(permission)`, `requires(permission, console_only=True)`, `requires_service(scope)`,
 `requires_operator()`, and verify's `verifier_of`), for every permission and scope, x every kind of caller (none, a session and
 an API key of each role, a service token of each scope, the operator's token, and credentials
-that died: a disabled and a deleted key, a logged-out session, a revoked token), each answer
+that died: a disabled and a deleted key, a logged-out session, a removed member's key and
+session, a revoked token), each answer
 derived from the contract's words (tests/support/permission_contract.py), not from the code's role
 table. The edge is fed by hand (users.v1, keys.v1, service-tokens.v1). Each API-key cell is asked
 twice: the route's dependency judges the first call, the screen the second (its route is known)."""
@@ -35,7 +36,8 @@ USERS = {role: ACCOUNT if role == "owner" else uuid.uuid4() for role in ROLES}  
 KEYS = {role: "sk-" + role[0] * 43 for role in ROLES}
 TOKENS = {scope: "st-" + scope[0] * 43 for scope in SCOPES}
 PERMISSIONS = sorted(READS | WRITES)
-DEAD = {"disabled": "sk-" + "x" * 43, "deleted": "sk-" + "y" * 43, "revoked": "st-" + "z" * 43}
+DEAD = {"disabled": "sk-" + "x" * 43, "deleted": "sk-" + "y" * 43, "removed_key": "sk-" + "w" * 43, "revoked": "st-" + "z" * 43}
+REMOVED = uuid.uuid4()  # a developer removed from the account
 LOGGED_OUT = uuid.uuid4().hex  # the session id of the owner's session that logged out
 ACCESSES: list[Access] = [
     Access("customer"),
@@ -111,6 +113,11 @@ def served() -> tuple[Edge, TestClient]:
             KeyState(time=NOW, account_id=ACCOUNT, key_id=uuid.uuid4(), hash=hash_secret(DEAD[dead]), status="enabled",
                      roles=[Role.OWNER], created_by=ACCOUNT).model_copy(update=changes)
         )  # fmt: skip
+    edge.users.apply(UserState(time=NOW, account_id=ACCOUNT, user_id=REMOVED, role=Role.DEVELOPER, removed=True))
+    edge.keys.apply(
+        KeyState(time=NOW, account_id=ACCOUNT, key_id=uuid.uuid4(), hash=hash_secret(DEAD["removed_key"]), status="enabled",
+                 roles=[Role.DEVELOPER], created_by=REMOVED)
+    )  # fmt: skip
     edge.revoked_sessions.apply(SessionRevoked(time=NOW, account_id=ACCOUNT, session_id=LOGGED_OUT, user_id=ACCOUNT,
                                                revoked_at=NOW), NOW)  # fmt: skip
     revoked = ServiceTokenState(time=NOW, token_id=uuid.uuid4(), name="gone", hash=hash_secret(DEAD["revoked"]),
@@ -124,6 +131,8 @@ def _headers(edge: Edge, caller: Caller) -> dict[str, str]:
         return {}
     if caller.dead == "logged_out":
         return {"Authorization": f"Bearer {edge.issue_session(ACCOUNT, LOGGED_OUT, NOW, ACCOUNT)}"}
+    if caller.dead == "removed_session":  # issued before the removal
+        return {"Authorization": f"Bearer {edge.issue_session(ACCOUNT, uuid.uuid4().hex, NOW, REMOVED)}"}
     if caller.dead:
         return {"Authorization": f"Bearer {DEAD[caller.dead]}"}
     if caller.kind == "admin":
