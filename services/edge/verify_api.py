@@ -10,7 +10,7 @@ body in `X-Tollgate-Status` and `X-Tollgate-Error`, from which the shipped nginx
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -24,7 +24,7 @@ from contracts.errors import ErrorBody, ErrorCode, ErrorDetail
 from services.edge.calls import client_ip, forwarded_for, parse_networks
 from services.edge.edge import Edge
 from services.edge.errors import ApiError, request_id_of
-from services.edge.openapi_security import INGRESS_SERVICE_TOKEN, accepts
+from services.edge.openapi_security import INGRESS_SERVICE_TOKEN, SERVICE_TOKEN, accepts
 from services.edge.service_tokens import ServicePrincipal
 from services.edge.verdict import ServiceCall, Verdict
 from services.runtime.platform.logs import Throttled
@@ -189,9 +189,29 @@ class Ingress:
         return Response(text, status_code=status, headers=headers, media_type="application/json")
 
 
+def verifier_of(edge: Edge) -> Callable[[Request], Awaitable[ServicePrincipal]]:
+    """verify's credential: a live service token with keys:verify (`Edge.requires_service`). A
+    missing one is 401 invalid_service_token, as a revoked one (API.md, "Not decisions"): on verify,
+    `missing_credentials` is the decision for a caller who sent no key, never the service's own
+    problem, just as authorize marks the ingress's."""
+    service_only = edge.requires_service(ServiceScope.KEYS_VERIFY)
+
+    async def verifier(request: Request) -> ServicePrincipal:
+        if not bearer_token(request.headers.get("authorization", "")):
+            raise ApiError(
+                401,
+                ErrorCode.INVALID_SERVICE_TOKEN,
+                "Send the service's own token: Authorization: Bearer st-...",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return await service_only(request)
+
+    return accepts(verifier, SERVICE_TOKEN)
+
+
 def build_router(edge: Edge) -> APIRouter:
     router = APIRouter(prefix="/api/edge", tags=["protecting services (v3)"])
-    verifier = edge.requires_service(ServiceScope.KEYS_VERIFY)
+    verifier = verifier_of(edge)
     ingress = Ingress(edge)
     ingress_log = Throttled(log)
 

@@ -236,8 +236,10 @@ async def test_what_is_not_a_decision(client, settings):
     writer = bearer(await service_token(client, settings, ["usage:write"], name="writer"))
     body = ask(key["key"])
 
-    missing = await client.post(VERIFY, json=body)
-    assert (missing.status_code, code(missing)) == (401, "missing_credentials")
+    # the service's own token missing is no decision: never the caller's `missing_credentials`
+    for nothing in ({}, {"Authorization": "Basic c2VydmljZQ=="}):
+        missing = await client.post(VERIFY, json=body, headers=nothing)
+        assert (missing.status_code, code(missing)) == (401, "invalid_service_token")
     revoked = await client.post(VERIFY, json=body, headers=bearer("st-" + "x" * 43))
     assert (revoked.status_code, code(revoked)) == (401, "invalid_service_token")
     for customer in (bearer(key["key"]), owner, writer):  # a customer's key or session; a token without the scope
