@@ -17,7 +17,7 @@ from uuid import UUID, uuid4
 
 from contracts.events import AccountState, KeyState, ServiceTokenState, UserState
 from contracts.topics import ACCOUNTS, KEYS, SERVICE_TOKENS, USERS
-from services.keys.published import RECONCILED_TOPICS, Published
+from services.keys.published import RECONCILED_TOPICS, Published, S, TopicHeld
 from services.keys.store import KeysTx
 
 
@@ -29,49 +29,30 @@ async def move_past(tx: KeysTx, published: Published, topics: Collection[str]) -
             await tx.raise_versions(topic, published.top_versions(topic))
 
 
-def _above(published: Published, topic: str, object_id: UUID) -> int:
-    return published.top_versions(topic).get(object_id, 0) + 1
+def _ended(
+    published: Published, topic: str, kafka: TopicHeld[S], held: Iterable[UUID], now: datetime, end: dict[str, object]
+) -> list[S]:
+    """The end (`end`: the fields that say so) of each object live in `kafka` but not `held` in
+    Postgres, at a version above the highest `topic` carried for it."""
+    known, top = set(held), published.top_versions(topic)
+    return [
+        s.model_copy(update={"id": uuid4(), "time": now, **end, "version": top.get(object_id, 0) + 1})
+        for object_id, s in sorted(kafka.live.items())
+        if object_id not in known
+    ]
 
 
 def ghost_keys(published: Published, live: Iterable[UUID], now: datetime) -> list[KeyState]:
-    held = set(live)
-    return [
-        s.model_copy(update={"id": uuid4(), "time": now, "deleted": True, "version": _above(published, KEYS.name, k)})
-        for k, s in sorted(published.keys.live.items())
-        if k not in held
-    ]
+    return _ended(published, KEYS.name, published.keys, live, now, {"deleted": True})
 
 
 def ghost_accounts(published: Published, held: Iterable[UUID], now: datetime) -> list[AccountState]:
-    known = set(held)
-    return [
-        s.model_copy(update={"id": uuid4(), "time": now, "deleted": True, "version": _above(published, ACCOUNTS.name, a)})
-        for a, s in sorted(published.accounts.live.items())
-        if a not in known
-    ]
+    return _ended(published, ACCOUNTS.name, published.accounts, held, now, {"deleted": True})
 
 
 def ghost_users(published: Published, held: Iterable[UUID], now: datetime) -> list[UserState]:
-    known = set(held)
-    return [
-        s.model_copy(
-            update={
-                "id": uuid4(),
-                "time": now,
-                "removed": True,
-                "sessions_not_before": now,
-                "version": _above(published, USERS.name, u),
-            }
-        )
-        for u, s in sorted(published.users.live.items())
-        if u not in known
-    ]
+    return _ended(published, USERS.name, published.users, held, now, {"removed": True, "sessions_not_before": now})
 
 
 def ghost_service_tokens(published: Published, live: Iterable[UUID], now: datetime) -> list[ServiceTokenState]:
-    held = set(live)
-    return [
-        s.model_copy(update={"id": uuid4(), "time": now, "revoked": True, "version": _above(published, SERVICE_TOKENS.name, t)})
-        for t, s in sorted(published.service_tokens.live.items())
-        if t not in held
-    ]
+    return _ended(published, SERVICE_TOKENS.name, published.service_tokens, live, now, {"revoked": True})
