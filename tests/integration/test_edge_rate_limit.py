@@ -46,18 +46,24 @@ async def test_redis_store_decides_exactly_like_the_in_process_store(redis_url):
         await shared.close()
 
 
+class RoundTrips:
+    """Counts a RedisStore's round trips to Redis (each runs its one Lua script)."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self.count = 0
+        script = store._script
+
+        async def counted(**kwargs):  # type: ignore[no-untyped-def]
+            self.count += 1
+            return await script(**kwargs)
+
+        store._script = counted  # type: ignore[assignment]
+
+
 async def test_redis_store_refuses_a_flood_from_its_copy_and_asks_redis_again_in_time(redis_url):
     prefix = f"t{uuid.uuid4().hex[:8]}:"
     store, other_replica = RedisStore(redis_url, prefix=prefix), RedisStore(redis_url, prefix=prefix)
-    round_trips = 0
-    script = store._script
-
-    async def counted(**kwargs):  # type: ignore[no-untyped-def]
-        nonlocal round_trips
-        round_trips += 1
-        return await script(**kwargs)
-
-    store._script = counted  # type: ignore[assignment]
+    trips = RoundTrips(store)
     limits = Limits(per_second=1.0, burst=2, per_minute=100)
     subjects, now = ("acct", "key"), 1_800_000_000.0
     try:
@@ -65,16 +71,16 @@ async def test_redis_store_refuses_a_flood_from_its_copy_and_asks_redis_again_in
         flood = [await store.hit(subjects, limits, now + 0.1 * i) for i in range(10)]  # the bucket refills 1/s
         assert not any(d.allowed for d in flood)
         assert [d.retry_after_s for d in flood] == [1] * 10
-        assert round_trips == 2  # the second took the last token: the flood is refused from the copy
+        assert trips.count == 2  # the second took the last token: the flood is refused from the copy
         # The screen's question, answered from the copy alike (and no answer once it would admit).
         assert store.refused(subjects, limits, now + 0.95) == flood[-1]
-        assert store.refused(subjects, limits, now + 1.0) is None and round_trips == 2
+        assert store.refused(subjects, limits, now + 1.0) is None and trips.count == 2
         # At 1 s the copy would admit, so Redis decides: another replica took the token meanwhile.
         assert (await other_replica.hit(subjects, limits, now + 1.0)).allowed
         assert not (await store.hit(subjects, limits, now + 1.0)).allowed
-        assert round_trips == 3
+        assert trips.count == 3
         assert (await store.hit(subjects, limits, now + 2.0)).allowed
-        assert round_trips == 4 and store.refused(subjects, limits, now + 2.5) is not None
+        assert trips.count == 4 and store.refused(subjects, limits, now + 2.5) is not None
         # While Redis judges the request the copy let through, the others can wait for its answer.
         first = asyncio.create_task(store.hit(subjects, limits, now + 3.0))
         await asyncio.sleep(0)  # it is at Redis now
@@ -82,7 +88,7 @@ async def test_redis_store_refuses_a_flood_from_its_copy_and_asks_redis_again_in
         assert judging is not None and store.refused(subjects, limits, now + 3.0) is None
         await judging
         assert (await first).allowed and store.judging(subjects) is None
-        assert store.refused(subjects, limits, now + 3.0) is not None and round_trips == 5
+        assert store.refused(subjects, limits, now + 3.0) is not None and trips.count == 5
     finally:
         await store.close()
         await other_replica.close()
@@ -93,29 +99,21 @@ async def test_redis_store_peeks_without_writing_from_its_copy_or_in_one_round_t
     the revocation check as a call does, and answers from the copy while the copy refuses."""
     prefix = f"t{uuid.uuid4().hex[:8]}:"
     store, redis = RedisStore(redis_url, prefix=prefix, revoked_prefix=f"{prefix}revoked:"), Redis.from_url(redis_url)
-    round_trips = 0
-    script = store._script
-
-    async def counted(**kwargs):  # type: ignore[no-untyped-def]
-        nonlocal round_trips
-        round_trips += 1
-        return await script(**kwargs)
-
-    store._script = counted  # type: ignore[assignment]
+    trips = RoundTrips(store)
     limits = Limits(per_second=1.0, burst=2, per_minute=100)
     subjects, now, known = ("acct", "key"), 1_800_000_000.0, KeyCheck(uuid.uuid4(), 1)
     try:
         peeked = [await store.peek(subjects, limits, now, known) for _ in range(5)]
-        assert peeked == [Decision(True, 2, 2, 0, 0)] * 5 and round_trips == 5  # the whole burst: nothing taken
+        assert peeked == [Decision(True, 2, 2, 0, 0)] * 5 and trips.count == 5  # the whole burst: nothing taken
         assert await redis.exists(prefix + "acct", prefix + "key") == 0
         assert [(await store.hit(subjects, limits, now)).allowed for _ in range(2)] == [True, True]
         refusal = store.refused(subjects, limits, now + 0.5)
-        assert refusal is not None and round_trips == 7
-        assert await store.peek(subjects, limits, now + 0.5, known) == refusal and round_trips == 7  # from the copy
+        assert refusal is not None and trips.count == 7
+        assert await store.peek(subjects, limits, now + 0.5, known) == refusal and trips.count == 7  # from the copy
         await store.revoke(KeyCheck(known.key_id, 2), how="disabled")  # another replica's toggle
         with pytest.raises(KeyRevoked):
             await store.peek(subjects, limits, now + 1.0, known)  # the copy lets one through: Redis is asked
-        assert round_trips == 8
+        assert trips.count == 8
     finally:
         await store.close()
         await redis.aclose()
