@@ -212,6 +212,15 @@ def _nice_values(pid: int) -> list[int]:
     return values
 
 
+def _slow_table(cfg: stack.StackConfig) -> None:
+    """tollgate.slow, 40 rows, made as the application: what the analysts' slow queries read."""
+    app = clickhouse.connect(cfg.clickhouse_dsn)
+    app.command("CREATE DATABASE tollgate")
+    app.command("CREATE TABLE tollgate.slow (n UInt32) ENGINE = MergeTree ORDER BY n")
+    app.command("INSERT INTO tollgate.slow SELECT number FROM numbers(40)")
+    app.close()
+
+
 def _niceness_while(cfg: stack.StackConfig, dsn: str) -> set[int]:
     """The server's thread nice values seen while `dsn`'s user runs a 2-second query."""
     client = clickhouse.connect(dsn)
@@ -235,11 +244,7 @@ def _niceness_while(cfg: stack.StackConfig, dsn: str) -> set[int]:
 
 def test_the_analysts_queries_run_at_nice_19_and_tollgates_own_do_not(own_server):
     cfg = own_server
-    app = clickhouse.connect(cfg.clickhouse_dsn)
-    app.command("CREATE DATABASE tollgate")
-    app.command("CREATE TABLE tollgate.slow (n UInt32) ENGINE = MergeTree ORDER BY n")
-    app.command("INSERT INTO tollgate.slow SELECT number FROM numbers(40)")
-    app.close()
+    _slow_table(cfg)
     assert 19 not in _niceness_while(cfg, cfg.clickhouse_dsn)
     assert 19 in _niceness_while(cfg, cfg.analyst_dsns()["http"])
 
@@ -268,11 +273,7 @@ def test_the_analysts_queries_together_are_bounded(own_server):
     how many run (a fifth beside four is refused: TOO_MANY_SIMULTANEOUS_QUERIES), so that a
     dashboard's many panels cannot hold N x 2 GB of the server's memory."""
     cfg = own_server
-    app = clickhouse.connect(cfg.clickhouse_dsn)
-    app.command("CREATE DATABASE tollgate")
-    app.command("CREATE TABLE tollgate.slow (n UInt32) ENGINE = MergeTree ORDER BY n")
-    app.command("INSERT INTO tollgate.slow SELECT number FROM numbers(40)")
-    app.close()
+    _slow_table(cfg)
     analysts = [clickhouse.connect(cfg.analyst_dsns()["http"]) for _ in range(5)]
     limits = (
         analysts[0]
