@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.apps import REPO, consumers_pids, free_port, worker_pids
+from tests.support.apps import REPO, consumers_pids, free_port, own_stack_env, worker_pids
 
 pytestmark = pytest.mark.integration
 
@@ -34,20 +34,7 @@ def test_up_serves_every_dependency_ready_with_a_demo_login_and_down_leaves_no_p
     # Under the repo, not /tmp/pytest-of-root (0700): the postgres user must reach its data dir.
     state = REPO / ".tollgate" / f"e2e-{uuid.uuid4().hex[:8]}"
     port = free_port()
-    env = {
-        **{
-            k: v
-            for k, v in os.environ.items()
-            if k not in {"KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL", "CLICKHOUSE_DSN", "CLICKHOUSE_DATABASE", "REDIS_URL"}
-        },
-        "TOLLGATE_STATE_DIR": str(state),
-        "TOLLGATE_KAFKA_PORT": str(free_port()),
-        "TOLLGATE_KAFKA_CONTROLLER_PORT": str(free_port()),
-        "TOLLGATE_POSTGRES_PORT": str(free_port()),
-        "TOLLGATE_CLICKHOUSE_HTTP_PORT": str(free_port()),
-        "TOLLGATE_CLICKHOUSE_TCP_PORT": str(free_port()),
-        "TOLLGATE_REDIS_PORT": str(free_port()),
-    }
+    env = own_stack_env(state)
     cli = [sys.executable, "-m", "services.runtime.host.cli"]
     pids: list[int] = []
     try:

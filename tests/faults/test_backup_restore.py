@@ -12,7 +12,6 @@ from `keys.v1` is there again without a manual step.
 
 import asyncio
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import pytest
 
 from services.runtime.host import backup, demo_data, stack
 from services.runtime.host.cli import DEMO_EMAIL, DEMO_PASSWORD
-from tests.support.apps import REPO, free_port
+from tests.support.apps import REPO, free_port, own_stack_env
 
 pytestmark = pytest.mark.integration
 CLI = [sys.executable, "-m", "services.runtime.host.cli"]
@@ -150,20 +149,7 @@ def test_backup_wipe_restore_up_gives_the_same_keys_counters_invoices_and_audit_
     state = REPO / ".tollgate" / f"e2e-backup-{uuid.uuid4().hex[:8]}"
     backup_dir = REPO / ".tollgate" / f"e2e-backup-{uuid.uuid4().hex[:8]}.backup"
     port = free_port()
-    env = {
-        **{
-            k: v
-            for k, v in os.environ.items()
-            if k not in {"KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL", "CLICKHOUSE_DSN", "CLICKHOUSE_DATABASE", "REDIS_URL"}
-        },
-        "TOLLGATE_STATE_DIR": str(state),
-        "TOLLGATE_KAFKA_PORT": str(free_port()),
-        "TOLLGATE_KAFKA_CONTROLLER_PORT": str(free_port()),
-        "TOLLGATE_POSTGRES_PORT": str(free_port()),
-        "TOLLGATE_CLICKHOUSE_HTTP_PORT": str(free_port()),
-        "TOLLGATE_CLICKHOUSE_TCP_PORT": str(free_port()),
-        "TOLLGATE_REDIS_PORT": str(free_port()),
-    }
+    env = own_stack_env(state)
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     try:
         printed = _up(env, port)

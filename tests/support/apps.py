@@ -98,6 +98,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def own_stack_env(state: Path) -> dict[str, str]:
+    """The environment for `tollgate` commands on a stack of their own: its state folder, free ports
+    for every part, and none of the test stack's addresses inherited."""
+    inherited = {"KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL", "CLICKHOUSE_DSN", "CLICKHOUSE_DATABASE", "REDIS_URL"}
+    return {
+        **{k: v for k, v in os.environ.items() if k not in inherited},
+        "TOLLGATE_STATE_DIR": str(state),
+        "TOLLGATE_KAFKA_PORT": str(free_port()),
+        "TOLLGATE_KAFKA_CONTROLLER_PORT": str(free_port()),
+        "TOLLGATE_POSTGRES_PORT": str(free_port()),
+        "TOLLGATE_CLICKHOUSE_HTTP_PORT": str(free_port()),
+        "TOLLGATE_CLICKHOUSE_TCP_PORT": str(free_port()),
+        "TOLLGATE_REDIS_PORT": str(free_port()),
+    }
+
+
 def settings_env(settings: Settings) -> dict[str, str]:
     """Environment variables that reproduce `settings` in a child process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
