@@ -199,7 +199,13 @@ async def test_every_outcome_reaches_the_caller_as_the_contract_says(stage: Stag
                 assert refused.headers["www-authenticate"] == "Bearer"
                 assert "received" not in refused.text  # the upstream never saw it
 
-            # Overloaded: every place of Tollgate's admitted lane is taken.
+            # Overloaded: every place of Tollgate's admitted lane is taken. First the admitted call's
+            # event is sent and its place free again, or its release after the places are taken
+            # would let the next call in.
+            async def flushed() -> bool:
+                return edge.calls.lanes.open == 0
+
+            await wait_until(flushed, timeout=10, interval=0.02)
             taken = 0
             while edge.calls.reserve():
                 taken += 1
