@@ -307,8 +307,9 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     expect(invoice.locator("#invoice-number")).to_have_text(re.compile(r"^TG-\d{6}$"), timeout=WAIT_MS)
     expect(invoice.locator("#invoice-total")).to_have_text(shown_amount)
     expect(invoice.get_by_role("heading", name="Invoice")).to_be_visible()
-    # its stylesheet applied (it loads after the written document: waited for, not assumed)
-    invoice.wait_for_function("getComputedStyle(document.body).maxWidth !== 'none'", timeout=WAIT_MS)
+    # its stylesheet applied (it loads after the written document: waited for, not assumed). Not
+    # wait_for_function: its string predicate is eval'd in the page, which the console's CSP refuses.
+    expect(invoice.locator("body")).to_have_css("max-width", "768px", timeout=WAIT_MS)  # invoice.css 48rem
     invoice.screenshot(path=str(SCREENSHOTS / "invoice-laptop.png"), full_page=True)
     invoice.close()
 
