@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from contracts.topics import CALLS
 from services.runtime.platform.consumer_lag import ConsumerLag
-from services.runtime.platform.group_handover import commit_offsets
+from services.runtime.platform.group_handover import GroupHandover, commit_offsets
 from services.runtime.platform.kafka import ensure_topics
 from services.runtime.platform.settings import Settings
 from tests.support.apps import running_app
@@ -53,6 +53,29 @@ async def test_lag_is_the_log_end_minus_the_groups_commit_for_this_tollgates_gro
     assert await reader.read() == {(ours, tp): 0}
     await reader.export()
     assert REGISTRY.get_sample_value("tollgate_kafka_consumer_committed_offset", labels) == 10
+
+
+async def test_a_group_handed_over_shows_no_lag_of_its_own_any_more(settings):
+    await ensure_topics(settings, (CALLS,))
+    tp = TopicPartition(settings.topic(CALLS.name), 0)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers)
+    await producer.start()
+    try:
+        end = (await producer.send_and_wait(tp.topic, b"{}", partition=0)).offset + 1
+    finally:
+        await producer.stop()
+    old, new = settings.group(f"lag-old-{uuid.uuid4().hex[:6]}"), settings.group(f"lag-new-{uuid.uuid4().hex[:6]}")
+    await commit(settings, old, {tp: end - 1})
+    reader = ConsumerLag(settings)
+    await reader.export()
+    old_labels = {"group": old, "topic": tp.topic, "partition": "0"}
+    assert REGISTRY.get_sample_value("tollgate_kafka_consumer_lag", old_labels) == 1
+
+    assert not await GroupHandover(settings.kafka_bootstrap_servers, tp.topic, old, new).hand_over()
+    await reader.export()
+    # the old group's last lag would otherwise stay on /metrics until the process restarts
+    assert REGISTRY.get_sample_value("tollgate_kafka_consumer_lag", old_labels) == 0
+    assert REGISTRY.get_sample_value("tollgate_kafka_consumer_lag", {**old_labels, "group": new}) == 1
 
 
 async def test_the_platform_exports_the_lag_of_every_group_that_consumes_call_events(settings):

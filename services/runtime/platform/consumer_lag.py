@@ -53,6 +53,7 @@ class ConsumerLag:
         self._prefix = settings.group("")
         interval = settings.consumer_lag_interval_seconds
         self._periodic = Periodic("consumer-lag", interval, self.export, what="reading consumer lag", log=log)
+        self._exported: set[tuple[str, str, str]] = set()
 
     async def start(self) -> None:
         await self._periodic.start()
@@ -68,10 +69,18 @@ class ConsumerLag:
 
     async def export(self) -> None:
         committed, ends = await self._offsets()
+        exported: set[tuple[str, str, str]] = set()
         for group, offsets in committed.items():
             for tp, records in lag(ends, offsets).items():
-                LAG.labels(group, tp.topic, str(tp.partition)).set(records)
-                COMMITTED.labels(group, tp.topic, str(tp.partition)).set(offsets[tp])
+                labels = (group, tp.topic, str(tp.partition))
+                LAG.labels(*labels).set(records)
+                COMMITTED.labels(*labels).set(offsets[tp])
+                exported.add(labels)
+        # A group whose offsets are gone (a handover deleted them) waits for nothing: its series
+        # reads 0 instead of its last lag. Removing it is not possible in multiprocess mode.
+        for labels in self._exported - exported:
+            LAG.labels(*labels).set(0)
+        self._exported = exported
 
     async def _offsets(self) -> tuple[dict[str, dict[TopicPartition, int]], dict[TopicPartition, int]]:
         """Every group's committed offsets, and the log end offsets of the partitions they name."""
