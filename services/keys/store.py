@@ -360,6 +360,19 @@ class KeysTx:
             (list(ids), list(versions)),
         )
 
+    async def keep_sessions_ended(self, ended: Mapping[UUID, datetime]) -> None:
+        """Each user's sessions_not_before at least the instant `ended` names (what Kafka's states
+        of it ended: services/keys/reconcile.py), its version moved on where it changes."""
+        if not ended:
+            return
+        ids, instants = zip(*ended.items(), strict=True)
+        await self.conn.execute(
+            """UPDATE keys.users AS u SET sessions_not_before = k.ended, version = u.version + 1
+                FROM unnest(%s::uuid[], %s::timestamptz[]) AS k(id, ended)
+                WHERE u.id = k.id AND (u.sessions_not_before IS NULL OR u.sessions_not_before < k.ended)""",
+            (list(ids), list(instants)),
+        )
+
     async def live_service_tokens(self) -> list[Row]:
         return await self._all(
             f"SELECT {_ST_COLUMNS} FROM keys.service_tokens WHERE revoked_at IS NULL ORDER BY id FOR SHARE", ()

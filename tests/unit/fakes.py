@@ -1226,6 +1226,12 @@ class FakeKeysStore:
             if row is not None and row["version"] < version:
                 row["version"] = version + 1
 
+    async def keep_sessions_ended(self, ended: Mapping[UUID, datetime]) -> None:
+        for user_id, instant in ended.items():
+            row = self.users.get(user_id)
+            if row is not None and (row["sessions_not_before"] is None or row["sessions_not_before"] < instant):
+                row.update(sessions_not_before=instant, version=row["version"] + 1)
+
     async def live_service_tokens(self) -> list[dict[str, Any]]:
         return [dict(self.tokens[t]) for t in sorted(self.tokens) if self.tokens[t]["revoked_at"] is None]
 
