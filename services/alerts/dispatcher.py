@@ -4,9 +4,10 @@ A sender keeps the delivery's row locked (SELECT ... FOR UPDATE SKIP LOCKED) for
 in an open transaction. Another process or the sweeper skips a locked row, so one message goes
 out per delivery; a sender that dies (even by SIGKILL) loses its connection and Postgres frees
 the row at once, so the sweeper of any live process resumes it. A round of attempts that all fail
-for a passing reason leaves the delivery pending until the next round is due (an outage of the
-SMTP server or SMS gateway loses no alert); one that fails permanently, or still fails when the
-window is over, is marked failed (visible in the rule listing) and is never sent again.
+for a passing reason leaves the delivery pending until its next attempt is due (an outage of the
+SMTP server or SMS gateway loses no alert), one attempt per call from then on, as a webhook's; one
+that fails permanently, or still fails when the window is over, is marked failed (visible in the
+rule listing) and is never sent again.
 
 Webhooks (v2), and the Slack and Teams posts (v4) that are webhooks with another body, retry for
 hours, too long to hold a lock: each call makes one attempt, and a failed one leaves the delivery
@@ -251,7 +252,8 @@ class Dispatcher:
         """A round of attempts with the row locked. Transient failures to the end of the round (an
         SMTP server or SMS gateway down for longer than its seconds) leave the delivery pending
         until the next round is due (the webhooks' backoff and window, returned as the last item),
-        so an outage loses no alert; after the window, or on a permanent error, it fails."""
+        so an outage loses no alert; after the window, or on a permanent error, it fails. Only the
+        first call is a round: later ones make one attempt each."""
         sender = self._senders.get(pending.channel)
         if sender is None:
             return DeliveryStatus.FAILED, 0, f"channel {pending.channel.value} is not available", None
@@ -266,8 +268,14 @@ class Dispatcher:
                 last = log_rows[-1]
                 log_rows[-1] = replace(last, next_attempt_at=datetime.now(UTC) + timedelta(seconds=state.upcoming_sleep))
 
+        # The first round tries a few times within seconds (a blip), the row locked and a slot of
+        # the dispatcher's taken meanwhile. A delivery that had its round makes one attempt per
+        # call, as a webhook does: an SMTP server or SMS gateway down for hours then costs each of
+        # its pending deliveries one attempt per backoff step, not a round of sleeps holding one of
+        # the slots every account's alerts (in-site, webhooks) share, again and again for 24 h.
+        first_round = pending.attempts == 0
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(self._retry.attempts),
+            stop=stop_after_attempt(self._retry.attempts if first_round else 1),
             wait=wait_exponential(multiplier=self._retry.initial_seconds, max=self._retry.max_seconds)
             + wait_random(0, self._retry.initial_seconds / 2),
             retry=retry_if_exception_type(DeliveryError) & retry_if_not_exception_type(PermanentDeliveryError),
@@ -290,8 +298,9 @@ class Dispatcher:
         except RetryError as exc:
             error = str(exc.last_attempt.exception())[:1000]
             backoff = self._webhook_backoff
-            rounds = (pending.attempts + attempts) // max(1, self._retry.attempts)
-            due = datetime.now(UTC) + timedelta(seconds=backoff.delay(rounds, random.random()))
+            # the n-th failed call (the round, then each single attempt) waits the n-th delay
+            failed_calls = 1 if first_round else 2 + max(0, pending.attempts - self._retry.attempts)
+            due = datetime.now(UTC) + timedelta(seconds=backoff.delay(failed_calls, random.random()))
             if due > pending.created_at + timedelta(seconds=backoff.window_seconds):  # the window is over
                 await store.record_attempts(conn, pending.id, log_rows)
                 return DeliveryStatus.FAILED, attempts, error, None

@@ -210,9 +210,11 @@ class WebhookSender:
 
 
 async def _head_of(response: httpx.Response) -> str:
-    """The first ANSWER_READ_BYTES of the answer's body, decoded (the rest is never read)."""
+    """The first ANSWER_READ_BYTES of the answer's body as it came, text-decoded (the rest is never
+    read). Never inflated: a receiver that compresses anyway (we ask for `identity`) would turn the
+    first read into ~1000 times its size (a gzip bomb), of which 4 KiB are kept."""
     head = b""
-    async for chunk in response.aiter_bytes():
+    async for chunk in response.aiter_raw():
         head += chunk
         if len(head) >= ANSWER_READ_BYTES:
             break

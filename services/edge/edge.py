@@ -338,13 +338,11 @@ class Edge:
     def issue_session(self, account_id: UUID, session_id: str, now: datetime, user_id: UUID | None = None) -> str:
         user = user_id or account_id  # the registering user's id is the account id
         expires = int(now.timestamp()) + self.settings.session_ttl_seconds
-        # Never "before" the user's known sessions_not_before: a login right after a password
-        # change answered by a replica whose clock is a little behind is not refused.
-        issued_at = now.timestamp()
-        state = self.users.get(user)
-        if state is not None and state.sessions_not_before is not None:
-            issued_at = max(issued_at, state.sessions_not_before.timestamp())
-        return sessions.issue(self._secret, sessions.SessionClaims(account_id, session_id, expires, issued_at, user))
+        # `now` is the issue time as the login took it, with the password check (keys' login: never
+        # before the sessions_not_before it checked against), not moved up to a newer one this
+        # edge learnt since: that would keep alive a session the old password opened just before
+        # a change.
+        return sessions.issue(self._secret, sessions.SessionClaims(account_id, session_id, expires, now.timestamp(), user))
 
     # ---- the request path ----------------------------------------------------------------
     def requires(

@@ -7,6 +7,7 @@ order: the caller's address, the route, the model (API.md, "Per-key limits and r
 """
 
 import ipaddress
+import unicodedata
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -99,9 +100,25 @@ class KeyGate:
 def _leaves_its_prefix(path: str) -> bool:
     """`/v1/../admin` starts with `/v1/` but is not under it: a path with a dot segment never
     matches, whatever the upstream makes of it. So the segments are read as the most lenient
-    upstream reads them: percent-decoded (`%2e`, and `%2f` a separator), `\\` a separator (IIS),
-    and a segment's `;parameters` dropped (Tomcat, Jetty: `..;/` is `../`)."""
-    for segment in unquote(path).replace("\\", "/").split("/"):
-        if segment.partition(";")[0] in (".", ".."):
+    upstream reads them: percent-decoded as often as it decodes (`%2e`, `%252e` for one that
+    decodes twice; `%2f` a separator), `\\` a separator (IIS), a segment's `;parameters` dropped
+    (Tomcat, Jetty: `..;/` is `../`), cut at a NUL (C), compatibility characters folded (NFKC:
+    the fullwidth full stop U+FF0E is `.`, U+2025 is `..`), and dots or spaces only, as Windows trims
+    them (`...`, `.. `), a dot segment too."""
+    decoded = path
+    for _ in range(_MAX_DECODINGS):
+        once = unquote(decoded)
+        if once == decoded:
+            break
+        decoded = once
+    else:
+        return True  # still encoded after that many decodings: no upstream reads it as meant
+    decoded = unicodedata.normalize("NFKC", decoded).replace("\\", "/")
+    for segment in decoded.split("/"):
+        name = segment.partition(";")[0].partition("\x00")[0]
+        if "." in name and not name.strip(". "):
             return True
     return False
+
+
+_MAX_DECODINGS = 4  # more layers of percent-encoding than any chain of upstreams decodes

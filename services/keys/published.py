@@ -7,12 +7,15 @@ account) and states newer than the restored rows (a key toggled off after the ba
 higher version than the backup's row). Every edge keeps the state with the highest version and
 rebuilds from the topics, so republishing the rows alone would leave both in force. `Published`
 folds the topics' records into what reconciling needs (services/keys/reconcile.py): per object,
-its newest state if it is live there, and the highest version any of its records carried.
-Pure: the records are handed in (the operator CLI reads them with a TopicFollower).
+its newest state if it is live there, and the highest version any of its records carried; per
+user, the newest end of its sessions any record carried (`UsersHeld.sessions_ended`), which a
+restored row must not undo. Pure: the records are handed in (the operator CLI reads them with a
+TopicFollower).
 """
 
 import logging
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Generic, TypeVar
 from uuid import UUID
 
@@ -64,6 +67,7 @@ class TopicHeld(Generic[S]):
         state = self.model.model_validate_json(value)
         object_id = _object_id(state)
         self.top[object_id] = max(self.top.get(object_id, 0), state.version)
+        self._seen(object_id, state)
         current = self.live.get(object_id)
         if current is not None and order_of(current) > order_of(state):
             return  # an older state after a newer one: edges keep the newer
@@ -71,6 +75,23 @@ class TopicHeld(Generic[S]):
             self.live[object_id] = state
         else:
             self.live.pop(object_id, None)
+
+    def _seen(self, object_id: UUID, state: S) -> None:
+        """Each valid state, in the topic's order (before the newest is chosen)."""
+
+
+@dataclass
+class UsersHeld(TopicHeld[UserState]):
+    """users.v1, and per user the latest instant before which any of its states ended its console
+    sessions (a password change, a removal: `sessions_not_before`). A restore keeps those ends, as
+    it keeps logouts: a session ended after the backup must not come back with it."""
+
+    sessions_ended: dict[UUID, datetime] = field(default_factory=dict)
+
+    def _seen(self, object_id: UUID, state: UserState) -> None:
+        ended, known = state.sessions_not_before, self.sessions_ended.get(object_id)
+        if ended is not None and (known is None or ended > known):
+            self.sessions_ended[object_id] = ended
 
 
 _AnyHeld = TopicHeld[KeyState] | TopicHeld[AccountState] | TopicHeld[UserState] | TopicHeld[ServiceTokenState]
@@ -82,7 +103,7 @@ class Published:
     def __init__(self) -> None:
         self.keys = TopicHeld(KeyState)
         self.accounts = TopicHeld(AccountState)
-        self.users = TopicHeld(UserState)
+        self.users = UsersHeld(UserState)
         self.service_tokens = TopicHeld(ServiceTokenState)
         self._by_topic: dict[str, _AnyHeld] = {
             KEYS.name: self.keys,

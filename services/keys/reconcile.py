@@ -4,7 +4,9 @@
 Two steps around the republish itself, in the one transaction (services/keys/service.py):
 - `move_past` (before): a row whose object Kafka holds at a higher version (changed after the
   backup) takes a version above it, so its republished state wins on every edge, which keeps
-  the highest version (contracts/events.py, order_of): the restore's state, not the lost one.
+  the highest version (contracts/events.py, order_of): the restore's state, not the lost one;
+  but a user's `sessions_not_before` is never earlier than Kafka's newest (a password change or
+  a removal after the backup ended sessions that the restored row would let back in).
 - the `ghost_*` ends (after): an object live in Kafka that Postgres does not hold live (made
   after the backup) gets its end at a version above Kafka's: a key deleted and a service token
   revoked (each with its tombstone), a user removed, an account deleted. Every edge, running or
@@ -27,6 +29,8 @@ async def move_past(tx: KeysTx, published: Published, topics: Collection[str]) -
     for topic in RECONCILED_TOPICS:
         if topic in topics:
             await tx.raise_versions(topic, published.top_versions(topic))
+            if topic == USERS.name:  # sessions ended after the backup stay ended, as logouts do
+                await tx.keep_sessions_ended(published.users.sessions_ended)
 
 
 def _ended(

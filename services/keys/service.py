@@ -199,12 +199,19 @@ class KeysService:
         rehashed = await asyncio.to_thread(self.hasher.hash, password) if self.hasher.check_needs_rehash(stored) else None
         async with self.store.transaction() as tx:
             # A password change may have landed while argon2 verified the old one (tens of ms): the
-            # old password then opens no session, and its rehash does not put it back.
-            if not await tx.keep_password_hash(row["id"], stored, rehashed):
+            # old password then opens no session, and its rehash does not put it back. Else the row
+            # stays locked while the session's time is taken, and a change waits for that before it
+            # takes its own (change_password): a session the old password opens here is older than
+            # the change's sessions_not_before, and ends with it.
+            user = await tx.keep_password_hash(row["id"], stored, rehashed)
+            if user is None:
                 raise InvalidCredentials()
+            issued_at = self.clock()
+            if user["sessions_not_before"] is not None:  # this replica's clock behind the change's
+                issued_at = max(issued_at, user["sessions_not_before"])
         if not self.edge.knows_account(row["account_id"]):
             await self.republish_account(row["account_id"])  # e.g. accounts.v1 was recreated: heal it
-        token = self.edge.issue_session(row["account_id"], secrets.token_urlsafe(16), self.clock(), row["id"])
+        token = self.edge.issue_session(row["account_id"], secrets.token_urlsafe(16), issued_at, row["id"])
         return token, self.session_ttl_seconds
 
     async def logout(self, account_id: UUID, user_id: UUID, session_id: str, *, audit: AuditContext) -> None:
@@ -231,9 +238,13 @@ class KeysService:
         except (VerificationError, InvalidHashError):
             raise WrongCurrentPassword() from None
         new_hash = await asyncio.to_thread(self.hasher.hash, new_password)
-        now = self.clock()
         changes = Changes()
         async with self.store.transaction() as tx:
+            # The row locked before the change's time is taken: a login that checked the old
+            # password took its session's time under its lock (login), so that session is older.
+            if await tx.user_by_id(user_id, for_update=True) is None:
+                raise NotFound("account")
+            now = self.clock()
             updated = await tx.set_user_password(user_id, new_hash, now)
             if updated is None:
                 raise NotFound("account")

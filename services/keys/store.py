@@ -129,21 +129,23 @@ class KeysTx:
         """The live user who logs in with this e-mail."""
         return await self._one("SELECT * FROM keys.users WHERE lower(email) = lower(%s) AND removed_at IS NULL", (email,))
 
-    async def user_by_id(self, user_id: UUID) -> Row | None:
+    async def user_by_id(self, user_id: UUID, *, for_update: bool = False) -> Row | None:
         """The user, removed or not."""
-        return await self._one("SELECT * FROM keys.users WHERE id = %s", (user_id,))
+        lock = " FOR UPDATE" if for_update else ""
+        return await self._one("SELECT * FROM keys.users WHERE id = %s" + lock, (user_id,))
 
-    async def keep_password_hash(self, user_id: UUID, verified_hash: str, rehashed: str | None) -> bool:
-        """Whether the user's password hash is still `verified_hash`; `rehashed`, if given, replaces it
-        then (a password change that landed meanwhile is never overwritten)."""
+    async def keep_password_hash(self, user_id: UUID, verified_hash: str, rehashed: str | None) -> Row | None:
+        """The user, locked until the transaction ends (a password change waits), if its password
+        hash is still `verified_hash`; `rehashed`, if given, replaces it then (a password change that
+        landed meanwhile is never overwritten). None: the hash changed."""
         if rehashed is None:
-            row = await self._one("SELECT id FROM keys.users WHERE id = %s AND password_hash = %s", (user_id, verified_hash))
-        else:
-            row = await self._one(
-                "UPDATE keys.users SET password_hash = %s WHERE id = %s AND password_hash = %s RETURNING id",
-                (rehashed, user_id, verified_hash),
+            return await self._one(
+                "SELECT * FROM keys.users WHERE id = %s AND password_hash = %s FOR SHARE", (user_id, verified_hash)
             )
-        return row is not None
+        return await self._one(
+            "UPDATE keys.users SET password_hash = %s WHERE id = %s AND password_hash = %s RETURNING *",
+            (rehashed, user_id, verified_hash),
+        )
 
     async def set_user_password(self, user_id: UUID, password_hash: str, sessions_not_before: datetime) -> Row | None:
         """A new password; every session of the user issued before `sessions_not_before` ends."""
@@ -356,6 +358,19 @@ class KeysTx:
                 FROM unnest(%s::uuid[], %s::bigint[]) AS k(id, version)
                 WHERE t.id = k.id AND t.version < k.version""",
             (list(ids), list(versions)),
+        )
+
+    async def keep_sessions_ended(self, ended: Mapping[UUID, datetime]) -> None:
+        """Each user's sessions_not_before at least the instant `ended` names (what Kafka's states
+        of it ended: services/keys/reconcile.py), its version moved on where it changes."""
+        if not ended:
+            return
+        ids, instants = zip(*ended.items(), strict=True)
+        await self.conn.execute(
+            """UPDATE keys.users AS u SET sessions_not_before = k.ended, version = u.version + 1
+                FROM unnest(%s::uuid[], %s::timestamptz[]) AS k(id, ended)
+                WHERE u.id = k.id AND (u.sessions_not_before IS NULL OR u.sessions_not_before < k.ended)""",
+            (list(ids), list(instants)),
         )
 
     async def live_service_tokens(self) -> list[Row]:

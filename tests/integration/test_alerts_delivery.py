@@ -118,6 +118,28 @@ async def test_an_smtp_server_down_longer_than_a_round_loses_no_alert(settings, 
     assert [m["Message-ID"] for m in smtp_server.to("outage@example.com")] == [message_id(email_id)]
 
 
+async def test_during_an_outage_a_delivery_past_its_first_round_makes_one_attempt_per_call(
+    settings, pool, smtp_server, sms_gateway
+):
+    """(review) Each later call is one attempt (as a webhook's), not another round of attempts and
+    sleeps holding the row and one of the dispatcher's slots, which every account's in-site and
+    webhook alerts share, at every backoff step of a 24 h outage."""
+    settings = alert_settings(settings, smtp_server, sms_gateway)
+    dead_smtp = settings.model_copy(update={"smtp_port": free_port()})
+    down = Dispatcher(pool, [EmailChannel(dead_smtp)], settings.console_url, retry=FAST)
+    (email_id,) = await _fire(pool, [Channel.EMAIL], [EmailRecipient(email="long-outage@example.com")])
+    await down.deliver(email_id)
+    assert _delivery(settings, email_id)["attempts"] == 3  # the first round
+    for attempts in (4, 5):
+        query(settings, "UPDATE alerts.deliveries SET next_attempt_at = now() WHERE id = %s RETURNING id", email_id)
+        await down.deliver(email_id)
+        row = _delivery(settings, email_id)
+        assert (row["status"], row["attempts"]) == ("pending", attempts) and row["next_attempt_at"] > datetime.now(UTC)
+    logged = query(settings, "SELECT attempt FROM alerts.delivery_attempts WHERE delivery_id = %s ORDER BY attempt", email_id)
+    assert [r["attempt"] for r in logged] == [1, 2, 3, 4, 5]
+    await down.stop()
+
+
 async def test_concurrent_senders_and_sweeps_send_each_delivery_once(settings, pool, smtp_server, sms_gateway):
     settings = alert_settings(settings, smtp_server, sms_gateway)
     recipients = [EmailRecipient(email=f"user{i}@example.com") for i in range(5)]

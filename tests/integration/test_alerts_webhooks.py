@@ -3,12 +3,14 @@ deliveries retried with backoff, the per-attempt delivery log, and the SSRF guar
 and at delivery."""
 
 import asyncio
+import gzip
 import itertools
 import json
 import socket
 import ssl
 import threading
 import time
+import tracemalloc
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -469,4 +471,30 @@ async def test_a_receiver_that_drips_or_never_ends_its_answer_cannot_hold_the_se
             assert (flood.status_code, flood.error) == (200, None)  # the status is the answer; the rest is not read
     finally:
         stop_dripping.set()
+        await sender.close()
+
+
+async def test_a_compressed_answer_is_not_inflated_past_its_head() -> None:
+    """(review) The sender asks for an uncompressed answer, but a receiver may send gzip anyway:
+    inflating the first 64 KiB read of it made up to 64 MiB (a gzip bomb, ~1000:1) of an answer of
+    which 4 KiB are read, per attempt and slot. The answer's head is read as it came, never inflated."""
+    bomb = gzip.compress(b"\0" * (48 << 20), compresslevel=9)
+
+    def gzipped(conn: socket.socket) -> None:
+        head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(bomb)
+        conn.sendall(head + bomb)
+
+    sender = WebhookSender(allow_private=True, timeout_seconds=5.0)
+    try:
+        with _raw_receiver(gzipped) as port:
+            request = WebhookRequest(f"http://127.0.0.1:{port}/", "whsec_x", uuid.uuid4(), 1, b"{}")
+            tracemalloc.start()
+            try:
+                result = await sender.attempt(request, datetime.now(UTC))
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+        assert (result.status_code, result.error) == (200, None)
+        assert peak < 4 << 20, f"{peak / (1 << 20):.1f} MiB held for a 4 KiB head"
+    finally:
         await sender.close()

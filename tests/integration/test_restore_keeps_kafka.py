@@ -118,3 +118,41 @@ async def test_credentials_made_after_the_backup_are_refused_and_the_backups_sta
         # the restored state goes on from there: the key disabled in the backup can be enabled again
         assert (await client.post(f"/api/api-keys/{off['id']}/toggle", headers=console)).status_code == 200
         assert (await client.get("/api/geo/projects", headers=bearer(off["key"]))).status_code == 200
+
+
+async def test_sessions_ended_after_the_backup_stay_ended_after_the_restore(settings):
+    """(review) A password change after the backup (the owner's answer to a stolen session) and a
+    member's removal ended their sessions; the restored users, republished above Kafka's versions,
+    carried the backup's sessions_not_before and let those sessions back in. They stay ended, as
+    logouts after the backup do; the restored member and password log in again."""
+    async with running_app(settings) as (_, client):
+        account, console = await signup(client)
+        login = await client.post("/api/auth/login", json={"email": account["email"], "password": PASSWORD})
+        stolen = bearer(login.json()["access_token"])
+        member_email = f"kept-{account['id'][:8]}@example.com"
+        member = await add_member(client, console, member_email)
+        member_id = next(
+            m["id"]
+            for m in (await client.get("/api/account/members", headers=console)).json()["items"]
+            if m["email"] == member_email
+        )
+        back_up(settings.database_url)
+
+        assert (await client.delete(f"/api/account/members/{member_id}", headers=console)).status_code == 204
+        body = {"current_password": PASSWORD, "new_password": "a brand new passphrase"}
+        assert (await client.put("/api/account/password", json=body, headers=console)).status_code == 204
+        for headers in (stolen, member):
+            assert (await client.get("/api/account", headers=headers)).status_code == 401
+
+    restore(settings.database_url)
+    await republish(settings)
+
+    async with running_app(settings) as (_, client):  # edges rebuilt from the reconciled topics
+        for headers in (stolen, member, console):
+            refused = await client.get("/api/account", headers=headers)
+            assert (refused.status_code, refused.json()["error"]["code"]) == (401, "invalid_session")
+        for email in (account["email"], member_email):  # the backup's users and passwords
+            again = await client.post("/api/auth/login", json={"email": email, "password": PASSWORD})
+            assert again.status_code == 200, again.text
+            fresh = bearer(again.json()["access_token"])
+            assert (await client.get("/api/account", headers=fresh)).status_code == 200

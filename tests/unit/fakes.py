@@ -1037,17 +1037,17 @@ class FakeKeysStore:
         found = (u for u in self.users.values() if u["email"].lower() == email.lower() and u["removed_at"] is None)
         return next((dict(u) for u in found), None)
 
-    async def user_by_id(self, user_id: UUID) -> dict[str, Any] | None:
+    async def user_by_id(self, user_id: UUID, *, for_update: bool = False) -> dict[str, Any] | None:
         row = self.users.get(user_id)
         return None if row is None else dict(row)
 
-    async def keep_password_hash(self, user_id: UUID, verified_hash: str, rehashed: str | None) -> bool:
+    async def keep_password_hash(self, user_id: UUID, verified_hash: str, rehashed: str | None) -> dict[str, Any] | None:
         user = self.users.get(user_id)
         if user is None or user["password_hash"] != verified_hash:
-            return False
+            return None
         if rehashed is not None:
             user["password_hash"] = rehashed
-        return True
+        return dict(user)
 
     async def set_user_password(self, user_id: UUID, password_hash: str, sessions_not_before: datetime) -> dict[str, Any] | None:
         return await self._update_user(user_id, password_hash=password_hash, sessions_not_before=sessions_not_before)
@@ -1225,6 +1225,12 @@ class FakeKeysStore:
             row = table[topic].get(object_id)
             if row is not None and row["version"] < version:
                 row["version"] = version + 1
+
+    async def keep_sessions_ended(self, ended: Mapping[UUID, datetime]) -> None:
+        for user_id, instant in ended.items():
+            row = self.users.get(user_id)
+            if row is not None and (row["sessions_not_before"] is None or row["sessions_not_before"] < instant):
+                row.update(sessions_not_before=instant, version=row["version"] + 1)
 
     async def live_service_tokens(self) -> list[dict[str, Any]]:
         return [dict(self.tokens[t]) for t in sorted(self.tokens) if self.tokens[t]["revoked_at"] is None]

@@ -3,6 +3,7 @@ escaping, the https-only rule, and which rules may name them."""
 
 import json
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import httpx
@@ -156,7 +157,11 @@ async def test_creation_refuses_plain_http_for_chat_channels_before_resolving():
 def _sender(status: int, answer: str, seen: list[httpx.Request], allow_private: bool = True) -> webhook.WebhookSender:
     def handle(request: httpx.Request) -> httpx.Response:
         seen.append(request)
-        return httpx.Response(status, text=answer)
+
+        async def streamed() -> AsyncIterator[bytes]:  # as a server's answer arrives (the sender reads its head raw)
+            yield answer.encode()
+
+        return httpx.Response(status, content=streamed())
 
     return webhook.WebhookSender(allow_private, client=httpx.AsyncClient(transport=httpx.MockTransport(handle)))
 

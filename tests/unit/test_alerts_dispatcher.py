@@ -94,9 +94,34 @@ async def test_an_smtp_outage_longer_than_a_round_postpones_the_delivery_and_it_
     assert rows.log[-1].next_attempt_at == due and "refused" in (rows.error or "")
     await dispatcher.deliver(delivery_id)  # a sweep before it is due sends nothing
     assert channel.sent == 0 and rows.attempts == 3
-    rows.next_attempt_at = datetime.now(UTC)  # due now
+    rows.next_attempt_at = datetime.now(UTC)  # due now: one attempt (the round was the first call's)
+    await dispatcher.deliver(delivery_id)
+    assert (rows.status, rows.attempts, channel.sent) == ("pending", 4, 0)
+    due = rows.next_attempt_at
+    assert due is not None and timedelta(seconds=59) < due - datetime.now(UTC) <= timedelta(seconds=67)  # the next step
+    rows.next_attempt_at = datetime.now(UTC)
     await dispatcher.deliver(delivery_id)
     assert (rows.status, rows.attempts, channel.sent) == ("sent", 5, 1)
+    await dispatcher.stop()
+
+
+async def test_after_its_first_round_a_delivery_makes_one_attempt_per_call_holding_no_slot_through_sleeps(rows):
+    """(review) An outage of hours made every pending e-mail or SMS delivery run a whole round at
+    each backoff step for 24 h: its sleeps (and up to five connect timeouts) with the row locked and
+    one of the dispatcher's slots taken, the slots every account's in-site and webhook alerts share.
+    After the first round, each call is one attempt, as a webhook's (no sleep), at the next step."""
+    channel = _Down(failures=99)
+    dispatcher = Dispatcher(_Pool(), [channel], "https://console", retry=FAST, webhook_backoff=Backoff(30, 3600, 86400))  # type: ignore[arg-type]
+    delivery_id = uuid.uuid4()
+    await dispatcher.deliver(delivery_id)  # the first round: 3 attempts
+    assert rows.attempts == 3
+    for calls, delay in ((1, 60), (2, 120), (3, 240)):
+        rows.next_attempt_at = datetime.now(UTC)
+        await dispatcher.deliver(delivery_id)
+        assert (rows.status, rows.attempts, len(rows.log)) == ("pending", 3 + calls, 3 + calls)
+        due = rows.next_attempt_at
+        assert due is not None and delay - 1 < (due - datetime.now(UTC)).total_seconds() <= delay * 1.1
+        assert rows.log[-1].number == 3 + calls and rows.log[-1].next_attempt_at == due
     await dispatcher.stop()
 
 

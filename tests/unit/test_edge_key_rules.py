@@ -78,6 +78,8 @@ def test_addresses_in_the_allowed_networks_pass_ipv4_and_ipv6(ip: str, allowed: 
         ("GET", "/v1/models/gpt", False),  # exact
         ("POST", "/v1/chat/../admin", False),  # a dot segment never matches a prefix
         ("POST", "/v1/chat/%2e%2e/admin", False),
+        ("POST", "/v1/chat/v1.2/a.b.", True),  # dots inside names are no dot segments
+        ("POST", "/v1/chat/100%25", True),  # a literal percent, decoded to a fixed point
     ],
 )
 def test_routes_match_exactly_or_by_their_prefix(method: str, path: str, allowed: bool):
@@ -94,6 +96,15 @@ def test_routes_match_exactly_or_by_their_prefix(method: str, path: str, allowed
         "/v1/chat/x%2f..%2f..%2fadmin",
         "/v1/chat/..%5Cadmin",  # a backslash, a separator to IIS and to some proxies
         "/v1/chat/..\\admin",
+        # (review) what an upstream that decodes twice, trims, truncates or folds resolves out of it
+        "/v1/chat/%252e%252e/admin",  # decoded twice (a proxy, then the framework)
+        "/v1/chat/x%252F..%252F..%252Fadmin",
+        "/v1/chat/%25252525252e%25252525252e/admin",  # more layers than any upstream decodes
+        "/v1/chat/..%00/admin",  # C: the segment ends at the NUL
+        "/v1/chat/%EF%BC%8E%EF%BC%8E/admin",  # fullwidth full stops, `..` once NFKC-folded
+        "/v1/chat/%E2%80%A5/admin",  # U+2025 TWO DOT LEADER, `..` once folded
+        "/v1/chat/.../admin",  # Windows trims trailing dots and spaces
+        "/v1/chat/..%20/admin",
     ],
 )
 def test_a_prefix_never_matches_a_path_that_an_upstream_may_resolve_out_of_it(path: str):

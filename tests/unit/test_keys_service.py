@@ -2,7 +2,7 @@
 a fake local edge and a fake clock. No I/O; argon2 with the cheapest parameters."""
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from uuid import UUID, uuid4
 
 import pytest
@@ -141,6 +141,46 @@ async def test_a_password_change_during_the_login_verify_opens_no_session_and_st
     await world.service.login("ada@example.com", "a new password")
     with pytest.raises(InvalidCredentials):
         await world.service.login("ada@example.com", PASSWORD)
+
+
+async def test_a_password_change_landing_after_the_login_check_ends_the_session_it_opens(
+    world: World, monkeypatch: pytest.MonkeyPatch
+):
+    """(review) The session's issue time is taken with the password check (the user's row locked
+    there), not afterwards: a change that lands after the check, before the session is issued,
+    still ends the session the old password opened. Here it lands at the account's heal step."""
+    account_id = await world.register()
+    issued: list[datetime] = []
+    issue = world.edge.issue_session
+
+    def recorded(account: UUID, session_id: str, now: datetime, user_id: UUID) -> str:
+        issued.append(now)
+        return issue(account, session_id, now, user_id)
+
+    async def change_lands(account: UUID) -> None:
+        world.clock.advance(milliseconds=1)
+        await world.service.change_password(account_id, PASSWORD, "a new password", audit=ACTOR)
+        world.clock.advance(milliseconds=1)
+
+    monkeypatch.setattr(world.edge, "issue_session", recorded)
+    monkeypatch.setattr(world.edge, "knows_account", lambda _account: False)
+    monkeypatch.setattr(world.service, "republish_account", change_lands)
+    await world.service.login("ada@example.com", PASSWORD)
+    assert issued[0] < world.store.users[account_id]["sessions_not_before"]
+
+
+async def test_a_login_after_a_password_change_is_issued_no_earlier_than_the_change(world: World):
+    """A replica whose clock is behind the one that changed the password does not issue a session
+    that the change's sessions_not_before ends at once: the login takes it from the checked row."""
+    account_id = await world.register()
+    await world.service.change_password(account_id, PASSWORD, "a new password", audit=ACTOR)
+    changed_at = world.store.users[account_id]["sessions_not_before"]
+    world.clock.advance(seconds=-5)
+    issued: list[datetime] = []
+    issue = world.edge.issue_session
+    world.edge.issue_session = lambda a, s, now, u: issued.append(now) or issue(a, s, now, u)  # type: ignore[method-assign]
+    await world.service.login("ada@example.com", "a new password")
+    assert issued == [changed_at]
 
 
 async def test_login_rehashes_a_password_hashed_with_older_parameters(world: World):

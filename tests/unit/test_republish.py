@@ -416,3 +416,31 @@ async def test_a_republish_given_what_kafka_holds_ends_what_postgres_lost_and_ou
     await s.republish(REPUBLISHED_TOPICS, kafka_of(keys))
     assert not any(k.deleted for k in keys.edge.delivered[0].keys)
     assert keys.store.keys[ids["disabled"]]["version"] == 4
+
+
+async def test_sessions_ended_after_the_backup_stay_ended_when_the_restored_users_are_republished(keys: Keys):
+    """(review) A password change or a removal after the backup ended sessions (a stolen one, say);
+    the restored rows said nothing of it, and their states, republished above Kafka's versions,
+    let those sessions back in. Their sessions_not_before is kept, as logouts are."""
+    s = keys.service
+    ids = await keys.populated()
+    issued = keys.clock().timestamp()  # the sessions of both users before the backup
+    keys.clock.advance(seconds=1)
+    backup = copy.deepcopy((keys.store.accounts, keys.store.users, keys.store.keys, keys.store.tokens))
+    await s.change_password(ids["account"], "pw-123456789", "a new password", audit=ACTOR)
+    await s.remove_member(ids["account"], ids["member"], audit=ACTOR)
+    kafka = kafka_of(keys)
+    keys.store.accounts, keys.store.users, keys.store.keys, keys.store.tokens = backup  # the restore
+    keys.clock.advance(seconds=1)
+
+    await s.republish(REPUBLISHED_TOPICS, kafka)
+
+    users = UserSessions()
+    for topic, _key, value in keys.store.outbox:  # an edge rebuilding from the topics
+        if topic == "users.v1" and value is not None:
+            users.apply(UserState.model_validate_json(value))
+    assert users.ended(ids["account"], issued) and users.ended(ids["member"], issued)
+    assert not users.get(ids["member"]).removed  # the backup's member is back, its old sessions are not
+    assert not users.ended(ids["account"], keys.clock().timestamp())  # a login after the restore is good
+    for user in (ids["account"], ids["member"]):  # and Postgres says the same to the next republish
+        assert keys.store.users[user]["sessions_not_before"] == kafka.users.sessions_ended[user]

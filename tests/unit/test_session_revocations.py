@@ -95,3 +95,14 @@ def test_the_session_ttl_cannot_outlast_the_retention_of_logouts():
     assert Settings(session_ttl_seconds=SESSIONS_RETENTION_S).session_ttl_seconds == SESSIONS_RETENTION_S
     with pytest.raises(ValidationError, match="SESSION_TTL_SECONDS must be at most 604800"):
         Settings(session_ttl_seconds=SESSIONS_RETENTION_S + 1)
+
+
+def test_a_session_is_issued_at_the_time_given_not_moved_past_a_password_change_the_edge_learnt_since():
+    """(review) The login takes the issue time with its password check; a change that reached this
+    edge after that check ends the session the old password opened, it does not renew it."""
+    edge = _edge(TTL)
+    edge.users.apply(_user(USER, NOW, not_before=NOW + timedelta(milliseconds=1)))
+    token = edge.issue_session(USER, "s1", NOW, USER)
+    with pytest.raises(ApiError) as refused:
+        edge._authenticate_session(token, NOW + timedelta(seconds=1))
+    assert refused.value.code == ErrorCode.INVALID_SESSION
