@@ -617,7 +617,9 @@ class KeysService:
         now = self.clock()
         changes = Changes()
         async with self.store.transaction() as tx:
+            # under the row lock: of two rotations at once, the second sees the first's grace
             old = await self._key_to_write(tx, account_id, key_id, only_own)
+            domain.check_not_rotated(old["delete_at"])
             roles = await self._roles(tx, old)
             if grace_seconds == 0:
                 old = await tx.mark_deleted(key_id, now)
