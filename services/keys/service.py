@@ -573,11 +573,13 @@ class KeysService:
 
     @staticmethod
     def _listed(row: Row, now: datetime) -> Row:
-        """A key as listed: `status` as listed (`expired` computed now), `rotation_due`."""
+        """A key as listed: `status` as listed (`expired` computed now), `rotation_due`, `rotated`
+        (in the grace period of its rotation: the console offers no second rotation)."""
         return {
             **row,
             "status": domain.listed_status(KeyStatus(row["status"]), row["expires_at"], now),
             "rotation_due": rotation_due(row["created_at"], now),
+            "rotated": row["delete_at"] is not None,
         }
 
     async def toggle(self, account_id: UUID, key_id: UUID, *, audit: AuditContext, only_own: UUID | None = None) -> Row:

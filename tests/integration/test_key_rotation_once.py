@@ -42,6 +42,7 @@ async def test_a_key_in_its_grace_period_is_not_rotated_again(client):
     assert await permanent_keys(client, console) == [successor["id"]]
     listed = {k["id"]: k for k in (await client.get("/api/api-keys", headers=console)).json()["items"]}
     assert set(listed) == {old["id"], successor["id"]}  # the old key's grace unchanged, no new key
+    assert (listed[old["id"]]["rotated"], listed[successor["id"]]["rotated"]) == (True, False)
     assert (await client.get("/api/geo/projects", headers=bearer(old["key"]))).status_code == 200
 
     # the successor is the key to rotate: once more, one permanent key

@@ -342,7 +342,8 @@ async def test_a_key_in_its_grace_period_cannot_be_rotated_again_only_its_succes
     assert caught.value.code == ErrorCode.CONFLICT and "already rotated" in caught.value.message
     # nothing written: no second successor, the old key's grace unchanged, no audit entry
     assert world.store.outbox == before
-    assert [r["id"] for r in await world.service.list_keys(account_id)] == [old["id"], new["id"]]
+    listed = await world.service.list_keys(account_id)
+    assert {r["id"]: r["rotated"] for r in listed} == {old["id"]: True, new["id"]: False}  # the console's hint
     assert world.store.keys[old["id"]]["delete_at"] == world.clock.now + timedelta(seconds=3600)
     # the successor is the one to rotate: one permanent key remains
     newest, _ = await world.service.rotate(account_id, new["id"], 60, audit=ACTOR)
