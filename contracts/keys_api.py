@@ -155,6 +155,11 @@ class KeyItem(KeyRules):
     last_used_at: AwareDatetime | None
     created_by: UUID | None = None  # (v2) the user who created it
     rotation_due: bool = Field(default=False, description="(v2) Older than 90 days: rotate it (create a new key, move, delete).")
+    rotated: bool = Field(
+        default=False,
+        description="Extension: the key was rotated and is in its grace period (it ends at `expires_at`); it has its "
+        "successor and cannot be rotated again (409 `conflict`): rotate the successor.",
+    )
     usage: KeyUsage = Field(default_factory=list)
 
 

@@ -17,7 +17,11 @@ fires once at creation.
 Channels and recipients must fit each other (otherwise 422 `validation_error` with `details`):
 `email` needs an `{email}` recipient and `sms` a `{phone}` recipient (E.164), and each such recipient needs its
 channel; `in_site` needs no recipient: it goes to the account's inbox (`GET /api/notifications`). A `{user_id}`
-recipient names that inbox's user, needs `in_site`, and must be the account's own id (an account has one user).
+recipient names a user of the account (its own id, the registering user's, or a member's from
+`GET /api/account/members`) and needs `in_site`; the inbox is the account's, read by all its users, so the rule
+posts there once per firing however many users it names. A user id that is not a live user of the account
+(unknown, removed, or another account's: the same answer for all) is 422 with `details[].field` =
+`recipients.<i>.user_id`; a member added a moment ago is known within about a second (users.v1).
 
 (v2) `webhook` needs a `{url}` recipient: http or https (else 422). A URL whose host resolves to a loopback,
 private, link-local, unique-local, multicast or otherwise non-global address is 422 unless the operator set

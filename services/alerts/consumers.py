@@ -1,12 +1,12 @@
-"""Subscribers: quota.v1 (latest usage per resource, in batches), quota-thresholds.v1 (fire rules) and (v2)
-keys.v1 (key ages, for the rotation reminder), each
+"""Subscribers: quota.v1 (latest usage per resource, in batches), quota-thresholds.v1 (fire rules), (v2)
+keys.v1 (key ages, for the rotation reminder) and users.v1 (the accounts' users: a rule's `{user_id}`), each
 through the one subscribe helper (offsets committed after the transaction, malformed events to
 the dead-letter topic)."""
 
 from faststream.kafka import KafkaBroker, KafkaRouter
 
-from contracts.events import QUOTA_RECORDS, KeyState, QuotaRecord, QuotaState, QuotaThresholdCrossed
-from contracts.topics import KEYS, QUOTA, QUOTA_THRESHOLDS
+from contracts.events import QUOTA_RECORDS, KeyState, QuotaRecord, QuotaState, QuotaThresholdCrossed, UserState
+from contracts.topics import KEYS, QUOTA, QUOTA_THRESHOLDS, USERS
 from services.alerts.service import AlertsService
 from services.runtime.platform.settings import Settings
 from services.runtime.platform.subscribe import Reading, Subscriber
@@ -40,4 +40,5 @@ def build_router(service: AlertsService, broker: KafkaBroker, settings: Settings
         gather_ms=QUOTA_STATES_GATHER_MS,
     )
     subscribe.each(KEYS, Reading(KeyState), group="alerts.keys", handle=service.save_key)
+    subscribe.each(USERS, Reading(UserState), group="alerts.users", handle=service.save_user)
     return subscribe.router

@@ -34,7 +34,7 @@ class Problem:
     type: str = "value_error"
 
 
-def validate_rule(account_id: UUID, channels: Sequence[Channel], recipients: Sequence[Recipient]) -> list[Problem]:
+def validate_rule(channels: Sequence[Channel], recipients: Sequence[Recipient]) -> list[Problem]:
     """Channels and recipients must fit each other, so no recipient is silently ignored:
 
     - `email` needs at least one `{email}` recipient, and an `{email}` recipient needs `email`;
@@ -44,13 +44,14 @@ def validate_rule(account_id: UUID, channels: Sequence[Channel], recipients: Seq
       three: they share the `{url}` recipients, and a Tollgate webhook body posted to a Slack URL
       (or a Slack message to a Teams one) would only be refused there;
     - `in_site` needs no recipient: it lands in the account's inbox (`GET /api/notifications`).
-      A `{user_id}` recipient names that inbox's user and needs `in_site`; an account has one
-      user (the account itself), so any other id is refused rather than leaking usage figures.
+      A `{user_id}` recipient names a user of the account who reads that inbox and needs
+      `in_site`; whether the id is one of the account's users is `unknown_users`' question (it
+      needs the users alerts has learnt from users.v1).
     """
     problems: list[Problem] = []
     if len(set(channels)) != len(channels):
         problems.append(Problem("channels", "Each channel may appear once."))
-    keys = [recipient_key(account_id, r) for r in recipients]
+    keys = [recipient_key(r) for r in recipients]
     if len(set(keys)) != len(keys):
         problems.append(Problem("recipients", "Each recipient may appear once."))
     kinds = {type(r) for r in recipients}
@@ -70,14 +71,29 @@ def validate_rule(account_id: UUID, channels: Sequence[Channel], recipients: Seq
     if UserRecipient in kinds and Channel.IN_SITE not in wanted:
         problems.append(Problem("channels", "A {user_id} recipient needs the in_site channel."))
     for index, recipient in enumerate(recipients):
-        if isinstance(recipient, UserRecipient) and recipient.user_id != account_id:
-            problems.append(Problem(f"recipients.{index}.user_id", "The user is not a user of this account."))
         if isinstance(recipient, WebhookRecipient):
             try:
                 targets.parse_target(recipient.url)
             except targets.TargetError as exc:
                 problems.append(Problem(f"recipients.{index}.url", str(exc)))
     return problems
+
+
+def user_ids_to_check(account_id: UUID, recipients: Sequence[Recipient]) -> list[UUID]:
+    """The `{user_id}` recipients to look up among the account's users: all but the account's own
+    id, which is its registering user's (an account from before members never published it)."""
+    return [r.user_id for r in recipients if isinstance(r, UserRecipient) and r.user_id != account_id]
+
+
+def unknown_users(account_id: UUID, recipients: Sequence[Recipient], members: set[UUID]) -> list[Problem]:
+    """A `{user_id}` recipient that is not a live user of the account (`members`: those of
+    `user_ids_to_check` that are): unknown, removed and another account's users get the same
+    answer, so the refusal tells nothing about other accounts."""
+    return [
+        Problem(f"recipients.{index}.user_id", "The user is not a user of this account.")
+        for index, r in enumerate(recipients)
+        if isinstance(r, UserRecipient) and r.user_id != account_id and r.user_id not in members
+    ]
 
 
 # The channels that send to addresses named in the rule, with the recipient kind each needs.
@@ -90,8 +106,9 @@ _ADDRESSED: tuple[tuple[Channel, type[Recipient], str], ...] = (
 )
 
 
-def recipient_key(account_id: UUID, recipient: Recipient) -> str:
-    """The normal form a delivery is unique on: `email:a@b.c`, `phone:+49...`, `account:<id>`."""
+def recipient_key(recipient: Recipient) -> str:
+    """The normal form a recipient is unique on: `email:a@b.c`, `phone:+49...`, `url:...`,
+    `user:<id>` (deliveries use it for the addressed channels; in-site goes to `account:<id>`)."""
     if isinstance(recipient, EmailRecipient):
         local, _, domain = recipient.email.partition("@")
         return f"email:{local}@{domain.lower()}"
@@ -99,7 +116,7 @@ def recipient_key(account_id: UUID, recipient: Recipient) -> str:
         return f"phone:{recipient.phone}"
     if isinstance(recipient, WebhookRecipient):
         return f"url:{recipient.url.strip()}"
-    return f"account:{account_id}"
+    return f"user:{recipient.user_id}"
 
 
 def address_of(key: str) -> str:
@@ -114,14 +131,15 @@ class PlannedDelivery:
 
 
 def plan_deliveries(account_id: UUID, channels: Iterable[Channel], recipients: Sequence[Recipient]) -> list[PlannedDelivery]:
-    """One message per channel and recipient; in-site goes once to the account's inbox."""
+    """One message per channel and recipient; in-site goes once to the account's inbox, whichever
+    of its users the rule names (every user of the account reads that one inbox)."""
     planned: list[PlannedDelivery] = []
     for channel in dict.fromkeys(channels):
         if channel is Channel.IN_SITE:
             planned.append(PlannedDelivery(channel, f"account:{account_id}"))
             continue
         kind = next(k for c, k, _ in _ADDRESSED if c is channel)
-        keys = dict.fromkeys(recipient_key(account_id, r) for r in recipients if isinstance(r, kind))
+        keys = dict.fromkeys(recipient_key(r) for r in recipients if isinstance(r, kind))
         planned.extend(PlannedDelivery(channel, key) for key in keys)
     return planned
 

@@ -27,7 +27,7 @@ from contracts.clock import Clock
 from contracts.common import Resource
 from contracts.credentials import ROTATION_AGE, rotation_due
 from contracts.domain_errors import Invalid, NotFound
-from contracts.events import KeyState, QuotaState, QuotaThresholdCrossed
+from contracts.events import KeyState, QuotaState, QuotaThresholdCrossed, UserState
 from contracts.key_limits import LimitPeriod, window_of
 from contracts.period import period_of
 from contracts.topics import AUDIT
@@ -119,7 +119,7 @@ class AlertsService:
     # ---- rules ---------------------------------------------------------------------------------
     async def create_rule(self, account_id: UUID, body: RuleIn, *, audit: AuditContext) -> RuleCreated:
         """A new rule; one whose threshold is already passed this period fires once, now."""
-        problems = domain.validate_rule(account_id, body.channels, body.recipients)
+        problems = domain.validate_rule(body.channels, body.recipients)
         if not problems:
             problems = await self._webhook_problems(body)
         if problems:
@@ -128,13 +128,16 @@ class AlertsService:
         period = self._period()
         key_id = body.scope.api_key_id if body.scope else None
         async with self._store.transaction() as tx:
-            # A key in the body is a reference like a recipient's user_id: one that is not a live key
-            # of this account (unknown, deleted, another account's) is 422, the same for all three.
+            # The references in the body, a recipient's user_id and the scope's key: one that is not a
+            # live user or key of this account (unknown, removed or deleted, another account's) is
+            # 422, the same for all three (as alerts learnt them from users.v1 and keys.v1).
+            user_ids = domain.user_ids_to_check(account_id, body.recipients)
+            members = await tx.account_users(account_id, user_ids) if user_ids else set()
+            problems = domain.unknown_users(account_id, body.recipients, members)
             if key_id is not None and not await tx.is_account_key(account_id, key_id):
-                raise Invalid(
-                    "The rule is not valid.",
-                    details=[asdict(domain.Problem("scope.api_key_id", "The key is not a key of this account."))],
-                )
+                problems.append(domain.Problem("scope.api_key_id", "The key is not a key of this account."))
+            if problems:
+                raise Invalid("The rule is not valid.", details=[asdict(p) for p in problems])
             rule = await tx.insert_rule(
                 account_id, body.metric, body.threshold_pct, body.channels, body.recipients, self._clock(), secret, key_id
             )
@@ -216,6 +219,13 @@ class AlertsService:
         async with self._store.transaction() as tx:
             for state in newest.values():
                 await tx.save_quota_state(state)
+
+    # ---- the accounts' users (members, v2) --------------------------------------------------------
+    async def save_user(self, state: UserState) -> None:
+        """A user's state from users.v1: which account it belongs to, whether removed (a rule's
+        `{user_id}` recipient must be a live user of the rule's account)."""
+        async with self._store.transaction() as tx:
+            await tx.save_user(state)
 
     # ---- the rotation reminder (v2) ---------------------------------------------------------------
     async def save_key(self, state: KeyState) -> None:

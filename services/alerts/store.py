@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 
 from contracts.alerts_api import Channel, DeliveryStatus, Recipient
 from contracts.common import METRIC_RESOURCE, AlertMetric, Resource
-from contracts.events import KeyState, QuotaState
+from contracts.events import KeyState, QuotaState, UserState
 from contracts.key_limits import LimitPeriod
 from contracts.topics import Topic
 from services.alerts import domain
@@ -409,6 +409,26 @@ async def is_account_key(conn: Conn, account_id: UUID, key_id: UUID) -> bool:
     return await cur.fetchone() is not None
 
 
+# ---- the accounts' users (members, v2): a rule's `{user_id}` recipients -------------------------
+async def save_user(conn: Conn, state: UserState) -> None:
+    """Keep each user's account from users.v1; a removal is final (an older state does not undo it)."""
+    await conn.execute(
+        """INSERT INTO alerts.users AS u (user_id, account_id, removed, time) VALUES (%s, %s, %s, %s)
+           ON CONFLICT (user_id) DO UPDATE
+              SET removed = u.removed OR excluded.removed, time = greatest(u.time, excluded.time)""",
+        (state.user_id, state.account_id, state.removed, state.time),
+    )
+
+
+async def account_users(conn: Conn, account_id: UUID, user_ids: list[UUID]) -> set[UUID]:
+    """Those of `user_ids` that are live users of the account, as users.v1 last said."""
+    cur = await conn.execute(
+        "SELECT user_id FROM alerts.users WHERE user_id = ANY(%s) AND account_id = %s AND NOT removed",
+        (user_ids, account_id),
+    )
+    return {row["user_id"] for row in await cur.fetchall()}
+
+
 async def keys_unreminded(conn: Conn, created_before: datetime, limit: int, key_id: UUID | None = None) -> list[Row]:
     """Live keys made before `created_before` that have no rotation reminder yet (one, by id)."""
     cur = await conn.execute(
@@ -515,6 +535,12 @@ class AlertsTx:
 
     async def is_account_key(self, account_id: UUID, key_id: UUID) -> bool:
         return await is_account_key(self.conn, account_id, key_id)
+
+    async def save_user(self, state: UserState) -> None:
+        await save_user(self.conn, state)
+
+    async def account_users(self, account_id: UUID, user_ids: list[UUID]) -> set[UUID]:
+        return await account_users(self.conn, account_id, user_ids)
 
     async def keys_unreminded(self, created_before: datetime, limit: int, key_id: UUID | None = None) -> list[Row]:
         return await keys_unreminded(self.conn, created_before, limit, key_id)

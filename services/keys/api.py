@@ -249,7 +249,9 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         status_code=201,
         description=CONSOLE + " The new key has the old one's name, creator (it acts with that user's role, "
         "whoever rotates) and rules, and no expiry; the old key expires after "
-        "`grace_seconds` (never later than its own expiry) and is then deleted; 0 deletes it at once.",
+        "`grace_seconds` (never later than its own expiry) and is then deleted; 0 deletes it at once. A key is "
+        "rotated once: a key in its grace period already has its successor, and rotating it again is 409 `conflict` "
+        "(rotate the successor instead); of two rotations of one key at the same instant, one succeeds.",
     )
     async def rotate_key(
         key_id: UUID, body: RotateRequest, request: Request, principal: Annotated[Principal, Depends(console_keys_write)]

@@ -57,6 +57,17 @@ class NotYourKey(Forbidden):
         super().__init__("A developer may change only the API keys it created.")
 
 
+class AlreadyRotated(Conflict):
+    """A key in the grace period of its rotation already has its successor: rotating it again would
+    give a second permanent key of the same lineage, outliving the one the owner meant to retire."""
+
+    def __init__(self, ends_at: datetime) -> None:
+        super().__init__(
+            f"This key was already rotated and stops working at {ends_at.isoformat()}: rotate its successor"
+            " (the newer key of the same name) instead, or delete this one to end its grace period now."
+        )
+
+
 class InvalidField(Invalid):
     """One field breaks a rule: the same body as a request that fails validation."""
 
@@ -78,6 +89,13 @@ def listed_status(status: KeyStatus, expires_at: datetime | None, now: datetime)
     if expires_at is not None and now >= expires_at:
         return KeyListStatus.EXPIRED
     return KeyListStatus(status.value)
+
+
+def check_not_rotated(delete_at: datetime | None) -> None:
+    """A key may be rotated once: `delete_at` (the end of its grace, set only by a rotation) marks
+    one already replaced."""
+    if delete_at is not None:
+        raise AlreadyRotated(delete_at)
 
 
 def rotation_expiry(current: datetime | None, now: datetime, grace_seconds: int) -> datetime:

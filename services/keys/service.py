@@ -584,11 +584,13 @@ class KeysService:
 
     @staticmethod
     def _listed(row: Row, now: datetime) -> Row:
-        """A key as listed: `status` as listed (`expired` computed now), `rotation_due`."""
+        """A key as listed: `status` as listed (`expired` computed now), `rotation_due`, `rotated`
+        (in the grace period of its rotation: the console offers no second rotation)."""
         return {
             **row,
             "status": domain.listed_status(KeyStatus(row["status"]), row["expires_at"], now),
             "rotation_due": rotation_due(row["created_at"], now),
+            "rotated": row["delete_at"] is not None,
         }
 
     async def toggle(self, account_id: UUID, key_id: UUID, *, audit: AuditContext, only_own: UUID | None = None) -> Row:
@@ -628,7 +630,9 @@ class KeysService:
         now = self.clock()
         changes = Changes()
         async with self.store.transaction() as tx:
+            # under the row lock: of two rotations at once, the second sees the first's grace
             old = await self._key_to_write(tx, account_id, key_id, only_own)
+            domain.check_not_rotated(old["delete_at"])
             roles = await self._roles(tx, old)
             if grace_seconds == 0:
                 old = await tx.mark_deleted(key_id, now)

@@ -115,9 +115,10 @@ async def _dead_letters(settings: Settings, marker: str, expected: dict[str, int
 async def test_garbage_on_every_topic_is_dead_lettered_and_every_consumer_keeps_working(app_client, settings: Settings):
     app, client = app_client
     groups = _consumers_per_topic(app)
-    # service-tokens.v1, users.v1, sessions.v1, state-complete.v1: read by projection followers only
-    # (keys.v1 also by alerts.keys, the rotation reminder's key ages)
-    followed_only = {settings.topic(t.name) for t in (SERVICE_TOKENS, USERS, SESSIONS, STATE_COMPLETE)}
+    # service-tokens.v1, sessions.v1, state-complete.v1: read by projection followers only
+    # (keys.v1 also by alerts.keys, the rotation reminder's key ages; users.v1 also by alerts.users,
+    # the accounts' users a rule's {user_id} recipient must be one of)
+    followed_only = {settings.topic(t.name) for t in (SERVICE_TOKENS, SESSIONS, STATE_COMPLETE)}
     assert set(groups) == {settings.topic(t.name) for t in ALL_TOPICS} - followed_only
 
     a = await new_account(client)
@@ -219,7 +220,7 @@ async def test_garbage_on_every_topic_is_dead_lettered_and_every_consumer_keeps_
         key=str(synthetic).encode(),
     )
     session = bearer(Edge(settings).issue_session(synthetic, "sid", now))
-    # users.v1 and sessions.v1 (edge followers only): a logged-out session and a password change
+    # users.v1 (edge followers and alerts) and sessions.v1 (edge followers only): a logged-out session and a password change
     logged_out = bearer(Edge(settings).issue_session(synthetic, "logged-out", now))
     await broker.publish(
         SessionRevoked(time=now, account_id=synthetic, session_id="logged-out", user_id=synthetic, revoked_at=now),
@@ -267,6 +268,13 @@ async def test_garbage_on_every_topic_is_dead_lettered_and_every_consumer_keeps_
         return row is not None and row[0] == half
 
     await eventually(alerts_saw_the_state, what="alerts stored the quota.v1 state")
+
+    async def alerts_saw_the_user() -> bool:
+        async with await psycopg.AsyncConnection.connect(settings.database_url) as conn:
+            row = await (await conn.execute("SELECT account_id FROM alerts.users WHERE user_id = %s", [other])).fetchone()
+        return row is not None and row[0] == other
+
+    await eventually(alerts_saw_the_user, what="alerts stored the users.v1 state")
     rule1 = await client.post(  # the upgrade below may have lowered the rate: 1% is passed whatever the plan
         "/api/ai/usage/alert",
         json={"metric": "total_tokens", "threshold_pct": 1, "channels": ["in_site"], "recipients": []},

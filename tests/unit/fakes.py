@@ -14,7 +14,7 @@ from uuid import UUID
 from contracts.alerts_api import Channel, Recipient
 from contracts.audit import AuditContext, AuditRecorded
 from contracts.common import STOCK_RESOURCES, AlertMetric, Resource, Tier, UserType
-from contracts.events import AccountState, KeyState, PlanChanged, QuotaState, UsageEvent
+from contracts.events import AccountState, KeyState, PlanChanged, QuotaState, UsageEvent, UserState
 from contracts.key_limits import KeyLimit, LimitPeriod
 from contracts.plans import catalogue
 from contracts.topics import Topic
@@ -528,6 +528,7 @@ class FakeAlertsStore:
         self.deliveries: dict[UUID, dict[str, Any]] = {}
         self.notifications: dict[UUID, dict[str, Any]] = {}
         self.keys: dict[UUID, dict[str, Any]] = {}
+        self.users: dict[UUID, dict[str, Any]] = {}  # users.v1: each user's account, whether removed
         self.outbox: list[tuple[str, bytes, bytes | None]] = []  # (topic, key, value), rolled back with the rest
 
     @asynccontextmanager
@@ -684,6 +685,13 @@ class FakeAlertsStore:
     async def is_account_key(self, account_id: UUID, key_id: UUID) -> bool:
         key = self.keys.get(key_id)
         return key is not None and key["account_id"] == account_id and not key["deleted"]
+
+    async def save_user(self, state: UserState) -> None:
+        known = self.users.get(state.user_id, {})
+        self.users[state.user_id] = {"account_id": state.account_id, "removed": state.removed or known.get("removed", False)}
+
+    async def account_users(self, account_id: UUID, user_ids: list[UUID]) -> set[UUID]:
+        return {u for u in user_ids if (user := self.users.get(u)) and user["account_id"] == account_id and not user["removed"]}
 
     async def keys_unreminded(self, created_before: datetime, limit: int, key_id: UUID | None = None) -> list[dict[str, Any]]:
         reminded = {n["api_key_id"] for n in self.notifications.values() if n["kind"] == "key_rotation_due"}

@@ -89,8 +89,8 @@ def test_chat_message_picks_the_platform():
 # ---- which rules may name slack and teams --------------------------------------------------------
 @pytest.mark.parametrize("channel", [Channel.SLACK, Channel.TEAMS])
 def test_a_chat_channel_takes_url_recipients(channel):
-    assert domain.validate_rule(ACCOUNT, [channel], [HOOK]) == []
-    assert domain.validate_rule(ACCOUNT, [channel, Channel.IN_SITE], [HOOK]) == []
+    assert domain.validate_rule([channel], [HOOK]) == []
+    assert domain.validate_rule([channel, Channel.IN_SITE], [HOOK]) == []
     planned = domain.plan_deliveries(ACCOUNT, [channel], [HOOK])
     assert planned == [domain.PlannedDelivery(channel, f"url:{HOOK.url}")]
 
@@ -108,14 +108,14 @@ def test_a_chat_channel_takes_url_recipients(channel):
     ],
 )
 def test_misfits_name_the_field(channels, recipients, fields):
-    problems = domain.validate_rule(ACCOUNT, channels, recipients)
+    problems = domain.validate_rule(channels, recipients)
     assert [p.field for p in problems] == fields, problems
 
 
 def test_the_messages_say_which_channels_fit():
-    (problem,) = domain.validate_rule(ACCOUNT, [Channel.IN_SITE], [HOOK])
+    (problem,) = domain.validate_rule([Channel.IN_SITE], [HOOK])
     assert problem.message == "A {url} recipient needs the webhook or slack or teams channel."
-    (problem,) = domain.validate_rule(ACCOUNT, [Channel.SLACK, Channel.TEAMS], [HOOK])
+    (problem,) = domain.validate_rule([Channel.SLACK, Channel.TEAMS], [HOOK])
     assert "only one of webhook, slack, teams" in problem.message
 
 

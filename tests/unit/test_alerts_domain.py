@@ -24,8 +24,8 @@ def _fields(problems: list[domain.Problem]) -> list[str]:
 
 
 def test_consistent_rules_pass():
-    assert domain.validate_rule(ACCOUNT, [Channel.IN_SITE], []) == []
-    assert domain.validate_rule(ACCOUNT, [Channel.IN_SITE, Channel.EMAIL, Channel.SMS], [MAIL, PHONE, ME]) == []
+    assert domain.validate_rule([Channel.IN_SITE], []) == []
+    assert domain.validate_rule([Channel.IN_SITE, Channel.EMAIL, Channel.SMS], [MAIL, PHONE, ME]) == []
 
 
 @pytest.mark.parametrize(
@@ -35,13 +35,28 @@ def test_consistent_rules_pass():
         ([Channel.SMS], [MAIL], ["channels", "recipients"]),  # an address without email; sms without a phone
         ([Channel.IN_SITE], [PHONE], ["channels"]),
         ([Channel.EMAIL], [MAIL, ME], ["channels"]),  # a user without in_site
-        ([Channel.IN_SITE], [UserRecipient(user_id=uuid.uuid4())], ["recipients.0.user_id"]),
+        ([Channel.IN_SITE], [ME, UserRecipient(user_id=ACCOUNT)], ["recipients"]),  # the same user twice
         ([Channel.IN_SITE, Channel.IN_SITE], [], ["channels"]),
         ([Channel.EMAIL], [MAIL, EmailRecipient(email="Ops@example.com")], ["recipients"]),  # same address
     ],
 )
 def test_inconsistent_rules_name_the_field(channels, recipients, fields):
-    assert _fields(domain.validate_rule(ACCOUNT, channels, recipients)) == fields
+    assert _fields(domain.validate_rule(channels, recipients)) == fields
+
+
+def test_a_user_recipient_must_be_a_live_user_of_the_account_whoever_else_it_is():
+    member, stranger = uuid.uuid4(), uuid.uuid4()
+    recipients = [MAIL, ME, UserRecipient(user_id=member), UserRecipient(user_id=stranger)]
+    assert domain.validate_rule([Channel.IN_SITE, Channel.EMAIL], recipients) == []  # two users are two recipients
+    assert domain.user_ids_to_check(ACCOUNT, recipients) == [member, stranger]  # the account's own id needs no look-up
+    problems = domain.unknown_users(ACCOUNT, recipients, members={member})
+    assert problems == [domain.Problem("recipients.3.user_id", "The user is not a user of this account.")]
+    assert domain.unknown_users(ACCOUNT, recipients, members={member, stranger}) == []
+
+
+def test_in_site_goes_once_to_the_account_inbox_however_many_users_the_rule_names():
+    users = [ME, UserRecipient(user_id=uuid.uuid4()), UserRecipient(user_id=uuid.uuid4())]
+    assert domain.plan_deliveries(ACCOUNT, [Channel.IN_SITE], users) == [PlannedDelivery(Channel.IN_SITE, f"account:{ACCOUNT}")]
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,10 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from contracts.alerts_api import Channel, EmailRecipient, RuleIn, WebhookRecipient
+from contracts.alerts_api import Channel, EmailRecipient, RuleIn, UserRecipient, WebhookRecipient
 from contracts.common import AlertMetric, KeyStatus, Resource, Role
 from contracts.domain_errors import Invalid, NotFound
-from contracts.events import KeyState, QuotaState, QuotaThresholdCrossed
+from contracts.events import KeyState, QuotaState, QuotaThresholdCrossed, UserState
 from services.alerts.service import AlertsService
 from tests.unit.fakes import ACTOR, FakeAlertsStore, FakeClock, FakeDeliver, no_refusal
 
@@ -154,6 +154,39 @@ async def test_rule_crud_and_another_accounts_rule_is_not_found(service):
     with pytest.raises(Invalid) as invalid:  # email without an {email} recipient
         await service.create_rule(account, rule(80, [Channel.EMAIL]), audit=ACTOR)
     assert invalid.value.details
+
+
+def user_state(account: uuid.UUID, user: uuid.UUID, *, removed: bool = False, minutes: int = 0) -> UserState:
+    return UserState(
+        time=datetime(2026, 11, 15, 12, minutes, tzinfo=UTC), account_id=account, user_id=user, role=Role.VIEWER, removed=removed
+    )
+
+
+async def test_a_member_is_a_recipient_and_the_accounts_inbox_gets_one_notice_per_firing(service, store, deliver):
+    account, member = uuid.uuid4(), uuid.uuid4()
+    await service.save_user(user_state(account, member))  # from users.v1
+    users = [UserRecipient(user_id=account), UserRecipient(user_id=member)]
+    created = await service.create_rule(account, rule(80, [Channel.IN_SITE], users), audit=ACTOR)
+    assert created.recipients == users
+    await service.fire_crossing(crossed(account, 85))
+    assert [(store.deliveries[i]["channel"], store.deliveries[i]["recipient"]) for i in deliver.submitted] == [
+        (Channel.IN_SITE, f"account:{account}")
+    ]
+
+
+async def test_a_user_id_unknown_removed_or_of_another_account_is_invalid_alike(service, store):
+    account, stranger = uuid.uuid4(), uuid.uuid4()
+    strangers_member, removed = uuid.uuid4(), uuid.uuid4()
+    await service.save_user(user_state(stranger, strangers_member))
+    await service.save_user(user_state(account, removed, removed=True, minutes=5))
+    await service.save_user(user_state(account, removed, minutes=1))  # an older state, late: still removed
+    for user in (uuid.uuid4(), strangers_member, removed, stranger):
+        with pytest.raises(Invalid) as invalid:
+            await service.create_rule(account, rule(80, [Channel.IN_SITE], [UserRecipient(user_id=user)]), audit=ACTOR)
+        assert invalid.value.details == [
+            {"field": "recipients.0.user_id", "message": "The user is not a user of this account.", "type": "value_error"}
+        ]
+    assert store.rules == {} and store.outbox == []  # nothing made, nothing audited
 
 
 async def test_a_refused_webhook_target_is_invalid(store, clock, deliver):

@@ -108,7 +108,7 @@ async def test_a_name_that_does_not_resolve_is_accepted_at_creation() -> None:
 def test_urls_that_are_not_http_s_with_a_host_are_refused(url: str) -> None:
     with pytest.raises(targets.TargetError):
         targets.parse_target(url)
-    problems = domain.validate_rule(ACCOUNT, [Channel.WEBHOOK], [WebhookRecipient(url=url)])
+    problems = domain.validate_rule([Channel.WEBHOOK], [WebhookRecipient(url=url)])
     assert [p.field for p in problems] == ["recipients.0.url"]
 
 
@@ -128,9 +128,9 @@ def test_the_connection_goes_to_the_checked_address_with_the_name_in_the_host_he
 
 def test_webhook_rules_need_a_url_and_a_url_needs_the_webhook_channel() -> None:
     hook = WebhookRecipient(url="https://hooks.example.com/x")
-    assert domain.validate_rule(ACCOUNT, [Channel.WEBHOOK], [hook]) == []
-    assert [p.field for p in domain.validate_rule(ACCOUNT, [Channel.WEBHOOK], [])] == ["recipients"]
-    assert [p.field for p in domain.validate_rule(ACCOUNT, [Channel.IN_SITE], [hook])] == ["channels"]
+    assert domain.validate_rule([Channel.WEBHOOK], [hook]) == []
+    assert [p.field for p in domain.validate_rule([Channel.WEBHOOK], [])] == ["recipients"]
+    assert [p.field for p in domain.validate_rule([Channel.IN_SITE], [hook])] == ["channels"]
     planned = domain.plan_deliveries(ACCOUNT, [Channel.WEBHOOK], [hook, hook])
     assert planned == [domain.PlannedDelivery(Channel.WEBHOOK, "url:https://hooks.example.com/x")]
     assert domain.address_of(planned[0].recipient) == "https://hooks.example.com/x"

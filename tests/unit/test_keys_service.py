@@ -372,6 +372,25 @@ async def test_rotation_with_no_grace_deletes_the_old_key_at_once(world: World):
     assert states[1]["deleted"] is True and states[2] is None and states[3]["key_id"] == str(new["id"])
 
 
+async def test_a_key_in_its_grace_period_cannot_be_rotated_again_only_its_successor(world: World):
+    account_id = await world.register()
+    old, _ = await world.service.create_key(account_id, account_id, "prod", None, audit=ACTOR)
+    new, _ = await world.service.rotate(account_id, old["id"], 3600, audit=ACTOR)
+    before = list(world.store.outbox)
+    with pytest.raises(Conflict) as caught:
+        await world.service.rotate(account_id, old["id"], 60, audit=ACTOR)
+    assert caught.value.code == ErrorCode.CONFLICT and "already rotated" in caught.value.message
+    # nothing written: no second successor, the old key's grace unchanged, no audit entry
+    assert world.store.outbox == before
+    listed = await world.service.list_keys(account_id)
+    assert {r["id"]: r["rotated"] for r in listed} == {old["id"]: True, new["id"]: False}  # the console's hint
+    assert world.store.keys[old["id"]]["delete_at"] == world.clock.now + timedelta(seconds=3600)
+    # the successor is the one to rotate: one permanent key remains
+    newest, _ = await world.service.rotate(account_id, new["id"], 60, audit=ACTOR)
+    permanent = [r["id"] for r in await world.service.list_keys(account_id) if r["expires_at"] is None]
+    assert permanent == [newest["id"]]
+
+
 async def test_another_accounts_key_is_not_found_for_every_write(world: World):
     mine = await world.register("a@example.com")
     theirs = await world.register("b@example.com")

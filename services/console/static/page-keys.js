@@ -65,8 +65,14 @@ export async function render(container, ctx) {
   }
 
   // Older than 90 days: the seed's advice is to rotate it (the alerts page also has one reminder).
+  // A key already rotated is in its grace period instead: its successor is the one to rotate.
   function rotationDue(key) {
-    if (!key.rotation_due || key.status === "expired") return "";
+    if (key.status === "expired") return "";
+    if (key.rotated) {
+      const title = "Rotated: it stops at its expiry; rotate its successor";
+      return h("span", { class: "status status-rotation status-replaced", title }, "Replaced");
+    }
+    if (!key.rotation_due) return "";
     return h("span", { class: "status status-rotation", title: "Older than 90 days: rotate it" }, "Rotation due");
   }
 
@@ -97,6 +103,7 @@ export async function render(container, ctx) {
     const rules = h("button", { type: "button", class: "secondary small", "aria-label": `Rules of key ${key.name}` }, "Rules");
     rules.addEventListener("click", () => openKey(key));
     const rotate = h("button", { type: "button", class: "secondary small", "aria-label": `Rotate key ${key.name}` }, "Rotate");
+    rotate.hidden = Boolean(key.rotated); // rotated once already (409 again): its successor is rotated instead
     rotate.addEventListener("click", () => rotateDialog(key));
     const remove = h("button", { type: "button", class: "danger small", "aria-label": `Delete key ${key.name}` }, "Delete");
     remove.addEventListener("click", async () => {
