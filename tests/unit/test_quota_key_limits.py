@@ -32,8 +32,22 @@ def publisher() -> FakePublisher:
 
 
 @pytest.fixture
-def service(clock: FakeClock, publisher: FakePublisher) -> QuotaService:
-    return QuotaService(FakeQuotaStore(), publisher, clock, ZoneInfo("UTC"), CONSOLE)  # type: ignore[arg-type]
+def edge_keys() -> dict[uuid.UUID, KeyState]:
+    """The keys.v1 states this process's edge holds, by key id (KeyProjection.by_id)."""
+    return {}
+
+
+@pytest.fixture
+def service(clock: FakeClock, publisher: FakePublisher, edge_keys: dict[uuid.UUID, KeyState]) -> QuotaService:
+    return QuotaService(
+        FakeQuotaStore(),  # type: ignore[arg-type]
+        publisher,  # type: ignore[arg-type]
+        clock,
+        ZoneInfo("UTC"),
+        CONSOLE,
+        keys=edge_keys.get,
+        key_news_bound_s=0.05,
+    )
 
 
 def key_state(account: uuid.UUID, key: uuid.UUID, limits: list[KeyLimit], version: int = 1, **kw: object) -> KeyState:
@@ -163,11 +177,28 @@ async def test_release_and_expiry_free_the_keys_part(service, publisher, clock):
     assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["reserved"] == 0
 
 
-async def test_another_accounts_key_in_a_reservation_is_not_found(service):
+async def test_a_key_not_of_the_account_is_not_found_whether_quota_knows_it_or_not(service, edge_keys):
+    """Another account's key (known to quota, or only to the edge) and a key nobody has heard of
+    answer the same NotFound, and nothing is held: before, an unknown id was accepted."""
+    account, other, known, edge_only = uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    await service.apply_key(key_state(other, known, [month(1_000)]))
+    edge_keys[edge_only] = key_state(other, edge_only, [])
+    for key in (known, edge_only, uuid.uuid4()):
+        with pytest.raises(NotFound):
+            await service.reserve(account, Resource.AI_TOKENS, 1, 60, api_key_id=key)
+    assert service._store.reservations == {}  # type: ignore[attr-defined]
+
+
+async def test_a_key_only_the_edge_has_heard_of_is_learned_with_its_limits(service, edge_keys, publisher):
+    """Verify handed out the key's id from an edge that has its keys.v1 state; quota's consumer has
+    not applied it yet. The reservation takes the state from this process's edge, limits included."""
     account, key = uuid.uuid4(), uuid.uuid4()
-    await service.apply_key(key_state(account, key, [month(1_000)]))
-    with pytest.raises(NotFound):
-        await service.reserve(uuid.uuid4(), Resource.AI_TOKENS, 1, 60, api_key_id=key)
+    edge_keys[key] = key_state(account, key, [month(1_000)])
+    with pytest.raises(Forbidden) as refused:
+        await service.reserve(account, Resource.AI_TOKENS, 1_001, 60, api_key_id=key)
+    assert refused.value.details["scope"] == "api_key"
+    await service.reserve(account, Resource.AI_TOKENS, 1_000, 60, api_key_id=key)
+    assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["reserved"] == 1_000
 
 
 async def test_a_keys_crossings_name_the_key_the_limit_and_the_window(service, publisher):
