@@ -312,10 +312,21 @@ class QuotaService:
             now_limits = await self._lineage_limits(tx, lineage_id)
             kept = {(limit.resource, limit.period) for limit in now_limits}
             gone = [] if state.deleted else [limit for limit in was if (limit.resource, limit.period) not in kept]
-            # a new limit, or one whose amount changed, announces no crossing for where it already stands
-            changed = {(limit.resource, limit.period) for limit in now_limits if limit not in was}
+            before = {(limit.resource, limit.period): limit.amount for limit in was}
+            # a new limit announces nothing for usage before it; a changed amount is judged as an
+            # account's new total is (a narrower one announces what usage now stands across)
+            new = {(limit.resource, limit.period) for limit in now_limits if (limit.resource, limit.period) not in before}
+            resized = {
+                (limit.resource, limit.period)
+                for limit in now_limits
+                if before.get((limit.resource, limit.period), limit.amount) != limit.amount
+            }
             await self._publish_key_states(
-                tx, {(lineage_id, limit.resource) for limit in now_limits}, removed={lineage_id: gone}, amounts_changed=changed
+                tx,
+                {(lineage_id, limit.resource) for limit in now_limits},
+                removed={lineage_id: gone},
+                new_limits=new,
+                amounts_changed=resized,
             )
 
     @staticmethod
@@ -440,6 +451,7 @@ class QuotaService:
         touched: set[tuple[UUID, Resource]],
         *,
         removed: Mapping[UUID, Collection[KeyLimit]] | None = None,
+        new_limits: Collection[tuple[Resource, LimitPeriod]] = (),
         amounts_changed: Collection[tuple[Resource, LimitPeriod]] = (),
         crossings: bool = True,
     ) -> None:
@@ -447,8 +459,12 @@ class QuotaService:
         limits of its live keys: domain.lineage_limits), in the window that holds now (and
         `removed: true` for `removed` limits), and the crossings of whole percents of a limit in
         that window, announced for each live key of the lineage that has the limit (alert rules
-        name a key). A limit whose amount changed moves its mark to where it stands (as a bigger
-        account total does), announcing nothing."""
+        name a key). A new limit moves its mark to where it stands, announcing nothing. A limit
+        whose amount changed is judged as an account's new total is: a wider one lowers the rate
+        and moves the mark down to it silently (later crossings are announced from there); a
+        narrower one raises it, and the highest percent usage now stands across is announced, once
+        per threshold (event ids are deterministic), as a downgrade is: a key's alert rules watch
+        its limit, and narrowing it past 80% must fire the 80% rule."""
         now = self._clock()
         account_period = period_of(now, self._tz)
         sends: list[Awaitable[None]] = []
@@ -514,8 +530,10 @@ class QuotaService:
                 )
                 record = key_record(lineage_id, limit.resource, limit.period)
                 sends.append(self._publisher.publish(QUOTA, record, state.model_dump_json()))
-                if (limit.resource, limit.period) in amounts_changed:
-                    pct = domain.percent_floor(line.used, limit.amount)
+                pct = domain.percent_floor(line.used, limit.amount)
+                # wider (or nothing used: nothing crossed): the mark moves down to where it stands
+                widened = (limit.resource, limit.period) in amounts_changed and (pct < line.mark or line.used <= 0)
+                if (limit.resource, limit.period) in new_limits or widened:
                     await tx.set_key_mark(lineage_id, limit.resource, limit.period, window, pct)
                     continue
                 pct_crossed = domain.crossing(line.mark, line.used, limit.amount) if crossings else None

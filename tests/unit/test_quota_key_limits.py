@@ -217,6 +217,42 @@ async def test_a_keys_crossings_name_the_key_the_limit_and_the_window(service, p
     assert crossed == [95, 96]
 
 
+def key_crossings(publisher: FakePublisher) -> list[tuple[int, int]]:
+    return [
+        (c["threshold_pct"], c["total"])
+        for c in (json.loads(p) for t, _k, p in publisher.sent if t is QUOTA_THRESHOLDS)
+        if c["api_key_id"]
+    ]
+
+
+async def test_narrowing_a_keys_limit_announces_the_thresholds_it_crosses_once_and_widening_none(service, publisher):
+    """As an account's downgrade does: a narrower limit raises the key's rate, and the highest
+    percent usage now stands across is announced (alerts fires each rule at or below it), once;
+    before, the mark moved there silently and the key's 80% rule never fired. A wider limit lowers
+    the rate silently, and crossings are announced again from there."""
+    account, key = uuid.uuid4(), uuid.uuid4()
+    await service.apply_key(key_state(account, key, [month(1_000)]))
+    await service.count([tokens(account, key, 450, T0)])  # 45%
+    assert key_crossings(publisher) == [(45, 1_000)]
+    await service.apply_key(key_state(account, key, [month(500)], version=2))  # 450 of 500: 90%
+    assert key_crossings(publisher)[1:] == [(90, 500)]
+    await service.apply_key(key_state(account, key, [month(500)], version=3))  # same amount again: nothing
+    await service.apply_key(key_state(account, key, [month(400)], version=4))  # past the limit: 100%
+    assert key_crossings(publisher)[1:] == [(90, 500), (100, 400)]
+    await service.apply_key(key_state(account, key, [month(900)], version=5))  # wider: 50%, silent
+    assert key_crossings(publisher)[1:] == [(90, 500), (100, 400)]
+    await service.count([tokens(account, key, 10, T0)])  # 460 of 900: 51%, announced from the new mark
+    assert key_crossings(publisher)[1:] == [(90, 500), (100, 400), (51, 900)]
+
+
+async def test_a_new_limit_announces_nothing_for_usage_before_it(service, publisher):
+    account, key = uuid.uuid4(), uuid.uuid4()
+    await service.apply_key(key_state(account, key, []))
+    await service.count([tokens(account, key, 450, T0)])
+    await service.apply_key(key_state(account, key, [month(500)], version=2))
+    assert key_crossings(publisher) == []
+
+
 async def test_a_cleared_limit_is_published_removed_and_older_states_change_nothing(service, publisher):
     account, key = uuid.uuid4(), uuid.uuid4()
     day = KeyLimit(resource=Resource.AI_TOKENS, amount=100, period=LimitPeriod.DAY)
