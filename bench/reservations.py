@@ -38,6 +38,7 @@ from aiokafka import AIOKafkaProducer
 
 from bench.support import bench_settings, endpoints
 from contracts.common import KeyStatus, Resource, Role
+from contracts.domain_errors import NotFound
 from contracts.events import KeyState, UsageEvent
 from contracts.key_limits import KeyLimit, LimitPeriod
 from contracts.topics import KEYS, USAGE
@@ -92,6 +93,8 @@ async def limited_key(settings: Settings, quota: QuotaService, producer: AIOKafk
             held = await quota.reserve(account, Resource.AI_TOKENS, KEY_LIMIT.amount + 1, 60, api_key_id=key)
         except KeyLimitExhausted:
             return key
+        except NotFound:
+            continue  # quota has not heard of the key yet (it waited for it a moment)
         await quota.release(held.id)  # judged before quota knew the limit: hold nothing
         await asyncio.sleep(0.05)
 

@@ -7,6 +7,7 @@ provider are injected (tests/unit/fakes.py has in-memory ones)."""
 
 from collections.abc import Collection
 from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Protocol
@@ -53,6 +54,8 @@ class Tx(Protocol):
         self, account_id: UUID, default_user_type: UserType, default_time: datetime | None, default_version: int
     ) -> AccountRow: ...
     async def set_user_type(self, account_id: UUID, user_type: UserType, time: datetime, version: int) -> None: ...
+    async def lock_user_type(self, account_id: UUID) -> UserType | None: ...
+    async def record_plan(self, account_id: UUID, plan: Tier, time: datetime, version: int) -> None: ...
     async def set_plan(self, account_id: UUID, plan: Tier, now: datetime) -> int: ...
     async def insert_order(self, order: OrderRow) -> None: ...
     async def lock_order(self, order_id: UUID, account_id: UUID) -> OrderRow | None: ...
@@ -123,6 +126,20 @@ class BillingService:
             await tx.set_user_type(account_id, known.user_type, known.time, known.version)
             row = AccountRow(account_id, row.plan, known.user_type, known.time, known.version)
         return row
+
+    async def _lock_for_plan(self, tx: Tx, account_id: UUID) -> AccountRow:
+        """`_lock`, and the keys row of the account too, judged by the user type of record. Keys
+        owns the user type and billing the plan; each judging by its copy of the other's fact (a
+        consumer behind), a user-type change to individual and an enterprise payment at the same
+        instant both passed. Both now serialise on the keys row (keys migration
+        0011_plan_hold.sql): a change waits for this decision and the plan it records, or this
+        decision waits for the change. Always in this order, billing row then keys row: keys'
+        transactions never take billing's, so no cycle."""
+        row = await self._lock(tx, account_id)
+        of_record = await tx.lock_user_type(account_id)
+        if of_record is None or of_record is row.user_type:
+            return row  # None: no keys account (only accounts.v1 has it, as in some tests)
+        return replace(row, user_type=of_record)
 
     # ---- queries --------------------------------------------------------------------------------
     async def subscription(self, account_id: UUID) -> Subscription:
@@ -201,7 +218,7 @@ class BillingService:
         async with self.store.transaction() as tx:
             if idem is not None and (stored := await tx.claim_key(account_id, idem)) is not None:
                 return Order.model_validate(stored)  # a retry: the first answer, no second order
-            account = await self._lock(tx, account_id)
+            account = await self._lock_for_plan(tx, account_id)
             if isinstance(body, PlanUpgradeOrderIn):
                 domain.ensure_plan_allowed(account.user_type, body.plan)
                 current, target = plans[account.plan], plans[body.plan]
@@ -264,7 +281,7 @@ class BillingService:
         """The paid order and the billing.v1 events this call published (none: it was paid already)."""
         now = self.clock()
         period, _, _ = bounds_of(now, self.tz)
-        account = await self._lock(tx, account_id)
+        account = await self._lock_for_plan(tx, account_id)
         order = await tx.lock_order(order_id, account_id)
         if order is None:
             raise NotFound("order")
@@ -313,7 +330,7 @@ class BillingService:
         order: OrderRow | None = None
         facts: list[BillingFact] = []
         async with self.store.transaction() as tx:
-            account = await self._lock(tx, account_id)
+            account = await self._lock_for_plan(tx, account_id)
             current, target = plans[account.plan], plans[tier]
             amount = domain.prorate(current.monthly_price, target.monthly_price, now, start, end)
             kind = domain.classify_switch(account.user_type, current, target, amount)
@@ -342,6 +359,7 @@ class BillingService:
     async def _change_plan(self, tx: Tx, account_id: UUID, old: Tier, new: Tier, now: datetime) -> PlanChanged:
         plan = catalogue()[new]
         version = await tx.set_plan(account_id, new, now)  # under the account's row lock: the order consumers keep
+        await tx.record_plan(account_id, new, now, version)  # in keys' row, before its lock is let go
         event = PlanChanged(
             time=now,
             account_id=account_id,

@@ -102,6 +102,19 @@ class BillingTx:
             (account_id, user_type.value, time, version),
         )
 
+    async def lock_user_type(self, account_id: UUID) -> UserType | None:
+        """The user type of record (keys'), its keys row locked until this transaction ends: a
+        user-type change waits for this plan decision, and this one for it (keys migration
+        0011_plan_hold.sql). None: the keys service holds no such account."""
+        cur = await self.conn.execute("SELECT keys.lock_user_type(%s) AS user_type", (account_id,))
+        row = await cur.fetchone()
+        return UserType(row["user_type"]) if row and row["user_type"] is not None else None
+
+    async def record_plan(self, account_id: UUID, plan: Tier, time: datetime, version: int) -> None:
+        """The plan put in force, in keys' row before its lock is let go: the user-type change
+        waiting on it judges by this plan, not by keys' billing.v1 consumer's older copy."""
+        await self.conn.execute("SELECT keys.record_plan(%s, %s, %s, %s)", (account_id, plan.value, time, version))
+
     async def set_plan(self, account_id: UUID, plan: Tier, now: datetime) -> int:
         """The new plan, at the account's next plan version (the caller holds its row lock)."""
         cur = await self.conn.execute(

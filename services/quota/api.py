@@ -30,7 +30,9 @@ RESERVE_DESCRIPTION = (
     "(v4) With `api_key_id` (verify's answer) it must also fit each of the key's own limits on the resource "
     "(used in the limit's current window + the key's open reservations + amount <= the limit's amount), judged "
     "first, under the same lock: a refusal is 403 insufficient_quota with `details.scope` `api_key` (total = the "
-    "limit's amount, period_end = when it resets, null for `once`) or `account`. Another account's key is 404."
+    "limit's amount, period_end = when it resets, null for `once`) or `account`. A key that is not the account's "
+    "is 404, the same whether it is another account's or unknown; a key created a moment ago is reserved at once "
+    "(quota takes its keys.v1 state from its process's edge, and waits up to 1 s for news of an id nobody has heard of)."
 )
 RELEASE_DESCRIPTION = (
     "**Service** endpoint (`usage:write`). Releases an open reservation early: 204. An unknown, already "

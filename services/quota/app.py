@@ -26,6 +26,7 @@ def quota_service(runtime: Runtime) -> QuotaService:
         settings.tz,
         settings.console_url,
         totals=runtime.edge.totals.total,
+        keys=runtime.edge.keys.by_id,
     )
 
 

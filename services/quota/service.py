@@ -57,6 +57,12 @@ def key_record(lineage_id: UUID, resource: Resource, period: LimitPeriod) -> str
     return f"key:{lineage_id}:{resource.value}:{period.value}"
 
 
+# A live key's keys.v1 state as this process's edge holds it (KeyProjection.by_id), None unknown.
+KeyStates = Callable[[UUID], KeyState | None]
+# How long a reservation waits for news of a key this process has not heard of: the contract's
+# bound for a keys.v1 change to reach every replica ("never more than 1 s", API.md).
+KEY_NEWS_BOUND_S = 1.0
+
 # An account's total of a resource in a period as billing.v1 says it, None when it said nothing of
 # the account (the edge's BillingTotals.total).
 Totals = Callable[[UUID, Resource, str], int | None]
@@ -71,6 +77,8 @@ class QuotaService:
         tz: ZoneInfo,
         console_url: str,
         totals: Totals | None = None,
+        keys: KeyStates | None = None,
+        key_news_bound_s: float = KEY_NEWS_BOUND_S,
     ) -> None:
         self._store = store
         self._publisher = publisher
@@ -81,6 +89,10 @@ class QuotaService:
         # reservations judge by billing.v1's totals where known, not by this service's copy, which
         # its billing.v1 consumer updates a moment later.
         self._totals = totals
+        # A reservation may name a key quota's keys.v1 consumer has not applied yet (verify, on an
+        # edge that has, handed out its id a moment ago): the edge of this process is asked too.
+        self._keys = keys
+        self._key_news_s = key_news_bound_s
         self._day: str | None = None  # the day window the last window check saw (roll_key_windows)
 
     def current_period(self) -> str:
@@ -167,6 +179,8 @@ class QuotaService:
         also fit each of the key's own limits on the resource (KeyLimitExhausted, judged first:
         the narrower bound) where its lineage stands (a rotated key shares its predecessor's
         counters and reservations), and holds room in them too."""
+        if api_key_id is not None:
+            await self._learn_key(api_key_id, account_id)
         now = self._clock()
         period = self.current_period()
         async with self._store.transaction() as tx:
@@ -197,14 +211,38 @@ class QuotaService:
                 await self._publish_key_states(tx, {(lineage_id, resource)})
         return reservation
 
+    async def _learn_key(self, api_key_id: UUID, account_id: UUID) -> None:
+        """Make sure quota holds the key's keys.v1 state before a reservation names it, or raise
+        NotFound. A key quota's consumer has not applied yet is taken from this process's edge
+        (applied as the consumer will: the newest state wins), waiting up to the contract's bound
+        for keys.v1 news to reach a replica; a key still unknown then, or another account's, is
+        404, and both after that same wait: the two cannot be told apart (no existence leak). Before,
+        an unknown id was accepted, its hold then counting against the limits of whichever
+        account's key it turned out to be. Outside the reservation's transaction: no lock is held
+        while waiting."""
+        deadline = asyncio.get_running_loop().time() + self._key_news_s
+        async with self._store.transaction() as tx:
+            row = (await tx.key_rules([api_key_id])).get(api_key_id)
+        owner = None if row is None else row.account_id
+        while owner is None:
+            state = None if self._keys is None else self._keys(api_key_id)
+            if state is not None:
+                await self.apply_key(state)
+                owner = state.account_id
+            elif asyncio.get_running_loop().time() >= deadline:
+                break
+            else:
+                await asyncio.sleep(0.02)
+        if owner != account_id:
+            await asyncio.sleep(max(0.0, deadline - asyncio.get_running_loop().time()))
+            raise NotFound("api key")
+
     @staticmethod
     async def _key_limits(tx: QuotaTx, api_key_id: UUID, account_id: UUID, resource: Resource) -> tuple[UUID, list[KeyLimit]]:
-        """The key's lineage and its limits on `resource`; another account's key is not found (no
-        existence leak). A key quota has not heard of yet has no limits (yet), and its own id."""
+        """The key's lineage and its limits on `resource` (`_learn_key` made quota hold the key;
+        another account's key is not found)."""
         row = (await tx.key_rules([api_key_id])).get(api_key_id)
-        if row is None:
-            return api_key_id, []
-        if row.account_id != account_id:
+        if row is None or row.account_id != account_id:
             raise NotFound("api key")
         return row.lineage_id, [] if row.deleted else [limit for limit in row.limits if limit.resource is resource]
 
@@ -274,10 +312,21 @@ class QuotaService:
             now_limits = await self._lineage_limits(tx, lineage_id)
             kept = {(limit.resource, limit.period) for limit in now_limits}
             gone = [] if state.deleted else [limit for limit in was if (limit.resource, limit.period) not in kept]
-            # a new limit, or one whose amount changed, announces no crossing for where it already stands
-            changed = {(limit.resource, limit.period) for limit in now_limits if limit not in was}
+            before = {(limit.resource, limit.period): limit.amount for limit in was}
+            # a new limit announces nothing for usage before it; a changed amount is judged as an
+            # account's new total is (a narrower one announces what usage now stands across)
+            new = {(limit.resource, limit.period) for limit in now_limits if (limit.resource, limit.period) not in before}
+            resized = {
+                (limit.resource, limit.period)
+                for limit in now_limits
+                if before.get((limit.resource, limit.period), limit.amount) != limit.amount
+            }
             await self._publish_key_states(
-                tx, {(lineage_id, limit.resource) for limit in now_limits}, removed={lineage_id: gone}, amounts_changed=changed
+                tx,
+                {(lineage_id, limit.resource) for limit in now_limits},
+                removed={lineage_id: gone},
+                new_limits=new,
+                amounts_changed=resized,
             )
 
     @staticmethod
@@ -402,6 +451,7 @@ class QuotaService:
         touched: set[tuple[UUID, Resource]],
         *,
         removed: Mapping[UUID, Collection[KeyLimit]] | None = None,
+        new_limits: Collection[tuple[Resource, LimitPeriod]] = (),
         amounts_changed: Collection[tuple[Resource, LimitPeriod]] = (),
         crossings: bool = True,
     ) -> None:
@@ -409,8 +459,12 @@ class QuotaService:
         limits of its live keys: domain.lineage_limits), in the window that holds now (and
         `removed: true` for `removed` limits), and the crossings of whole percents of a limit in
         that window, announced for each live key of the lineage that has the limit (alert rules
-        name a key). A limit whose amount changed moves its mark to where it stands (as a bigger
-        account total does), announcing nothing."""
+        name a key). A new limit moves its mark to where it stands, announcing nothing. A limit
+        whose amount changed is judged as an account's new total is: a wider one lowers the rate
+        and moves the mark down to it silently (later crossings are announced from there); a
+        narrower one raises it, and the highest percent usage now stands across is announced, once
+        per threshold (event ids are deterministic), as a downgrade is: a key's alert rules watch
+        its limit, and narrowing it past 80% must fire the 80% rule."""
         now = self._clock()
         account_period = period_of(now, self._tz)
         sends: list[Awaitable[None]] = []
@@ -476,8 +530,10 @@ class QuotaService:
                 )
                 record = key_record(lineage_id, limit.resource, limit.period)
                 sends.append(self._publisher.publish(QUOTA, record, state.model_dump_json()))
-                if (limit.resource, limit.period) in amounts_changed:
-                    pct = domain.percent_floor(line.used, limit.amount)
+                pct = domain.percent_floor(line.used, limit.amount)
+                # wider (or nothing used: nothing crossed): the mark moves down to where it stands
+                widened = (limit.resource, limit.period) in amounts_changed and (pct < line.mark or line.used <= 0)
+                if (limit.resource, limit.period) in new_limits or widened:
                     await tx.set_key_mark(lineage_id, limit.resource, limit.period, window, pct)
                     continue
                 pct_crossed = domain.crossing(line.mark, line.used, limit.amount) if crossings else None

@@ -63,8 +63,8 @@ async def test_a_rotated_key_carries_on_its_predecessors_spending(app_client, se
     listed = (await client.get("/api/api-keys", headers=console)).json()["items"]
     assert (usage_of(listed, new["id"]) or {}).get("used") == TRIAL
 
-    # A reservation for the new key is refused by the key's limit once quota has the new key's
-    # state from keys.v1 (until then it knows no limit of that key id: the account's alone).
+    # A reservation for the new key is refused by the key's limit: quota judges by the new key's
+    # keys.v1 state (its process's edge's when its own consumer is behind) where the lineage stands.
     async def reservation_refused() -> dict | None:
         body = {"account_id": account["id"], "resource": "ai_tokens", "amount": 1, "ttl_seconds": 60, "api_key_id": new["id"]}
         held = await client.post("/api/quota/reservations", json=body, headers=service)

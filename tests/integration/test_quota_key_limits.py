@@ -3,6 +3,7 @@ counts usage.v1 events that carry the key against them and the account at once, 
 reservation over the key's limit with `details.scope: "api_key"` (HTTP, through the service
 token), frees the key's part on settle."""
 
+import asyncio
 import uuid
 from datetime import UTC, datetime
 
@@ -15,6 +16,7 @@ from contracts.topics import KEYS, USAGE
 from services.quota.app import quota_service
 from services.quota.domain import KeyLimitExhausted
 from tests.integration.quota_helpers import eventually, publish
+from tests.integration.test_keys_api import new_key, signup
 from tests.support.service_tokens import service_headers
 
 pytestmark = pytest.mark.integration
@@ -80,3 +82,60 @@ async def test_a_keys_limit_counts_its_usage_and_refuses_a_reservation_past_it(a
 
 async def _reserve(quota, account: uuid.UUID, key: uuid.UUID, amount: int) -> uuid.UUID:
     return (await quota.reserve(account, Resource.AI_TOKENS, amount, 60, api_key_id=key)).id
+
+
+async def test_narrowing_a_keys_limit_fires_its_key_rules_it_crosses_once(app_client, settings):
+    """Over HTTP, as a customer does it: a key with 1,000 ai_tokens a month has spent 450 (45%)
+    and an 80% rule watches it. PATCHing the limit to 500 puts it at 90%: the rule fires, as an
+    account's downgrade fires the account's rules (before, the key's mark moved there silently and
+    the rule never fired). Narrowing again to 460 (97%) fires nothing more: once per threshold."""
+    client = app_client[1]
+    _, console = await signup(client)
+    key = await new_key(client, console, limits=[{"resource": "ai_tokens", "amount": 1_000, "period": "month"}])
+    rule_body = {
+        "metric": "total_tokens",
+        "threshold_pct": 80,
+        "channels": ["in_site"],
+        "recipients": [],
+        "scope": {"api_key_id": key["id"]},
+    }
+
+    async def rule_made() -> bool:  # alerts has the key from keys.v1
+        return (await client.post("/api/ai/usage/alert", json=rule_body, headers=console)).status_code == 201
+
+    await eventually(rule_made)
+    service = await service_headers(client, settings)
+    account_id = (await client.get("/api/account", headers=console)).json()["id"]
+    event = {
+        "id": str(uuid.uuid4()),
+        "time": datetime.now(UTC).isoformat(),
+        "account_id": account_id,
+        "resource": "ai_tokens",
+        "quantity": 450,
+        "source": "test",
+        "api_key_id": key["id"],
+    }
+    sent = await client.post("/api/usage/events", json={"events": [event]}, headers=service)
+    assert sent.status_code == 202, sent.text
+
+    async def used(amount: int) -> bool:
+        items = (await client.get("/api/api-keys", headers=console)).json()["items"]
+        usage = next(i for i in items if i["id"] == key["id"])["usage"]
+        return [(u["used"], u["amount"]) for u in usage] == [(450, amount)]
+
+    async def notified() -> list[dict] | None:
+        items = (await client.get("/api/notifications", headers=console)).json()["items"]
+        return [i for i in items if i.get("threshold_pct") == 80] or None
+
+    await eventually(lambda: used(1_000))
+    for amount in (500, 460):
+        patched = await client.patch(
+            f"/api/api-keys/{key['id']}",
+            json={"limits": [{"resource": "ai_tokens", "amount": amount, "period": "month"}]},
+            headers=console,
+        )
+        assert patched.status_code == 200, patched.text
+        await eventually(lambda amount=amount: used(amount))
+        assert len(await eventually(notified, within=10.0)) == 1
+    await asyncio.sleep(1.0)  # a second firing would have arrived by now
+    assert len(await notified() or []) == 1

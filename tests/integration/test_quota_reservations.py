@@ -287,3 +287,27 @@ async def test_a_hundred_concurrent_reservations_over_http_then_settled_through_
     await state_is(app, account_id, Resource.AI_TOKENS, used=33 * 2_500, reserved=0, blocked=False)
     report = (await client.get("/api/billing/check-quota", headers=console)).json()
     assert next(i for i in report["items"] if i["resource"] == "ai_tokens")["used"] == 82_500
+
+
+async def test_a_reservation_naming_a_key_not_of_the_account_is_404_known_to_quota_or_not(app_client, settings):
+    """A key id quota has not heard of and another account's key answer the same 404, and neither
+    is held: before, an id unknown to quota was accepted (and its hold later counted against the
+    limits of whichever account's key it turned out to be), while a known foreign key was 404, so a
+    service token could tell the two apart. A key of the account created a moment ago is reserved
+    at once: quota learns it from its process's keys.v1 projection (what verify judged by)."""
+    app, client = app_client
+    account, console = await signup(client)
+    _, other_console = await signup(client)
+    service = await service_headers(client, settings)
+    body = {"account_id": account["id"], "resource": "ai_tokens", "amount": 1_000, "ttl_seconds": 60}
+    foreign_key = (await new_key(client, other_console))["id"]
+    answers = []
+    for key_id in (str(uuid.uuid4()), foreign_key):
+        refused = await client.post(RESERVE, json={**body, "api_key_id": key_id}, headers=service)
+        assert refused.status_code == 404, refused.text
+        answers.append({k: v for k, v in err(refused).items() if k != "request_id"})
+    assert answers[0] == answers[1] and answers[0]["code"] == "not_found"
+    own_key = (await new_key(client, console))["id"]
+    made = await client.post(RESERVE, json={**body, "api_key_id": own_key}, headers=service)
+    assert made.status_code == 201, made.text
+    await state_is(app, uuid.UUID(account["id"]), Resource.AI_TOKENS, reserved=1_000)  # only the own key's hold

@@ -90,6 +90,10 @@ class FakeBillingState:
         self.counters: dict[str, int] = {}
         self.plan_versions: dict[UUID, int] = {}  # billing.accounts.plan_version
         self.plan_times: dict[UUID, datetime] = {}  # billing.accounts.plan_changed_at
+        # keys.accounts as billing reaches it (keys migration 0011_plan_hold.sql): the user type of
+        # record, and the plan billing recorded there (plan, time, version).
+        self.user_types_of_record: dict[UUID, UserType] = {}
+        self.plans_in_keys: dict[UUID, tuple[Tier, datetime, int]] = {}
 
 
 class FakeBillingTx:
@@ -112,6 +116,13 @@ class FakeBillingTx:
             self.state.accounts[account_id] = AccountRow(account_id, Tier.FREE, user_type, time, version)
         elif row.user_type_time is None or (row.user_type_version, row.user_type_time) < (version, time):
             self.state.accounts[account_id] = AccountRow(account_id, row.plan, user_type, time, version)
+
+    async def lock_user_type(self, account_id: UUID) -> UserType | None:
+        return self.state.user_types_of_record.get(account_id)
+
+    async def record_plan(self, account_id: UUID, plan: Tier, time: datetime, version: int) -> None:
+        if account_id in self.state.user_types_of_record:
+            self.state.plans_in_keys[account_id] = (plan, time, version)
 
     async def set_plan(self, account_id: UUID, plan: Tier, now: datetime) -> int:
         row = self.state.accounts[account_id]

@@ -235,3 +235,34 @@ async def test_a_paid_order_has_an_invoice_numbered_without_gaps(world):
     assert one.buyer.account_id == world.account and one.seller.name
     with pytest.raises(NotFound):
         await world.service.invoice(uuid.uuid4(), first.id)
+
+
+ENTERPRISE = PlanUpgradeOrderIn(kind="plan_upgrade", plan=Tier.ENTERPRISE)
+
+
+async def test_the_user_type_of_record_decides_the_enterprise_tier_not_billings_copy(world):
+    """Keys owns the user type: billing's copies of it (its row, the edge's accounts.v1) may still
+    say enterprise after keys has made the account individual. Order, payment and switch judge by
+    the user type of record, read under keys' row lock."""
+    world.enterprise()
+    order = await world.service.create_order(world.account, ENTERPRISE, audit=ACTOR)
+    world.store.state.user_types_of_record[world.account] = UserType.INDIVIDUAL  # keys' change, committed first
+    with pytest.raises(domain.UserTypePlanMismatch):
+        await world.service.pay(world.account, order.id, audit=ACTOR)
+    with pytest.raises(domain.UserTypePlanMismatch):
+        await world.service.create_order(world.account, ENTERPRISE, audit=ACTOR)
+    with pytest.raises(domain.UserTypePlanMismatch):
+        await world.service.switch(world.account, Tier.ENTERPRISE, audit=ACTOR)
+    assert world.provider.attempts == 0 and world.store.state.accounts[world.account].plan is Tier.FREE
+    assert world.store.state.plans_in_keys == {}
+
+
+async def test_a_plan_put_in_force_is_recorded_in_keys_row_with_its_version(world):
+    """The user-type change that waited for this payment judges by the plan recorded in keys'
+    row, not by keys' billing.v1 consumer's older copy."""
+    world.store.state.user_types_of_record[world.account] = UserType.ENTERPRISE
+    order = await world.service.create_order(world.account, ENTERPRISE, audit=ACTOR)
+    await world.service.pay(world.account, order.id, audit=ACTOR)
+    assert world.store.state.plans_in_keys[world.account] == (Tier.ENTERPRISE, NOW, 1)
+    await world.service.switch(world.account, Tier.FREE, audit=ACTOR)
+    assert world.store.state.plans_in_keys[world.account] == (Tier.FREE, NOW, 2)

@@ -32,8 +32,22 @@ def publisher() -> FakePublisher:
 
 
 @pytest.fixture
-def service(clock: FakeClock, publisher: FakePublisher) -> QuotaService:
-    return QuotaService(FakeQuotaStore(), publisher, clock, ZoneInfo("UTC"), CONSOLE)  # type: ignore[arg-type]
+def edge_keys() -> dict[uuid.UUID, KeyState]:
+    """The keys.v1 states this process's edge holds, by key id (KeyProjection.by_id)."""
+    return {}
+
+
+@pytest.fixture
+def service(clock: FakeClock, publisher: FakePublisher, edge_keys: dict[uuid.UUID, KeyState]) -> QuotaService:
+    return QuotaService(
+        FakeQuotaStore(),  # type: ignore[arg-type]
+        publisher,  # type: ignore[arg-type]
+        clock,
+        ZoneInfo("UTC"),
+        CONSOLE,
+        keys=edge_keys.get,
+        key_news_bound_s=0.05,
+    )
 
 
 def key_state(account: uuid.UUID, key: uuid.UUID, limits: list[KeyLimit], version: int = 1, **kw: object) -> KeyState:
@@ -163,11 +177,28 @@ async def test_release_and_expiry_free_the_keys_part(service, publisher, clock):
     assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["reserved"] == 0
 
 
-async def test_another_accounts_key_in_a_reservation_is_not_found(service):
+async def test_a_key_not_of_the_account_is_not_found_whether_quota_knows_it_or_not(service, edge_keys):
+    """Another account's key (known to quota, or only to the edge) and a key nobody has heard of
+    answer the same NotFound, and nothing is held: before, an unknown id was accepted."""
+    account, other, known, edge_only = uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    await service.apply_key(key_state(other, known, [month(1_000)]))
+    edge_keys[edge_only] = key_state(other, edge_only, [])
+    for key in (known, edge_only, uuid.uuid4()):
+        with pytest.raises(NotFound):
+            await service.reserve(account, Resource.AI_TOKENS, 1, 60, api_key_id=key)
+    assert service._store.reservations == {}  # type: ignore[attr-defined]
+
+
+async def test_a_key_only_the_edge_has_heard_of_is_learned_with_its_limits(service, edge_keys, publisher):
+    """Verify handed out the key's id from an edge that has its keys.v1 state; quota's consumer has
+    not applied it yet. The reservation takes the state from this process's edge, limits included."""
     account, key = uuid.uuid4(), uuid.uuid4()
-    await service.apply_key(key_state(account, key, [month(1_000)]))
-    with pytest.raises(NotFound):
-        await service.reserve(uuid.uuid4(), Resource.AI_TOKENS, 1, 60, api_key_id=key)
+    edge_keys[key] = key_state(account, key, [month(1_000)])
+    with pytest.raises(Forbidden) as refused:
+        await service.reserve(account, Resource.AI_TOKENS, 1_001, 60, api_key_id=key)
+    assert refused.value.details["scope"] == "api_key"
+    await service.reserve(account, Resource.AI_TOKENS, 1_000, 60, api_key_id=key)
+    assert last_state(publisher, key, Resource.AI_TOKENS, LimitPeriod.MONTH)["reserved"] == 1_000
 
 
 async def test_a_keys_crossings_name_the_key_the_limit_and_the_window(service, publisher):
@@ -184,6 +215,42 @@ async def test_a_keys_crossings_name_the_key_the_limit_and_the_window(service, p
         json.loads(p)["threshold_pct"] for t, _k, p in publisher.sent if t is QUOTA_THRESHOLDS and json.loads(p)["api_key_id"]
     ]
     assert crossed == [95, 96]
+
+
+def key_crossings(publisher: FakePublisher) -> list[tuple[int, int]]:
+    return [
+        (c["threshold_pct"], c["total"])
+        for c in (json.loads(p) for t, _k, p in publisher.sent if t is QUOTA_THRESHOLDS)
+        if c["api_key_id"]
+    ]
+
+
+async def test_narrowing_a_keys_limit_announces_the_thresholds_it_crosses_once_and_widening_none(service, publisher):
+    """As an account's downgrade does: a narrower limit raises the key's rate, and the highest
+    percent usage now stands across is announced (alerts fires each rule at or below it), once;
+    before, the mark moved there silently and the key's 80% rule never fired. A wider limit lowers
+    the rate silently, and crossings are announced again from there."""
+    account, key = uuid.uuid4(), uuid.uuid4()
+    await service.apply_key(key_state(account, key, [month(1_000)]))
+    await service.count([tokens(account, key, 450, T0)])  # 45%
+    assert key_crossings(publisher) == [(45, 1_000)]
+    await service.apply_key(key_state(account, key, [month(500)], version=2))  # 450 of 500: 90%
+    assert key_crossings(publisher)[1:] == [(90, 500)]
+    await service.apply_key(key_state(account, key, [month(500)], version=3))  # same amount again: nothing
+    await service.apply_key(key_state(account, key, [month(400)], version=4))  # past the limit: 100%
+    assert key_crossings(publisher)[1:] == [(90, 500), (100, 400)]
+    await service.apply_key(key_state(account, key, [month(900)], version=5))  # wider: 50%, silent
+    assert key_crossings(publisher)[1:] == [(90, 500), (100, 400)]
+    await service.count([tokens(account, key, 10, T0)])  # 460 of 900: 51%, announced from the new mark
+    assert key_crossings(publisher)[1:] == [(90, 500), (100, 400), (51, 900)]
+
+
+async def test_a_new_limit_announces_nothing_for_usage_before_it(service, publisher):
+    account, key = uuid.uuid4(), uuid.uuid4()
+    await service.apply_key(key_state(account, key, []))
+    await service.count([tokens(account, key, 450, T0)])
+    await service.apply_key(key_state(account, key, [month(500)], version=2))
+    assert key_crossings(publisher) == []
 
 
 async def test_a_cleared_limit_is_published_removed_and_older_states_change_nothing(service, publisher):
