@@ -22,6 +22,7 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
+from contracts.common import KeyStatus
 from contracts.events import AccountState, KeyState, ServiceTokenState, UserState, order_of
 from contracts.topics import ACCOUNTS, KEYS, SERVICE_TOKENS, USERS
 
@@ -106,6 +107,33 @@ class UsersHeld(TopicHeld[UserState]):
             self.sessions_ended[object_id] = ended
 
 
+@dataclass
+class KeysHeld(TopicHeld[KeyState]):
+    """keys.v1, and the key revocations the shared limiter store holds (`revoked`: key id ->
+    (version, "deleted" | "disabled" | "narrowed"), services/edge/rate_store.py): a second witness
+    of a delete or disable after the backup, kept a week, where Kafka may have forgotten it (a
+    tombstone compacted away, a cluster replaced). Their versions count as Kafka's (`top`), so a
+    restored key moves past them too: no stale entry refuses it."""
+
+    revoked: dict[UUID, tuple[int, str]] = field(default_factory=dict)
+
+    def apply_revocations(self, revoked: dict[UUID, tuple[int, str]]) -> None:
+        self.revoked.update(revoked)
+        for key_id, (version, _how) in revoked.items():
+            self.top[key_id] = max(self.top.get(key_id, 0), version)
+
+    def ended(self, object_id: UUID) -> bool:
+        entry = self.revoked.get(object_id)
+        return super().ended(object_id) or (entry is not None and entry[1] == "deleted")
+
+    def disabled(self, key_id: UUID) -> bool:
+        """Whether the newest of the key's states and its revocation entry says disabled."""
+        newest, entry = self.newest.get(key_id), self.revoked.get(key_id)
+        if entry is not None and (newest is None or entry[0] > newest.version):
+            return entry[1] == "disabled"
+        return newest is not None and newest.status is KeyStatus.DISABLED
+
+
 _AnyHeld = TopicHeld[KeyState] | TopicHeld[AccountState] | TopicHeld[UserState] | TopicHeld[ServiceTokenState]
 
 
@@ -113,7 +141,7 @@ class Published:
     """The four reconciled topics (by their names without the prefix), fed record by record."""
 
     def __init__(self) -> None:
-        self.keys = TopicHeld(KeyState)
+        self.keys = KeysHeld(KeyState)
         self.accounts = TopicHeld(AccountState)
         self.users = UsersHeld(UserState)
         self.service_tokens = TopicHeld(ServiceTokenState)

@@ -32,7 +32,7 @@ from contracts.common import KeyStatus
 from contracts.events import AccountState, KeyState, ServiceTokenState, UserState
 from contracts.topics import ACCOUNTS, AUDIT, KEYS, SERVICE_TOKENS, USERS
 from services.keys import service_tokens
-from services.keys.published import RECONCILED_TOPICS, Published, S, TopicHeld
+from services.keys.published import RECONCILED_TOPICS, KeysHeld, Published, S, TopicHeld
 from services.keys.store import KeysTx, Row
 
 # Who the audit log names for what a restore kept from Kafka (the operator ran `tollgate republish`)
@@ -52,14 +52,14 @@ async def move_past(tx: KeysTx, published: Published, topics: Collection[str]) -
     return behind
 
 
-def stricter_in_kafka(kafka: TopicHeld[KeyState], key_id: UUID, status: KeyStatus, behind: Collection[UUID]) -> str | None:
-    """What Kafka holds of a key live in Postgres with `status` that is stricter than the row:
-    "deleted" (its newest state, or a tombstone: a deletion is final), "disabled" (its newest
-    state, when newer than the row, i.e. the row was `behind` it), or None: the row stands."""
+def stricter_in_kafka(kafka: KeysHeld, key_id: UUID, status: KeyStatus, behind: Collection[UUID]) -> str | None:
+    """What Kafka (or the shared store's revocation entry) holds of a key live in Postgres with
+    `status` that is stricter than the row: "deleted" (its newest state, a tombstone or a deleted
+    entry: a deletion is final), "disabled" (the newest of its state and entry, when newer than
+    the row, i.e. the row was `behind` it), or None: the row stands."""
     if kafka.ended(key_id):
         return "deleted"
-    newest = kafka.newest.get(key_id)
-    if status is KeyStatus.ENABLED and key_id in behind and newest is not None and newest.status is KeyStatus.DISABLED:
+    if status is KeyStatus.ENABLED and key_id in behind and kafka.disabled(key_id):
         return "disabled"
     return None
 

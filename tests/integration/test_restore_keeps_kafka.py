@@ -20,6 +20,7 @@ import httpx
 import psycopg
 import pytest
 
+from services.edge.rate_store import KeyCheck, RedisStore
 from services.runtime.host.republish import republish
 from tests.integration.test_keys_api import PASSWORD, bearer, new_key, signup
 from tests.support.apps import running_app
@@ -255,3 +256,42 @@ async def test_an_account_deleted_after_the_backup_stays_deleted(settings):
         assert (await client.get("/api/account", headers=console)).status_code == 401
         login = await client.post("/api/auth/login", json={"email": account["email"], "password": PASSWORD})
         assert login.status_code == 401
+
+
+async def test_the_limiter_stores_revocations_are_witnesses_and_never_refuse_a_restored_key(settings):
+    """Kafka may have forgotten what the shared limiter store still holds (a deletion's tombstone
+    compacted away, a cluster replaced): its revocation entries, kept a week, refused the restored
+    keys while the console listed them. A key the store holds deleted after the backup stays
+    deleted, in Postgres too; a key it holds narrowed (new rules since, in no topic now) is
+    restored above the entry: the stale entry no longer refuses it (503 before)."""
+    async with running_app(settings) as (_, client):
+        _, console = await signup(client)
+        forgotten = await new_key(client, console, name="deleted after the backup, forgotten by Kafka")
+        narrowed = await new_key(client, console, name="given new rules after the backup")
+        back_up(settings.database_url)
+    restore(settings.database_url)
+    store = RedisStore(settings.redis_url)
+    try:  # what the store kept of the writes after the backup, Kafka has not
+        with psycopg.connect(settings.database_url) as conn:
+            for key, how in ((forgotten, "deleted"), (narrowed, "narrowed")):
+                row = conn.execute("SELECT version FROM keys.api_keys WHERE id = %s", (key["id"],)).fetchone()
+                assert row is not None
+                await store.revoke(KeyCheck(uuid.UUID(key["id"]), row[0] + 3), how=how)
+    finally:
+        await store.close()
+
+    async def answers(client: httpx.AsyncClient) -> tuple[int, int]:
+        first = await client.get("/api/geo/projects", headers=bearer(forgotten["key"]))
+        second = await client.get("/api/geo/projects", headers=bearer(narrowed["key"]))
+        return first.status_code, second.status_code
+
+    async with running_app(settings) as (_, client):
+        assert await answers(client) == (401, 503)  # the store's entries, before the reconcile
+        await republish(settings)
+
+        async def reconciled() -> bool:
+            return await answers(client) == (401, 200)
+
+        await wait_until(reconciled, timeout=20)
+        listed = [k["id"] for k in (await client.get("/api/api-keys", headers=console)).json()["items"]]
+        assert listed == [narrowed["id"]]

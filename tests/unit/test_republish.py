@@ -542,11 +542,11 @@ def test_the_stricter_of_kafka_and_the_row_is_kept():
         "hash": "0" * 64,
         "roles": [Role.OWNER],
     }
-    from services.keys.published import TopicHeld
+    from services.keys.published import KeysHeld
     from services.keys.reconcile import stricter_in_kafka
 
-    def held(*states: KeyState | None) -> TopicHeld[KeyState]:
-        topic = TopicHeld(KeyState)
+    def held(*states: KeyState | None) -> KeysHeld:
+        topic = KeysHeld(KeyState)
         for state in states:
             topic.apply(str(key_id).encode(), None if state is None else state.model_dump_json().encode())
         return topic
@@ -563,3 +563,16 @@ def test_the_stricter_of_kafka_and_the_row_is_kept():
     assert stricter_in_kafka(held(disabled), key_id, KeyStatus.DISABLED, behind={key_id}) is None
     assert stricter_in_kafka(held(disabled, enabled), key_id, KeyStatus.DISABLED, behind={key_id}) is None
     assert stricter_in_kafka(held(), key_id, on, behind=()) is None
+    # the limiter store's revocation entries (kept a week) witness what Kafka may have forgotten
+    kafka = held(enabled)
+    kafka.apply_revocations({key_id: (9, "disabled")})
+    assert kafka.top[key_id] == 9 and stricter_in_kafka(kafka, key_id, on, behind={key_id}) == "disabled"
+    assert stricter_in_kafka(held(enabled), key_id, on, behind={key_id}) is None
+    kafka = held(enabled)
+    kafka.apply_revocations({key_id: (3, "disabled")})  # older than Kafka's newest: enabled since
+    assert stricter_in_kafka(kafka, key_id, on, behind={key_id}) is None
+    kafka.apply_revocations({key_id: (3, "deleted")})  # a deletion is final
+    assert stricter_in_kafka(kafka, key_id, on, behind=()) == "deleted"
+    kafka = held()
+    kafka.apply_revocations({key_id: (9, "narrowed")})  # new rules: nothing stricter, but moved past
+    assert stricter_in_kafka(kafka, key_id, on, behind={key_id}) is None and kafka.top[key_id] == 9
