@@ -79,15 +79,18 @@ class TopicHeld(Generic[S]):
         self.forgotten.discard(object_id)  # a state after the tombstone: edges hold it again
 
     def ended(self, object_id: UUID) -> bool:
-        """Whether the topic ended the object: its newest state says so (deleted, removed,
-        revoked), or a tombstone forgot it (a key or token compacted down to its tombstone)."""
+        """Whether the object was ended: its newest state says so (deleted, removed, revoked), or
+        a tombstone forgot it (a key or token compacted down to its tombstone)."""
+        return self._ended_in_topic(object_id)
+
+    def _ended_in_topic(self, object_id: UUID) -> bool:
         state = self.newest.get(object_id)
         return object_id in self.forgotten or (state is not None and not _is_live(state))
 
     @property
     def live(self) -> dict[UUID, S]:
-        """Per object id, its newest state, of the objects the topic holds live."""
-        return {object_id: s for object_id, s in self.newest.items() if not self.ended(object_id)}
+        """Per object id, its newest state, of the objects the topic holds live (edges admit them)."""
+        return {object_id: s for object_id, s in self.newest.items() if not self._ended_in_topic(object_id)}
 
     def _seen(self, object_id: UUID, state: S) -> None:
         """Each valid state, in the topic's order (before the newest is chosen)."""

@@ -573,6 +573,9 @@ def test_the_stricter_of_kafka_and_the_row_is_kept():
     assert stricter_in_kafka(kafka, key_id, on, behind={key_id}) is None
     kafka.apply_revocations({key_id: (3, "deleted")})  # a deletion is final
     assert stricter_in_kafka(kafka, key_id, on, behind=()) == "deleted"
+    kafka = held(enabled)
+    kafka.apply_revocations({key_id: (9, "deleted")})  # a deletion Kafka lost: still live in the topic
+    assert kafka.ended(key_id) and key_id in kafka.live  # so a key Postgres lacks is ended there again
     kafka = held()
     kafka.apply_revocations({key_id: (9, "narrowed")})  # new rules: nothing stricter, but moved past
     assert stricter_in_kafka(kafka, key_id, on, behind={key_id}) is None and kafka.top[key_id] == 9
