@@ -10,6 +10,7 @@ from services.edge.errors import ApiError, not_found
 from services.edge.openapi_security import accepts
 from services.edge.principal import Principal
 from services.edge.projections import AccountProjection
+from services.edge.rate_store import shared_revocations
 from services.edge.service_tokens import ServicePrincipal
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "forwarded_for",
     "not_found",
     "parse_networks",
+    "shared_revocations",
 ]

@@ -290,6 +290,27 @@ return 1
 MAX_COPIES = 100_000  # subjects whose slots are copied; forgotten all at once beyond
 
 
+async def shared_revocations(url: str, prefix: str = "tollgate:revoked:") -> dict[UUID, tuple[int, str]]:
+    """Every key revocation the shared store holds (`revoke`): key id -> (the version of the
+    state it was revoked at, "deleted" | "disabled" | "narrowed"). For reconciling after a
+    restore (services/keys/reconcile.py): a witness of ends that Kafka may have forgotten."""
+    redis: Redis[bytes] = Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    found: dict[UUID, tuple[int, str]] = {}
+    try:
+        async for name in redis.scan_iter(match=prefix + "*", count=1000):
+            value = await redis.get(name)
+            if value is None:  # expired meanwhile
+                continue
+            version, _, how = value.decode().partition(" ")
+            try:
+                found[UUID(name.decode().removeprefix(prefix))] = (int(version), how)
+            except ValueError:  # not an entry `revoke` wrote
+                continue
+    finally:
+        await redis.aclose()  # type: ignore[attr-defined]  # types-redis predates aclose()
+    return found
+
+
 class RedisStore:
     """The rate limits, and with them the api_calls admissions (admissions.py): one Lua script,
     one round trip per API-key call."""

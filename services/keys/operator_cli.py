@@ -17,6 +17,8 @@ from psycopg_pool import AsyncConnectionPool
 from contracts.audit import OPERATOR_CLI
 from contracts.common import ServiceScope
 from contracts.events import PlanChanged
+from contracts.topics import KEYS
+from services.edge import shared_revocations
 from services.keys import service_tokens
 from services.keys.published import RECONCILED_TOPICS, Published
 from services.keys.service import REPUBLISHED_TOPICS, Changes, KeysService
@@ -113,6 +115,8 @@ async def _published(settings: Settings, topics: Collection[str]) -> Published:
         await follower.caught_up.wait()
     finally:
         await follower.stop()
+    if KEYS.name in wanted and settings.redis_url:  # the limiter store's witnesses of ends
+        published.keys.apply_revocations(await shared_revocations(settings.redis_url))
     return published
 
 

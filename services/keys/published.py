@@ -7,7 +7,8 @@ account) and states newer than the restored rows (a key toggled off after the ba
 higher version than the backup's row). Every edge keeps the state with the highest version and
 rebuilds from the topics, so republishing the rows alone would leave both in force. `Published`
 folds the topics' records into what reconciling needs (services/keys/reconcile.py): per object,
-its newest state if it is live there, and the highest version any of its records carried; per
+its newest state (and whether it is live there: not deleted, removed or revoked, nor forgotten by
+a tombstone), and the highest version any of its records carried; per
 user, the newest end of its sessions any record carried (`UsersHeld.sessions_ended`), which a
 restored row must not undo. Pure: the records are handed in (the operator CLI reads them with a
 TopicFollower).
@@ -21,6 +22,7 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
+from contracts.common import KeyStatus
 from contracts.events import AccountState, KeyState, ServiceTokenState, UserState, order_of
 from contracts.topics import ACCOUNTS, KEYS, SERVICE_TOKENS, USERS
 
@@ -53,28 +55,42 @@ def _is_live(state: KeyState | AccountState | UserState | ServiceTokenState) -> 
 
 @dataclass
 class TopicHeld(Generic[S]):
-    """One topic: per object id, its newest state while live there, and the highest version seen."""
+    """One topic: per object id, its newest state, whether a tombstone forgot it since, and the
+    highest version seen."""
 
     model: type[S]
-    live: dict[UUID, S] = field(default_factory=dict)
+    newest: dict[UUID, S] = field(default_factory=dict)
+    forgotten: set[UUID] = field(default_factory=set)
     top: dict[UUID, int] = field(default_factory=dict)
 
     def apply(self, key: bytes | None, value: bytes | None) -> None:
         if value is None:  # a tombstone: every edge forgets the object (keys, service tokens)
             if key is not None:
-                self.live.pop(UUID(key.decode()), None)
+                self.forgotten.add(UUID(key.decode()))
             return
         state = self.model.model_validate_json(value)
         object_id = _object_id(state)
         self.top[object_id] = max(self.top.get(object_id, 0), state.version)
         self._seen(object_id, state)
-        current = self.live.get(object_id)
+        current = self.newest.get(object_id)
         if current is not None and order_of(current) > order_of(state):
             return  # an older state after a newer one: edges keep the newer
-        if _is_live(state):
-            self.live[object_id] = state
-        else:
-            self.live.pop(object_id, None)
+        self.newest[object_id] = state
+        self.forgotten.discard(object_id)  # a state after the tombstone: edges hold it again
+
+    def ended(self, object_id: UUID) -> bool:
+        """Whether the object was ended: its newest state says so (deleted, removed, revoked), or
+        a tombstone forgot it (a key or token compacted down to its tombstone)."""
+        return self._ended_in_topic(object_id)
+
+    def _ended_in_topic(self, object_id: UUID) -> bool:
+        state = self.newest.get(object_id)
+        return object_id in self.forgotten or (state is not None and not _is_live(state))
+
+    @property
+    def live(self) -> dict[UUID, S]:
+        """Per object id, its newest state, of the objects the topic holds live (edges admit them)."""
+        return {object_id: s for object_id, s in self.newest.items() if not self._ended_in_topic(object_id)}
 
     def _seen(self, object_id: UUID, state: S) -> None:
         """Each valid state, in the topic's order (before the newest is chosen)."""
@@ -94,6 +110,33 @@ class UsersHeld(TopicHeld[UserState]):
             self.sessions_ended[object_id] = ended
 
 
+@dataclass
+class KeysHeld(TopicHeld[KeyState]):
+    """keys.v1, and the key revocations the shared limiter store holds (`revoked`: key id ->
+    (version, "deleted" | "disabled" | "narrowed"), services/edge/rate_store.py): a second witness
+    of a delete or disable after the backup, kept a week, where Kafka may have forgotten it (a
+    tombstone compacted away, a cluster replaced). Their versions count as Kafka's (`top`), so a
+    restored key moves past them too: no stale entry refuses it."""
+
+    revoked: dict[UUID, tuple[int, str]] = field(default_factory=dict)
+
+    def apply_revocations(self, revoked: dict[UUID, tuple[int, str]]) -> None:
+        self.revoked.update(revoked)
+        for key_id, (version, _how) in revoked.items():
+            self.top[key_id] = max(self.top.get(key_id, 0), version)
+
+    def ended(self, object_id: UUID) -> bool:
+        entry = self.revoked.get(object_id)
+        return super().ended(object_id) or (entry is not None and entry[1] == "deleted")
+
+    def disabled(self, key_id: UUID) -> bool:
+        """Whether the newest of the key's states and its revocation entry says disabled."""
+        newest, entry = self.newest.get(key_id), self.revoked.get(key_id)
+        if entry is not None and (newest is None or entry[0] > newest.version):
+            return entry[1] == "disabled"
+        return newest is not None and newest.status is KeyStatus.DISABLED
+
+
 _AnyHeld = TopicHeld[KeyState] | TopicHeld[AccountState] | TopicHeld[UserState] | TopicHeld[ServiceTokenState]
 
 
@@ -101,7 +144,7 @@ class Published:
     """The four reconciled topics (by their names without the prefix), fed record by record."""
 
     def __init__(self) -> None:
-        self.keys = TopicHeld(KeyState)
+        self.keys = KeysHeld(KeyState)
         self.accounts = TopicHeld(AccountState)
         self.users = UsersHeld(UserState)
         self.service_tokens = TopicHeld(ServiceTokenState)

@@ -113,14 +113,14 @@ class KeysService:
             await tx.publish(KEYS, key, None)  # tombstone: compaction forgets the key
         changes.keys.append(state)
 
-    async def _emit_account(self, tx: KeysTx, row: Row, now: datetime, changes: Changes) -> None:
+    async def _emit_account(self, tx: KeysTx, row: Row, now: datetime, changes: Changes, *, deleted: bool = False) -> None:
         state = domain.account_state(
             account_id=row["id"],
             roles=[Role(r) for r in row["roles"]],
             user_type=UserType(row["user_type"]),
             now=now,
             version=row["version"],
-        )
+        ).model_copy(update={"deleted": deleted})
         await tx.publish(ACCOUNTS, str(row["id"]).encode(), state.model_dump_json().encode())
         changes.accounts.append(state)
 
@@ -291,24 +291,33 @@ class KeysService:
         accounts: list[Row] = []
         users: list[Row] = []
         live_keys: list[Row] = []
+        ended_keys: list[Row] = []  # deleted by the reconcile: Kafka held them ended
         async with self.store.transaction() as tx:
-            if published is not None:
-                await reconcile.move_past(tx, published, topics)
+            behind = await reconcile.move_past(tx, published, topics) if published is not None else {}
             if ACCOUNTS.name in topics:  # the locking order of the writers: account, users, keys
                 accounts = await tx.all_accounts()
                 for row in accounts:
-                    await self._emit_account(tx, row, now, changes)
+                    kept_deleted = published is not None and published.accounts.ended(row["id"])
+                    await self._emit_account(tx, row, now, changes, deleted=kept_deleted)
             if USERS.name in topics:
                 users = await tx.all_users()
+                if published is not None:
+                    users, ended_keys = await reconcile.keep_users_removed(tx, published, users, now)
                 for user in users:
                     await self._emit_user(tx, user, now, changes)
             if KEYS.name in topics:
                 live_keys = await tx.all_live_keys()
+                if published is not None:
+                    live_keys, deleted_keys = await reconcile.keep_keys_ended(tx, published, behind[KEYS.name], live_keys, now)
+                    ended_keys += deleted_keys
                 for key in live_keys:
                     if key["creator_role"] is not None:  # a key without its user is refused anyway
                         await self._emit_key(tx, self._state(key, [Role(key["creator_role"])], now), changes)
+            for key in ended_keys:
+                await self._emit_key(tx, self._state(key, [Role(key["creator_role"] or Role.VIEWER)], now, deleted=True), changes)
             if SERVICE_TOKENS.name in topics:
-                changes.service_tokens = await service_tokens.republish(tx, now)
+                kept_revoked = await reconcile.keep_tokens_revoked(tx, published, now) if published is not None else []
+                changes.service_tokens = kept_revoked + await service_tokens.republish(tx, now)
             if SESSIONS.name in topics:
                 for row in await tx.session_revocations_since(self.sessions_matter_since(now)):
                     event = SessionRevoked(

@@ -347,18 +347,20 @@ class KeysTx:
             (),
         )
 
-    async def raise_versions(self, topic: str, kafka_versions: Mapping[UUID, int]) -> None:
+    async def raise_versions(self, topic: str, kafka_versions: Mapping[UUID, int]) -> set[UUID]:
         """Each row of `topic`'s objects whose version is below the one Kafka holds of it takes the
-        version after Kafka's (a Postgres restored to an older point: services/keys/reconcile.py)."""
+        version after Kafka's (a Postgres restored to an older point: services/keys/reconcile.py);
+        the ids of those rows (Kafka's state of them is newer)."""
         if not kafka_versions:
-            return
+            return set()
         ids, versions = zip(*kafka_versions.items(), strict=True)
-        await self.conn.execute(
+        rows = await self._all(
             f"""UPDATE {_VERSIONED_TABLES[topic]} AS t SET version = k.version + 1
                 FROM unnest(%s::uuid[], %s::bigint[]) AS k(id, version)
-                WHERE t.id = k.id AND t.version < k.version""",
+                WHERE t.id = k.id AND t.version < k.version RETURNING t.id""",
             (list(ids), list(versions)),
         )
+        return {row["id"] for row in rows}
 
     async def keep_sessions_ended(self, ended: Mapping[UUID, datetime]) -> None:
         """Each user's sessions_not_before at least the instant `ended` names (what Kafka's states

@@ -1238,12 +1238,15 @@ class FakeKeysStore:
             rows.append({**self._key(k), "creator_role": None if creator is None else creator["role"]})
         return rows
 
-    async def raise_versions(self, topic: str, kafka_versions: Mapping[UUID, int]) -> None:
+    async def raise_versions(self, topic: str, kafka_versions: Mapping[UUID, int]) -> set[UUID]:
         table = {"accounts.v1": self.accounts, "users.v1": self.users, "keys.v1": self.keys, "service-tokens.v1": self.tokens}
+        raised = set()
         for object_id, version in kafka_versions.items():
             row = table[topic].get(object_id)
             if row is not None and row["version"] < version:
                 row["version"] = version + 1
+                raised.add(object_id)
+        return raised
 
     async def keep_sessions_ended(self, ended: Mapping[UUID, datetime]) -> None:
         for user_id, instant in ended.items():

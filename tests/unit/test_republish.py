@@ -440,7 +440,142 @@ async def test_sessions_ended_after_the_backup_stay_ended_when_the_restored_user
         if topic == "users.v1" and value is not None:
             users.apply(UserState.model_validate_json(value))
     assert users.ended(ids["account"], issued) and users.ended(ids["member"], issued)
-    assert not users.get(ids["member"]).removed  # the backup's member is back, its old sessions are not
+    assert users.get(ids["member"]).removed  # a member removed after the backup stays removed
     assert not users.ended(ids["account"], keys.clock().timestamp())  # a login after the restore is good
-    for user in (ids["account"], ids["member"]):  # and Postgres says the same to the next republish
-        assert keys.store.users[user]["sessions_not_before"] == kafka.users.sessions_ended[user]
+    # and Postgres says the same to the next republish
+    assert keys.store.users[ids["account"]]["sessions_not_before"] == kafka.users.sessions_ended[ids["account"]]
+    assert keys.store.users[ids["member"]]["removed_at"] is not None
+
+
+async def test_a_restore_keeps_every_end_and_disable_kafka_holds_from_after_the_backup(keys: Keys):
+    """(review) A key deleted (leaked, say) or disabled, a token revoked, a member removed after the
+    backup: the restored rows, republished above Kafka's versions, brought them back. The stricter
+    of the backup's row and Kafka's newest state is kept, in Postgres too, audited as the operator's;
+    a key disabled in the backup and enabled after is still refused again."""
+    s = keys.service
+    ids = await keys.populated()
+    account = ids["account"]
+    leaked, _ = await s.create_key(account, account, "leaked", None, audit=ACTOR)
+    paused, _ = await s.create_key(account, account, "paused", None, audit=ACTOR)
+    member = await s.add_member(account, "cy@example.com", "Cy", "pw-123456789", Role.DEVELOPER, audit=ACTOR)
+    members_key, _ = await s.create_key(account, member["id"], "cy's", None, audit=ACTOR)
+    backup = copy.deepcopy((keys.store.accounts, keys.store.users, keys.store.keys, keys.store.tokens))
+    await s.delete(account, leaked["id"], audit=ACTOR)
+    await s.toggle(account, paused["id"], audit=ACTOR)
+    await s.revoke_service_token(ids["token"], audit=ACTOR)
+    await s.remove_member(account, member["id"], audit=ACTOR)
+    await s.toggle(account, ids["disabled"], audit=ACTOR)  # enabled after the backup
+    kafka = kafka_of(keys)
+    keys.store.accounts, keys.store.users, keys.store.keys, keys.store.tokens = backup  # the restore
+    keys.store.outbox.clear()
+
+    await s.republish(REPUBLISHED_TOPICS, kafka)
+
+    edge, tokens, users = KeyProjection(), ServiceTokenProjection(), UserSessions()
+    after = copy.deepcopy(kafka)
+    for topic, key, value in keys.store.outbox:
+        if topic in RECONCILED_TOPICS:
+            after.apply(topic, key, value)
+        if value is None:
+            continue
+        if topic == "keys.v1":
+            edge.apply(KeyState.model_validate_json(value))
+        elif topic == "service-tokens.v1":
+            tokens.apply(ServiceTokenState.model_validate_json(value))
+        elif topic == "users.v1":
+            users.apply(UserState.model_validate_json(value))
+    # Kafka's stricter states, above its versions, on every edge ...
+    assert edge.by_id(leaked["id"]) is None and edge.by_id(members_key["id"]) is None
+    assert edge.by_id(paused["id"]).status is KeyStatus.DISABLED and paused["id"] in after.keys.live
+    assert ids["token"] not in after.service_tokens.live and users.get(member["id"]).removed
+    assert after.keys.top[paused["id"]] > kafka.keys.top[paused["id"]]
+    # ... and in Postgres: the console lists what the edges admit
+    store = keys.store
+    assert store.keys[leaked["id"]]["deleted_at"] is not None and store.keys[members_key["id"]]["deleted_at"] is not None
+    assert store.keys[paused["id"]]["status"] == KeyStatus.DISABLED.value
+    assert store.tokens[ids["token"]]["revoked_at"] is not None and store.users[member["id"]]["removed_at"] is not None
+    audited = {(e["action"], e["target"]["id"]) for e in keys.events("audit.v1") if e["actor"]["operator"]}
+    assert audited >= {
+        ("api_key.deleted", str(leaked["id"])),
+        ("api_key.toggled", str(paused["id"])),
+        ("member.removed", str(member["id"])),
+        ("service_token.revoked", str(ids["token"])),
+    }
+    # the backup's own stricter state wins as before: disabled in the backup, enabled after
+    assert store.keys[ids["disabled"]]["status"] == KeyStatus.DISABLED.value
+    assert edge.by_id(ids["disabled"]).status is KeyStatus.DISABLED
+    # the backup's live key untouched
+    assert edge.by_id(ids["enabled"]).status is KeyStatus.ENABLED and store.keys[ids["enabled"]]["deleted_at"] is None
+
+
+async def test_an_account_kafka_holds_deleted_stays_deleted_after_a_restore_that_holds_it(keys: Keys):
+    """Restored to a backup without the account (it was deleted in Kafka), then to a newer one with
+    it: the account, its user and its key stay ended."""
+    s = keys.service
+    await keys.populated()
+    older = copy.deepcopy((keys.store.accounts, keys.store.users, keys.store.keys, keys.store.tokens))
+    other = await s.register(
+        RegisterRequest(email="eve@example.com", password="pw-123456789", name="Eve", user_type=UserType.INDIVIDUAL)
+    )
+    key, _ = await s.create_key(other["id"], other["id"], "eve's", None, audit=ACTOR)
+    newer = copy.deepcopy((keys.store.accounts, keys.store.users, keys.store.keys, keys.store.tokens))
+    keys.store.accounts, keys.store.users, keys.store.keys, keys.store.tokens = older
+    await s.republish(REPUBLISHED_TOPICS, kafka_of(keys))
+    keys.store.accounts, keys.store.users, keys.store.keys, keys.store.tokens = newer
+
+    await s.republish(REPUBLISHED_TOPICS, kafka_of(keys))
+
+    after = kafka_of(keys)
+    assert other["id"] not in after.accounts.live and other["id"] not in after.users.live
+    assert key["id"] not in after.keys.live
+    assert keys.store.users[other["id"]]["removed_at"] is not None and keys.store.keys[key["id"]]["deleted_at"] is not None
+
+
+def test_the_stricter_of_kafka_and_the_row_is_kept():
+    """The rule on one key: an end is final (any version, or only its tombstone left); a disable
+    only when Kafka's state is newer than the row."""
+    key_id = uuid.uuid4()
+    base = {
+        "time": datetime(2026, 1, 1, tzinfo=UTC),
+        "account_id": uuid.uuid4(),
+        "key_id": key_id,
+        "hash": "0" * 64,
+        "roles": [Role.OWNER],
+    }
+    from services.keys.published import KeysHeld
+    from services.keys.reconcile import stricter_in_kafka
+
+    def held(*states: KeyState | None) -> KeysHeld:
+        topic = KeysHeld(KeyState)
+        for state in states:
+            topic.apply(str(key_id).encode(), None if state is None else state.model_dump_json().encode())
+        return topic
+
+    disabled = KeyState(**base, status=KeyStatus.DISABLED, version=5)
+    deleted = KeyState(**base, status=KeyStatus.ENABLED, deleted=True, version=6)
+    enabled = KeyState(**base, status=KeyStatus.ENABLED, version=7)
+    on = KeyStatus.ENABLED
+    assert stricter_in_kafka(held(deleted), key_id, on, behind=()) == "deleted"
+    assert stricter_in_kafka(held(deleted, None), key_id, on, behind=()) == "deleted"
+    assert stricter_in_kafka(held(None), key_id, on, behind=()) == "deleted"  # compacted to its tombstone
+    assert stricter_in_kafka(held(disabled), key_id, on, behind={key_id}) == "disabled"
+    assert stricter_in_kafka(held(disabled), key_id, on, behind=()) is None  # the row is newer: enabled since
+    assert stricter_in_kafka(held(disabled), key_id, KeyStatus.DISABLED, behind={key_id}) is None
+    assert stricter_in_kafka(held(disabled, enabled), key_id, KeyStatus.DISABLED, behind={key_id}) is None
+    assert stricter_in_kafka(held(), key_id, on, behind=()) is None
+    # the limiter store's revocation entries (kept a week) witness what Kafka may have forgotten
+    kafka = held(enabled)
+    kafka.apply_revocations({key_id: (9, "disabled")})
+    assert kafka.top[key_id] == 9 and stricter_in_kafka(kafka, key_id, on, behind={key_id}) == "disabled"
+    assert stricter_in_kafka(held(enabled), key_id, on, behind={key_id}) is None
+    kafka = held(enabled)
+    kafka.apply_revocations({key_id: (3, "disabled")})  # older than Kafka's newest: enabled since
+    assert stricter_in_kafka(kafka, key_id, on, behind={key_id}) is None
+    kafka.apply_revocations({key_id: (3, "deleted")})  # a deletion is final
+    assert stricter_in_kafka(kafka, key_id, on, behind=()) == "deleted"
+    kafka = held(enabled)
+    kafka.apply_revocations({key_id: (9, "deleted")})  # a deletion Kafka lost: still live in the topic
+    assert kafka.ended(key_id) and key_id in kafka.live  # so a key Postgres lacks is ended there again
+    kafka = held()
+    kafka.apply_revocations({key_id: (9, "narrowed")})  # new rules: nothing stricter, but moved past
+    assert stricter_in_kafka(kafka, key_id, on, behind={key_id}) is None and kafka.top[key_id] == 9
