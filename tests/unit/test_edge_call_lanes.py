@@ -3,6 +3,7 @@ over HTTP: admitted calls on a reserved place (503 `overloaded` when there is no
 calls of a known key in their own lane with their error code, folded when that lane is full."""
 
 import asyncio
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
@@ -294,3 +295,46 @@ async def test_a_second_edge_dependency_of_one_request_does_not_leak_its_first_p
     await edge.requires()(request)
     await edge.requires(Permission.PROJECTS_READ)(request)  # the same request, one place
     assert edge.calls.lanes.open == 1
+
+
+# ---- under load a batch gathers longer: fewer, fuller produce requests -------------------------
+def test_a_busy_lane_gathers_on_to_the_busy_linger_and_a_trickle_or_a_full_batch_does_not():
+    recorder = CallRecorder(settings(), linger_s=0.02, busy_linger_s=0.1, busy_at=4, batch=100)
+    assert recorder.gather_more(1) == 0  # a trickle leaves after the linger alone
+    assert recorder.gather_more(3) == 0
+    assert recorder.gather_more(4) == pytest.approx(0.08)  # busy: until 100 ms after the first call
+    assert recorder.gather_more(99) == pytest.approx(0.08)
+    assert recorder.gather_more(100) == 0  # a full batch leaves at once
+
+
+class CountingRecorder(CallRecorder):
+    """Acknowledges everything at once and keeps each batch it was handed."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(settings(), **kwargs)
+        self.batches: list[int] = []
+
+    async def send(self, producer: Any, calls: list[Call]) -> list[Call]:
+        self.batches.append(len(calls))
+        return []
+
+
+async def test_calls_arriving_fast_travel_in_fewer_batches_and_a_lonely_call_is_not_held_longer():
+    recorder = CountingRecorder(linger_s=0.01, busy_linger_s=0.2, busy_at=4)
+    task = asyncio.create_task(recorder._run(producer=None))  # type: ignore[arg-type]
+    try:
+        started = time.monotonic()
+        assert recorder.reserve()
+        recorder.record(call())
+        await until(lambda: recorder.batches == [1], pause=0.005, tries=200)
+        assert time.monotonic() - started < 0.15  # the linger, not the busy one
+        for _ in range(10):  # 40 calls over ~80 ms: 4 every 8 ms
+            for _ in range(4):
+                assert recorder.reserve()
+                recorder.record(call())
+            await asyncio.sleep(0.008)
+        await until(lambda: sum(recorder.batches) == 41, pause=0.01, tries=300)
+    finally:
+        task.cancel()
+    assert len(recorder.batches) - 1 <= 2  # the busy linger gathered them (one batch per 10 ms linger without it)
+    assert recorder.lanes.open == 0
