@@ -298,13 +298,12 @@ async def test_a_second_edge_dependency_of_one_request_does_not_leak_its_first_p
 
 
 # ---- under load a batch gathers longer: fewer, fuller produce requests -------------------------
-def test_a_busy_lane_gathers_on_to_the_busy_linger_and_a_trickle_or_a_full_batch_does_not():
-    recorder = CallRecorder(settings(), linger_s=0.02, busy_linger_s=0.1, busy_at=4, batch=100)
-    assert recorder.gather_more(1) == 0  # a trickle leaves after the linger alone
-    assert recorder.gather_more(3) == 0
-    assert recorder.gather_more(4) == pytest.approx(0.08)  # busy: until 100 ms after the first call
-    assert recorder.gather_more(99) == pytest.approx(0.08)
-    assert recorder.gather_more(100) == 0  # a full batch leaves at once
+def test_while_calls_keep_coming_a_batch_leaves_no_sooner_than_the_busy_linger_after_the_last():
+    recorder = CallRecorder(settings(), linger_s=0.02, busy_linger_s=0.1)
+    assert recorder.linger_for(5.0) == 0.02  # after a pause (a trickle): the linger alone
+    assert recorder.linger_for(0.1) == 0.02
+    assert recorder.linger_for(0.05) == pytest.approx(0.05)  # busy: until 100 ms after the last batch
+    assert recorder.linger_for(0.0) == pytest.approx(0.1)
 
 
 class CountingRecorder(CallRecorder):
@@ -320,7 +319,7 @@ class CountingRecorder(CallRecorder):
 
 
 async def test_calls_arriving_fast_travel_in_fewer_batches_and_a_lonely_call_is_not_held_longer():
-    recorder = CountingRecorder(linger_s=0.01, busy_linger_s=0.2, busy_at=4)
+    recorder = CountingRecorder(linger_s=0.01, busy_linger_s=0.2)
     task = asyncio.create_task(recorder._run(producer=None))  # type: ignore[arg-type]
     try:
         started = time.monotonic()
@@ -328,13 +327,12 @@ async def test_calls_arriving_fast_travel_in_fewer_batches_and_a_lonely_call_is_
         recorder.record(call())
         await until(lambda: recorder.batches == [1], pause=0.005, tries=200)
         assert time.monotonic() - started < 0.15  # the linger, not the busy one
-        for _ in range(10):  # 40 calls over ~80 ms: 4 every 8 ms
-            for _ in range(4):
-                assert recorder.reserve()
-                recorder.record(call())
-            await asyncio.sleep(0.008)
+        for _ in range(40):  # 40 calls over ~160 ms: one every 4 ms
+            assert recorder.reserve()
+            recorder.record(call())
+            await asyncio.sleep(0.004)
         await until(lambda: sum(recorder.batches) == 41, pause=0.01, tries=300)
     finally:
         task.cancel()
-    assert len(recorder.batches) - 1 <= 2  # the busy linger gathered them (one batch per 10 ms linger without it)
+    assert len(recorder.batches) - 1 <= 2  # gathered by the busy linger (a batch per ~10 ms linger without it)
     assert recorder.lanes.open == 0
