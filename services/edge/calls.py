@@ -271,8 +271,9 @@ class CallRecorder:
     a shorter one makes more, smaller produce requests whose cost shows in the edge's latency
     (BENCHMARKS.md, "edge"). While calls keep coming, a batch is taken no sooner than
     `busy_linger_s` after the one before (`linger_for`): a produce request costs the broker and
-    this process milliseconds of CPU whatever it carries, and at saturation those requests were
-    most of Kafka's share of a call (issue 38; BENCHMARKS.md, http_load round 23), so this process
+    this process milliseconds of CPU whatever it carries, and at saturation they were the part of
+    Kafka's share of a call that grows with the call rate (issue 38; BENCHMARKS.md, http_load
+    round 23, kafkacost), so this process
     sends at most ~1/`busy_linger_s` of them a second. Nothing waits on calls.v1 within that:
     api_calls are blocked by the edges' own admissions and quota gathers calls.v1 for a second;
     a call that comes after a pause (a trickle) still leaves after `linger_s`. What Kafka did not
