@@ -269,8 +269,16 @@ class CallRecorder:
     one `send_batch` per partition batch: no per-message future, partitioner call or task switch.
     The linger is what the old producer's `linger_ms=20` already added to an event's way to Kafka;
     a shorter one makes more, smaller produce requests whose cost shows in the edge's latency
-    (BENCHMARKS.md, "edge"). What Kafka did not acknowledge is sent again
-    (same event ids: consumers drop a copy) after a growing pause, before anything new."""
+    (BENCHMARKS.md, "edge"). While calls keep coming, a batch is taken no sooner than
+    `busy_linger_s` after the one before (`linger_for`): a produce request costs the broker and
+    this process milliseconds of CPU whatever it carries, and at saturation they were the part of
+    Kafka's share of a call that grows with the call rate (issue 38; BENCHMARKS.md, http_load
+    round 23, kafkacost), so this process
+    sends at most ~1/`busy_linger_s` of them a second. Nothing waits on calls.v1 within that:
+    api_calls are blocked by the edges' own admissions and quota gathers calls.v1 for a second;
+    a call that comes after a pause (a trickle) still leaves after `linger_s`. What Kafka did not
+    acknowledge is sent again (same event ids: consumers drop a copy) after a growing pause,
+    before anything new."""
 
     def __init__(
         self,
@@ -280,6 +288,7 @@ class CallRecorder:
         refused_buffer: int = 10_000,
         batch: int = 1000,
         linger_s: float = 0.02,
+        busy_linger_s: float = 0.1,
         retry_s: tuple[float, float] = (0.1, 5.0),
     ) -> None:
         self._settings = settings
@@ -288,6 +297,8 @@ class CallRecorder:
         self._wake = asyncio.Event()
         self._batch = batch
         self._linger = linger_s
+        self._busy_linger = busy_linger_s
+        self._taken_at = -busy_linger_s  # (monotonic) when the last batch was taken
         self._retry = retry_s
         self._partitions = PartitionMap()
         self._producer: AIOKafkaProducer | None = None
@@ -359,15 +370,21 @@ class CallRecorder:
             while not len(self.lanes):
                 self._wake.clear()
                 await self._wake.wait()
-            if self._linger > 0:
-                await asyncio.sleep(self._linger)  # one timer per batch, not one per call
+            if self._linger > 0:  # one timer per batch, not one per call
+                await asyncio.sleep(self.linger_for(time.monotonic() - self._taken_at))
             calls = self.lanes.take(self._batch)
             if calls:
+                self._taken_at = time.monotonic()
                 return calls
             # Only folds whose second is not over: until it is, or until a new call comes.
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.lanes.until_folds_close())
+
+    def linger_for(self, since_last_batch: float) -> float:
+        """How long the first call of a batch waits for others: `linger_s`, or while calls keep
+        coming, until `busy_linger_s` after the last batch was taken."""
+        return max(self._linger, self._busy_linger - since_last_batch)
 
     async def _run(self, producer: AIOKafkaProducer) -> None:
         while True:

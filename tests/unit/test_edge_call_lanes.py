@@ -3,6 +3,7 @@ over HTTP: admitted calls on a reserved place (503 `overloaded` when there is no
 calls of a known key in their own lane with their error code, folded when that lane is full."""
 
 import asyncio
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
@@ -294,3 +295,44 @@ async def test_a_second_edge_dependency_of_one_request_does_not_leak_its_first_p
     await edge.requires()(request)
     await edge.requires(Permission.PROJECTS_READ)(request)  # the same request, one place
     assert edge.calls.lanes.open == 1
+
+
+# ---- under load a batch gathers longer: fewer, fuller produce requests -------------------------
+def test_while_calls_keep_coming_a_batch_leaves_no_sooner_than_the_busy_linger_after_the_last():
+    recorder = CallRecorder(settings(), linger_s=0.02, busy_linger_s=0.1)
+    assert recorder.linger_for(5.0) == 0.02  # after a pause (a trickle): the linger alone
+    assert recorder.linger_for(0.1) == 0.02
+    assert recorder.linger_for(0.05) == pytest.approx(0.05)  # busy: until 100 ms after the last batch
+    assert recorder.linger_for(0.0) == pytest.approx(0.1)
+
+
+class CountingRecorder(CallRecorder):
+    """Acknowledges everything at once and keeps each batch it was handed."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(settings(), **kwargs)
+        self.batches: list[int] = []
+
+    async def send(self, producer: Any, calls: list[Call]) -> list[Call]:
+        self.batches.append(len(calls))
+        return []
+
+
+async def test_calls_arriving_fast_travel_in_fewer_batches_and_a_lonely_call_is_not_held_longer():
+    recorder = CountingRecorder(linger_s=0.01, busy_linger_s=0.2)
+    task = asyncio.create_task(recorder._run(producer=None))  # type: ignore[arg-type]
+    try:
+        started = time.monotonic()
+        assert recorder.reserve()
+        recorder.record(call())
+        await until(lambda: recorder.batches == [1], pause=0.005, tries=200)
+        assert time.monotonic() - started < 0.15  # the linger, not the busy one
+        for _ in range(40):  # 40 calls over ~160 ms: one every 4 ms
+            assert recorder.reserve()
+            recorder.record(call())
+            await asyncio.sleep(0.004)
+        await until(lambda: sum(recorder.batches) == 41, pause=0.01, tries=300)
+    finally:
+        task.cancel()
+    assert len(recorder.batches) - 1 <= 2  # gathered by the busy linger (a batch per ~10 ms linger without it)
+    assert recorder.lanes.open == 0
