@@ -288,7 +288,7 @@ class CallRecorder:
         refused_buffer: int = 10_000,
         batch: int = 1000,
         linger_s: float = 0.02,
-        busy_linger_s: float = 0.1,
+        busy_linger_s: float = 0.05,
         retry_s: tuple[float, float] = (0.1, 5.0),
     ) -> None:
         self._settings = settings
