@@ -10,7 +10,8 @@ Kafka is not in it: the services rebuild their topics from Postgres. Its data is
 restore to an older point leaves it *ahead* of Postgres (credentials made after the backup,
 states newer than the restored rows), so restore ends by reconciling it with the restored
 Postgres: `tollgate republish`, which ends what Postgres no longer holds and republishes the rest
-above Kafka's versions (services/keys/reconcile.py), with Kafka started for that time.
+above Kafka's versions (services/keys/reconcile.py), with Kafka and redis (the limiter store's
+revocations) started for that time.
 
 Restore never half-restores: it checks every file against the manifest before it writes
 anything, restores Postgres into a new database and ClickHouse beside the database it replaces
@@ -179,9 +180,12 @@ def restore(cfg: stack.StackConfig, source: Path, *, force: bool) -> dict[str, A
 
 
 def _reconcile_kafka(cfg: stack.StackConfig) -> dict[str, int]:
-    """`tollgate republish` against the restored Postgres, Kafka started for it and stopped after:
-    what was made after the backup is ended in the topics, and the restored states outrank the
-    newer ones Kafka holds, before any edge rebuilds from them. How many states each topic got."""
+    """`tollgate republish` against the restored Postgres, Kafka and redis started for it and
+    stopped after: what was made after the backup is ended in the topics, and the restored states
+    outrank the newer ones Kafka holds, before any edge rebuilds from them. Redis, because the
+    limiter store's key revocations are the reconcile's second witness of ends (a deletion whose
+    tombstone Kafka compacted away) and are read only when it is given the store's URL. How many
+    states each topic got."""
     from services.runtime.host.republish import republish
     from services.runtime.platform.settings import Settings
 
@@ -189,17 +193,20 @@ def _reconcile_kafka(cfg: stack.StackConfig) -> dict[str, int]:
         kafka_bootstrap_servers=cfg.kafka_bootstrap,
         kafka_replication_factor=cfg.kafka_replication_factor,
         database_url=cfg.database_url,
+        redis_url=cfg.redis_url,
     )
     try:
         stack.kafka_up(cfg)
+        stack.redis_up(cfg)
         return asyncio.run(republish(settings))
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # the stack's parts refuse to start with SystemExit
         raise NotReconciled(
             f"Postgres and ClickHouse are restored, but Kafka could not be reconciled with them ({exc}). Before "
-            "`tollgate up`: `tollgate stack up`, then `tollgate republish` (until then, Kafka may still hold "
-            "credentials made after the backup)"
+            f"`tollgate up`: `tollgate stack up`, then `REDIS_URL={cfg.redis_url} tollgate republish` (until then, "
+            "Kafka may still hold credentials made after the backup)"
         ) from exc
     finally:
+        stack.redis_down(cfg)
         stack.kafka_down(cfg)
 
 
