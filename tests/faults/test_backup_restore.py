@@ -4,15 +4,20 @@ rule, the audit log), backed up while it runs; the stack stopped and its whole s
 (Postgres, ClickHouse, secrets and Kafka's data); restored; `tollgate up` again. The same API key answers 200 and the overview,
 quota counters, invoices and audit log read the same JSON as before. A second restore into the
 now non-empty stack is refused without --force and changes nothing; with --force it replaces it.
+A forced restore whose reconcile of Kafka fails (the stack's redis port held) leaves the stack
+marked: `tollgate up` refuses, naming the republish that reconciles it, which then lets it start.
 
-Restore leaves Kafka alone: its topics come back from the owners' Postgres when they start (the
-state guard's republish, docs/architecture.md "Kafka is transport"), so the key the edge verifies
-from `keys.v1` is there again without a manual step.
+Kafka's data is wiped with the rest here: restore's reconcile (`tollgate republish`) refills its
+topics from the restored Postgres, and the owners would at their start too (docs/architecture.md
+"Kafka is transport"), so the key the edge verifies from `keys.v1` is there again without a manual
+step.
 """
 
 import asyncio
 import json
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -200,6 +205,21 @@ def test_backup_wipe_restore_up_gives_the_same_keys_counters_invoices_and_audit_
         forced = _cli(env, "restore", "--force", str(backup_dir))
         assert forced.returncode == 0, forced.stdout + forced.stderr
         assert _json(forced.stdout)["replaced"], forced.stdout
+
+        # A restore whose reconcile fails (the stack's redis cannot start: its port is held) leaves
+        # the stack marked: `tollgate up` refuses until the republish its message names has run.
+        with socket.create_server(("127.0.0.1", int(env["TOLLGATE_REDIS_PORT"]))):
+            unreconciled = _cli(env, "restore", "--force", str(backup_dir))
+        assert unreconciled.returncode == 1 and "could not be reconciled" in unreconciled.stderr, unreconciled.stderr
+        refused_up = _cli(env, "up", "--port", str(port), "--workers", "1", "--no-demo-data")
+        assert refused_up.returncode == 1 and "tollgate stack up" in refused_up.stderr, refused_up.stderr
+        way_out = re.search(r"`tollgate stack up`, then `((?:[A-Z_]+=\S+ )+)tollgate republish`", refused_up.stderr)
+        assert way_out, refused_up.stderr
+        assert _cli(env, "stack", "up").returncode == 0
+        republish_env = {**env, **dict(setting.split("=", 1) for setting in way_out.group(1).split())}
+        republished = _cli(republish_env, "republish")
+        assert republished.returncode == 0 and "is reconciled" in republished.stderr, republished.stdout + republished.stderr
+        assert _cli(env, "down").returncode == 0
 
         # Never half-restores: a backup whose ClickHouse half fails mid-RESTORE (a data file gone,
         # the manifest made to agree) after Postgres was staged and ClickHouse's database set

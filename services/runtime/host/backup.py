@@ -10,7 +10,9 @@ Kafka is not in it: the services rebuild their topics from Postgres. Its data is
 restore to an older point leaves it *ahead* of Postgres (credentials made after the backup,
 states newer than the restored rows), so restore ends by reconciling it with the restored
 Postgres: `tollgate republish`, which ends what Postgres no longer holds and republishes the rest
-above Kafka's versions (services/keys/reconcile.py), with Kafka started for that time.
+above Kafka's versions (services/keys/reconcile.py), with Kafka and redis (the limiter store's
+revocations) started for that time. Until that succeeds, the stack is marked not reconciled and
+`tollgate up` refuses to start (services/runtime/host/restore_marker.py).
 
 Restore never half-restores: it checks every file against the manifest before it writes
 anything, restores Postgres into a new database and ClickHouse beside the database it replaces
@@ -37,7 +39,7 @@ from typing import Any
 
 import httpx
 
-from services.runtime.host import chserver, stack
+from services.runtime.host import chserver, restore_marker, stack
 from services.runtime.host.private_files import write_private
 
 FORMAT = 1
@@ -156,9 +158,15 @@ def restore(cfg: stack.StackConfig, source: Path, *, force: bool) -> dict[str, A
         except BaseException:
             _pg_admin(cfg, f'DROP DATABASE IF EXISTS "{staged_pg}"')
             raise
+        # From the swap on, Kafka is ahead of Postgres until the reconcile: marked before it, so
+        # that no way out of restore (a failed reconcile, a kill) lets `tollgate up` start edges.
+        was_pending = restore_marker.pending(cfg)
+        restore_marker.mark(cfg, source)
         try:
             _postgres_swap(cfg, staged_pg, f"{cfg.database}_replaced_{suffix}")
         except BaseException:
+            if not was_pending:  # Postgres is as it was: so is Kafka's match with it
+                restore_marker.clear(cfg)
             _clickhouse_undo(cfg, replaced_ch)
             _pg_admin(cfg, f'DROP DATABASE IF EXISTS "{staged_pg}"')
             raise
@@ -167,6 +175,7 @@ def restore(cfg: stack.StackConfig, source: Path, *, force: bool) -> dict[str, A
         for name in manifest["secrets"]:
             _copy_private(source / SECRETS / name, cfg.state_dir / name)
         reconciled = _reconcile_kafka(cfg)
+        restore_marker.clear(cfg)
     return {
         "restored": str(source),
         "created_at": manifest["created_at"],
@@ -179,9 +188,12 @@ def restore(cfg: stack.StackConfig, source: Path, *, force: bool) -> dict[str, A
 
 
 def _reconcile_kafka(cfg: stack.StackConfig) -> dict[str, int]:
-    """`tollgate republish` against the restored Postgres, Kafka started for it and stopped after:
-    what was made after the backup is ended in the topics, and the restored states outrank the
-    newer ones Kafka holds, before any edge rebuilds from them. How many states each topic got."""
+    """`tollgate republish` against the restored Postgres, Kafka and redis started for it and
+    stopped after: what was made after the backup is ended in the topics, and the restored states
+    outrank the newer ones Kafka holds, before any edge rebuilds from them. Redis, because the
+    limiter store's key revocations are the reconcile's second witness of ends (a deletion whose
+    tombstone Kafka compacted away) and are read only when it is given the store's URL. How many
+    states each topic got."""
     from services.runtime.host.republish import republish
     from services.runtime.platform.settings import Settings
 
@@ -189,17 +201,20 @@ def _reconcile_kafka(cfg: stack.StackConfig) -> dict[str, int]:
         kafka_bootstrap_servers=cfg.kafka_bootstrap,
         kafka_replication_factor=cfg.kafka_replication_factor,
         database_url=cfg.database_url,
+        redis_url=cfg.redis_url,
     )
     try:
         stack.kafka_up(cfg)
+        stack.redis_up(cfg)
         return asyncio.run(republish(settings))
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # the stack's parts refuse to start with SystemExit
         raise NotReconciled(
-            f"Postgres and ClickHouse are restored, but Kafka could not be reconciled with them ({exc}). Before "
-            "`tollgate up`: `tollgate stack up`, then `tollgate republish` (until then, Kafka may still hold "
-            "credentials made after the backup)"
+            f"Postgres and ClickHouse are restored, but Kafka could not be reconciled with them ({exc}). "
+            f"`tollgate up` refuses to start until it is: {restore_marker.way_out(cfg)} (until then, Kafka may "
+            "still hold credentials made after the backup)"
         ) from exc
     finally:
+        stack.redis_down(cfg)
         stack.kafka_down(cfg)
 
 

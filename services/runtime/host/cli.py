@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
     from fastapi import FastAPI
 
+    from services.runtime.platform.settings import Settings
+
 app = typer.Typer(help="Tollgate: API keys, usage metering, quotas and usage alerts.", no_args_is_help=True)
 stack_app = typer.Typer(help="The local stack (Kafka, Postgres, ClickHouse, redis) without Docker.", no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
@@ -301,7 +303,28 @@ def republish(
     unknown = owners.unknown_topics(topic or [])
     if unknown:
         raise typer.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(owners.OWNERS)}", param_hint="--topic")
-    typer.echo(json.dumps(asyncio.run(owners.republish(get_settings(), topic or [])), indent=2))
+    settings = get_settings()
+    typer.echo(json.dumps(asyncio.run(owners.republish(settings, topic or [])), indent=2))
+    _settle_restore(settings, every_topic=not topic)
+
+
+def _settle_restore(settings: "Settings", *, every_topic: bool) -> None:
+    """A restore of the local stack whose reconcile failed (services/runtime/host/restore_marker.py)
+    is reconciled by a republish of every topic against the same stack: `tollgate up` may start."""
+    from services.runtime.host import restore_marker
+
+    cfg = _config()
+    if not restore_marker.pending(cfg):
+        return
+    if every_topic and restore_marker.reconciles(cfg, settings):
+        restore_marker.clear(cfg)
+        typer.echo(f"republish: the restored stack in {cfg.state_dir} is reconciled; `tollgate up` starts again", err=True)
+    else:
+        typer.echo(
+            f"republish: the restored stack in {cfg.state_dir} is still not reconciled (this was not a republish of "
+            f"every topic to its Postgres, Kafka and redis): run {restore_marker.way_out(cfg)}",
+            err=True,
+        )
 
 
 def _demo_service_token(cfg: stack.StackConfig) -> str:
@@ -355,8 +378,14 @@ def up(
         ),
     ] = True,
 ) -> None:
-    """The local stack plus Tollgate in the background; prints URL and demo login."""
+    """The local stack plus Tollgate in the background; prints URL and demo login. Refused while a
+    restore's reconcile of Kafka has not succeeded (docs/backup.md)."""
+    from services.runtime.host import restore_marker
+
     cfg = _config(kafka_nodes)
+    if restore_marker.pending(cfg):  # its edges would rebuild credentials the restore ended
+        typer.echo(f"up: {restore_marker.refusal(cfg)}", err=True)
+        raise typer.Exit(1)
     stack.up(cfg)
     if split:
         from services.runtime.host import split as split_shape

@@ -520,6 +520,10 @@ def redis_up(cfg: StackConfig, timeout: float = 30) -> None:
     _log(f"redis ready at {cfg.redis_url}")
 
 
+def redis_down(cfg: StackConfig) -> None:
+    stop_pid_file(cfg.state_dir.resolve() / "redis.pid", "redis")
+
+
 # ---- the whole stack -----------------------------------------------------------------------
 def stop_pid_file(pid_file: Path, name: str, timeout: float = 30) -> None:
     """SIGTERM the process group, SIGKILL it if it lingers; return only once it is gone."""
@@ -556,7 +560,7 @@ def up(cfg: StackConfig) -> None:
 
 
 def down(cfg: StackConfig) -> None:
-    stop_pid_file(cfg.state_dir.resolve() / "redis.pid", "redis")
+    redis_down(cfg)
     clickhouse_down(cfg)
     kafka_down(cfg)
     postgres_down(cfg)
