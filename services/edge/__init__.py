@@ -7,6 +7,7 @@ from services.edge.calls import client_ip, forwarded_for, parse_networks
 from services.edge.component import Component, Overrides, Runtime
 from services.edge.edge import Edge
 from services.edge.errors import ApiError, not_found
+from services.edge.fast_routes import FastRoute
 from services.edge.openapi_security import accepts
 from services.edge.principal import Principal
 from services.edge.projections import AccountProjection
@@ -18,6 +19,7 @@ __all__ = [
     "ApiError",
     "Component",
     "Edge",
+    "FastRoute",
     "Overrides",
     "Principal",
     "Runtime",

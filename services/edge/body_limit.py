@@ -9,6 +9,7 @@ from contracts.errors import ErrorCode
 from services.edge.context import CALL_CONTEXT, CallContext
 
 MAX_BODY_BYTES = 2 * 1024 * 1024  # 1,000 usage events fit with room to spare
+_FRAMED_BY_HEADERS = frozenset({"1.0", "1.1"})  # (HTTP/2 frames a body without either header)
 
 
 class _TooLarge(HTTPException):
@@ -28,9 +29,19 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        declared = chunked = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                declared = value if declared is None else declared
+            elif name == b"transfer-encoding":
+                chunked = value
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
             await self._reject(scope, send)
+            return
+        if declared is None and chunked is None and scope.get("http_version") in _FRAMED_BY_HEADERS:
+            # Neither header: an HTTP/1.x request without a body (RFC 9112, 6.3), nothing to count.
+            # (The hot GETs, whose receive and send need no wrapping.)
+            await self.app(scope, receive, send)
             return
         seen = 0
         started = False

@@ -11,6 +11,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from contracts.clock import Clock
 from services.edge.edge import Edge
+from services.edge.fast_routes import FastRoute
 from services.runtime.platform.clock import system_clock
 from services.runtime.platform.settings import Settings
 
@@ -55,6 +56,8 @@ class ConsumerLoop(Protocol):
 class Component:
     name: str
     router: APIRouter | None = None
+    # Documented routes of `router` also answered before the router (services/edge/fast_routes.py).
+    fast_routes: list[FastRoute] = field(default_factory=list)
     # Consumer-group work: FastStream subscribers, and loops of their own. Only a process that runs
     # consumers starts them (`serve --workers N` keeps them out of the processes serving requests).
     subscribers: KafkaRouter | None = None

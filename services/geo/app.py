@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from services.edge import Component, Runtime
-from services.geo.api import build_router
+from services.geo.api import build_router, fast_routes
 from services.geo.service import GeoService
 from services.geo.store import GeoStore
 from services.runtime.platform.outbox_relay import OutboxRelay
@@ -15,6 +15,7 @@ def build(runtime: Runtime) -> Component:
     return Component(
         name="geo",
         router=build_router(runtime, service),
+        fast_routes=fast_routes(runtime, service),
         migrations=Path(__file__).parent / "migrations",
         on_start=[relay.start],
         on_stop=[relay.stop],

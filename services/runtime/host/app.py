@@ -16,6 +16,7 @@ from services.edge.component import Component, Overrides, Runtime
 from services.edge.data_errors import install_data_error_handler
 from services.edge.edge import Edge
 from services.edge.errors import ERROR_RESPONSES, install_error_handlers
+from services.edge.fast_routes import install as install_fast_routes
 from services.edge.middleware import RequestMiddleware
 from services.edge.openapi_security import install as install_openapi_security
 from services.edge.screen import RefusalScreen
@@ -140,5 +141,6 @@ def create_app(
     app.include_router(console_router())  # every mode serves the console; it calls only the public API
     install_openapi_security(app)
     remember_routes(app)
+    install_fast_routes(app, [route for component in components for route in component.fast_routes])
     install_verify_fast_path(app, edge)  # verify's hot case skips the router (issue 38, decision 5)
     return app
