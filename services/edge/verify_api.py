@@ -255,18 +255,6 @@ def build_router(edge: Edge) -> APIRouter:
 
     accepts(ingress_service, INGRESS_SERVICE_TOKEN)
 
-    @router.api_route(
-        "/authorize/{forwarded:path}",
-        methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],  # (HEAD: no body for a refusal)
-        status_code=200,
-        response_class=Response,
-        summary="authorize for Envoy's ext_authz HTTP service: the original method, and the path after the prefix",
-        description=(
-            "Envoy sends the auth request with the original method, to `path_prefix` + the original path: "
-            "`/api/edge/authorize/v1/chat` asks about `<method> /v1/chat`. Otherwise as `GET /api/edge/authorize`."
-        ),
-        responses={200: {"description": "Admitted: the caller's identity in X-Tollgate-* headers."}},
-    )
     @router.get(
         "/authorize",
         status_code=200,
@@ -302,4 +290,21 @@ def build_router(edge: Edge) -> APIRouter:
         request_id = request_id_of(request)
         return ingress.answer(await edge.decide(call, request_id), request_id)
 
+    # One route per method, each with its own operationId: one route of several methods gives them
+    # all the same id, taken from whichever method its set yields first (a different document per run).
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"):  # (HEAD: no body for a refusal)
+        router.add_api_route(
+            "/authorize/{forwarded:path}",
+            authorize,
+            methods=[method],
+            operation_id=f"authorize_forwarded_{method.lower()}",
+            status_code=200,
+            response_class=Response,
+            summary="authorize for Envoy's ext_authz HTTP service: the original method, and the path after the prefix",
+            description=(
+                "Envoy sends the auth request with the original method, to `path_prefix` + the original path: "
+                "`/api/edge/authorize/v1/chat` asks about `<method> /v1/chat`. Otherwise as `GET /api/edge/authorize`."
+            ),
+            responses={200: {"description": "Admitted: the caller's identity in X-Tollgate-* headers."}},
+        )
     return router
