@@ -12,9 +12,7 @@ a shared machine count less than in bench/verify.py's figures.
 import argparse
 import asyncio
 import json
-import statistics
 import sys
-import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from starlette.types import Message
 
+from bench.support import print_cpu_per_request
 from contracts.common import Resource, Role, ServiceScope
 from contracts.credentials import hash_secret
 from contracts.events import KeyState, QuotaState, ServiceTokenState
@@ -106,22 +105,7 @@ async def main(requests: int, runs: int) -> None:
         await app(scope, receive, send)
         return status
 
-    for name, request in REQUESTS.items():
-        for _ in range(500):  # warm up, and check
-            if await one(*request) != 200:
-                raise RuntimeError(f"{name} did not answer 200")
-        lanes.sent(lanes.take(10_000))
-        per_request = []
-        for _ in range(runs):
-            started = time.process_time()
-            for i in range(requests):
-                await one(*request)
-                if i % 2000 == 1999:  # what Kafka would acknowledge: the admitted lane never fills
-                    lanes.sent(lanes.take(10_000))
-            per_request.append((time.process_time() - started) / requests * 1e6)
-            lanes.sent(lanes.take(10_000))
-        runs_text = " ".join(f"{us:.1f}" for us in per_request)
-        print(f"{name:10} CPU per request in process: {runs_text} us (median {statistics.median(per_request):.1f})")
+    await print_cpu_per_request(REQUESTS, one, lanes, requests, runs)
 
 
 if __name__ == "__main__":

@@ -28,16 +28,22 @@ async def commit(settings: Settings, group: str, offsets: dict[TopicPartition, i
     await commit_offsets(settings.kafka_bootstrap_servers, group, offsets)
 
 
-async def test_lag_is_the_log_end_minus_the_groups_commit_for_this_tollgates_groups_only(settings):
+async def calls_partition_with(settings: Settings, records: int) -> tuple[TopicPartition, int]:
+    """calls.v1's partition 0 with `records` more records, and its log end offset."""
     await ensure_topics(settings, (CALLS,))
     tp = TopicPartition(settings.topic(CALLS.name), 0)
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers)
     await producer.start()
     try:
-        for n in range(10):
-            await producer.send_and_wait(tp.topic, b"{}", partition=0, key=str(n).encode())
+        for n in range(records):
+            end = (await producer.send_and_wait(tp.topic, b"{}", partition=0, key=str(n).encode())).offset + 1
     finally:
         await producer.stop()
+    return tp, end
+
+
+async def test_lag_is_the_log_end_minus_the_groups_commit_for_this_tollgates_groups_only(settings):
+    tp, _end = await calls_partition_with(settings, 10)
     ours, another_tollgates = settings.group("lag-test"), f"x{uuid.uuid4().hex[:8]}.tollgate.lag-test"
     await commit(settings, ours, {tp: 4})
     await commit(settings, another_tollgates, {tp: 1})
@@ -56,14 +62,7 @@ async def test_lag_is_the_log_end_minus_the_groups_commit_for_this_tollgates_gro
 
 
 async def test_a_group_handed_over_shows_no_lag_of_its_own_any_more(settings):
-    await ensure_topics(settings, (CALLS,))
-    tp = TopicPartition(settings.topic(CALLS.name), 0)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers)
-    await producer.start()
-    try:
-        end = (await producer.send_and_wait(tp.topic, b"{}", partition=0)).offset + 1
-    finally:
-        await producer.stop()
+    tp, end = await calls_partition_with(settings, 1)
     old, new = settings.group(f"lag-old-{uuid.uuid4().hex[:6]}"), settings.group(f"lag-new-{uuid.uuid4().hex[:6]}")
     await commit(settings, old, {tp: end - 1})
     reader = ConsumerLag(settings)

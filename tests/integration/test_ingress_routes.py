@@ -4,7 +4,6 @@ that serves that path. A route added to a service but not to the ingress answers
 shape and in docker-compose; this is the test that says so."""
 
 import re
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import pytest
 
 from services.runtime.host import split
 from services.runtime.host.app import SERVICES, create_app
+from tests.support.apps import free_port
 
 pytestmark = pytest.mark.skipif(split.shutil.which("nginx") is None and not Path("/usr/sbin/nginx").exists(), reason="no nginx")
 
@@ -60,19 +60,13 @@ def _stub(service: str) -> ThreadingHTTPServer:
     return server
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def ingress(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """nginx with the shipped routes, each service's upstream a stub that names the service."""
     stubs = {service: _stub(service) for service in SERVICES}
     run_dir = tmp_path_factory.mktemp("ingress")
     replicas = tuple(split.Replica(s, 1, stub.server_address[1]) for s, stub in stubs.items())
-    shape = split.SplitShape(run_dir.resolve(), _free_port(), replicas)
+    shape = split.SplitShape(run_dir.resolve(), free_port(), replicas)
     try:
         split.start_ingress(shape)
         deadline = time.monotonic() + 10

@@ -3,6 +3,7 @@
 import asyncio
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -92,10 +93,23 @@ async def running_app(
             yield app, client
 
 
+# Below the kernel's ephemeral range (32768-60999 by default) and the test stack's ports (25432+).
+FREE_PORTS = range(10_000, 25_000)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on, for a server a test starts. Not one the kernel hands out for
+    port 0: those come from the range its outgoing connections take theirs from, and one of the
+    many clients of a test run (Kafka, Postgres, Redis) could take it before the server binds it
+    (EADDRINUSE, seen in a fresh-clone run)."""
+    while True:
+        port = random.choice(FREE_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def own_stack_env(state: Path) -> dict[str, str]:
