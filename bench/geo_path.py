@@ -22,9 +22,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from starlette.types import Message
 
-from bench.support import print_cpu_per_request
+from bench.support import asgi_status, print_cpu_per_request
 from contracts.common import Resource, Role
 from contracts.credentials import hash_secret
 from contracts.events import KeyState, QuotaState
@@ -86,24 +85,7 @@ async def main(requests: int, runs: int, projects: int) -> None:
     lanes = app.state.runtime.edge.calls.lanes
 
     async def one(path: str, headers: list[tuple[bytes, bytes]]) -> int:
-        scope: dict[str, Any] = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-            "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-            "headers": [(b"host", b"tollgate"), (b"user-agent", b"wrk"), *headers],
-            "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8080), "state": {},
-        }  # fmt: skip
-        status = 0
-
-        async def receive() -> Message:
-            return {"type": "http.request", "body": b"", "more_body": False}
-
-        async def send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-
-        await app(scope, receive, send)
-        return status
+        return await asgi_status(app, "GET", path, headers)  # no body headers, as wrk's GET
 
     await print_cpu_per_request(REQUESTS, one, lanes, requests, runs)
 

@@ -67,3 +67,27 @@ async def print_cpu_per_request(
             lanes.sent(lanes.take(10_000))
         runs_text = " ".join(f"{us:.1f}" for us in per_request)
         print(f"{name:10} CPU per request in process: {runs_text} us (median {statistics.median(per_request):.1f})")
+
+
+async def asgi_status(app: Any, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes | None = None) -> int:
+    """One request through `app` in process, as uvicorn hands it over from a wrk connection; its
+    status. A body (even empty) comes with its Content-Length; None sends no body headers."""
+    length = [] if body is None else [(b"content-length", str(len(body)).encode())]
+    scope: dict[str, Any] = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "headers": [(b"host", b"tollgate"), (b"user-agent", b"wrk"), *length, *headers],
+        "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8080), "state": {},
+    }  # fmt: skip
+    status = 0
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body or b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+
+    await app(scope, receive, send)
+    return status

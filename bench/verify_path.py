@@ -11,6 +11,7 @@ a shared machine count less than in bench/verify.py's figures.
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 import uuid
@@ -20,9 +21,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from starlette.types import Message
 
-from bench.support import print_cpu_per_request
+from bench.support import asgi_status, print_cpu_per_request
 from contracts.common import Resource, Role, ServiceScope
 from contracts.credentials import hash_secret
 from contracts.events import KeyState, QuotaState, ServiceTokenState
@@ -85,25 +85,7 @@ async def main(requests: int, runs: int) -> None:
     edge: Edge = app.state.runtime.edge
     lanes = edge.calls.lanes
 
-    async def one(method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes) -> int:
-        scope: dict[str, Any] = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
-            "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-            "headers": [(b"host", b"tollgate"), (b"user-agent", b"wrk"), (b"content-length", str(len(body)).encode()), *headers],
-            "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8080), "state": {},
-        }  # fmt: skip
-        status = 0
-
-        async def receive() -> Message:
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        async def send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-
-        await app(scope, receive, send)
-        return status
+    one = functools.partial(asgi_status, app)  # (method, path, headers, body)
 
     await print_cpu_per_request(REQUESTS, one, lanes, requests, runs)
 
