@@ -367,6 +367,23 @@ def kafka_of(keys: Keys) -> Published:
     return published
 
 
+def edge_rebuilt_from(keys: Keys) -> tuple[KeyProjection, AccountProjection, UserSessions, ServiceTokenProjection]:
+    """What an edge rebuilding from the keys topics holds: every outbox row applied, in order."""
+    edge, accounts, users, tokens = KeyProjection(), AccountProjection(), UserSessions(), ServiceTokenProjection()
+    for topic, _key, value in keys.store.outbox:
+        if value is None:
+            continue
+        if topic == "keys.v1":
+            edge.apply(KeyState.model_validate_json(value))
+        elif topic == "accounts.v1":
+            accounts.apply(AccountState.model_validate_json(value))
+        elif topic == "users.v1":
+            users.apply(UserState.model_validate_json(value))
+        elif topic == "service-tokens.v1":
+            tokens.apply(ServiceTokenState.model_validate_json(value))
+    return edge, accounts, users, tokens
+
+
 async def test_a_republish_given_what_kafka_holds_ends_what_postgres_lost_and_outversions_what_it_rolled_back(keys: Keys):
     s = keys.service
     ids = await keys.populated()
@@ -386,20 +403,8 @@ async def test_a_republish_given_what_kafka_holds_ends_what_postgres_lost_and_ou
 
     await s.republish(REPUBLISHED_TOPICS, kafka)
 
-    edge = KeyProjection()
-    accounts, users, tokens = AccountProjection(), UserSessions(), ServiceTokenProjection()
+    edge, accounts, users, tokens = edge_rebuilt_from(keys)
     after = kafka_of(keys)
-    for topic, key, value in keys.store.outbox:  # an edge rebuilding from the topics
-        if value is None:
-            continue
-        if topic == "keys.v1":
-            edge.apply(KeyState.model_validate_json(value))
-        elif topic == "accounts.v1":
-            accounts.apply(AccountState.model_validate_json(value))
-        elif topic == "users.v1":
-            users.apply(UserState.model_validate_json(value))
-        elif topic == "service-tokens.v1":
-            tokens.apply(ServiceTokenState.model_validate_json(value))
     assert set(after.keys.live) == {ids["enabled"], ids["disabled"]}  # the later key is ended
     disabled = keys.store.keys[ids["disabled"]]
     assert disabled["version"] == 4 and disabled["status"] == KeyStatus.DISABLED.value  # moved past Kafka's 3
@@ -435,10 +440,7 @@ async def test_sessions_ended_after_the_backup_stay_ended_when_the_restored_user
 
     await s.republish(REPUBLISHED_TOPICS, kafka)
 
-    users = UserSessions()
-    for topic, _key, value in keys.store.outbox:  # an edge rebuilding from the topics
-        if topic == "users.v1" and value is not None:
-            users.apply(UserState.model_validate_json(value))
+    _, _, users, _ = edge_rebuilt_from(keys)
     assert users.ended(ids["account"], issued) and users.ended(ids["member"], issued)
     assert users.get(ids["member"]).removed  # a member removed after the backup stays removed
     assert not users.ended(ids["account"], keys.clock().timestamp())  # a login after the restore is good
@@ -471,19 +473,11 @@ async def test_a_restore_keeps_every_end_and_disable_kafka_holds_from_after_the_
 
     await s.republish(REPUBLISHED_TOPICS, kafka)
 
-    edge, tokens, users = KeyProjection(), ServiceTokenProjection(), UserSessions()
+    edge, _, users, _ = edge_rebuilt_from(keys)
     after = copy.deepcopy(kafka)
     for topic, key, value in keys.store.outbox:
         if topic in RECONCILED_TOPICS:
             after.apply(topic, key, value)
-        if value is None:
-            continue
-        if topic == "keys.v1":
-            edge.apply(KeyState.model_validate_json(value))
-        elif topic == "service-tokens.v1":
-            tokens.apply(ServiceTokenState.model_validate_json(value))
-        elif topic == "users.v1":
-            users.apply(UserState.model_validate_json(value))
     # Kafka's stricter states, above its versions, on every edge ...
     assert edge.by_id(leaked["id"]) is None and edge.by_id(members_key["id"]) is None
     assert edge.by_id(paused["id"]).status is KeyStatus.DISABLED and paused["id"] in after.keys.live
