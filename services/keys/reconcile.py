@@ -15,8 +15,10 @@ else (names, rules, roles) is the backup's. In the one republish transaction
   version than the row is disabled, a token it holds revoked is revoked, a user it holds removed
   is removed (with its keys, as a member's removal does). Ends are final, so Kafka's end wins
   whatever the versions; a disable only when Kafka's state is the newer (the key's row was
-  behind it). An account Kafka holds deleted stays deleted there (Postgres has no deleted
-  account: its users and keys, ended by the same reconcile that deleted it, are kept ended).
+  behind it). A key's expiry is the earlier of the row's and Kafka's newest state's (a rotation
+  after the backup gave the replaced key one: it must not live for ever). An account Kafka holds
+  deleted stays deleted there (Postgres has no deleted account: its users and keys, ended by the
+  same reconcile that deleted it, are kept ended).
 - the `ghost_*` ends (last): an object live in Kafka that Postgres does not hold live (made
   after the backup) gets its end at a version above Kafka's: a key deleted and a service token
   revoked (each with its tombstone), a user removed, an account deleted. Every edge, running or
@@ -64,6 +66,18 @@ def stricter_in_kafka(kafka: KeysHeld, key_id: UUID, status: KeyStatus, behind: 
     return None
 
 
+def earlier_expiry_in_kafka(kafka: KeysHeld, key_id: UUID, expires_at: datetime | None) -> datetime | None:
+    """Kafka's newest expiry of a key, when it is earlier than the row's `expires_at` (None: no
+    expiry). A rotation after the backup set it (the replaced key's grace): an expiry only ever
+    comes closer, so the earlier one is kept whatever the versions, as an end is."""
+    newest = kafka.newest.get(key_id)
+    if newest is None or newest.expires_at is None:
+        return None
+    if expires_at is None or newest.expires_at < expires_at:
+        return newest.expires_at
+    return None
+
+
 async def _audit(
     tx: KeysTx, account_id: UUID, now: datetime, action: AuditAction, target: tuple[str, UUID], **details: object
 ) -> None:
@@ -74,9 +88,11 @@ async def _audit(
 async def keep_keys_ended(
     tx: KeysTx, published: Published, behind: Collection[UUID], live_keys: list[Row], now: datetime
 ) -> tuple[list[Row], list[Row]]:
-    """Each live key (`all_live_keys` rows) Kafka holds deleted is deleted, and each it holds
-    disabled (newer than the row) is disabled, as the owner's DELETE and toggle do: (the rows
-    still live, the rows deleted), with their creator's role."""
+    """Each live key (`all_live_keys` rows) Kafka holds deleted is deleted, each it holds disabled
+    (newer than the row) is disabled, as the owner's DELETE and toggle do, and each it holds with
+    an earlier expiry takes it (its `delete_at` stays the row's: the key is listed as expired,
+    and may be rotated again, its successor having ended with the restore): (the rows still
+    live, the rows deleted), with their creator's role."""
     live: list[Row] = []
     deleted: list[Row] = []
     for row in live_keys:
@@ -89,6 +105,12 @@ async def keep_keys_ended(
         if stricter == "disabled":
             row = {**await tx.set_status(key_id, KeyStatus.DISABLED.value), "creator_role": role}
             await _audit(tx, row["account_id"], now, AuditAction.API_KEY_TOGGLED, ("api_key", key_id), status=row["status"])
+        expires_at = earlier_expiry_in_kafka(published.keys, key_id, row["expires_at"])
+        if expires_at is not None:
+            row = {**await tx.set_expiry(key_id, expires_at, row["delete_at"]), "creator_role": role}
+            await _audit(
+                tx, row["account_id"], now, AuditAction.API_KEY_UPDATED, ("api_key", key_id), expires_at=expires_at.isoformat()
+            )
         live.append(row)
     return live, deleted
 

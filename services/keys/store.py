@@ -251,7 +251,7 @@ class KeysTx:
     async def set_status(self, key_id: UUID, status: str) -> Row:
         return await self._update_key(key_id, "status = %s", (status,))
 
-    async def set_expiry(self, key_id: UUID, expires_at: datetime, delete_at: datetime) -> Row:
+    async def set_expiry(self, key_id: UUID, expires_at: datetime, delete_at: datetime | None) -> Row:
         return await self._update_key(key_id, "expires_at = %s, delete_at = %s", (expires_at, delete_at))
 
     async def set_rules(self, key_id: UUID, name: str, rules: dict[str, Any]) -> Row:

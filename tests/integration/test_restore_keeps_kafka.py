@@ -227,6 +227,44 @@ async def test_credentials_ended_or_turned_off_after_the_backup_stay_so_after_th
         assert (await client.get("/api/geo/projects", headers=bearer(paused["key"]))).status_code == 200
 
 
+async def test_a_rotations_expiry_set_after_the_backup_is_kept_by_the_restore(settings):
+    """A key rotated with a grace after the backup got an expiry (the replaced key, leaked maybe,
+    must end with it); the restore brought back the backup's no-expiry, republished above Kafka's
+    state: the replaced key lived for ever. The earlier expiry is kept, in Postgres too (listed
+    `expired`, audited as the operator's); the successor, made after the backup, is ended."""
+    async with running_app(settings) as (_, client):
+        _, console = await signup(client)
+        old = await new_key(client, console, name="rotated after the backup")
+        back_up(settings.database_url)
+        rotated = await client.post(f"/api/api-keys/{old['id']}/rotate", json={"grace_seconds": 2}, headers=console)
+        assert rotated.status_code == 201, rotated.text
+        successor = rotated.json()
+
+    restore(settings.database_url)
+    await republish(settings)
+
+    async with running_app(settings) as (_, client):  # an edge rebuilt from the reconciled topics
+
+        async def answers() -> tuple[int, int]:
+            first = await client.get("/api/geo/projects", headers=bearer(old["key"]))
+            second = await client.get("/api/geo/projects", headers=bearer(successor["key"]))
+            return first.status_code, second.status_code
+
+        async def expired() -> bool:
+            return await answers() == (401, 401)
+
+        await wait_until(expired, timeout=15)  # before the fix: (200, 401) for ever
+        listed = {k["id"]: k for k in (await client.get("/api/api-keys", headers=console)).json()["items"]}
+        assert list(listed) == [old["id"]] and listed[old["id"]]["status"] == "expired"
+
+        async def audited() -> list[tuple[str, bool]]:  # once the audit.v1 consumer stored it
+            audit = (await client.get("/api/audit-log", headers=console)).json()["items"]
+            kept = [e for e in audit if e["actor"].get("operator") and e["target"]["id"] == old["id"]]
+            return [(e["action"], e["details"]["kept_from_kafka"]) for e in kept]
+
+        assert await wait_until(audited, timeout=15) == [("api_key.updated", True)]
+
+
 async def test_an_account_deleted_after_the_backup_stays_deleted(settings):
     """An account Kafka holds deleted (a restore to a backup older than it ended it) and a backup
     that holds it restored afterwards: it, its owner's sessions and its key stay ended."""

@@ -1162,7 +1162,7 @@ class FakeKeysStore:
     async def set_status(self, key_id: UUID, status: str) -> dict[str, Any]:
         return self._update_key(key_id, status=status)
 
-    async def set_expiry(self, key_id: UUID, expires_at: datetime, delete_at: datetime) -> dict[str, Any]:
+    async def set_expiry(self, key_id: UUID, expires_at: datetime, delete_at: datetime | None) -> dict[str, Any]:
         return self._update_key(key_id, expires_at=expires_at, delete_at=delete_at)
 
     async def set_rules(self, key_id: UUID, name: str, rules: dict[str, Any]) -> dict[str, Any]:

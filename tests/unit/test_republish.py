@@ -525,6 +525,40 @@ async def test_an_account_kafka_holds_deleted_stays_deleted_after_a_restore_that
     assert keys.store.users[other["id"]]["removed_at"] is not None and keys.store.keys[key["id"]]["deleted_at"] is not None
 
 
+async def test_a_rotations_expiry_set_after_the_backup_is_kept_by_a_restore(keys: Keys):
+    """A key rotated with a grace after the backup got an expiry (the replaced key, leaked maybe,
+    must end); the restored row had none and republished it above Kafka's version without one: the
+    replaced key lived for ever. The earlier expiry is kept, in Postgres too, audited as the
+    operator's; the successor, made after the backup, is ended as before."""
+    s = keys.service
+    ids = await keys.populated()
+    account = ids["account"]
+    backup = copy.deepcopy((keys.store.accounts, keys.store.users, keys.store.keys, keys.store.tokens))
+    successor, _ = await s.rotate(account, ids["enabled"], 3600, audit=ACTOR)
+    grace_end = keys.store.keys[ids["enabled"]]["expires_at"]
+    assert grace_end is not None
+    kafka = kafka_of(keys)
+    keys.store.accounts, keys.store.users, keys.store.keys, keys.store.tokens = backup  # the restore
+    keys.store.outbox.clear()
+
+    await s.republish(REPUBLISHED_TOPICS, kafka)
+
+    edge, _, _, _ = edge_rebuilt_from(keys)
+    kept = edge.by_id(ids["enabled"])
+    assert kept.expires_at == grace_end and kept.version > kafka.keys.top[ids["enabled"]]
+    assert edge.by_id(successor["id"]) is None  # made after the backup: ended
+    row = keys.store.keys[ids["enabled"]]
+    assert row["expires_at"] == grace_end and row["delete_at"] is None  # may be rotated again
+    audited = [e for e in keys.events("audit.v1") if e["actor"]["operator"] and e["target"]["id"] == str(ids["enabled"])]
+    assert [(e["action"], e["details"]) for e in audited] == [
+        ("api_key.updated", {"kept_from_kafka": True, "expires_at": grace_end.isoformat()})
+    ]
+    # and nothing more to do: a second reconcile keeps the same expiry, writing nothing
+    keys.store.outbox.clear()
+    await s.republish(REPUBLISHED_TOPICS, kafka_of(keys))
+    assert not [e for e in keys.events("audit.v1") if e["actor"]["operator"]]
+
+
 def test_the_stricter_of_kafka_and_the_row_is_kept():
     """The rule on one key: an end is final (any version, or only its tombstone left); a disable
     only when Kafka's state is newer than the row."""
