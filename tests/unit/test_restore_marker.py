@@ -4,6 +4,7 @@ the backup's until Kafka is reconciled with it (services/runtime/host/restore_ma
 failed left only a message, and a later `up` started edges that rebuilt the credentials made after
 the backup from the unreconciled topics. The mark goes with restore's own reconcile, or with a
 `tollgate republish` of every topic against the same stack's Postgres, Kafka and redis.
+`tollgate serve` run by hand against the stack (its Kafka or Postgres) refuses the same way.
 
 The databases, Kafka and redis are faked (no I/O beyond a temporary state folder)."""
 
@@ -146,3 +147,52 @@ def test_up_starts_when_no_restore_waits(cfg: stack.StackConfig, monkeypatch: py
     monkeypatch.setattr(stack, "up", up)
     result = CliRunner().invoke(cli.app, ["up"])
     assert isinstance(result.exception, Started)
+
+
+class Started(Exception):
+    """Tollgate's processes were about to start."""
+
+
+@pytest.fixture
+def serving(monkeypatch: pytest.MonkeyPatch) -> None:
+    def started(target: str, *, consumers: bool = True) -> None:
+        raise Started
+
+    monkeypatch.setattr(cli, "worker_app", started)
+
+
+def serve_with(monkeypatch: pytest.MonkeyPatch, **settings: Any) -> Any:
+    for name in ("KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL"):  # the defaults, where not given
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("services.runtime.platform.settings.get_settings", lambda: Settings(**settings))
+    return CliRunner().invoke(cli.app, ["serve", "--workers", "1"])
+
+
+def test_serve_by_hand_against_the_unreconciled_stack_is_refused_as_up_is(
+    cfg: stack.StackConfig, serving: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only `tollgate up` refused: `tollgate serve` started by hand against the restored stack
+    rebuilt, from the unreconciled topics, the credentials the restore ended."""
+    restore_marker.mark(cfg, tmp_path / "backup")
+    up = CliRunner().invoke(cli.app, ["up"])
+    for settings in (
+        {"database_url": cfg.database_url, "kafka_bootstrap_servers": cfg.kafka_bootstrap},
+        {"kafka_bootstrap_servers": cfg.kafka_bootstrap.replace("127.0.0.1", "localhost")},  # its Kafka alone
+        {"database_url": cfg.database_url, "kafka_bootstrap_servers": "127.0.0.1:29092"},  # its Postgres alone
+        {},  # the defaults are the local stack's
+    ):
+        refused = serve_with(monkeypatch, **settings)
+        assert refused.exit_code == 1 and not isinstance(refused.exception, Started), settings
+        assert refused.stderr.removeprefix("serve: ") == up.stderr.removeprefix("up: ")
+        exact = " ".join(f"{name}={value}" for name, value in restore_marker.republish_env(cfg).items())
+        assert f"`{exact} tollgate republish`" in refused.stderr, refused.stderr
+
+
+def test_serve_starts_against_another_stack_or_once_reconciled(
+    cfg: stack.StackConfig, serving: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    elsewhere = {"database_url": "postgresql://tollgate@127.0.0.1:25432/tollgate", "kafka_bootstrap_servers": "127.0.0.1:29092"}
+    restore_marker.mark(cfg, tmp_path / "backup")
+    assert isinstance(serve_with(monkeypatch, **elsewhere).exception, Started)  # not this stack's
+    restore_marker.clear(cfg)
+    assert isinstance(serve_with(monkeypatch).exception, Started)

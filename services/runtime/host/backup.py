@@ -12,7 +12,8 @@ states newer than the restored rows), so restore ends by reconciling it with the
 Postgres: `tollgate republish`, which ends what Postgres no longer holds and republishes the rest
 above Kafka's versions (services/keys/reconcile.py), with Kafka and redis (the limiter store's
 revocations) started for that time. Until that succeeds, the stack is marked not reconciled and
-`tollgate up` refuses to start (services/runtime/host/restore_marker.py).
+`tollgate up` (and `tollgate serve` against the stack) refuses to start
+(services/runtime/host/restore_marker.py).
 
 Restore never half-restores: it checks every file against the manifest before it writes
 anything, restores Postgres into a new database and ClickHouse beside the database it replaces
@@ -210,8 +211,8 @@ def _reconcile_kafka(cfg: stack.StackConfig) -> dict[str, int]:
     except (Exception, SystemExit) as exc:  # the stack's parts refuse to start with SystemExit
         raise NotReconciled(
             f"Postgres and ClickHouse are restored, but Kafka could not be reconciled with them ({exc}). "
-            f"`tollgate up` refuses to start until it is: {restore_marker.way_out(cfg)} (until then, Kafka may "
-            "still hold credentials made after the backup)"
+            f"`tollgate up` and `tollgate serve` refuse to start until it is: {restore_marker.way_out(cfg)} "
+            "(until then, Kafka may still hold credentials made after the backup)"
         ) from exc
     finally:
         stack.redis_down(cfg)

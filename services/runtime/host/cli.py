@@ -8,7 +8,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 from uuid import UUID
 
 import httpx
@@ -74,19 +74,34 @@ def serve(
     ] = os.cpu_count() or 1,
 ) -> None:
     """Run the named services' routes and consumers in this process (or in `--workers` processes
-    and one of consumers)."""
+    and one of consumers). Refused against the local stack while a restore's reconcile of Kafka
+    has not succeeded (docs/backup.md)."""
+    from services.runtime.host import restore_marker
+    from services.runtime.platform.settings import get_settings
+
+    cfg = _config()
+    if restore_marker.pending(cfg) and restore_marker.runs_against(cfg, get_settings()):
+        _refuse_unreconciled("serve", cfg)
     if workers == 1:
         _run(worker_app(target), host=host, port=port)
         return
     from services.runtime.host.workers import supervise
     from services.runtime.platform.logs import configure
-    from services.runtime.platform.settings import get_settings
 
     configure(get_settings().log_level)  # the supervisor's own lines: a worker ended, another started
     with tempfile.TemporaryDirectory(prefix="tollgate-metrics-") as metrics_dir:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # /metrics adds up every process's counters
         code = supervise([(serve_worker, (target, host, port))] * workers + [(serve_consumers, (target,))])
     raise typer.Exit(code)
+
+
+def _refuse_unreconciled(command: str, cfg: stack.StackConfig) -> NoReturn:
+    """Exit 1 with the way out: its edges would rebuild, from the unreconciled topics, credentials
+    the restore ended (services/runtime/host/restore_marker.py)."""
+    from services.runtime.host import restore_marker
+
+    typer.echo(f"{command}: {restore_marker.refusal(cfg)}", err=True)
+    raise typer.Exit(1)
 
 
 def serve_worker(target: str, host: str, port: int) -> None:
@@ -318,7 +333,7 @@ def _settle_restore(settings: "Settings", *, every_topic: bool) -> None:
         return
     if every_topic and restore_marker.reconciles(cfg, settings):
         restore_marker.clear(cfg)
-        typer.echo(f"republish: the restored stack in {cfg.state_dir} is reconciled; `tollgate up` starts again", err=True)
+        typer.echo(f"republish: the restored stack in {cfg.state_dir} is reconciled; Tollgate starts again", err=True)
     else:
         typer.echo(
             f"republish: the restored stack in {cfg.state_dir} is still not reconciled (this was not a republish of "
@@ -383,9 +398,8 @@ def up(
     from services.runtime.host import restore_marker
 
     cfg = _config(kafka_nodes)
-    if restore_marker.pending(cfg):  # its edges would rebuild credentials the restore ended
-        typer.echo(f"up: {restore_marker.refusal(cfg)}", err=True)
-        raise typer.Exit(1)
+    if restore_marker.pending(cfg):
+        _refuse_unreconciled("up", cfg)
     stack.up(cfg)
     if split:
         from services.runtime.host import split as split_shape

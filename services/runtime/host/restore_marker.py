@@ -4,14 +4,17 @@ From the moment `tollgate restore` puts the backup's Postgres in place until `to
 has reconciled Kafka with it, Kafka is ahead of Postgres: its topics hold credentials made or
 re-enabled after the backup, and every edge that starts rebuilds from them. A marker file in the
 stack's state directory says so for that whole time (a reconcile that failed, or a restore killed
-on the way, leaves it), and `tollgate up` refuses to start Tollgate while it is there. It goes
-when the reconcile succeeds: restore's own, or a later `tollgate republish` of every topic against
-this stack's Postgres, Kafka and redis (the limiter store's revocations are one of its witnesses).
+on the way, leaves it), and every command that starts Tollgate's processes against this stack
+(`tollgate up`, and `tollgate serve` whose Kafka or Postgres is the stack's) refuses to start
+while it is there. It goes when the reconcile succeeds: restore's own, or a later `tollgate
+republish` of every topic against this stack's Postgres, Kafka and redis (the limiter store's
+revocations are one of its witnesses).
 """
 
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from services.runtime.host import stack
 from services.runtime.host.private_files import write_private
@@ -58,10 +61,37 @@ def reconciles(cfg: stack.StackConfig, settings: Settings) -> bool:
     )
 
 
+def _address(host: str | None, port: int | None) -> tuple[str, int | None]:
+    return ("127.0.0.1" if host in (None, "", "localhost") else str(host), port)
+
+
+def _kafka_addresses(bootstrap: str) -> set[tuple[str, int | None]]:
+    return {_address(*_host_port(part.strip())) for part in bootstrap.split(",") if part.strip()}
+
+
+def _host_port(address: str) -> tuple[str, int | None]:
+    parts = urlsplit(f"//{address}")
+    return parts.hostname or "", parts.port
+
+
+def _postgres_address(url: str) -> tuple[str, int | None]:
+    parts = urlsplit(url)
+    return _address(parts.hostname, parts.port or 5432)
+
+
+def runs_against(cfg: stack.StackConfig, settings: Settings) -> bool:
+    """Whether processes with `settings` would run against this stack: its Kafka (their edges
+    rebuild from its topics) or its Postgres (the restored one)."""
+    return bool(_kafka_addresses(settings.kafka_bootstrap_servers) & _kafka_addresses(cfg.kafka_bootstrap)) or (
+        _postgres_address(settings.database_url) == _postgres_address(cfg.database_url)
+    )
+
+
 def refusal(cfg: stack.StackConfig) -> str:
-    """Why `tollgate up` does not start Tollgate, and what to run."""
+    """Why Tollgate's processes do not start against this stack (`tollgate up`, `tollgate serve`),
+    and what to run."""
     return (
         f"the stack in {cfg.state_dir} was restored, but Kafka was never reconciled with the restored Postgres "
         f"({_path(cfg)}): it may still hold credentials made after the backup, and every edge would rebuild them. "
-        f"Run {way_out(cfg)}; `tollgate up` starts once it succeeded"
+        f"Run {way_out(cfg)}; Tollgate starts (`tollgate up`, `tollgate serve`) once it succeeded"
     )
