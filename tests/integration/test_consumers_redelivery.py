@@ -5,8 +5,10 @@ through the one subscribe helper, one event at a time and in batches: the event 
 its attempts are spaced by at least the policy's delays, and the failures are on /metrics."""
 
 import asyncio
+import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -15,7 +17,7 @@ from faststream.kafka import KafkaRouter
 from prometheus_client import REGISTRY
 from pydantic import TypeAdapter
 
-from contracts.topics import AUDIT, dead_letter
+from contracts.topics import AUDIT, Topic, dead_letter
 from services.runtime.platform.kafka import ensure_topics, make_broker, start_subscribers
 from services.runtime.platform.subscribe import Reading, Subscriber
 from tests.support.metering import wait_until
@@ -79,3 +81,68 @@ async def test_a_failing_handler_is_retried_with_backoff_and_the_event_handled_o
     assert REGISTRY.get_sample_value("tollgate_consumer_failures_total", labels) == FAILURES
     assert REGISTRY.get_sample_value("tollgate_consumer_consecutive_failures", labels) == 0  # reset by the success
     assert await topic_records(settings.kafka_bootstrap_servers, settings.topic(dead_letter(AUDIT).name)) == []
+
+
+async def test_a_rebalance_during_the_backoff_is_no_error_and_each_record_is_handled(settings, caplog):
+    """A second member joins the group while the first waits out its backoff on a batch of both
+    partitions' records: the rebalance takes one partition away, and the nack's seek of it raised
+    IllegalStateError inside FastStream, logged CRITICAL (nothing was lost: the new owner starts
+    from the commit). Now that partition is left to its new owner (logged at info), the other is
+    rewound, and both records are handled."""
+    topic = Topic(f"test-rewind-{uuid.uuid4().hex[:8]}.v1", partitions=2)
+    await ensure_topics(settings, (topic, dead_letter(topic)))
+    group, name = f"test.rewind.{uuid.uuid4().hex[:8]}", settings.topic(topic.name)
+    caplog.set_level(logging.INFO)
+    handled: dict[str, str] = {}  # event id -> which member
+    failures: list[float] = []
+    second_handled = asyncio.Event()
+
+    def member(who: str) -> Callable[[list[dict[str, Any]]], Awaitable[None]]:
+        async def handle(events: list[dict[str, Any]]) -> None:
+            if who == "first" and not second_handled.is_set():
+                failures.append(time.monotonic())
+                raise RuntimeError("postgres is down")
+            handled.update((event["id"], who) for event in events)
+            if who == "second":
+                second_handled.set()
+
+        return handle
+
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, acks="all")
+    await producer.start()
+    try:
+        ids = [str(uuid.uuid4()), str(uuid.uuid4())]
+        for partition, event_id in enumerate(ids):
+            await producer.send_and_wait(name, f'{{"id": "{event_id}"}}'.encode(), partition=partition)
+    finally:
+        await producer.stop()
+
+    brokers = []
+    try:
+        for who in ("first", "second"):
+            broker = make_broker(settings)
+            subscribe = Subscriber(KafkaRouter(), broker, settings)
+            subscribe.batches({topic: Reading(TypeAdapter(dict[str, Any]))}, group=group, handle=member(who))
+            broker.include_router(subscribe.router)
+            await start_subscribers(broker)
+            brokers.append(broker)
+            if who == "first":
+
+                async def failing() -> bool:
+                    return bool(failures)
+
+                await wait_until(failing, timeout=30)  # the second joins during a backoff
+
+        async def both() -> bool:
+            return set(handled) == set(ids)
+
+        await wait_until(both, timeout=60)
+    finally:
+        for broker in brokers:
+            await broker.stop()
+
+    assert set(handled.values()) == {"first", "second"}  # the rebalance gave each a partition
+    assert not [r for r in caplog.records if r.levelno >= logging.CRITICAL], [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.CRITICAL
+    ]
+    assert any("resume from their commit" in r.getMessage() for r in caplog.records)

@@ -15,21 +15,25 @@ Every subscriber has the same skeleton, so it is written once here:
   the event is found (the handlers are idempotent);
 - any other error (a bug on one event, Postgres down) is retried as above, never dead-lettered,
   after a wait that doubles at each failure in a row up to 30 s (redelivery.py: one log line and
-  one `tollgate_consumer_failures_total` per attempt), instead of at once, ~160 times a second;
+  one `tollgate_consumer_failures_total` per attempt), instead of at once, ~160 times a second.
+  A partition a rebalance took away during that wait is not rewound (`rewind`): its next owner
+  starts from its committed offset, which is before the failed records;
 - the pace of every consumer (`kafka.FETCH_WAIT_MS`, `kafka.IDLE_WAKE_MS`, then `fetch_pace` once
   idle, set by `kafka.start_subscribers`): no latency floor, an idle process's CPU.
 """
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import psycopg
-from aiokafka import ConsumerRecord
+from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka.errors import IllegalStateError
 from faststream import AckPolicy
-from faststream.exceptions import NackMessage
+from faststream.exceptions import SkipMessage
 from faststream.kafka import KafkaBroker, KafkaRouter
 from faststream.kafka.annotations import KafkaMessage
 from pydantic import TypeAdapter
@@ -40,21 +44,59 @@ from services.runtime.platform.kafka import FETCH_WAIT_MS, IDLE_WAKE_MS
 from services.runtime.platform.redelivery import Redelivery
 from services.runtime.platform.settings import Settings
 
+log = logging.getLogger(__name__)
+
 M = TypeVar("M")
 BATCH_TIMEOUT_MS = 500  # FastStream sleeps this long after an empty batch fetch
 GATHER_MIN_BYTES = 1024 * 1024  # a gathering subscriber's fetch ends early only with this much
 
 
+class Seekable(Protocol):
+    """What rewinding needs of the consumer (aiokafka's AIOKafkaConsumer)."""
+
+    def assignment(self) -> Collection[TopicPartition]: ...
+
+    def seek(self, partition: TopicPartition, offset: int) -> None: ...
+
+
+def rewind(consumer: Seekable, records: Sequence[ConsumerRecord[Any, Any]]) -> list[TopicPartition]:
+    """Each partition of `records` back to its earliest record (what FastStream's nack does), so
+    the next fetch hands them again; the partitions not rewound. A partition no longer assigned
+    (a rebalance during the backoff) is the expected case, not an error: its next owner, this
+    consumer or another, starts from its committed offset, which is before these records, so
+    nothing is skipped. FastStream's own seek raised IllegalStateError there, logged CRITICAL."""
+    earliest: dict[TopicPartition, int] = {}
+    for record in records:
+        tp = TopicPartition(record.topic, record.partition)
+        earliest[tp] = min(record.offset, earliest.get(tp, record.offset))
+    assigned = consumer.assignment()
+    left: list[TopicPartition] = []
+    for tp, offset in earliest.items():
+        try:
+            if tp in assigned:
+                consumer.seek(tp, offset)
+                continue
+        except IllegalStateError:  # taken between the look at the assignment and the seek
+            pass
+        left.append(tp)
+    if left:
+        log.info("partitions %s were reassigned while their records waited to be retried: they resume from their commit", left)
+    return left
+
+
 @asynccontextmanager
-async def _retried_after_backoff(redelivery: Redelivery, topics: Sequence[str] = ()) -> AsyncIterator[None]:
+async def _retried_after_backoff(redelivery: Redelivery, msg: KafkaMessage, topics: Sequence[str] = ()) -> AsyncIterator[None]:
     """An error of the block is handled again after the consumer's backoff: waited out here, then
-    the message (or batch) rewound by a nack. Raised as `NackMessage`, FastStream neither logs it
-    again (Redelivery logs each attempt once) nor commits; the cause stays in `__cause__`."""
+    the message (or batch) rewound (`rewind`). Raised as `SkipMessage`, FastStream neither logs it
+    again (Redelivery logs each attempt once), nor commits, nor seeks again; the cause stays in
+    `__cause__`."""
     try:
         yield
     except Exception as exc:
         await asyncio.sleep(redelivery.failed(exc, topics))
-        raise NackMessage() from exc
+        records = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
+        rewind(msg.consumer, records)  # type: ignore[arg-type]  # FastStream types it as its protocol; it is aiokafka's
+        raise SkipMessage() from exc
     redelivery.succeeded()
 
 
@@ -93,7 +135,7 @@ class Subscriber:
         async def on_message(msg: KafkaMessage) -> None:
             record = msg.raw_message
             assert not isinstance(record, tuple)
-            async with _retried_after_backoff(redelivery):
+            async with _retried_after_backoff(redelivery, msg):
                 event = await self._read(topic, reading, record)
                 if event is not None:
                     try:
@@ -137,7 +179,7 @@ class Subscriber:
         )
         async def on_batch(msg: KafkaMessage) -> None:
             records = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
-            async with _retried_after_backoff(redelivery, sorted({record.topic for record in records})):
+            async with _retried_after_backoff(redelivery, msg, sorted({record.topic for record in records})):
                 read: list[tuple[ConsumerRecord[Any, Any], M]] = []
                 for record in records:
                     topic, reading = by_name[record.topic]
