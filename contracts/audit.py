@@ -43,6 +43,8 @@ class AuditAction(StrEnum):
     # Beyond the contract's list, which says every operator write is recorded: the operator's
     # PUT /api/admin/accounts/{id}/roles, in that account's own log.
     ACCOUNT_ROLES_CHANGED = "account.roles_changed"
+    # An account a restore kept deleted (docs/backup.md, "Reconciling Kafka"), the operator's.
+    ACCOUNT_DELETED = "account.deleted"
 
 
 class AuditActor(BaseModel):

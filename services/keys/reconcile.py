@@ -17,8 +17,8 @@ else (names, rules, roles) is the backup's. In the one republish transaction
   whatever the versions; a disable only when Kafka's state is the newer (the key's row was
   behind it). A key's expiry is the earlier of the row's and Kafka's newest state's (a rotation
   after the backup gave the replaced key one: it must not live for ever). An account Kafka holds
-  deleted stays deleted there (Postgres has no deleted account: its users and keys, ended by the
-  same reconcile that deleted it, are kept ended).
+  deleted is deleted (`deleted_at`: every later republish, a refill's too, publishes it deleted,
+  and its e-mail is free again), and its users are removed with their keys.
 - the `ghost_*` ends (last): an object live in Kafka that Postgres does not hold live (made
   after the backup) gets its end at a version above Kafka's: a key deleted and a service token
   revoked (each with its tombstone), a user removed, an account deleted. Every edge, running or
@@ -98,7 +98,7 @@ async def keep_keys_ended(
     for row in live_keys:
         key_id, role = row["id"], row["creator_role"]
         stricter = stricter_in_kafka(published.keys, key_id, KeyStatus(row["status"]), behind)
-        if stricter == "deleted":
+        if stricter == "deleted" or published.accounts.ended(row["account_id"]):  # an account's end ends its keys
             deleted.append({**await tx.mark_deleted(key_id, now), "creator_role": role})
             await _audit(tx, row["account_id"], now, AuditAction.API_KEY_DELETED, ("api_key", key_id), name=row["name"])
             continue
@@ -115,13 +115,28 @@ async def keep_keys_ended(
     return live, deleted
 
 
+async def keep_accounts_deleted(tx: KeysTx, published: Published, accounts: list[Row], now: datetime) -> list[Row]:
+    """Each account Kafka holds deleted is deleted in Postgres too, audited: every account row, as
+    it is now. (There is no account DELETE: an account ends only by a reconcile, as one made after
+    a backup, which Kafka then holds deleted for any later restore.)"""
+    rows: list[Row] = []
+    for account in accounts:
+        if account["deleted_at"] is None and published.accounts.ended(account["id"]):
+            account = await tx.mark_account_deleted(account["id"], now)
+            await _audit(tx, account["id"], now, AuditAction.ACCOUNT_DELETED, ("account", account["id"]), email=account["email"])
+        rows.append(account)
+    return rows
+
+
 async def keep_users_removed(tx: KeysTx, published: Published, users: list[Row], now: datetime) -> tuple[list[Row], list[Row]]:
-    """Each user Kafka holds removed is removed, with its live keys, as a member's removal does:
-    (every user row, as it is now; the keys deleted, with their creator's role)."""
+    """Each user Kafka holds removed, or of an account it holds deleted, is removed, with its live
+    keys, as a member's removal does: (every user row, as it is now; the keys deleted, with their
+    creator's role)."""
     rows: list[Row] = []
     deleted: list[Row] = []
     for user in users:
-        if user["removed_at"] is None and published.users.ended(user["id"]):
+        ended = published.users.ended(user["id"]) or published.accounts.ended(user["account_id"])
+        if user["removed_at"] is None and ended:
             removed = await tx.remove_user(user["id"], now)
             assert removed is not None  # the row is locked (all_users: FOR SHARE)
             await _audit(tx, user["account_id"], now, AuditAction.MEMBER_REMOVED, ("user", user["id"]), email=user["email"])

@@ -113,14 +113,15 @@ class KeysService:
             await tx.publish(KEYS, key, None)  # tombstone: compaction forgets the key
         changes.keys.append(state)
 
-    async def _emit_account(self, tx: KeysTx, row: Row, now: datetime, changes: Changes, *, deleted: bool = False) -> None:
+    async def _emit_account(self, tx: KeysTx, row: Row, now: datetime, changes: Changes) -> None:
+        """The account's state; a deleted row's (`deleted_at`) stays deleted whoever republishes it."""
         state = domain.account_state(
             account_id=row["id"],
             roles=[Role(r) for r in row["roles"]],
             user_type=UserType(row["user_type"]),
             now=now,
             version=row["version"],
-        ).model_copy(update={"deleted": deleted})
+        ).model_copy(update={"deleted": row.get("deleted_at") is not None})
         await tx.publish(ACCOUNTS, str(row["id"]).encode(), state.model_dump_json().encode())
         changes.accounts.append(state)
 
@@ -296,9 +297,10 @@ class KeysService:
             behind = await reconcile.move_past(tx, published, topics) if published is not None else {}
             if ACCOUNTS.name in topics:  # the locking order of the writers: account, users, keys
                 accounts = await tx.all_accounts()
+                if published is not None:
+                    accounts = await reconcile.keep_accounts_deleted(tx, published, accounts, now)
                 for row in accounts:
-                    kept_deleted = published is not None and published.accounts.ended(row["id"])
-                    await self._emit_account(tx, row, now, changes, deleted=kept_deleted)
+                    await self._emit_account(tx, row, now, changes)
             if USERS.name in topics:
                 users = await tx.all_users()
                 if published is not None:

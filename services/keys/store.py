@@ -79,7 +79,16 @@ class KeysTx:
         )
 
     async def account_by_email(self, email: str) -> Row | None:
-        return await self._one("SELECT * FROM keys.accounts WHERE lower(email) = lower(%s)", (email,))
+        """The live account registered with this e-mail (a deleted one's is free again)."""
+        return await self._one("SELECT * FROM keys.accounts WHERE lower(email) = lower(%s) AND deleted_at IS NULL", (email,))
+
+    async def mark_account_deleted(self, account_id: UUID, now: datetime) -> Row:
+        """The account ended (its e-mail free again: migration 0012), at its next version."""
+        row = await self._one(
+            "UPDATE keys.accounts SET deleted_at = %s, version = version + 1 WHERE id = %s RETURNING *", (now, account_id)
+        )
+        assert row is not None  # the caller holds the row (all_accounts: FOR SHARE)
+        return row
 
     async def account_by_id(self, account_id: UUID, *, for_update: bool = False) -> Row | None:
         lock = " FOR UPDATE" if for_update else ""

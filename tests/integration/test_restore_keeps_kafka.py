@@ -20,8 +20,14 @@ import httpx
 import psycopg
 import pytest
 
+from contracts.topics import ACCOUNTS
 from services.edge.rate_store import KeyCheck, RedisStore
+from services.keys import operator_cli
+from services.keys.service import KeysService
+from services.keys.store import KeysStore
 from services.runtime.host.republish import republish
+from services.runtime.platform.clock import system_clock
+from services.runtime.platform.settings import Settings
 from tests.integration.test_keys_api import PASSWORD, bearer, new_key, signup
 from tests.support.apps import running_app
 from tests.support.metering import wait_until
@@ -294,6 +300,26 @@ async def test_an_account_deleted_after_the_backup_stays_deleted(settings):
         assert (await client.get("/api/account", headers=console)).status_code == 401
         login = await client.post("/api/auth/login", json={"email": account["email"], "password": PASSWORD})
         assert login.status_code == 401
+
+    # (leftovers) deleted in Postgres too: a later refill of accounts.v1 (a plain republish, given
+    # nothing of Kafka) published the row live again before, and its e-mail stayed taken
+    with psycopg.connect(settings.database_url) as conn:
+        row = conn.execute("SELECT deleted_at FROM keys.accounts WHERE id = %s", (account["id"],)).fetchone()
+    assert row is not None and row[0] is not None
+    await refill(settings, [ACCOUNTS.name])
+    async with running_app(settings) as (_, client):  # an edge rebuilt after the refill
+        assert (await client.get("/api/account", headers=console)).status_code == 401
+        again, again_console = await signup(client, account["email"])  # free again, as a removed member's
+        assert again["id"] != account["id"]
+        assert (await client.get("/api/account", headers=again_console)).json()["id"] == again["id"]
+
+
+async def refill(settings: Settings, topics: list[str]) -> dict[str, int]:
+    """What an owner's refill of a short topic does (services/runtime/platform/state_guard.py): its
+    states from Postgres alone, reconciling nothing."""
+    async with operator_cli._outbox(settings) as (pool, relay):
+        service = KeysService(KeysStore(pool, relay), operator_cli._Flush(relay), system_clock, session_ttl_seconds=3600)
+        return await service.republish(topics)
 
 
 async def test_the_limiter_stores_revocations_are_witnesses_and_never_refuse_a_restored_key(settings):

@@ -983,7 +983,7 @@ class FakeKeysStore:
     async def insert_account(
         self, *, account_id: UUID, email: str, password_hash: str, name: str, user_type: str, roles: list[str]
     ) -> dict[str, Any] | None:
-        if any(a["email"].lower() == email.lower() for a in self.accounts.values()):
+        if any(a["email"].lower() == email.lower() and a["deleted_at"] is None for a in self.accounts.values()):
             return None
         self.accounts[account_id] = {
             "id": account_id,
@@ -998,11 +998,18 @@ class FakeKeysStore:
             "created_at": datetime(2026, 1, 1, tzinfo=UTC),
             "sessions_not_before": None,
             "version": 1,
+            "deleted_at": None,
         }
         return dict(self.accounts[account_id])
 
     async def account_by_email(self, email: str) -> dict[str, Any] | None:
-        return next((dict(a) for a in self.accounts.values() if a["email"].lower() == email.lower()), None)
+        live = (a for a in self.accounts.values() if a["email"].lower() == email.lower() and a["deleted_at"] is None)
+        return next((dict(a) for a in live), None)
+
+    async def mark_account_deleted(self, account_id: UUID, now: datetime) -> dict[str, Any]:
+        row = self.accounts[account_id]
+        row.update(deleted_at=now, version=row["version"] + 1)
+        return dict(row)
 
     async def account_by_id(self, account_id: UUID, *, for_update: bool = False) -> dict[str, Any] | None:
         row = self.accounts.get(account_id)

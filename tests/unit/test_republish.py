@@ -525,6 +525,35 @@ async def test_an_account_kafka_holds_deleted_stays_deleted_after_a_restore_that
     assert keys.store.users[other["id"]]["removed_at"] is not None and keys.store.keys[key["id"]]["deleted_at"] is not None
 
 
+async def test_an_account_kept_deleted_is_deleted_in_postgres_and_no_later_refill_brings_it_back(keys: Keys):
+    """(leftovers) The account row had no deleted state: a later plain republish (a short
+    accounts.v1's refill, given nothing of Kafka) published it live again, and its e-mail stayed
+    taken. Now it is deleted in Postgres (audited as the operator's), published deleted by every
+    republish, and its e-mail is free, as a removed member's is."""
+    s = keys.service
+    await keys.populated()
+    older = copy.deepcopy((keys.store.accounts, keys.store.users, keys.store.keys, keys.store.tokens))
+    body = RegisterRequest(email="eve@example.com", password="pw-123456789", name="Eve", user_type=UserType.INDIVIDUAL)
+    other = await s.register(body)
+    newer = copy.deepcopy((keys.store.accounts, keys.store.users, keys.store.keys, keys.store.tokens))
+    keys.store.accounts, keys.store.users, keys.store.keys, keys.store.tokens = older
+    await s.republish(REPUBLISHED_TOPICS, kafka_of(keys))  # Kafka holds the account deleted
+    keys.store.accounts, keys.store.users, keys.store.keys, keys.store.tokens = newer
+    await s.republish(REPUBLISHED_TOPICS, kafka_of(keys))  # this backup holds it
+
+    assert keys.store.accounts[other["id"]]["deleted_at"] is not None
+    audited = [e for e in keys.events("audit.v1") if e["actor"]["operator"] and e["target"]["id"] == str(other["id"])]
+    assert [e["action"] for e in audited] == ["account.deleted", "member.removed"]
+    keys.store.outbox.clear()
+    await s.republish(["accounts.v1"])  # the refill: nothing of Kafka given
+    (state,) = [e for e in keys.events("accounts.v1") if e is not None and e["account_id"] == str(other["id"])]
+    assert state["deleted"] is True
+    _, accounts, _, _ = edge_rebuilt_from(keys)
+    assert accounts.get(other["id"]) is None
+    again = await s.register(body)  # the address registers anew, as another account
+    assert again["id"] != other["id"]
+
+
 async def test_a_rotations_expiry_set_after_the_backup_is_kept_by_a_restore(keys: Keys):
     """A key rotated with a grace after the backup got an expiry (the replaced key, leaked maybe,
     must end); the restored row had none and republished it above Kafka's version without one: the
