@@ -21,7 +21,10 @@ export const ACTIONS = [
   ["password.changed", "Password changed"],
   ["alert_rule.created", "Alert rule created"],
   ["alert_rule.deleted", "Alert rule deleted"],
+  ["service_token.created", "Service token created"],
+  ["service_token.revoked", "Service token revoked"],
   ["account.roles_changed", "Account roles changed (operator)"],
+  ["account.deleted", "Account deleted (restore)"],
 ];
 const LABELS = new Map(ACTIONS);
 const READERS = new Set(["owner", "billing"]);
