@@ -3,6 +3,7 @@
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
+from urllib.parse import urlsplit
 from uuid import UUID
 
 from contracts.alerts_api import (
@@ -117,6 +118,30 @@ def recipient_key(recipient: Recipient) -> str:
     if isinstance(recipient, WebhookRecipient):
         return f"url:{recipient.url.strip()}"
     return f"user:{recipient.user_id}"
+
+
+def shown_recipients(channels: Iterable[Channel], recipients: Sequence[Recipient]) -> list[Recipient]:
+    """A rule's recipients as every answer shows them: a Slack or Teams incoming-webhook URL is the
+    credential that posts to the channel (neither platform checks a signature), so it is never shown
+    again after it was given, like an API key or a webhook's signing secret: the rules and delivery
+    logs are read by every role with `alerts:read` and by their API keys."""
+    if not CHAT_CHANNELS.intersection(channels):
+        return list(recipients)
+    return [WebhookRecipient(url=masked_url(r.url)) if isinstance(r, WebhookRecipient) else r for r in recipients]
+
+
+def shown_delivery_recipient(channel: Channel, key: str) -> str:
+    """A delivery's recipient key as its log shows it (`shown_recipients`' rule)."""
+    kind, _, address = key.partition(":")
+    return f"{kind}:{masked_url(address)}" if channel in CHAT_CHANNELS and kind == "url" else key
+
+
+def masked_url(url: str) -> str:
+    """`https://hooks.slack.com/...wxyz`: the scheme and host to recognise it by, and the last
+    four characters of its secret part (path and query), as a key's `masked_key` shows its own."""
+    parts = urlsplit(url.strip())
+    secret = parts.path + (f"?{parts.query}" if parts.query else "")
+    return f"{parts.scheme}://{parts.netloc}/...{secret[-4:] if len(secret) > 16 else ''}"
 
 
 def address_of(key: str) -> str:

@@ -75,7 +75,7 @@ def _rule_out(view: RuleView) -> RuleOut:
         metric=rule.metric,
         threshold_pct=rule.threshold_pct,
         channels=rule.channels,
-        recipients=rule.recipients,
+        recipients=domain.shown_recipients(rule.channels, rule.recipients),
         scope=RuleScope(api_key_id=rule.api_key_id) if rule.api_key_id else None,
         created_at=rule.created_at,
         fired_this_period=view.fired_this_period,
@@ -195,7 +195,14 @@ class AlertsService:
             if not await tx.rule_exists(account_id, rule_id):
                 raise NotFound("alert rule")
             rows = await tx.list_deliveries(account_id, rule_id)
-        return DeliveryList(items=[DeliveryOut.model_validate(r) for r in rows])
+        return DeliveryList(
+            items=[
+                DeliveryOut.model_validate(
+                    {**r, "recipient": domain.shown_delivery_recipient(Channel(r["channel"]), r["recipient"])}
+                )
+                for r in rows
+            ]
+        )
 
     # ---- from quota ----------------------------------------------------------------------------
     async def fire_crossing(self, event: QuotaThresholdCrossed) -> None:

@@ -69,7 +69,12 @@ async def test_a_chat_post_in_the_platform_format_is_retried_after_a_500_and_log
         created = await client.post("/api/ai/usage/alert", json=_rule(channel, [{"url": receiver.url()}]), headers=key)
         assert created.status_code == 201, created.text
         rule = created.json()
-        assert rule["channels"] == [channel] and rule["recipients"] == [{"url": receiver.url()}]
+        # The URL is the channel's credential: never shown again, to any reader of the rules (an
+        # API key with alerts:read, a viewer), only its host and last four characters.
+        shown = receiver.url().removesuffix("/services/T000/B000/XXXX") + "/...XXXX"
+        assert rule["channels"] == [channel] and rule["recipients"] == [{"url": shown}]
+        listed = (await client.get("/api/ai/usage/alert", headers=key)).json()["rules"]
+        assert [r["recipients"] for r in listed if r["id"] == rule["id"]] == [[{"url": shown}]]
         assert rule["webhook_secret"] is None  # nothing to sign with: the platforms check no signature
 
         await publish_crossing(app.state.runtime.broker, settings, account, 85, period=this_period())
@@ -100,7 +105,8 @@ async def test_a_chat_post_in_the_platform_format_is_retried_after_a_500_and_log
         assert [(i["attempt"], i["status_code"]) for i in items] == [(1, 500), (2, ok_status)]
         assert items[0]["error"] == "receiver answered 500" and items[0]["next_attempt_at"] is not None
         assert items[1]["error"] is None and items[1]["next_attempt_at"] is None
-        assert {i["channel"] for i in items} == {channel} and {i["recipient"] for i in items} == {f"url:{receiver.url()}"}
+        assert {i["channel"] for i in items} == {channel} and {i["recipient"] for i in items} == {f"url:{shown}"}
+        assert "T000/B000" not in json.dumps(items)
 
         # Another account reads nothing of it, by session or by API key.
         for headers in (stranger_session, stranger_key):

@@ -198,3 +198,21 @@ async def test_plain_http_is_refused_at_delivery_without_the_operator_setting():
     await strict.close()
     assert result.status_code is None and result.error == "target refused: the URL must be https"
     assert seen == []
+
+
+def test_a_chat_url_is_shown_masked_and_a_webhook_url_as_given():
+    """A Slack or Teams incoming-webhook URL is the credential that posts to the channel: rules and
+    delivery logs show its host and last four characters only; a signed webhook's URL stays whole."""
+    slack = "https://hooks.slack.com/services/T0AAAA/B0BBBB/abcdefghijklmnopqrstwxyz"
+    shown = [WebhookRecipient(url="https://hooks.slack.com/...wxyz")]
+    assert domain.shown_recipients([Channel.SLACK], [WebhookRecipient(url=slack)]) == shown
+    teams = [WebhookRecipient(url="https://x.webhook.office.com/workflows/abc/triggers/manual/paths/invoke?sig=s3cr3t")]
+    assert domain.shown_recipients([Channel.TEAMS], teams) == [WebhookRecipient(url="https://x.webhook.office.com/...cr3t")]
+    assert domain.shown_recipients([Channel.WEBHOOK], [WebhookRecipient(url=slack)]) == [WebhookRecipient(url=slack)]
+    assert domain.shown_recipients([Channel.EMAIL], [EmailRecipient(email="ops@example.com")]) == [
+        EmailRecipient(email="ops@example.com")
+    ]
+    assert domain.shown_delivery_recipient(Channel.SLACK, f"url:{slack}") == "url:https://hooks.slack.com/...wxyz"
+    assert domain.shown_delivery_recipient(Channel.WEBHOOK, f"url:{slack}") == f"url:{slack}"
+    assert domain.shown_delivery_recipient(Channel.EMAIL, "email:ops@example.com") == "email:ops@example.com"
+    assert domain.masked_url("https://x.example/short") == "https://x.example/..."  # too short to show a part of
