@@ -146,9 +146,56 @@ def quota_calls() -> list[bytes]:
     return [e.model_dump_json().encode() for e in events]
 
 
+TODAY = NOW.date().isoformat()
+# every form of a time (test_fast_events.TIMES), on a day the rules accept, so that it is counted
+TIMES = [t.replace("2026-11-26", TODAY) for t in fast.TIMES]
+TIMES += [f"{TODAY}T11:59:59.{digits}{zone}" for digits in ("9999995", "0000005", "123456789") for zone in ("Z", "+14:00")]
+EMOJI = "\U0001f600"
+
+
+def at_their_edges(sample: dict[str, Any], edges: dict[str, list[Any]]) -> list[bytes]:
+    """`sample` with one field at a time set to each of its edge values (or left out: None)."""
+    out = []
+    for name, values in edges.items():
+        for value in values:
+            body = {k: v for k, v in sample.items() if k != name} if value is None else {**sample, name: value}
+            out.append(json.dumps(body, ensure_ascii=False).encode())
+    return out
+
+
+def texts(limit: int) -> list[Any]:
+    return ["x" * limit, "x" * (limit + 1), EMOJI * limit, EMOJI * (limit + 1), "", None]
+
+
+NUMBERS = [0, 1, -1, 10**12, 10**12 + 1, 2**31 - 1, 2**31, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 1.0, "1", True, None]
+USAGE_EDGES = {
+    "time": TIMES,
+    "quantity": NUMBERS,
+    "input_tokens": NUMBERS,
+    "output_tokens": NUMBERS,
+    "source": texts(64),
+    "provider": texts(64),
+    "model": texts(128),
+    "resource": [r.value for r in Resource] + ["AI_TOKENS", None],
+    "type": ["usage", "call", None],
+}
+CALL_EDGES = {
+    "time": TIMES,
+    "status": [99, 100, 599, 600, 200.0, "200", None],
+    "count": [0, 1, 2**31 - 1, 2**31, 1.0, None],
+    "latency_ms": [0, -0.0, -0.001, 1e308, 2, "1.5", None],
+    "method": texts(16),
+    "path": texts(512),
+    "ip": texts(64),
+    "user_agent": texts(512),
+    "error_code": texts(64),
+    "service": texts(200),
+    "type": ["call", "usage", None],
+}
+
+
 async def test_every_usage_fixture_is_consumed_alike_both_ways():
-    raws = fast.usage_fixtures() + quota_usage()
-    raws += [json.dumps(fast.SAMPLE).replace(fast.SAMPLE["time"], t).encode() for t in fast.TIMES]
+    raws = fast.usage_fixtures() + quota_usage() + at_their_edges(json.loads(quota_usage()[2]), USAGE_EDGES)
     new = await assert_same(UsageEvent, raws)
     # the fixtures reach every branch: the mirror's events and the model's, dead letters, key
     # counters and a settled reservation
@@ -157,7 +204,8 @@ async def test_every_usage_fixture_is_consumed_alike_both_ways():
 
 
 async def test_every_call_fixture_is_consumed_alike_both_ways():
-    new = await assert_same(CallEvent, fast.call_fixtures() + quota_calls())
+    raws = fast.call_fixtures() + quota_calls() + at_their_edges(json.loads(quota_calls()[5]), CALL_EDGES)
+    new = await assert_same(CallEvent, raws)
     assert any(isinstance(e, FastCall) for e in new.events) and any(isinstance(e, CallEvent) for e in new.events)
     assert new.dead_letters and new.store["key_counters"]
 
