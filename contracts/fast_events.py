@@ -18,7 +18,7 @@ tests/unit/test_fast_events.py proves the subset against every fixture and a hyp
 import re
 from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Literal, Protocol
+from typing import Annotated, Literal, Protocol, TypeVar
 from uuid import UUID
 
 import msgspec
@@ -82,15 +82,20 @@ class FastCall(_Envelope, frozen=True, kw_only=True):
 
 
 FastEvent = FastUsage | FastCall
-Decode = Callable[[bytes], FastEvent | None]  # the event, or None: the contract's model judges the message
+F = TypeVar("F", FastUsage, FastCall)
+Decode = Callable[[bytes], F | None]  # the event, or None: the contract's model judges the message
+
+# A usage or call event as a consumer gets it: the contract's model, or its mirror (the same values).
+Usage = UsageEvent | FastUsage
+Call = CallEvent | FastCall
 
 _LONG_FRACTION = re.compile(rb"\.[0-9]{7}").search  # a fraction msgspec would round (a literal first: a quick search)
 
 
-def _decoder(struct: type[FastEvent]) -> Decode:
+def _decoder(struct: type[F]) -> Decode[F]:
     decode = msgspec.json.Decoder(struct).decode
 
-    def fast(value: bytes) -> FastEvent | None:
+    def fast(value: bytes) -> F | None:
         if b"\\" in value or _LONG_FRACTION(value) is not None:
             return None
         try:
@@ -101,9 +106,10 @@ def _decoder(struct: type[FastEvent]) -> Decode:
     return fast
 
 
-_DECODERS: dict[type[Event], Decode] = {UsageEvent: _decoder(FastUsage), CallEvent: _decoder(FastCall)}
+decode_usage, decode_call = _decoder(FastUsage), _decoder(FastCall)
+_DECODERS: dict[type[Event], Decode[FastUsage] | Decode[FastCall]] = {UsageEvent: decode_usage, CallEvent: decode_call}
 
 
-def fast_decoder(model: type[Event]) -> Decode | None:
+def fast_decoder(model: type[Event]) -> Decode[FastUsage] | Decode[FastCall] | None:
     """The first pass for `model`'s messages, if it has one."""
     return _DECODERS.get(model)

@@ -15,9 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 from contracts.common import STOCK_RESOURCES, Resource
 from contracts.events import UsageEvent
-from contracts.fast_events import Decoded, FastUsage
-
-Usage = UsageEvent | FastUsage  # the contract's model, or its msgspec mirror (the metering sink's first pass)
+from contracts.fast_events import Decoded, Usage
 
 MAX_ABS_QUANTITY = 10**12
 MAX_AHEAD = timedelta(minutes=5)

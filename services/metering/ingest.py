@@ -15,10 +15,10 @@ from uuid import UUID
 
 from contracts.clock import Clock
 from contracts.events import Event, UsageEvent
-from contracts.fast_events import Decoded
+from contracts.fast_events import Decoded, Usage
 from contracts.metering_api import IngestResponse
 from contracts.topics import Topic
-from contracts.usage_rules import Usage, time_violations_at, violations, violations_at
+from contracts.usage_rules import time_violations_at, violations, violations_at
 from services.metering import domain
 from services.metering.domain import UsageRulesBroken
 from services.metering.pipeline import Records

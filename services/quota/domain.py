@@ -1,4 +1,7 @@
-"""Pure quota rules: periods, totals, usage rates, bands, blocks and threshold crossings."""
+"""Pure quota rules: periods, totals, usage rates, bands, blocks and threshold crossings.
+
+The events counted are usage.v1's and calls.v1's as the consumers decode them: the contract's
+model, or its msgspec mirror with the same values (contracts/fast_events.py, issue 38)."""
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -11,7 +14,7 @@ from zoneinfo import ZoneInfo
 from contracts.common import Resource
 from contracts.domain_errors import Forbidden
 from contracts.errors import ErrorCode
-from contracts.events import CallEvent, UsageEvent
+from contracts.fast_events import Call, Usage
 from contracts.key_limits import KeyLimit, LimitPeriod, window_of
 from contracts.period import period_bounds, period_of
 from contracts.quota_api import InsufficientQuotaDetails, counts_as_api_call, quota_links
@@ -26,7 +29,10 @@ _THRESHOLD_NS = UUID("6f1d3f0e-4a59-4f53-9a43-2f4a1f0c5b11")
 REFUSED_STATUSES = frozenset({401, 403, 429})
 
 
-def call_counts(event: CallEvent) -> bool:
+Counted = Usage | Call
+
+
+def call_counts(event: Call) -> bool:
     """Admitted calls count (refused ones carry an error code), except the quota reads (the edge
     does not gate them either)."""
     admitted = event.error_code is None and event.status not in REFUSED_STATUSES
@@ -42,11 +48,11 @@ class Delta:
     last_time: datetime
 
 
-def deltas(events: Iterable[UsageEvent | CallEvent], tz: ZoneInfo) -> list[Delta]:
+def deltas(events: Iterable[Counted], tz: ZoneInfo) -> list[Delta]:
     """Sum events per (account, resource, period of the event's own time), in arrival-independent form."""
     sums: dict[tuple[UUID, Resource, str], tuple[int, datetime]] = {}
     for event in events:
-        if isinstance(event, CallEvent):
+        if isinstance(event, Call):
             if not call_counts(event):
                 continue
             resource, quantity = Resource.API_CALLS, 1
@@ -160,14 +166,14 @@ class KeyCharge:
     limits: list[KeyLimit]
 
 
-def event_key(event: UsageEvent | CallEvent) -> tuple[UUID, Resource, int] | None:
+def event_key(event: Counted) -> tuple[UUID, Resource, int] | None:
     """The key an event counts against, with its resource and quantity; None: no key, or nothing used."""
-    if isinstance(event, CallEvent):
+    if isinstance(event, Call):
         return (event.api_key_id, Resource.API_CALLS, 1) if call_counts(event) else None
     return None if event.api_key_id is None else (event.api_key_id, event.resource, event.quantity)
 
 
-def key_deltas(events: Iterable[UsageEvent | CallEvent], charges: Mapping[UUID, KeyCharge], tz: ZoneInfo) -> list[KeyDelta]:
+def key_deltas(events: Iterable[Counted], charges: Mapping[UUID, KeyCharge], tz: ZoneInfo) -> list[KeyDelta]:
     """Sum events per key lineage, limit and window of the event's own time. `charges`: key id ->
     what it counts against. An event counts only against a key of its own account (a platform
     service cannot charge another tenant's key) and only against the key's limits in force, in

@@ -23,15 +23,14 @@ from contracts.clock import Clock
 from contracts.common import Resource
 from contracts.domain_errors import NotFound
 from contracts.events import (
-    CallEvent,
     KeyQuotaState,
     KeyState,
     PackagePurchased,
     PlanChanged,
     QuotaState,
     QuotaThresholdCrossed,
-    UsageEvent,
 )
+from contracts.fast_events import Call, Usage
 from contracts.key_limits import KeyLimit, LimitPeriod, window_of
 from contracts.period import period_bounds, period_of
 from contracts.quota_api import PeriodRange, QuotaItem, QuotaReport
@@ -99,7 +98,7 @@ class QuotaService:
         return period_of(self._clock(), self._tz)
 
     # ---- consumption -------------------------------------------------------------------------
-    async def count(self, events: list[UsageEvent | CallEvent]) -> None:
+    async def count(self, events: list[domain.Counted]) -> None:
         """Count a batch of usage and call events exactly once each."""
         if not events:
             return
@@ -123,7 +122,7 @@ class QuotaService:
             # A counted usage event settles its reservation: the actual quantity is now in `used`
             # and the held amount is released (only for fresh events: idempotent on the event id).
             released = await tx.settle_reservations(
-                ((e.reservation_id, e.account_id) for e in unique.values() if isinstance(e, UsageEvent) and e.reservation_id),
+                ((e.reservation_id, e.account_id) for e in unique.values() if isinstance(e, Usage) and e.reservation_id),
             )
             # Re-publish even for duplicates: a crash after publishing and before committing
             # offsets leaves nothing to recount but the state may never have been sent.
@@ -143,8 +142,8 @@ class QuotaService:
             await self._announce_crossings(tx, elsewhere)
 
     @staticmethod
-    def _resources_of(event: UsageEvent | CallEvent) -> Iterable[Resource]:
-        return (Resource.API_CALLS,) if isinstance(event, CallEvent) else (event.resource,)
+    def _resources_of(event: domain.Counted) -> Iterable[Resource]:
+        return (Resource.API_CALLS,) if isinstance(event, Call) else (event.resource,)
 
     async def apply_plan(self, event: PlanChanged) -> None:
         period = self.current_period()

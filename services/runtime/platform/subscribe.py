@@ -103,10 +103,12 @@ async def _retried_after_backoff(redelivery: Redelivery, msg: KafkaMessage, topi
 @dataclass(frozen=True)
 class Reading(Generic[M]):
     """How to read one topic: its contract model, and (optionally) rules an event must keep,
-    judged against the Kafka record's timestamp in ms (every consumer judges a record alike)."""
+    judged against the Kafka record's timestamp in ms (every consumer judges a record alike),
+    and a faster decoder tried first (deadletter.parse)."""
 
     model: type[M] | TypeAdapter[M]
     rules: Callable[[M, int], list[str]] | None = None
+    first_pass: Callable[[bytes], M | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -214,5 +216,12 @@ class Subscriber:
         timestamp = record.timestamp
         judge = None if rules is None else (lambda event: rules(event, timestamp))
         return await parse_or_dead_letter(
-            self.broker, self.settings, topic, reading.model, record.value, key=record.key, rules=judge
+            self.broker,
+            self.settings,
+            topic,
+            reading.model,
+            record.value,
+            key=record.key,
+            rules=judge,
+            first_pass=reading.first_pass,
         )
