@@ -39,7 +39,8 @@ with the links; success is 200 with the body `ok`), Teams a message with one Ada
 URL is the credential) and have no `webhook_secret`; they are retried and logged like webhooks. A rule names at
 most one of `webhook`, `slack` and `teams`: they share the `{url}` recipients.
 
-The e-mail, SMS, webhook, Slack and Teams messages of an
+An account holds at most 50 rules (operator setting `ALERTS_MAX_RULES_PER_ACCOUNT`): one more is 422
+`validation_error` with `details[].field` = `rules`. The e-mail, SMS, webhook, Slack and Teams messages of an
 account's alerts are limited per day (`ALERTS_OUTSIDE_MESSAGES_PER_DAY`, default 50); one past the limit is not sent
 and shows in the rule's delivery log as `failed` with the reason in `error`. In-site notifications are never limited.
 

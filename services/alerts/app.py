@@ -40,6 +40,7 @@ def build(runtime: Runtime) -> Component:
         check_target=partial(webhook.creation_refusal, allow_private=settings.webhook_allow_private_targets),
         deliver=dispatcher.fire,
         outside_messages_per_day=settings.alerts_outside_messages_per_day,
+        max_rules=settings.alerts_max_rules_per_account,
     )
 
     # Keys that grow older than 90 days while nothing about them changes get their reminder here.

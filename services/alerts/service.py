@@ -147,6 +147,7 @@ class AlertsService:
         deliver: Deliver,
         *,
         outside_messages_per_day: int = 50,
+        max_rules: int = 50,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -154,6 +155,7 @@ class AlertsService:
         self._check_target = check_target
         self._deliver = deliver
         self._outside_per_day = outside_messages_per_day
+        self._max_rules = max_rules
 
     def _today(self) -> str:
         return self._clock().astimezone(self._tz).date().isoformat()
@@ -183,6 +185,11 @@ class AlertsService:
         period = self._period()
         key_id = body.scope.api_key_id if body.scope else None
         async with self._store.transaction() as tx:
+            if await tx.count_rules_locked(account_id) >= self._max_rules:
+                raise Invalid(
+                    f"The account has {self._max_rules} alert rules, the most it may have: delete one first.",
+                    details=[asdict(domain.Problem("rules", f"At most {self._max_rules} alert rules per account.", "too_many"))],
+                )
             # The references in the body, a recipient's user_id and the scope's key: one that is not a
             # live user or key of this account (unknown, removed or deleted, another account's) is
             # 422, the same for all three (as alerts learnt them from users.v1 and keys.v1).

@@ -121,6 +121,16 @@ async def list_rules(conn: Conn, account_id: UUID, current_windows: list[str], r
     ]
 
 
+async def count_rules_locked(conn: Conn, account_id: UUID) -> int:
+    """The account's rules, counted under a per-account lock held until the transaction ends, so
+    two creations at once cannot both take the last place."""
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('alerts.rules:' || %s::text, 0))", (account_id,))
+    cur = await conn.execute("SELECT count(*) AS n FROM alerts.rules WHERE account_id = %s", (account_id,))
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
 async def delete_rule(conn: Conn, account_id: UUID, rule_id: UUID) -> bool:
     cur = await conn.execute("DELETE FROM alerts.rules WHERE id = %s AND account_id = %s", (rule_id, account_id))
     return cur.rowcount == 1
@@ -539,6 +549,9 @@ class AlertsTx:
 
     async def list_rules(self, account_id: UUID, current_windows: list[str], rule_id: UUID | None = None) -> list[RuleView]:
         return await list_rules(self.conn, account_id, current_windows, rule_id)
+
+    async def count_rules_locked(self, account_id: UUID) -> int:
+        return await count_rules_locked(self.conn, account_id)
 
     async def delete_rule(self, account_id: UUID, rule_id: UUID) -> bool:
         return await delete_rule(self.conn, account_id, rule_id)

@@ -91,6 +91,22 @@ async def test_the_create_delete_loop_stops_sending_at_the_daily_budget_and_in_s
         assert [r["failed_deliveries"] for r in listed] == [2]
 
 
+async def test_two_creations_at_once_do_not_both_pass_the_rule_cap(settings):
+    settings = settings.model_copy(update={"alerts_max_rules_per_account": 6})
+    account = uuid.uuid4()
+    async with running_app(settings, targets=("alerts",)) as (app, client):
+        headers = await login(app, account)
+        rule = {"metric": "api_calls", "threshold_pct": 90, "channels": ["in_site"], "recipients": []}
+        answers = await asyncio.gather(*(client.post("/api/ai/usage/alert", json=rule, headers=headers) for _ in range(9)))
+        assert sorted(a.status_code for a in answers) == [201] * 6 + [422] * 3, [a.text for a in answers]
+        refused = next(a.json() for a in answers if a.status_code == 422)
+        assert refused["error"]["code"] == "validation_error"
+        assert refused["error"]["details"] == [
+            {"field": "rules", "message": "At most 6 alert rules per account.", "type": "too_many"}
+        ]
+        assert len((await client.get("/api/ai/usage/alert", headers=headers)).json()["rules"]) == 6
+
+
 async def test_two_firings_at_once_do_not_both_take_the_last_slot(settings):
     """Two transactions (a creation and a crossing, two consumers...) each read the budget, wait,
     then record: the row lock makes the second read what the first wrote."""

@@ -668,6 +668,9 @@ class FakeAlertsStore:
             del self.outside_messages[key]
         return len(old)
 
+    async def count_rules_locked(self, account_id: UUID) -> int:
+        return sum(1 for r in self.rules.values() if r.account_id == account_id)
+
     async def fired_rules(self, rule_ids: list[UUID], period: str) -> set[UUID]:
         return {f["rule_id"] for f in self.firings.values() if f["rule_id"] in rule_ids and f["period"] == period}
 

@@ -1,4 +1,4 @@
-"""The daily budget of outside alert messages, on fakes
+"""The daily budget of outside alert messages and the cap on rules per account, on fakes
 (services/alerts/service.py, domain.OutsideBudget): the pumping loop (create a rule that fires at
 creation, delete it, again) stops sending e-mail and SMS at the budget; in-site never stops."""
 
@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY
 
 from contracts.alerts_api import Channel, EmailRecipient, PhoneRecipient, RuleIn
 from contracts.common import AlertMetric, Resource
+from contracts.domain_errors import Invalid
 from contracts.events import QuotaState, QuotaThresholdCrossed
 from services.alerts import domain
 from services.alerts.service import AlertsService
@@ -44,6 +45,7 @@ def service(store, clock, deliver) -> AlertsService:
         no_refusal,
         deliver,
         outside_messages_per_day=BUDGET,
+        max_rules=5,
     )
 
 
@@ -157,6 +159,18 @@ async def test_a_crossing_is_budgeted_too_and_webhooks_count(service, store, del
     assert sent.count(Channel.WEBHOOK) == 3 and sent.count(Channel.IN_SITE) == 1
     assert sent.count(Channel.EMAIL) + sent.count(Channel.SMS) == 1
     assert [d["status"] for d in store.deliveries.values()].count("failed") == 1
+
+
+async def test_a_rule_past_the_cap_is_422_and_a_deleted_one_frees_its_place(service):
+    account = uuid.uuid4()
+    rules = [await service.create_rule(account, pumping_rule(n, threshold=90), audit=ACTOR) for n in range(5)]
+    with pytest.raises(Invalid) as refused:
+        await service.create_rule(account, pumping_rule(6, threshold=90), audit=ACTOR)
+    assert refused.value.details == [{"field": "rules", "message": "At most 5 alert rules per account.", "type": "too_many"}]
+    assert len((await service.list_rules(account)).rules) == 5
+    await service.create_rule(uuid.uuid4(), pumping_rule(6, threshold=90), audit=ACTOR)  # another account: its own cap
+    await service.delete_rule(account, rules[0].id, audit=ACTOR)
+    await service.create_rule(account, pumping_rule(6, threshold=90), audit=ACTOR)
 
 
 def test_split_never_holds_back_in_site_and_keeps_the_order():

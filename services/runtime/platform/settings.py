@@ -55,6 +55,8 @@ class Settings(BaseSettings):
     # per message and a sender's reputation; webhooks, Slack and Teams hit outside hosts) per account
     # and calendar day of the platform time zone; beyond it a delivery is logged as not sent.
     alerts_outside_messages_per_day: int = Field(default=50, ge=0)
+    # Alert rules one account may hold: bounds what one crossing fans out to.
+    alerts_max_rules_per_account: int = Field(default=50, gt=0)
     log_level: str = "INFO"
     # A TOML price table that replaces the one shipped with metering (services/metering/data/prices.toml).
     metering_prices_file: str | None = None
