@@ -39,6 +39,11 @@ with the links; success is 200 with the body `ok`), Teams a message with one Ada
 URL is the credential) and have no `webhook_secret`; they are retried and logged like webhooks. A rule names at
 most one of `webhook`, `slack` and `teams`: they share the `{url}` recipients.
 
+An account holds at most 50 rules (operator setting `ALERTS_MAX_RULES_PER_ACCOUNT`): one more is 422
+`validation_error` with `details[].field` = `rules`. The e-mail, SMS, webhook, Slack and Teams messages of an
+account's alerts are limited per day (`ALERTS_OUTSIDE_MESSAGES_PER_DAY`, default 50); one past the limit is not sent
+and shows in the rule's delivery log as `failed` with the reason in `error`. In-site notifications are never limited.
+
 Extension: the response also carries `created_at` and `failed_deliveries`."""
 
 
@@ -57,7 +62,7 @@ def build_router(runtime: Runtime, service: AlertsService) -> APIRouter:
         response_model=RuleList,
         description="The account's rules with `fired_this_period` (fired in the current period of the platform time "
         "zone) and `last_fired_at`. Extension: `created_at`, and `failed_deliveries` (messages that exhausted their "
-        "retries; see `.../{id}/deliveries`).",
+        "retries or were held back by the daily limit of outside messages; see `.../{id}/deliveries`).",
     )
     async def list_rules(principal: Principal = can_read) -> RuleList:
         return await service.list_rules(principal.account_id)

@@ -39,6 +39,8 @@ def build(runtime: Runtime) -> Component:
         settings.tz,
         check_target=partial(webhook.creation_refusal, allow_private=settings.webhook_allow_private_targets),
         deliver=dispatcher.fire,
+        outside_messages_per_day=settings.alerts_outside_messages_per_day,
+        max_rules=settings.alerts_max_rules_per_account,
     )
 
     # Keys that grow older than 90 days while nothing about them changes get their reminder here.
@@ -50,7 +52,16 @@ def build(runtime: Runtime) -> Component:
         log=log,
     )
 
+    budgets = Periodic(
+        "alerts:outside-budgets",
+        settings.prune_interval_seconds,
+        service.forget_old_budgets,
+        what="deleting old outside-message budgets",
+        log=log,
+    )
+
     async def stop() -> None:
+        await budgets.stop()
         await reminders.stop()
         await dispatcher.stop()
         await relay.stop()
@@ -62,7 +73,7 @@ def build(runtime: Runtime) -> Component:
         router=api.build_router(runtime, service),
         subscribers=consumers.build_router(service, runtime.broker, settings),
         migrations=Path(__file__).parent / "migrations",
-        on_start=[relay.start, dispatcher.start, reminders.start],
+        on_start=[relay.start, dispatcher.start, reminders.start, budgets.start],
         on_stop=[stop],
     )
     return component

@@ -1,7 +1,7 @@
 """The alert rules, free of I/O: what a rule accepts, when it fires, what it sends to whom."""
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 from urllib.parse import urlsplit
 from uuid import UUID
@@ -167,6 +167,59 @@ def plan_deliveries(account_id: UUID, channels: Iterable[Channel], recipients: S
         keys = dict.fromkeys(recipient_key(r) for r in recipients if isinstance(r, kind))
         planned.extend(PlannedDelivery(channel, key) for key in keys)
     return planned
+
+
+# ---- the daily budget of outside messages -------------------------------------------------------
+# Every channel but in-site sends out of the platform: e-mail and SMS cost money per message (SMS
+# pumping) and the sending domain's reputation; webhook, Slack and Teams posts hit hosts the account
+# names without proving they are its own. In-site stays in the account's inbox and is never held back.
+OUTSIDE_CHANNELS = frozenset(Channel) - {Channel.IN_SITE}
+
+
+@dataclass
+class OutsideBudget:
+    """An account's outside messages of one day (`day`, ISO date in the platform time zone):
+    `queued` so far of `per_day`, `suppressed` beyond it. Read with its row locked, so concurrent
+    firings of one account take the last slots one after the other; `held_back` are the channels
+    refused in this transaction (for the metric)."""
+
+    day: str
+    per_day: int
+    queued: int = 0
+    suppressed: int = 0
+    held_back: list[Channel] = field(default_factory=list)
+    _suppressed_before: int | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self._suppressed_before = self.suppressed
+
+    def split(self, planned: Sequence[PlannedDelivery]) -> tuple[list[PlannedDelivery], list[PlannedDelivery]]:
+        """(sent, held back): in-site always goes; outside messages while the day has room, in order."""
+        sent: list[PlannedDelivery] = []
+        held: list[PlannedDelivery] = []
+        for delivery in planned:
+            if delivery.channel not in OUTSIDE_CHANNELS:
+                sent.append(delivery)
+            elif self.queued < self.per_day:
+                self.queued += 1
+                sent.append(delivery)
+            else:
+                self.suppressed += 1
+                self.held_back.append(delivery.channel)
+                held.append(delivery)
+        return sent, held
+
+    @property
+    def first_reached(self) -> bool:
+        """This transaction held back the day's first message: the one log line of the day."""
+        return self._suppressed_before == 0 and self.suppressed > 0
+
+    def reason(self) -> str:
+        """The delivery log's `error` of a message held back."""
+        return (
+            f"not sent: the account's daily limit of {self.per_day} outside alert messages (e-mail, SMS, webhook, "
+            f"Slack, Teams) is reached for {self.day}; in-site notifications still arrive"
+        )
 
 
 # ---- when a rule fires ------------------------------------------------------------------------

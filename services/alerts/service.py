@@ -3,11 +3,15 @@ crossing, keeping the latest quota states, the in-site inbox. Each runs in one t
 store; the deliveries a firing records are handed to `deliver` (the dispatcher) after the commit:
 a crash from there on leaves them pending for the dispatcher's sweep."""
 
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict
+from datetime import timedelta
 from typing import Any, Protocol
 from uuid import UUID
 from zoneinfo import ZoneInfo
+
+from prometheus_client import Counter
 
 from contracts.alerts_api import (
     Channel,
@@ -43,8 +47,21 @@ class TargetCheck(Protocol):
 
 Deliver = Callable[[Iterable[UUID]], None]
 
+log = logging.getLogger(__name__)
 
-async def record_crossing(tx: AlertsTx, event: QuotaThresholdCrossed, tz: ZoneInfo) -> list[UUID]:
+HELD_BACK = Counter(
+    "tollgate_alerts_held_back_total",
+    "Alert deliveries not sent because the account reached its daily limit of outside messages "
+    "(ALERTS_OUTSIDE_MESSAGES_PER_DAY), by channel (unit: deliveries)",
+    ["channel"],
+)
+for _channel in domain.OUTSIDE_CHANNELS:  # on /metrics at 0 from the start
+    HELD_BACK.labels(_channel.value)
+
+
+async def record_crossing(
+    tx: AlertsTx, event: QuotaThresholdCrossed, tz: ZoneInfo, budget: "BudgetOf | None" = None
+) -> list[UUID]:
     """Record a firing (and its deliveries) for every rule the crossing reaches that has not fired
     this period; returns the new delivery ids. The unique constraint settles any race.
     (v4) A crossing of one key's limit reaches only the rules scoped to that key, and fires once
@@ -60,12 +77,33 @@ async def record_crossing(tx: AlertsTx, event: QuotaThresholdCrossed, tz: ZoneIn
     by_id = {r.id: r for r in rules}
     already = await tx.fired_rules(list(by_id), period)
     due = domain.rules_to_fire((domain.RuleThreshold(r.id, r.threshold_pct) for r in rules), event.threshold_pct, already)
+    # The budget's row is locked before any firing row is written, as at a rule's creation: one
+    # lock order for every transaction of the account.
+    outside = await budget(tx, event.account_id) if budget is not None and due else None
     delivery_ids: list[UUID] = []
     for item in due:
         delivery_ids += await tx.record_firing(
-            Firing(by_id[item.rule_id], period, event.used, event.total, "crossing", event.id, event.limit_period)
+            Firing(by_id[item.rule_id], period, event.used, event.total, "crossing", event.id, event.limit_period, outside)
         )
     return delivery_ids
+
+
+BudgetOf = Callable[[AlertsTx, UUID], Awaitable[domain.OutsideBudget]]
+
+
+def report_held_back(account_id: UUID, budget: domain.OutsideBudget) -> None:
+    """The metric for every message held back; one log line per account and day (the first).
+    Called after the commit: a rolled-back transaction held nothing back."""
+    for channel in budget.held_back:
+        HELD_BACK.labels(channel.value).inc()
+    if budget.first_reached:
+        log.warning(
+            "alerts: account %s reached its daily limit of %d outside alert messages on %s; further e-mail, SMS, "
+            "webhook, Slack and Teams alerts are not sent until the next day (in-site ones are)",
+            account_id,
+            budget.per_day,
+            budget.day,
+        )
 
 
 def _rule_out(view: RuleView) -> RuleOut:
@@ -100,12 +138,31 @@ def _notification_out(row: Row) -> NotificationOut:
 
 
 class AlertsService:
-    def __init__(self, store: AlertsStore, clock: Clock, tz: ZoneInfo, check_target: TargetCheck, deliver: Deliver) -> None:
+    def __init__(
+        self,
+        store: AlertsStore,
+        clock: Clock,
+        tz: ZoneInfo,
+        check_target: TargetCheck,
+        deliver: Deliver,
+        *,
+        outside_messages_per_day: int = 50,
+        max_rules: int = 50,
+    ) -> None:
         self._store = store
         self._clock = clock
         self._tz = tz
         self._check_target = check_target
         self._deliver = deliver
+        self._outside_per_day = outside_messages_per_day
+        self._max_rules = max_rules
+
+    def _today(self) -> str:
+        return self._clock().astimezone(self._tz).date().isoformat()
+
+    async def _outside_budget(self, tx: AlertsTx, account_id: UUID) -> domain.OutsideBudget:
+        """The account's outside messages of today, locked for this transaction."""
+        return await tx.lock_outside_budget(account_id, self._today(), self._outside_per_day)
 
     def _period(self) -> str:
         return period_of(self._clock(), self._tz)
@@ -128,6 +185,11 @@ class AlertsService:
         period = self._period()
         key_id = body.scope.api_key_id if body.scope else None
         async with self._store.transaction() as tx:
+            if await tx.count_rules_locked(account_id) >= self._max_rules:
+                raise Invalid(
+                    f"The account has {self._max_rules} alert rules, the most it may have: delete one first.",
+                    details=[asdict(domain.Problem("rules", f"At most {self._max_rules} alert rules per account.", "too_many"))],
+                )
             # The references in the body, a recipient's user_id and the scope's key: one that is not a
             # live user or key of this account (unknown, removed or deleted, another account's) is
             # 422, the same for all three (as alerts learnt them from users.v1 and keys.v1).
@@ -142,13 +204,18 @@ class AlertsService:
                 account_id, body.metric, body.threshold_pct, body.channels, body.recipients, self._clock(), secret, key_id
             )
             delivery_ids: list[UUID] = []
+            budget: domain.OutsideBudget | None = None
             # An account rule already passed fires now; a key rule waits for its key's next crossing
             # (alerts keeps no per-key standing: quota.v1's key states are the edge's).
             state = None if key_id else await tx.quota_state(account_id, Resource(rule.resource))
             if state is not None and domain.fires_at_creation(
                 rule.threshold_pct, rule.resource, state["period"], state["used"], state["total"], period
             ):
-                delivery_ids = await tx.record_firing(Firing(rule, period, state["used"], state["total"], "creation"))
+                # Firing at creation is what a create/delete loop repeats: the day's budget bounds it.
+                budget = await self._outside_budget(tx, account_id)
+                delivery_ids = await tx.record_firing(
+                    Firing(rule, period, state["used"], state["total"], "creation", budget=budget)
+                )
             views = await tx.list_rules(account_id, self._current_windows(), rule_id=rule.id)
             details = {
                 "metric": rule.metric.value,
@@ -157,6 +224,8 @@ class AlertsService:
                 **({"api_key_id": str(key_id)} if key_id else {}),
             }
             await self._audit(tx, audit, account_id, AuditAction.ALERT_RULE_CREATED, rule.id, details)
+        if budget is not None:
+            report_held_back(account_id, budget)
         self._deliver(delivery_ids)
         return RuleCreated(**_rule_out(views[0]).model_dump(), webhook_secret=secret)
 
@@ -206,9 +275,17 @@ class AlertsService:
 
     # ---- from quota ----------------------------------------------------------------------------
     async def fire_crossing(self, event: QuotaThresholdCrossed) -> None:
+        taken: list[domain.OutsideBudget] = []
+
+        async def budget(tx: AlertsTx, account_id: UUID) -> domain.OutsideBudget:
+            taken.append(await self._outside_budget(tx, account_id))
+            return taken[-1]
+
         async with self._store.transaction() as tx:
-            delivery_ids = await record_crossing(tx, event, self._tz)
-        self._deliver(delivery_ids)  # after the commit
+            delivery_ids = await record_crossing(tx, event, self._tz, budget)
+        for outside in taken:  # after the commit, like the deliveries
+            report_held_back(event.account_id, outside)
+        self._deliver(delivery_ids)
 
     async def save_quota_state(self, state: QuotaState) -> None:
         """Keep the newest state per account and resource (for rules created later)."""
@@ -263,6 +340,14 @@ class AlertsService:
             ):
                 posted += 1
         return posted
+
+    # ---- the outside-message budget ------------------------------------------------------------
+    async def forget_old_budgets(self) -> int:
+        """Delete the budget rows of days before yesterday (today's and yesterday's are kept for
+        an operator's look); returns how many."""
+        before = (self._clock().astimezone(self._tz).date() - timedelta(days=1)).isoformat()
+        async with self._store.transaction() as tx:
+            return await tx.prune_outside_budgets(before)
 
     # ---- the in-site inbox -----------------------------------------------------------------------
     async def notifications(self, account_id: UUID, limit: int, unread_only: bool) -> NotificationList:

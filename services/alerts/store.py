@@ -121,6 +121,16 @@ async def list_rules(conn: Conn, account_id: UUID, current_windows: list[str], r
     ]
 
 
+async def count_rules_locked(conn: Conn, account_id: UUID) -> int:
+    """The account's rules, counted under a per-account lock held until the transaction ends, so
+    two creations at once cannot both take the last place."""
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('alerts.rules:' || %s::text, 0))", (account_id,))
+    cur = await conn.execute("SELECT count(*) AS n FROM alerts.rules WHERE account_id = %s", (account_id,))
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
 async def delete_rule(conn: Conn, account_id: UUID, rule_id: UUID) -> bool:
     cur = await conn.execute("DELETE FROM alerts.rules WHERE id = %s AND account_id = %s", (rule_id, account_id))
     return cur.rowcount == 1
@@ -175,6 +185,9 @@ class Firing:
     cause: str
     event_id: UUID | None = None
     limit_period: LimitPeriod | None = None  # (v4) a key rule's firing: the period of the limit crossed
+    # The account's day of outside messages, locked (lock_outside_budget); None: not budgeted
+    # (only tests that drive the store directly)
+    budget: domain.OutsideBudget | None = None
 
 
 async def record_firing(conn: Conn, firing: Firing) -> list[UUID]:
@@ -205,13 +218,52 @@ async def record_firing(conn: Conn, firing: Firing) -> list[UUID]:
     if row is None:
         return []
     planned = domain.plan_deliveries(rule.account_id, rule.channels, rule.recipients)
+    held: list[domain.PlannedDelivery] = []
+    if firing.budget is not None:
+        planned, held = firing.budget.split(planned)
+        await save_outside_budget(conn, rule.account_id, firing.budget)
     ids = [uuid4() for _ in planned]
     async with conn.cursor() as cursor:
         await cursor.executemany(
             "INSERT INTO alerts.deliveries (id, firing_id, channel, recipient) VALUES (%s, %s, %s, %s)",
             [(i, row["id"], p.channel.value, p.recipient) for i, p in zip(ids, planned, strict=True)],
         )
+        if held:
+            assert firing.budget is not None
+            # final at once and never sent: the delivery log shows why (its `error`)
+            await cursor.executemany(
+                "INSERT INTO alerts.deliveries (id, firing_id, channel, recipient, status, last_error)"
+                " VALUES (%s, %s, %s, %s, 'failed', %s)",
+                [(uuid4(), row["id"], p.channel.value, p.recipient, firing.budget.reason()) for p in held],
+            )
     return ids
+
+
+async def lock_outside_budget(conn: Conn, account_id: UUID, day: str, per_day: int) -> domain.OutsideBudget:
+    """The account's outside messages of `day`, its row locked until the transaction ends (an upsert:
+    the first firing of the day creates it; a concurrent one waits for it and reads it committed)."""
+    cur = await conn.execute(
+        """INSERT INTO alerts.outside_messages AS b (account_id, day) VALUES (%s, %s)
+           ON CONFLICT (account_id, day) DO UPDATE SET queued = b.queued
+           RETURNING queued, suppressed""",
+        (account_id, day),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return domain.OutsideBudget(day, per_day, row["queued"], row["suppressed"])
+
+
+async def save_outside_budget(conn: Conn, account_id: UUID, budget: domain.OutsideBudget) -> None:
+    await conn.execute(
+        "UPDATE alerts.outside_messages SET queued = %s, suppressed = %s WHERE account_id = %s AND day = %s",
+        (budget.queued, budget.suppressed, account_id, budget.day),
+    )
+
+
+async def prune_outside_budgets(conn: Conn, before_day: str) -> int:
+    """Forget the days no budget reads any more."""
+    cur = await conn.execute("DELETE FROM alerts.outside_messages WHERE day < %s", (before_day,))
+    return cur.rowcount
 
 
 async def fired_rules(conn: Conn, rule_ids: list[UUID], period: str) -> set[UUID]:
@@ -332,7 +384,7 @@ async def list_deliveries(conn: Conn, account_id: UUID, rule_id: UUID) -> list[R
     with attempt 0 (its creation time, and when it is due)."""
     cur = await conn.execute(
         """SELECT coalesce(a.id, d.id) AS id, coalesce(a.time, d.created_at) AS time, coalesce(a.attempt, 0) AS attempt,
-                  a.status_code, a.error,
+                  a.status_code, CASE WHEN a.id IS NULL THEN d.last_error ELSE a.error END AS error,
                   CASE WHEN a.id IS NOT NULL THEN a.next_attempt_at
                        WHEN d.status = 'pending' THEN coalesce(d.next_attempt_at, d.created_at) END
                       AS next_attempt_at,
@@ -498,6 +550,9 @@ class AlertsTx:
     async def list_rules(self, account_id: UUID, current_windows: list[str], rule_id: UUID | None = None) -> list[RuleView]:
         return await list_rules(self.conn, account_id, current_windows, rule_id)
 
+    async def count_rules_locked(self, account_id: UUID) -> int:
+        return await count_rules_locked(self.conn, account_id)
+
     async def delete_rule(self, account_id: UUID, rule_id: UUID) -> bool:
         return await delete_rule(self.conn, account_id, rule_id)
 
@@ -520,6 +575,12 @@ class AlertsTx:
 
     async def fired_rules(self, rule_ids: list[UUID], period: str) -> set[UUID]:
         return await fired_rules(self.conn, rule_ids, period)
+
+    async def lock_outside_budget(self, account_id: UUID, day: str, per_day: int) -> domain.OutsideBudget:
+        return await lock_outside_budget(self.conn, account_id, day, per_day)
+
+    async def prune_outside_budgets(self, before_day: str) -> int:
+        return await prune_outside_budgets(self.conn, before_day)
 
     async def list_deliveries(self, account_id: UUID, rule_id: UUID) -> list[Row]:
         return await list_deliveries(self.conn, account_id, rule_id)

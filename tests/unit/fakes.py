@@ -540,6 +540,7 @@ class FakeAlertsStore:
         self.notifications: dict[UUID, dict[str, Any]] = {}
         self.keys: dict[UUID, dict[str, Any]] = {}
         self.users: dict[UUID, dict[str, Any]] = {}  # users.v1: each user's account, whether removed
+        self.outside_messages: dict[tuple[UUID, str], tuple[int, int]] = {}  # (account, day): (queued, suppressed)
         self.outbox: list[tuple[str, bytes, bytes | None]] = []  # (topic, key, value), rolled back with the rest
 
     @asynccontextmanager
@@ -633,21 +634,42 @@ class FakeAlertsStore:
             "api_key_id": rule.api_key_id,
             "limit_period": firing.limit_period,
         }
+        planned = alerts_domain.plan_deliveries(rule.account_id, rule.channels, rule.recipients)
+        held: list[alerts_domain.PlannedDelivery] = []
+        if firing.budget is not None:
+            planned, held = firing.budget.split(planned)
+            self.outside_messages[(rule.account_id, firing.budget.day)] = (firing.budget.queued, firing.budget.suppressed)
         ids = []
-        for planned in alerts_domain.plan_deliveries(rule.account_id, rule.channels, rule.recipients):
-            ids.append(uuid.uuid4())
-            self.deliveries[ids[-1]] = {
+        for delivery, status in [*((p, "pending") for p in planned), *((p, "failed") for p in held)]:
+            delivery_id = uuid.uuid4()
+            if status == "pending":
+                ids.append(delivery_id)
+            self.deliveries[delivery_id] = {
                 "rule_id": rule.id,
                 "account_id": rule.account_id,
-                "channel": planned.channel,
-                "recipient": planned.recipient,
-                "status": "pending",
+                "channel": delivery.channel,
+                "recipient": delivery.recipient,
+                "status": status,
+                "last_error": firing.budget.reason() if firing.budget is not None and status == "failed" else None,
                 "period": firing.period,
                 "threshold_pct": rule.threshold_pct,
                 "created_at": datetime.now(UTC),
                 "sent_at": None,
             }
         return ids
+
+    async def lock_outside_budget(self, account_id: UUID, day: str, per_day: int) -> alerts_domain.OutsideBudget:
+        queued, suppressed = self.outside_messages.setdefault((account_id, day), (0, 0))
+        return alerts_domain.OutsideBudget(day, per_day, queued, suppressed)
+
+    async def prune_outside_budgets(self, before_day: str) -> int:
+        old = [k for k in self.outside_messages if k[1] < before_day]
+        for key in old:
+            del self.outside_messages[key]
+        return len(old)
+
+    async def count_rules_locked(self, account_id: UUID) -> int:
+        return sum(1 for r in self.rules.values() if r.account_id == account_id)
 
     async def fired_rules(self, rule_ids: list[UUID], period: str) -> set[UUID]:
         return {f["rule_id"] for f in self.firings.values() if f["rule_id"] in rule_ids and f["period"] == period}
@@ -659,12 +681,11 @@ class FakeAlertsStore:
                 "time": datetime.now(UTC),
                 "attempt": 0,
                 "status_code": None,
-                "error": None,
+                "error": d["last_error"],
                 "next_attempt_at": None,
                 "delivery_id": i,
                 "firing_id": i,
                 "attempts": 0,
-                "last_error": None,
                 **d,
             }
             for i, d in self.deliveries.items()

@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     webhook_retry_initial_seconds: float = Field(default=30.0, gt=0)
     webhook_retry_max_seconds: float = Field(default=3600.0, gt=0)
     webhook_retry_window_seconds: float = Field(default=24 * 3600.0, ge=0)
+    # Alert messages that leave the platform (every channel but in-site: e-mail and SMS cost money
+    # per message and a sender's reputation; webhooks, Slack and Teams hit outside hosts) per account
+    # and calendar day of the platform time zone; beyond it a delivery is logged as not sent.
+    alerts_outside_messages_per_day: int = Field(default=50, ge=0)
+    # Alert rules one account may hold: bounds what one crossing fans out to.
+    alerts_max_rules_per_account: int = Field(default=50, gt=0)
     log_level: str = "INFO"
     # A TOML price table that replaces the one shipped with metering (services/metering/data/prices.toml).
     metering_prices_file: str | None = None
