@@ -131,7 +131,8 @@ def build_router(runtime: Runtime, service: BillingService) -> APIRouter:
     @router.post(
         "/api/billing/orders/{order_id}/pay",
         description=(
-            "Pays the order through the payment provider; effects are immediate (the billing.v1 event is in Kafka "
+            "Pays the order through the payment provider (an order of 0.00 is paid without a charge); effects are "
+            "immediate (the billing.v1 event is in Kafka "
             "and applied by this process when this returns: the next call is judged by the new totals; other "
             "replicas apply it within milliseconds). 503 service_unavailable if Kafka does not acknowledge in time: "
             "the payment is made and in force shortly. Paying a paid order returns it unchanged. 409 conflict when "
@@ -151,7 +152,10 @@ def build_router(runtime: Runtime, service: BillingService) -> APIRouter:
         description=(
             "200 with the subscription for downgrades and changes that cost nothing now (applied at once); for an "
             "upgrade, 402 payment_required with the pending order in error.details.order (pay it with "
-            f"POST /api/billing/orders/{{id}}/pay). {PRORATION} {RULE} {CONSOLE}"
+            "POST /api/billing/orders/{id}/pay). An upgrade whose prorated amount rounds to 0.00 (the last minutes "
+            "of a period) answers 200 too, and is still an order: made and paid at once (0.00, no provider charge), "
+            "invoiced, and in the audit log as order.created and order.paid, like a paid upgrade. "
+            f"{PRORATION} {RULE} {CONSOLE}"
         ),
         responses={402: {"model": ErrorBody, "description": "An upgrade: pay the order in error.details.order"}},
     )

@@ -152,7 +152,10 @@ def package_amount(resource: Resource, amount: int, prices: dict[Resource, Packa
 
 class SwitchKind(Enum):
     UNCHANGED = "unchanged"
-    IMMEDIATE = "immediate"  # a downgrade or a change that costs nothing now
+    IMMEDIATE = "immediate"  # a downgrade or a change to a plan of the same price: nothing to pay
+    # An upgrade whose prorated amount rounds to 0.00 (the last minutes of a period): its 0.00
+    # order is made and paid at once, with its invoice and audit entries, like any upgrade's.
+    FREE_UPGRADE = "free_upgrade"
     NEEDS_PAYMENT = "needs_payment"
 
 
@@ -160,9 +163,9 @@ def classify_switch(user_type: UserType, current: Plan, target: Plan, upgrade_am
     ensure_plan_allowed(user_type, target.tier)
     if target.tier is current.tier:
         return SwitchKind.UNCHANGED
-    if target.monthly_price <= current.monthly_price or upgrade_amount <= 0:
+    if target.monthly_price <= current.monthly_price:
         return SwitchKind.IMMEDIATE
-    return SwitchKind.NEEDS_PAYMENT
+    return SwitchKind.FREE_UPGRADE if upgrade_amount <= 0 else SwitchKind.NEEDS_PAYMENT
 
 
 def ensure_upgrade(current: Plan, target: Plan) -> None:

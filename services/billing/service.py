@@ -43,6 +43,8 @@ from services.billing.store import AccountRow, InvoiceRow, OrderRow, PlanRow
 
 # What a payment or a switch publishes and this process's edge applies before the answer.
 BillingFact = PlanChanged | PackagePurchased
+# The payment reference of an order of 0.00, which no provider is asked to charge.
+NO_CHARGE = "no-charge"
 
 
 class Tx(Protocol):
@@ -294,27 +296,36 @@ class BillingService:
             domain.ensure_plan_allowed(account.user_type, order.plan)  # the user type may have changed since
             if order.previous_plan is not account.plan:
                 raise BillingConflict("The plan changed since this order was made; create a new order.")
-        charge = await self.provider.charge(order.id, account_id, order.amount, order.currency)
-        await tx.mark_paid(order.id, now, charge.reference)
+        fact = await self._settle(tx, account, order, now, audit)
+        paid = await tx.lock_order(order_id, account_id)
+        assert paid is not None
+        return self._out(paid), [fact]
+
+    async def _settle(self, tx: Tx, account: AccountRow, order: OrderRow, now: datetime, audit: AuditContext) -> BillingFact:
+        """Charge a pending order, mark it paid, invoice it and apply its effect: its billing.v1 fact."""
+        account_id = order.account_id
+        # Nothing to charge: no call to the provider (a real one refuses a zero charge); the order
+        # is paid all the same, so the change keeps its order, invoice and audit entries.
+        reference = NO_CHARGE
+        if order.amount > 0:
+            reference = (await self.provider.charge(order.id, account_id, order.amount, order.currency)).reference
+        await tx.mark_paid(order.id, now, reference)
         await self._audit(tx, audit, order, now, AuditAction.ORDER_PAID)
         await self._issue_invoice(tx, order.id, account, now)
         if order.kind == "plan_upgrade":
             assert order.plan is not None
-            fact: BillingFact = await self._change_plan(tx, account_id, account.plan, order.plan, now)
-        else:
-            assert order.resource is not None and order.quantity is not None
-            fact = PackagePurchased(
-                time=now,
-                account_id=account_id,
-                resource=order.resource,
-                amount=order.quantity,
-                period=order.period,
-                order_id=order.id,
-            )
-            await self.outbox.add(tx.conn, BILLING, str(account_id).encode(), fact.model_dump_json().encode())
-        paid = await tx.lock_order(order_id, account_id)
-        assert paid is not None
-        return self._out(paid), [fact]
+            return await self._change_plan(tx, account_id, account.plan, order.plan, now)
+        assert order.resource is not None and order.quantity is not None
+        fact = PackagePurchased(
+            time=now,
+            account_id=account_id,
+            resource=order.resource,
+            amount=order.quantity,
+            period=order.period,
+            order_id=order.id,
+        )
+        await self.outbox.add(tx.conn, BILLING, str(account_id).encode(), fact.model_dump_json().encode())
+        return fact
 
     async def _issue_invoice(self, tx: Tx, order_id: UUID, account: AccountRow, now: datetime) -> None:
         """The invoice, numbered in the payment's transaction (a rollback takes the number back)."""
@@ -327,7 +338,7 @@ class BillingService:
         now = self.clock()
         period, start, end = bounds_of(now, self.tz)
         plans = catalogue()
-        order: OrderRow | None = None
+        to_pay: OrderRow | None = None
         facts: list[BillingFact] = []
         async with self.store.transaction() as tx:
             account = await self._lock_for_plan(tx, account_id)
@@ -346,13 +357,17 @@ class BillingService:
                     previous_plan=account.plan.value,
                 )
                 await self.outbox.add(tx.conn, AUDIT, str(account_id).encode(), entry.model_dump_json().encode())
-            elif kind is SwitchKind.NEEDS_PAYMENT:
-                order = self._new_order(account_id, "plan_upgrade", amount, period, now, plan=tier, previous=account.plan)
-                await tx.insert_order(order)
-                await self._audit(tx, audit, order, now, AuditAction.ORDER_CREATED)
+            elif kind in (SwitchKind.FREE_UPGRADE, SwitchKind.NEEDS_PAYMENT):
+                upgrade = self._new_order(account_id, "plan_upgrade", amount, period, now, plan=tier, previous=account.plan)
+                await tx.insert_order(upgrade)
+                await self._audit(tx, audit, upgrade, now, AuditAction.ORDER_CREATED)
+                if kind is SwitchKind.FREE_UPGRADE:  # 0.00: paid at once, as its payment would
+                    facts.append(await self._settle(tx, account, upgrade, now, audit))
+                else:
+                    to_pay = upgrade
             user_type = account.user_type
-        if order is not None:
-            raise OrderToPay(self._out(order))
+        if to_pay is not None:
+            raise OrderToPay(self._out(to_pay))
         await self.edge.deliver(facts)
         return Subscription(plan=tier, user_type=user_type, period=PeriodRange(start=start, end=end))
 

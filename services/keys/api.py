@@ -33,6 +33,7 @@ from contracts.service_tokens_api import ServiceTokenCreated, ServiceTokenCreate
 from services.edge import Principal, Runtime, client_ip, forwarded_for, parse_networks
 from services.keys import domain
 from services.keys.login_throttle import LoginThrottle
+from services.keys.registration_throttle import RegistrationThrottle, limit_for
 from services.keys.service import KeysService
 from services.keys.store import Row
 
@@ -94,7 +95,13 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
     console_keys_write = edge.requires(Permission.KEYS_WRITE, console_only=True)
     console_billing_write = edge.requires(Permission.BILLING_WRITE, console_only=True)
     throttle, trusted = LoginThrottle(), parse_networks(runtime.settings.trusted_proxies)
+    signups = RegistrationThrottle(limit_for(service.hasher))
     operator = edge.requires_operator()
+
+    def caller_ip(request: Request) -> str:
+        """The client's address: X-Forwarded-For believed only from TRUSTED_PROXIES."""
+        peer = request.client.host if request.client is not None else ""
+        return client_ip(peer, forwarded_for(request.headers), trusted)
 
     def with_usage(key: KeyObject) -> KeyObject:
         # (v4) The key's usage against its limits comes from this process's edge, which holds every
@@ -107,9 +114,12 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         status_code=201,
         description="Creates an account (roles `[owner]`, plan `free`) and its registering user, its `owner`, whose "
         "user id is the account id (its users.v1 state is published here). Extension: 409 `conflict` if any user "
-        "(a member of any account too) has the e-mail.",
+        "(a member of any account too) has the e-mail; 429 `rate_limited` with `Retry-After` after too many sign-ups "
+        "from the client IP (services/keys/registration_throttle.py: 20 in 10 minutes per process), before any "
+        "password is hashed.",
     )
-    async def register(body: RegisterRequest) -> Account:
+    async def register(body: RegisterRequest, request: Request) -> Account:
+        signups.admit(caller_ip(request))
         return _account(await service.register(body))
 
     @api.post(
@@ -119,8 +129,7 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         "`Retry-After` after too many failures for the e-mail or from the client IP (services/keys/login_throttle.py).",
     )
     async def login(body: LoginRequest, request: Request) -> LoginResponse:
-        peer = request.client.host if request.client is not None else ""
-        with throttle.attempt(body.email, client_ip(peer, forwarded_for(request.headers), trusted)):
+        with throttle.attempt(body.email, caller_ip(request)):
             token, ttl = await service.login(body.email, body.password)
         return LoginResponse(access_token=token, expires_in=ttl)
 

@@ -7,11 +7,11 @@ import asyncio
 import hmac
 import secrets
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Protocol, TypeVar
 from uuid import UUID, uuid4
 
 from argon2 import PasswordHasher
@@ -43,10 +43,18 @@ from services.keys.published import Published
 from services.keys.store import KeysTx, Row
 
 # The topics whose every state the keys service owns and can publish again from Postgres.
+T = TypeVar("T")
+
 REPUBLISHED_TOPICS: tuple[str, ...] = (ACCOUNTS.name, USERS.name, KEYS.name, SERVICE_TOKENS.name, SESSIONS.name)
 
 # Service tokens' last_used_at is written at most this often (approximate to it, by design).
 SERVICE_TOKEN_USES_EVERY_S = 5.0
+
+# argon2 hashes and checks running at once in this process, whatever arrives: each takes 64 MiB and
+# ~0.4 s of a core (argon2-cffi's defaults), so a burst of sign-ups or logins from many addresses
+# (each within its throttle) holds at most 256 MiB, and leaves the rest of asyncio's default thread
+# pool (min(32, cores + 4) threads, shared with metering's ClickHouse reads) to the other work.
+HASHES_IN_FLIGHT = 4
 
 
 @dataclass
@@ -102,8 +110,14 @@ class KeysService:
         self.session_ttl_seconds = session_ttl_seconds
         self._uses_written_at = time.monotonic()
         self.hasher = hasher or PasswordHasher()
+        self._hashing = asyncio.Semaphore(HASHES_IN_FLIGHT)
         # Verified against when the e-mail is unknown, so both failures cost the same time.
         self._dummy_hash = self.hasher.hash(secrets.token_urlsafe(16))
+
+    async def _argon2(self, work: Callable[..., T], *args: str) -> T:
+        """One argon2 hash or check, off the event loop, at most HASHES_IN_FLIGHT at once."""
+        async with self._hashing:
+            return await asyncio.to_thread(work, *args)
 
     # ---- publishing ------------------------------------------------------------------------
     async def _emit_key(self, tx: KeysTx, state: KeyState, changes: Changes) -> None:
@@ -153,7 +167,7 @@ class KeysService:
 
     # ---- accounts ----------------------------------------------------------------------------
     async def register(self, body: RegisterRequest) -> Row:
-        password_hash = await asyncio.to_thread(self.hasher.hash, body.password)
+        password_hash = await self._argon2(self.hasher.hash, body.password)
         now = self.clock()
         changes = Changes()
         async with self.store.transaction() as tx:
@@ -192,12 +206,12 @@ class KeysService:
             row = await tx.user_by_email(domain.normalize_email(email))
         stored = row["password_hash"] if row is not None else self._dummy_hash
         try:
-            await asyncio.to_thread(self.hasher.verify, stored, password)
+            await self._argon2(self.hasher.verify, stored, password)
         except (VerificationError, InvalidHashError):
             raise InvalidCredentials() from None
         if row is None:
             raise InvalidCredentials()
-        rehashed = await asyncio.to_thread(self.hasher.hash, password) if self.hasher.check_needs_rehash(stored) else None
+        rehashed = await self._argon2(self.hasher.hash, password) if self.hasher.check_needs_rehash(stored) else None
         async with self.store.transaction() as tx:
             # A password change may have landed while argon2 verified the old one (tens of ms): the
             # old password then opens no session, and its rehash does not put it back. Else the row
@@ -235,10 +249,10 @@ class KeysService:
         if row is None or row["removed_at"] is not None:
             raise NotFound("account")
         try:
-            await asyncio.to_thread(self.hasher.verify, row["password_hash"], current_password)
+            await self._argon2(self.hasher.verify, row["password_hash"], current_password)
         except (VerificationError, InvalidHashError):
             raise WrongCurrentPassword() from None
-        new_hash = await asyncio.to_thread(self.hasher.hash, new_password)
+        new_hash = await self._argon2(self.hasher.hash, new_password)
         changes = Changes()
         async with self.store.transaction() as tx:
             # The row locked before the change's time is taken: a login that checked the old
@@ -692,7 +706,7 @@ class KeysService:
             return await tx.members_of(account_id)
 
     async def add_member(self, account_id: UUID, email: str, name: str, password: str, role: Role, *, audit: AuditContext) -> Row:
-        password_hash = await asyncio.to_thread(self.hasher.hash, password)
+        password_hash = await self._argon2(self.hasher.hash, password)
         now = self.clock()
         changes = Changes()
         async with self.store.transaction() as tx:

@@ -44,6 +44,10 @@ def test_a_switch_checks_the_rule_before_anything_else():
     )
     kind = domain.classify_switch(UserType.INDIVIDUAL, plans[Tier.FREE], plans[Tier.BASIC], Decimal("1.00"))
     assert kind is domain.SwitchKind.NEEDS_PAYMENT
+    # An upgrade whose prorated amount rounds to 0.00 (the last minutes of a period) is still an
+    # upgrade: ordered and paid at once, with its invoice, never a silent switch.
+    kind = domain.classify_switch(UserType.INDIVIDUAL, plans[Tier.FREE], plans[Tier.PROFESSIONAL], Decimal("0.00"))
+    assert kind is domain.SwitchKind.FREE_UPGRADE
 
 
 def test_proration_examples():

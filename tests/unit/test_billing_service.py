@@ -2,6 +2,7 @@
 
 import json
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from zoneinfo import ZoneInfo
@@ -266,3 +267,51 @@ async def test_a_plan_put_in_force_is_recorded_in_keys_row_with_its_version(worl
     assert world.store.state.plans_in_keys[world.account] == (Tier.ENTERPRISE, NOW, 1)
     await world.service.switch(world.account, Tier.FREE, audit=ACTOR)
     assert world.store.state.plans_in_keys[world.account] == (Tier.FREE, NOW, 2)
+
+
+# ---- an upgrade whose prorated price rounds to 0.00 leaves its record like any other ----------------
+LAST_MINUTES = datetime(2026, 11, 30, 23, 56, tzinfo=UTC)  # 4 minutes left: 49.00 x 240 / 2,592,000 s = 0.0045
+
+
+def _audit_actions(world: World) -> list[str]:
+    return [json.loads(value or b"{}")["action"] for topic, _, value in world.outbox.events if topic == "audit.v1"]
+
+
+async def test_an_upgrade_by_switch_that_prorates_to_zero_is_ordered_paid_and_invoiced_at_once(world):
+    world.clock.now = LAST_MINUTES
+    switched = await world.service.switch(world.account, Tier.PROFESSIONAL, audit=ACTOR)  # 200: nothing to pay
+
+    assert switched.plan is Tier.PROFESSIONAL and world.store.state.accounts[world.account].plan is Tier.PROFESSIONAL
+    [order] = (await world.service.list_orders(world.account, 10, None)).items
+    assert (order.kind, order.status, order.amount, order.currency) == ("plan_upgrade", "paid", Decimal("0.00"), "USD")
+    assert (order.plan, order.previous_plan, order.created_at, order.paid_at) == (
+        Tier.PROFESSIONAL,
+        Tier.FREE,
+        LAST_MINUTES,
+        LAST_MINUTES,
+    )
+    invoice = await world.service.invoice(world.account, order.id)
+    assert invoice.total == Decimal("0.00") and [line.amount for line in invoice.lines] == [Decimal("0.00")]
+    assert _audit_actions(world) == ["order.created", "order.paid"]  # as a paid upgrade gets
+    assert world.event_types() == ["plan_changed"]
+    [[fact]] = world.edge.delivered
+    assert isinstance(fact, PlanChanged) and (fact.plan, fact.previous_plan) == (Tier.PROFESSIONAL, Tier.FREE)
+    assert world.provider.attempts == 0  # nothing to charge: a real provider refuses a zero charge
+
+
+async def test_a_zero_priced_upgrade_order_is_paid_without_a_charge_and_invoiced(world):
+    world.clock.now = LAST_MINUTES
+    order = await world.service.create_order(world.account, BASIC, audit=ACTOR)
+    assert order.amount == Decimal("0.00") and order.status == "pending"
+    paid = await world.service.pay(world.account, order.id, audit=ACTOR)
+    assert paid.status == "paid" and world.store.state.accounts[world.account].plan is Tier.BASIC
+    assert (await world.service.invoice(world.account, order.id)).total == Decimal("0.00")
+    assert _audit_actions(world) == ["order.created", "order.paid"] and world.provider.attempts == 0
+
+
+async def test_a_downgrade_switches_at_once_with_no_order(world):
+    await world.service.switch(world.account, Tier.FREE, audit=ACTOR)  # unchanged: nothing recorded
+    world.store.state.accounts[world.account] = replace(world.store.state.accounts[world.account], plan=Tier.BASIC)
+    world.clock.now = LAST_MINUTES
+    await world.service.switch(world.account, Tier.FREE, audit=ACTOR)
+    assert world.store.state.orders == {} and _audit_actions(world) == ["plan.switched"]

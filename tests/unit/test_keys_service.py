@@ -1,7 +1,10 @@
 """Every use case of the keys service (services/keys/service.py) with fakes: an in-memory store,
 a fake local edge and a fake clock. No I/O; argon2 with the cheapest parameters."""
 
+import asyncio
 import json
+import threading
+import time
 from datetime import datetime, timedelta
 from uuid import UUID, uuid4
 
@@ -19,7 +22,7 @@ from contracts.plans import catalogue
 from services.edge import ApiError
 from services.keys.domain import EmailTaken, InvalidCredentials, UserTypePlanMismatch, WrongCurrentPassword
 from services.keys.login_throttle import Limit, LoginThrottle
-from services.keys.service import KeysService
+from services.keys.service import HASHES_IN_FLIGHT, KeysService
 from tests.unit.fakes import ACTOR, FakeClock, FakeKeysStore, FakeLocalEdge
 
 OPERATOR = AuditContext(operator=True)
@@ -56,6 +59,34 @@ def world() -> World:
 
 
 # ---- accounts ---------------------------------------------------------------------------------
+class SlowHasher(PasswordHasher):
+    """argon2's cheapest parameters, each hash held 50 ms in its thread; counts hashes at once."""
+
+    def __init__(self) -> None:
+        super().__init__(time_cost=1, memory_cost=8, parallelism=1)
+        self._lock = threading.Lock()
+        self.running = self.most = 0
+
+    def hash(self, password: str | bytes, *, salt: bytes | None = None) -> str:
+        with self._lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            time.sleep(0.05)
+            return super().hash(password, salt=salt)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+async def test_a_burst_of_sign_ups_holds_at_most_hashes_in_flight_argon2_hashes_at_once(world: World):
+    """Each production hash holds 64 MiB: a burst from many addresses (each within its throttle)
+    must not hold the memory of as many hashes as asyncio's thread pool has threads (6 here)."""
+    world.service.hasher = hasher = SlowHasher()
+    await asyncio.gather(*(world.register(f"burst{i}@example.com") for i in range(3 * HASHES_IN_FLIGHT)))
+    assert hasher.most == HASHES_IN_FLIGHT and len(world.store.accounts) == 3 * HASHES_IN_FLIGHT
+
+
 async def test_register_publishes_the_account_and_its_owner_user_and_delivers_them(world: World):
     account_id = await world.register("  Ada@Example.com ")
     account = world.store.accounts[account_id]

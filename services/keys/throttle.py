@@ -1,0 +1,73 @@
+"""The keys service's per-subject throttle: a sliding log of each subject's last attempts and the
+contract's 429. Login (services/keys/login_throttle.py) and sign-up
+(services/keys/registration_throttle.py) each keep their own logs with their own limits.
+
+A subject's log holds the times of its last `limit.attempts` counted attempts (bounded memory per
+subject, and an LRU bound on the number of subjects); when the oldest of them lies within
+`window_s` the subject is refused until it leaves. The state is per process: with R replicas the
+bound is R times the limit (the edge's Redis store could share it later; neither route is on a
+hot path).
+"""
+
+import math
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from contracts.errors import ErrorCode
+from services.edge import ApiError
+
+MAX_SUBJECTS = 100_000  # bounded memory under a flood of distinct e-mails or addresses
+
+
+@dataclass(frozen=True)
+class Limit:
+    attempts: int
+    window_s: float
+
+
+class SlidingLog:
+    """subject -> the times of its last `limit.attempts` attempts that were not forgiven."""
+
+    def __init__(self, limit: Limit, max_subjects: int = MAX_SUBJECTS) -> None:
+        self.limit = limit
+        self._max = max_subjects
+        self._log: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def retry_after(self, subject: str, now: float) -> float:
+        """Seconds until `subject` may try again; 0 when it may now."""
+        times = self._log.get(subject)
+        if times is None or len(times) < self.limit.attempts:
+            return 0.0
+        return max(0.0, times[0] + self.limit.window_s - now)
+
+    def add(self, subject: str, now: float) -> None:
+        times = self._log.get(subject)
+        if times is None:
+            times = self._log[subject] = deque(maxlen=self.limit.attempts)
+            while len(self._log) > self._max:
+                self._log.popitem(last=False)  # the least recently counted subject
+        else:
+            self._log.move_to_end(subject)
+        times.append(now)
+
+    def forgive(self, subject: str, at: float) -> None:
+        times = self._log.get(subject)
+        if times is not None and at in times:
+            times.remove(at)
+            if not times:
+                del self._log[subject]
+
+    def clear(self, subject: str) -> None:
+        self._log.pop(subject, None)
+
+
+def refuse_if_waiting(wait: float, what: str) -> None:
+    """429 `rate_limited` with an honest `Retry-After` (whole seconds, at least 1) while `wait` > 0."""
+    if wait > 0:
+        seconds = max(1, math.ceil(round(wait, 6)))  # round: float noise must not add a second
+        raise ApiError(
+            429,
+            ErrorCode.RATE_LIMITED,
+            f"Too many {what}; retry in {seconds} s.",
+            headers={"Retry-After": str(seconds)},
+        )

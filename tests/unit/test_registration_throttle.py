@@ -1,0 +1,74 @@
+"""The sign-up throttle's rules with a controlled clock (no I/O): services/keys/registration_throttle.py."""
+
+import pytest
+from argon2 import PasswordHasher, profiles
+
+from services.edge.errors import ApiError
+from services.keys import registration_throttle
+from services.keys.registration_throttle import REGISTRATIONS_PER_IP, WINDOW_S, RegistrationThrottle, limit_for
+from services.keys.throttle import Limit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _refused(throttle: RegistrationThrottle, ip: str) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        throttle.admit(ip)
+    return caught.value
+
+
+def test_the_n_plus_first_sign_up_from_an_address_in_the_window_is_429_with_retry_after():
+    clock = Clock()
+    throttle = RegistrationThrottle(Limit(3, 60), clock=clock)
+    for _ in range(3):
+        throttle.admit("198.51.100.7")  # sign-ups at 1000, 1010, 1020
+        clock.now += 10
+    refused = _refused(throttle, "198.51.100.7")  # at 1030
+    assert (refused.status, refused.code.value) == (429, "rate_limited")
+    assert refused.headers == {"Retry-After": "30"}  # when the sign-up at 1000 leaves the window
+    throttle.admit("203.0.113.9")  # another address is not affected
+
+    clock.now = 1059.5
+    assert _refused(throttle, "198.51.100.7").headers == {"Retry-After": "1"}  # never 0
+    clock.now = 1060.0
+    throttle.admit("198.51.100.7")  # the oldest has left: one more
+    assert _refused(throttle, "198.51.100.7").headers == {"Retry-After": "10"}
+
+
+def test_a_refused_sign_up_is_not_counted_and_a_successful_one_is():
+    """Every admitted sign-up costs a hash, so none is forgiven; a refusal costs none and adds nothing."""
+    clock = Clock()
+    throttle = RegistrationThrottle(Limit(2, 60), clock=clock)
+    throttle.admit("10.0.0.1")
+    throttle.admit("10.0.0.1")
+    for _ in range(5):
+        clock.now += 1
+        _refused(throttle, "10.0.0.1")
+    clock.now = 1060.0
+    throttle.admit("10.0.0.1")  # the refusals did not push the window further
+
+
+def test_memory_is_bounded_under_a_flood_of_addresses():
+    throttle = RegistrationThrottle(Limit(1, 60), max_subjects=10, clock=Clock())
+    for i in range(50):
+        throttle.admit(f"10.1.{i // 250}.{i % 250}")
+    assert len(throttle._ips._log) == 10
+
+
+def test_the_limit_is_production_sign_ups_worth_of_argon2_work():
+    assert limit_for(PasswordHasher()) == Limit(REGISTRATIONS_PER_IP, WINDOW_S) == Limit(20, 600.0)
+    cheapest = PasswordHasher.from_parameters(profiles.CHEAPEST)  # the tests' platforms
+    assert limit_for(cheapest).attempts == 20 * (3 * 65536) // (1 * 8)
+    costlier = PasswordHasher(time_cost=6)
+    assert limit_for(costlier).attempts == 10
+
+
+def test_the_limit_is_read_when_an_app_is_built(monkeypatch):
+    monkeypatch.setattr(registration_throttle, "REGISTRATIONS_PER_IP", 3)
+    assert limit_for(PasswordHasher()).attempts == 3
