@@ -189,7 +189,8 @@ async def test_a_process_running_no_owner_is_not_ready_on_empty_topics_until_the
             seen: list[tuple[int, int, int]] = []
             listening_since: float | None = None
             deadline = time.monotonic() + 60
-            while listening_since is None or time.monotonic() < listening_since + 5:  # 5 s with no owner anywhere
+            # 2 s with no owner anywhere: a process that did not wait for them is ready at its first answer
+            while listening_since is None or time.monotonic() < listening_since + 2:
                 assert time.monotonic() < deadline and geo.proc.poll() is None, f"log: {geo.log_path}"
                 answer = await probe()
                 if answer is not None:
@@ -321,6 +322,12 @@ async def test_a_write_waits_for_a_republish_that_read_its_row(app_client, setti
     async with KeysStore(pool, OutboxRelay(pool, settings, "keys")).transaction() as tx:
         assert key["id"] in {str(row["id"]) for row in await tx.all_live_keys()}
         toggle = asyncio.create_task(client.post(f"/api/api-keys/{key['id']}/toggle", headers=owner))
-        await asyncio.sleep(1.0)
+
+        async def a_lock_waited_for() -> bool:
+            async with pool.connection() as conn:
+                waiting = "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = %s"
+                return bool((await (await conn.execute(waiting, ("Lock",))).fetchone())["n"])
+
+        await wait_until(a_lock_waited_for, timeout=10, interval=0.02)
         assert not toggle.done()  # waits for the republish's transaction
     assert (await toggle).status_code == 200

@@ -225,7 +225,7 @@ class ServeProcess:
                     return
             except httpx.HTTPError:
                 pass
-            time.sleep(0.2)
+            time.sleep(0.05)  # a test waits on this dozens of times a run: ready is seen within 50 ms
         raise TimeoutError(f"serve on {self.port} not ready; log: {self.log_path}")
 
     def print_log_tail(self, lines: int = 40) -> None:

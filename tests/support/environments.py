@@ -3,9 +3,10 @@
 A test of its own gets a Postgres database (a clone of the migrated template), a ClickHouse
 database and a Kafka topic prefix. Making them (the clone, the ClickHouse migrations, creating
 every topic) and dropping them (deleting the topics, dropping both databases) is mostly waiting on
-the servers, a few seconds per test. One background thread makes the next environments while a
-test runs, another drops the finished ones; the platform a test starts then finds its migrations
-applied and its topics present, as a restarted service does.
+the servers, a few seconds per test. Two background threads make the next environments while a
+test runs (one alone fell behind a module of quick tests, which then waited for it), another
+drops the finished ones; the platform a test starts then finds its migrations applied and its
+topics present, as a restarted service does.
 """
 
 import asyncio
@@ -49,15 +50,18 @@ def drop(infra: Endpoints, database_url: str, tag: str) -> None:
 class Environments:
     """`take()` a ready environment, `give_back()` a finished one; `close()` drops them all."""
 
-    def __init__(self, infra: Endpoints, template: str, ahead: int = 2) -> None:
+    def __init__(self, infra: Endpoints, template: str, ahead: int = 2, makers: int = 2) -> None:
         self._infra = infra
         self._template = template
         self._ready: queue.Queue[Environment | BaseException] = queue.Queue(maxsize=ahead)
         self._finished: queue.Queue[Environment | None] = queue.Queue()
         self._closing = threading.Event()
-        self._maker = threading.Thread(target=self._make_ahead, name="environments-maker", daemon=True)
+        self._makers = [
+            threading.Thread(target=self._make_ahead, name=f"environments-maker-{n}", daemon=True) for n in range(makers)
+        ]
         self._dropper = threading.Thread(target=self._drop_behind, name="environments-dropper", daemon=True)
-        self._maker.start()
+        for maker in self._makers:
+            maker.start()
         self._dropper.start()
 
     def take(self) -> Environment:
@@ -71,9 +75,10 @@ class Environments:
 
     def close(self) -> None:
         self._closing.set()
-        while self._maker.is_alive():  # unblock a maker waiting for room in the queue
+        while any(maker.is_alive() for maker in self._makers):  # unblock makers waiting for room in the queue
             self._drain_ready()
-            self._maker.join(0.1)
+            for maker in self._makers:
+                maker.join(0.05)
         self._drain_ready()
         self._finished.put(None)
         self._dropper.join()

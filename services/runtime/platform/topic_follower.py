@@ -4,6 +4,14 @@ No consumer group (each process needs all of it), from the beginning; `caught_up
 the positions reach the end offsets seen at start, which is when the edge may call itself ready.
 One consumer follows all of a process's projection topics: each more consumer is another fetch
 loop and another connection to wake up for, idle or not.
+
+The end offsets are asked of a second consumer whose partitions are all paused, so it never has a
+fetch in flight: the broker answers a connection's requests in order, and the follower's own
+connection always has one, held until a record comes or the fetch wait is up (0.5 s, 3 s when
+idle). An end offsets lookup behind it waited that long: half a second of every process's start,
+twice (the edge's follower and metering's), and as much again before the edge was ready. (Assigned,
+not merely started: assigning asks for every topic's metadata at once; a lookup of topics the
+consumer does not know learns them one refresh at a time.)
 """
 
 import asyncio
@@ -14,6 +22,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from services.runtime.platform.kafka import FETCH_WAIT_MS, IDLE_WAKE_MS, adapt_started
+from services.runtime.platform.moved_leaders import follow_moved_leaders
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +44,7 @@ class TopicFollower:
         self.caught_up = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._consumer: AIOKafkaConsumer | None = None
+        self._lookups: AIOKafkaConsumer | None = None
 
     async def start(self) -> None:
         consumer = AIOKafkaConsumer(
@@ -47,10 +57,17 @@ class TopicFollower:
         await consumer.start()
         adapt_started(consumer)
         partitions = await self._partitions()
+        self._lookups = lookups = AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap, enable_auto_commit=False, consumer_timeout_ms=IDLE_WAKE_MS
+        )
+        await lookups.start()
+        follow_moved_leaders(lookups)
+        lookups.assign(partitions)
+        lookups.pause(*partitions)  # before its fetcher runs: it never fetches
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         self._consumer = consumer
-        targets = await consumer.end_offsets(partitions)
+        targets = await lookups.end_offsets(partitions)
         self._task = asyncio.create_task(self._run(consumer, targets), name=f"follow:{','.join(self._topics)}")
 
     async def _partitions(self) -> list[TopicPartition]:
@@ -99,10 +116,10 @@ class TopicFollower:
     async def reach_current_end(self, poll_s: float = 0.05) -> None:
         """Return once every partition has been read to its end offset as of this call (what an
         owner just republished, say): the follower's own loop does the reading."""
-        consumer = self._consumer
-        if consumer is None:
+        consumer, lookups = self._consumer, self._lookups
+        if consumer is None or lookups is None:
             return
-        targets = await consumer.end_offsets(sorted(consumer.assignment()))
+        targets = await lookups.end_offsets(sorted(consumer.assignment()))
         while True:
             behind = [tp for tp, end in targets.items() if await consumer.position(tp) < end]
             if not behind:
@@ -115,3 +132,5 @@ class TopicFollower:
             await asyncio.gather(self._task, return_exceptions=True)
         if self._consumer:
             await self._consumer.stop()
+        if self._lookups:
+            await self._lookups.stop()
