@@ -59,6 +59,16 @@ class OrderToPay(PaymentRequired):
         self.order = order
 
 
+class ChargeDeclined(PaymentRequired):
+    """402: the provider refused the payer's charge; nothing was charged, the order is still pending."""
+
+    def __init__(self, order: Order) -> None:
+        super().__init__(
+            "The payment was declined; nothing was charged. Pay the order again once the payment method is fixed.",
+            details={"order": order.model_dump(mode="json")},
+        )
+
+
 class KeyReused(Conflict):
     """The Idempotency-Key was used for another request."""
 

@@ -308,7 +308,10 @@ class BillingService:
             domain.ensure_plan_allowed(account.user_type, order.plan)  # the user type may have changed since
             if order.previous_plan is not account.plan:
                 raise BillingConflict("The plan changed since this order was made; create a new order.")
-        fact = await self._settle(tx, account, order, now, audit)
+        try:
+            fact = await self._settle(tx, account, order, now, audit)
+        except PaymentDeclined as exc:  # raised before anything was written: the order stays pending
+            raise domain.ChargeDeclined(self._out(order)) from exc
         paid = await tx.lock_order(order_id, account_id)
         assert paid is not None
         return self._out(paid), [fact] if fact is not None else []

@@ -12,7 +12,7 @@ import pytest
 
 from contracts.billing_api import Order, PlanUpgradeOrderIn
 from contracts.common import Tier, UserType
-from contracts.domain_errors import Conflict
+from contracts.domain_errors import Conflict, PaymentRequired
 from contracts.events import AccountState, PlanChanged
 from services.billing import domain
 from services.billing.service import BillingService
@@ -290,3 +290,15 @@ def test_the_retry_backoff_doubles_up_to_its_cap_and_ends_at_the_grace():
 def test_the_order_schema_names_the_renewal_kind():
     kind = Order.model_json_schema()["properties"]["kind"]
     assert kind["enum"] == ["plan_upgrade", "quota_package", "plan_renewal"] and "beyond the contract" in kind["description"]
+
+
+async def test_a_declined_payment_by_the_customer_is_402_with_the_order_still_pending(world):
+    """Before, the provider's refusal reached the client as a 500."""
+    order = await world.service.create_order(world.account, PlanUpgradeOrderIn(kind="plan_upgrade", plan=Tier.BASIC), audit=ACTOR)
+    world.provider.declines = True
+    with pytest.raises(PaymentRequired) as declined:
+        await world.service.pay(world.account, order.id, audit=ACTOR)
+    assert declined.value.code == "payment_required" and declined.value.details["order"]["status"] == "pending"
+    assert world.store.state.orders[order.id].status == "pending" and world.plan() is Tier.FREE
+    world.provider.declines = False
+    assert (await world.service.pay(world.account, order.id, audit=ACTOR)).status == "paid"
