@@ -14,6 +14,7 @@ from uuid import UUID, uuid4
 import pytest
 from fastapi import FastAPI
 
+from contracts.common import Tier, UserType
 from contracts.period import bounds_of
 from services.billing import domain
 from services.billing.delivery import EdgeDelivery
@@ -157,3 +158,26 @@ async def test_a_renewal_declined_to_the_end_of_its_grace_puts_the_account_on_fr
 
         [entry] = await eventually(switched_to_free)
         assert entry["actor"] == {"operator": True} and entry["details"]["reason"] == "renewal_unpaid"
+
+
+async def test_the_plan_held_at_a_period_start_survives_changes_in_the_period(pool):
+    """The SQL behind a late job's renewal: the first plan change of a period keeps the plan held
+    at its start; one changed before the start is its own start plan."""
+    tz = UTC
+    october, november, december = (datetime(2026, m, 1, tzinfo=tz) for m in (10, 11, 12))
+    account = uuid4()
+    async with BillingStore(pool).transaction() as tx:
+        await tx.lock_account(account, UserType.INDIVIDUAL, None, 0)
+        await tx.set_plan(account, Tier.BASIC, october + timedelta(days=9), "2026-10")
+        assert await tx.start_plan(account, "2026-10", october) is Tier.FREE
+        await tx.set_plan(account, Tier.PROFESSIONAL, november + timedelta(days=2), "2026-11")
+        await tx.set_plan(account, Tier.FREE, november + timedelta(days=4), "2026-11")
+        assert await tx.start_plan(account, "2026-11", november) is Tier.BASIC
+        assert await tx.start_plan(account, "2026-12", december) is Tier.FREE
+        assert await tx.renewal_candidates("2026-11") == [account]  # on free now, on basic at November's start
+        assert await tx.renewal_candidates("2026-12") == []
+        # A change in the period from before start plans were recorded: unknown, not renewed then.
+        await tx.conn.execute(
+            "UPDATE billing.accounts SET start_plan = NULL, start_plan_period = NULL WHERE account_id = %s", (account,)
+        )
+        assert await tx.start_plan(account, "2026-11", november) is None
