@@ -15,6 +15,8 @@ from typing import Any, Protocol
 from uuid import UUID, uuid4
 from zoneinfo import ZoneInfo
 
+from prometheus_client import Counter
+
 from contracts import keyset_cursor
 from contracts.audit import AuditAction, AuditContext
 from contracts.billing_api import (
@@ -49,6 +51,14 @@ NO_CHARGE = "no-charge"
 # The actor of the renewal job's writes in the audit log: the platform, as the operator's are.
 RENEWAL_JOB = AuditContext(operator=True, user_agent="tollgate-billing-renewal")
 log = logging.getLogger(__name__)
+RENEWALS = Counter(
+    "tollgate_billing_renewals_total",
+    "Charge attempts of period renewals, by outcome: paid, declined or provider_failed (tried again later), "
+    "lapsed (declined at the grace's end: the account put on free) (unit: attempts)",
+    ["outcome"],
+)
+for _outcome in ("paid", "declined", "provider_failed", "lapsed"):  # on /metrics at 0 from the start
+    RENEWALS.labels(_outcome)
 
 
 class Tx(Protocol):
@@ -471,8 +481,10 @@ class BillingService:
                 declined = False
             else:
                 await self._settle(tx, account, order, now, RENEWAL_JOB, reference)
+                RENEWALS.labels("paid").inc()
                 return 1
             if declined and domain.grace_over(order, now):
+                RENEWALS.labels("lapsed").inc()
                 await tx.lapse_renewals(account_id, now)
                 if account.plan is not Tier.FREE:
                     facts.append(await self._change_plan(tx, account_id, account.plan, Tier.FREE, now))
@@ -489,6 +501,7 @@ class BillingService:
                     )
                     await self.outbox.add(tx.conn, AUDIT, str(account_id).encode(), entry.model_dump_json().encode())
             else:
+                RENEWALS.labels("declined" if declined else "provider_failed").inc()
                 await tx.record_attempt(order_id, domain.next_attempt(order, now))
         if facts:
             await self.edge.deliver(facts)

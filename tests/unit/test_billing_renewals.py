@@ -9,6 +9,7 @@ from decimal import Decimal
 from zoneinfo import ZoneInfo
 
 import pytest
+from prometheus_client import REGISTRY
 
 from contracts.billing_api import Order, PlanUpgradeOrderIn
 from contracts.common import Tier, UserType
@@ -197,6 +198,7 @@ async def test_unpaid_at_the_end_of_the_grace_the_account_goes_to_free_like_a_do
     world.outbox.events.clear()
     world.provider.declines = True
     world.clock.now = NOVEMBER
+    lapsed_before = REGISTRY.get_sample_value("tollgate_billing_renewals_total", {"outcome": "lapsed"})
     while world.clock.now < NOVEMBER + domain.GRACE:
         await world.service.renew_all()
         assert world.plan() is Tier.PROFESSIONAL  # the plan holds through the grace
@@ -207,6 +209,7 @@ async def test_unpaid_at_the_end_of_the_grace_the_account_goes_to_free_like_a_do
     await world.service.renew_all()  # the last attempt, at the grace's end
     [renewal] = world.renewals()
     assert renewal.status == "pending" and renewal.lapsed_at == world.clock.now and world.plan() is Tier.FREE
+    assert REGISTRY.get_sample_value("tollgate_billing_renewals_total", {"outcome": "lapsed"}) == lapsed_before + 1
     [changed] = world.events()
     assert (changed["type"], changed["plan"], changed["previous_plan"]) == ("plan_changed", "free", "professional")
     assert isinstance(world.edge.delivered[-1][0], PlanChanged)
