@@ -55,11 +55,14 @@ OrderIn = Annotated[PlanUpgradeOrderIn | PackageOrderIn, Field(discriminator="ki
 
 class Order(BaseModel):
     id: UUID
-    kind: Literal["plan_upgrade", "quota_package"]
+    kind: Literal["plan_upgrade", "quota_package", "plan_renewal"] = Field(
+        description="`plan_renewal` (an addition beyond the contract): the platform's charge of the plan's full monthly "
+        "price at the start of a period, made by billing itself, never by a request."
+    )
     status: Literal["pending", "paid"]
     amount: Decimal = Field(description='Decimal string with 2 places, e.g. "12.50".')
     currency: str
-    plan: Tier | None = Field(default=None, description="plan_upgrade: the plan bought.")
+    plan: Tier | None = Field(default=None, description="plan_upgrade: the plan bought; plan_renewal: the plan renewed.")
     previous_plan: Tier | None = Field(default=None, description="plan_upgrade: the plan the amount was prorated from.")
     package: Package | None = None
     period: PeriodRange = Field(description="The period the order applies to (proration basis, package validity).")

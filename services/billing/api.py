@@ -136,7 +136,9 @@ def build_router(runtime: Runtime, service: BillingService) -> APIRouter:
             "and applied by this process when this returns: the next call is judged by the new totals; other "
             "replicas apply it within milliseconds). 503 service_unavailable if Kafka does not acknowledge in time: "
             "the payment is made and in force shortly. Paying a paid order returns it unchanged. 409 conflict when "
-            f"the plan changed since the order or the order's period is over. The payment provider is called with the "
+            "the plan changed since the order, the order's period is over, or (a renewal) its grace ended unpaid. 402 "
+            "payment_required (details.order: the order, still pending) when the payer's card or bank declines the "
+            "charge. The payment provider is called with the "
             f"order id as its idempotency key, so a retried payment never charges twice. {RULE} {CONSOLE}"
         ),
     )

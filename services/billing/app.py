@@ -1,5 +1,6 @@
 """Wiring of the billing service."""
 
+import logging
 from pathlib import Path
 
 from contracts.topics import STATE_OWNERS
@@ -10,8 +11,14 @@ from services.billing.service import BillingService
 from services.billing.store import BillingStore
 from services.edge import Component, Runtime
 from services.runtime.platform.outbox_relay import OutboxRelay
+from services.runtime.platform.periodic import Periodic
 from services.runtime.platform.pruner import Pruner
 from services.runtime.platform.state_guard import StateGuard
+
+log = logging.getLogger(__name__)
+# How often each replica's renewal job looks for renewals to make or charge (BillingService.renew_all):
+# a period's renewals are made within a minute of its start.
+RENEWAL_INTERVAL_S = 60.0
 
 
 def build(runtime: Runtime) -> Component:
@@ -35,6 +42,7 @@ def build(runtime: Runtime) -> Component:
         keep_s=domain.RETENTION_SECONDS,
         interval_s=runtime.settings.prune_interval_seconds,
     )
+    renewals = Periodic("billing:renewals", RENEWAL_INTERVAL_S, service.renew_all, what="renewing plans", log=log)
     # Kafka lost billing.v1: given again from Postgres (docs/architecture.md, "Kafka is transport")
     guard = StateGuard(
         runtime.settings,
@@ -51,6 +59,6 @@ def build(runtime: Runtime) -> Component:
         router=api.build_router(runtime, service),
         subscribers=consumers.build_router(service, runtime.broker, runtime.settings),
         migrations=Path(__file__).parent / "migrations",
-        on_start=[relay.start, guard.start, keys.start],
-        on_stop=[keys.stop, guard.stop, relay.stop],
+        on_start=[relay.start, guard.start, keys.start, renewals.start],
+        on_stop=[renewals.stop, keys.stop, guard.stop, relay.stop],
     )

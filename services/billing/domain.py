@@ -13,7 +13,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from enum import Enum
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
 from contracts import keyset_cursor
@@ -57,6 +57,16 @@ class OrderToPay(PaymentRequired):
             details={"order": order.model_dump(mode="json")},
         )
         self.order = order
+
+
+class ChargeDeclined(PaymentRequired):
+    """402: the provider refused the payer's charge; nothing was charged, the order is still pending."""
+
+    def __init__(self, order: Order) -> None:
+        super().__init__(
+            "The payment was declined; nothing was charged. Pay the order again once the payment method is fixed.",
+            details={"order": order.model_dump(mode="json")},
+        )
 
 
 class KeyReused(Conflict):
@@ -176,6 +186,56 @@ def ensure_upgrade(current: Plan, target: Plan) -> None:
         )
 
 
+# ---- renewals (an addition beyond the contract: docs/api.md, "Renewals") ----------------------------
+# A renewal whose charge is declined stays pending and is tried again FIRST_RETRY later, then twice
+# as long each time up to MAX_RETRY, until GRACE after it was made: a last attempt then, and if the
+# payer declines that too the account goes to free. A provider that fails (not the payer) is tried
+# on with the same backoff and never ends a plan.
+GRACE = timedelta(days=3)
+FIRST_RETRY = timedelta(hours=1)
+MAX_RETRY = timedelta(hours=12)
+
+
+def renewal_due(order: "OrderLike", now: datetime) -> bool:
+    """The job charges this renewal now: pending, not lapsed, its next attempt come."""
+    return (
+        order.kind == "plan_renewal"
+        and order.status == "pending"
+        and order.lapsed_at is None
+        and order.next_attempt_at is not None
+        and order.next_attempt_at <= now
+    )
+
+
+def grace_over(order: "OrderLike", now: datetime) -> bool:
+    return now >= order.created_at + GRACE
+
+
+def next_attempt(order: "OrderLike", now: datetime) -> datetime:
+    """After the attempt number `order.attempts + 1` failed: the next one, never past the grace's end
+    while the grace lasts (the last attempt is at its end)."""
+    delay = min(FIRST_RETRY * (1 << min(order.attempts, 16)), MAX_RETRY)
+    end = order.created_at + GRACE
+    return min(now + delay, end) if now < end else now + delay
+
+
+class OrderLike(Protocol):
+    """What the renewal rules read of an order (store.OrderRow)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def created_at(self) -> datetime: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def next_attempt_at(self) -> datetime | None: ...
+    @property
+    def lapsed_at(self) -> datetime | None: ...
+
+
 # ---- (v2) the package catalogue, the order history's cursor, invoices --------------------------------
 @cache
 def package_currency() -> str:
@@ -219,6 +279,15 @@ def invoice_lines(order: Order) -> list[InvoiceLine]:
             )
         ]
     assert order.plan is not None
+    if order.kind == "plan_renewal":
+        return [
+            InvoiceLine(
+                description=f"{order.plan.value} plan, period {_month(order)}",
+                quantity=1,
+                unit_price=order.amount,
+                amount=order.amount,
+            )
+        ]
     previous = order.previous_plan.value if order.previous_plan else "free"
     return [
         InvoiceLine(

@@ -1,7 +1,9 @@
 """The payment-provider interface and the built-in test provider.
 
 A real provider (Stripe, Adyen, ...) implements `PaymentProvider.charge`; it must be idempotent
-on `order_id` (billing retries a payment whose outcome it did not record)."""
+on `order_id` (billing retries a payment whose outcome it did not record), and raise
+`PaymentDeclined` when the payer's bank or card refuses the charge (any other exception is the
+provider failing, not the payer: the renewal job retries it and never ends a plan for it)."""
 
 from dataclasses import dataclass
 from decimal import Decimal
@@ -12,6 +14,10 @@ from uuid import UUID
 @dataclass(frozen=True)
 class Charge:
     reference: str
+
+
+class PaymentDeclined(Exception):
+    """The charge was refused for the payer (card declined, insufficient funds, ...)."""
 
 
 class PaymentProvider(Protocol):

@@ -5,6 +5,7 @@ applied to this process's edge (`LocalEdge.deliver`), as a key toggle does: the 
 call is judged by the new totals. The store, the outbox, the edge, the clock and the payment
 provider are injected (tests/unit/fakes.py has in-memory ones)."""
 
+import logging
 from collections.abc import Collection
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
@@ -13,6 +14,8 @@ from decimal import Decimal
 from typing import Any, Protocol
 from uuid import UUID, uuid4
 from zoneinfo import ZoneInfo
+
+from prometheus_client import Counter
 
 from contracts import keyset_cursor
 from contracts.audit import AuditAction, AuditContext
@@ -32,19 +35,30 @@ from contracts.clock import Clock
 from contracts.common import Tier, UserType
 from contracts.domain_errors import Conflict, NotFound
 from contracts.events import AccountState, PackagePurchased, PlanChanged, UserTypeChanged, order_of
-from contracts.period import bounds_of, period_bounds
+from contracts.period import bounds_of, period_bounds, period_of
 from contracts.plans import catalogue
 from contracts.quota_api import PeriodRange
 from contracts.topics import AUDIT, BILLING, Topic
 from services.billing import domain
 from services.billing.domain import BillingConflict, Idempotency, OrderToPay, SwitchKind
-from services.billing.payments import PaymentProvider
+from services.billing.payments import PaymentDeclined, PaymentProvider
 from services.billing.store import AccountRow, InvoiceRow, OrderRow, PlanRow
 
 # What a payment or a switch publishes and this process's edge applies before the answer.
 BillingFact = PlanChanged | PackagePurchased
 # The payment reference of an order of 0.00, which no provider is asked to charge.
 NO_CHARGE = "no-charge"
+# The actor of the renewal job's writes in the audit log: the platform, as the operator's are.
+RENEWAL_JOB = AuditContext(operator=True, user_agent="tollgate-billing-renewal")
+log = logging.getLogger(__name__)
+RENEWALS = Counter(
+    "tollgate_billing_renewals_total",
+    "Charge attempts of period renewals, by outcome: paid, declined or provider_failed (tried again later), "
+    "lapsed (declined at the grace's end: the account put on free) (unit: attempts)",
+    ["outcome"],
+)
+for _outcome in ("paid", "declined", "provider_failed", "lapsed"):  # on /metrics at 0 from the start
+    RENEWALS.labels(_outcome)
 
 
 class Tx(Protocol):
@@ -58,7 +72,7 @@ class Tx(Protocol):
     async def set_user_type(self, account_id: UUID, user_type: UserType, time: datetime, version: int) -> None: ...
     async def lock_user_type(self, account_id: UUID) -> UserType | None: ...
     async def record_plan(self, account_id: UUID, plan: Tier, time: datetime, version: int) -> None: ...
-    async def set_plan(self, account_id: UUID, plan: Tier, now: datetime) -> int: ...
+    async def set_plan(self, account_id: UUID, plan: Tier, now: datetime, period: str) -> int: ...
     async def insert_order(self, order: OrderRow) -> None: ...
     async def lock_order(self, order_id: UUID, account_id: UUID) -> OrderRow | None: ...
     async def mark_paid(self, order_id: UUID, now: datetime, reference: str) -> None: ...
@@ -69,6 +83,12 @@ class Tx(Protocol):
     async def get_invoice(self, order_id: UUID) -> InvoiceRow | None: ...
     async def claim_key(self, account_id: UUID, request: Idempotency) -> dict[str, Any] | None: ...
     async def remember_key(self, account_id: UUID, request: Idempotency, status: int, response: dict[str, Any]) -> None: ...
+    async def renewal_candidates(self, period: str) -> list[UUID]: ...
+    async def start_plan(self, account_id: UUID, period: str, start: datetime) -> Tier | None: ...
+    async def insert_renewal(self, order: OrderRow) -> bool: ...
+    async def due_renewals(self, now: datetime) -> list[tuple[UUID, UUID]]: ...
+    async def record_attempt(self, order_id: UUID, next_attempt_at: datetime) -> None: ...
+    async def lapse_renewals(self, account_id: UUID, now: datetime) -> None: ...
     async def current_plans(self) -> list[PlanRow]: ...
     async def paid_packages(self, period: str) -> list[OrderRow]: ...
     async def count_facts(self, period: str) -> int: ...
@@ -291,27 +311,42 @@ class BillingService:
             return self._out(order), []  # paying twice is harmless: the same paid order, one charge
         if order.period != period:
             raise BillingConflict("The order was for an earlier period; create a new order.")
+        if order.lapsed_at is not None:
+            raise BillingConflict("This renewal's grace period ended unpaid and the plan went to free; order the plan again.")
         if order.kind == "plan_upgrade":
             assert order.plan is not None
             domain.ensure_plan_allowed(account.user_type, order.plan)  # the user type may have changed since
             if order.previous_plan is not account.plan:
                 raise BillingConflict("The plan changed since this order was made; create a new order.")
-        fact = await self._settle(tx, account, order, now, audit)
+        try:
+            fact = await self._settle(tx, account, order, now, audit)
+        except PaymentDeclined as exc:  # raised before anything was written: the order stays pending
+            raise domain.ChargeDeclined(self._out(order)) from exc
         paid = await tx.lock_order(order_id, account_id)
         assert paid is not None
-        return self._out(paid), [fact]
+        return self._out(paid), [fact] if fact is not None else []
 
-    async def _settle(self, tx: Tx, account: AccountRow, order: OrderRow, now: datetime, audit: AuditContext) -> BillingFact:
-        """Charge a pending order, mark it paid, invoice it and apply its effect: its billing.v1 fact."""
+    async def _charge(self, order: OrderRow) -> str:
+        """The provider's reference of the order's charge (PaymentDeclined: the payer refused).
+        Nothing to charge: no call to the provider (a real one refuses a zero charge); the order
+        is paid all the same, so the change keeps its order, invoice and audit entries."""
+        if order.amount <= 0:
+            return NO_CHARGE
+        return (await self.provider.charge(order.id, order.account_id, order.amount, order.currency)).reference
+
+    async def _settle(
+        self, tx: Tx, account: AccountRow, order: OrderRow, now: datetime, audit: AuditContext, reference: str | None = None
+    ) -> BillingFact | None:
+        """Charge a pending order (unless the caller did: `reference`), mark it paid, invoice it and
+        apply its effect: its billing.v1 fact (none for a renewal: the plan stays)."""
         account_id = order.account_id
-        # Nothing to charge: no call to the provider (a real one refuses a zero charge); the order
-        # is paid all the same, so the change keeps its order, invoice and audit entries.
-        reference = NO_CHARGE
-        if order.amount > 0:
-            reference = (await self.provider.charge(order.id, account_id, order.amount, order.currency)).reference
+        if reference is None:
+            reference = await self._charge(order)
         await tx.mark_paid(order.id, now, reference)
         await self._audit(tx, audit, order, now, AuditAction.ORDER_PAID)
         await self._issue_invoice(tx, order.id, account, now)
+        if order.kind == "plan_renewal":
+            return None
         if order.kind == "plan_upgrade":
             assert order.plan is not None
             return await self._change_plan(tx, account_id, account.plan, order.plan, now)
@@ -362,7 +397,8 @@ class BillingService:
                 await tx.insert_order(upgrade)
                 await self._audit(tx, audit, upgrade, now, AuditAction.ORDER_CREATED)
                 if kind is SwitchKind.FREE_UPGRADE:  # 0.00: paid at once, as its payment would
-                    facts.append(await self._settle(tx, account, upgrade, now, audit))
+                    fact = await self._settle(tx, account, upgrade, now, audit)
+                    facts.extend([fact] if fact is not None else [])
                 else:
                     to_pay = upgrade
             user_type = account.user_type
@@ -373,7 +409,8 @@ class BillingService:
 
     async def _change_plan(self, tx: Tx, account_id: UUID, old: Tier, new: Tier, now: datetime) -> PlanChanged:
         plan = catalogue()[new]
-        version = await tx.set_plan(account_id, new, now)  # under the account's row lock: the order consumers keep
+        # under the account's row lock: the order consumers keep
+        version = await tx.set_plan(account_id, new, now, period_of(now, self.tz))
         await tx.record_plan(account_id, new, now, version)  # in keys' row, before its lock is let go
         event = PlanChanged(
             time=now,
@@ -386,6 +423,89 @@ class BillingService:
         )
         await self.outbox.add(tx.conn, BILLING, str(account_id).encode(), event.model_dump_json().encode())
         return event
+
+    # ---- renewals (an addition beyond the contract: docs/api.md, "Renewals") ---------------------
+    async def renew_all(self) -> int:
+        """The renewal job's pass (every replica's, services/billing/app.py): the current period's
+        renewal for every account that held a paid plan at its start (only the current period's: a
+        period the job missed entirely is not charged afterwards), then a charge of every renewal
+        due. Returns how many renewals were paid. Several replicas may run it at once: one renewal
+        per account and period (a unique index), each attempt under the account's and the order's
+        row locks, re-judged once they are held."""
+        now = self.clock()
+        period, start, _ = bounds_of(now, self.tz)
+        async with self.store.transaction() as tx:
+            candidates = await tx.renewal_candidates(period)
+        for account_id in candidates:
+            try:
+                await self._open_renewal(account_id, period, start, now)
+            except Exception:  # one account's trouble holds up no other's renewal
+                log.warning("opening the renewal of account %s failed; trying again next pass", account_id, exc_info=True)
+        async with self.store.transaction() as tx:
+            due = await tx.due_renewals(now)
+        paid = 0
+        for order_id, account_id in due:
+            try:
+                paid += await self._attempt_renewal(order_id, account_id)
+            except Exception:
+                log.warning("charging renewal %s failed; trying again next pass", order_id, exc_info=True)
+        return paid
+
+    async def _open_renewal(self, account_id: UUID, period: str, start: datetime, now: datetime) -> None:
+        async with self.store.transaction() as tx:
+            await self._lock(tx, account_id)  # after any plan change in flight: the plan at the start is settled
+            tier = await tx.start_plan(account_id, period, start)
+            if tier is None or tier is Tier.FREE:
+                return
+            price = catalogue()[tier].monthly_price
+            row = replace(self._new_order(account_id, "plan_renewal", price, period, now, plan=tier), next_attempt_at=now)
+            if await tx.insert_renewal(row):
+                await self._audit(tx, RENEWAL_JOB, row, now, AuditAction.ORDER_CREATED)
+
+    async def _attempt_renewal(self, order_id: UUID, account_id: UUID) -> int:
+        """One charge of a due renewal: paid (1), or declined (0) and tried again later, or, its
+        grace over, the account switched to free like a downgrade."""
+        facts: list[BillingFact] = []
+        async with self.store.transaction() as tx:
+            account = await self._lock(tx, account_id)
+            order = await tx.lock_order(order_id, account_id)
+            now = self.clock()
+            if order is None or not domain.renewal_due(order, now):
+                return 0  # another replica charged it meanwhile, or the customer paid it
+            try:
+                reference = await self._charge(order)
+            except PaymentDeclined:
+                declined = True
+            except Exception:  # the provider failing, not the payer: tried again, the plan kept
+                log.warning("charging renewal %s failed; trying again later", order_id, exc_info=True)
+                declined = False
+            else:
+                await self._settle(tx, account, order, now, RENEWAL_JOB, reference)
+                RENEWALS.labels("paid").inc()
+                return 1
+            if declined and domain.grace_over(order, now):
+                RENEWALS.labels("lapsed").inc()
+                await tx.lapse_renewals(account_id, now)
+                if account.plan is not Tier.FREE:
+                    facts.append(await self._change_plan(tx, account_id, account.plan, Tier.FREE, now))
+                    entry = RENEWAL_JOB.entry(
+                        account_id,
+                        now,
+                        AuditAction.PLAN_SWITCHED,
+                        "account",
+                        account_id,
+                        plan=Tier.FREE.value,
+                        previous_plan=account.plan.value,
+                        reason="renewal_unpaid",
+                        order_id=str(order_id),
+                    )
+                    await self.outbox.add(tx.conn, AUDIT, str(account_id).encode(), entry.model_dump_json().encode())
+            else:
+                RENEWALS.labels("declined" if declined else "provider_failed").inc()
+                await tx.record_attempt(order_id, domain.next_attempt(order, now))
+        if facts:
+            await self.edge.deliver(facts)
+        return 0
 
     # ---- republishing (docs/architecture.md, "Kafka is transport") ------------------------------
     async def republish(self, topics: Collection[str] = (BILLING.name,)) -> dict[str, int]:

@@ -43,6 +43,10 @@ class OrderRow:
     period: str
     created_at: datetime
     paid_at: datetime | None
+    # plan_renewal only: failed charge attempts, when the job tries again, when the grace ended unpaid
+    attempts: int = 0
+    next_attempt_at: datetime | None = None
+    lapsed_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -115,12 +119,15 @@ class BillingTx:
         waiting on it judges by this plan, not by keys' billing.v1 consumer's older copy."""
         await self.conn.execute("SELECT keys.record_plan(%s, %s, %s, %s)", (account_id, plan.value, time, version))
 
-    async def set_plan(self, account_id: UUID, plan: Tier, now: datetime) -> int:
-        """The new plan, at the account's next plan version (the caller holds its row lock)."""
+    async def set_plan(self, account_id: UUID, plan: Tier, now: datetime, period: str) -> int:
+        """The new plan, at the account's next plan version (the caller holds its row lock). The
+        first change in `period` keeps the plan held at its start (the renewal's plan)."""
         cur = await self.conn.execute(
-            """UPDATE billing.accounts SET plan = %s, plan_changed_at = %s, plan_version = plan_version + 1
+            """UPDATE billing.accounts SET plan = %s, plan_changed_at = %s, plan_version = plan_version + 1,
+                      start_plan = CASE WHEN start_plan_period IS DISTINCT FROM %s THEN plan ELSE start_plan END,
+                      start_plan_period = %s
                WHERE account_id = %s RETURNING plan_version""",
-            (plan.value, now, account_id),
+            (plan.value, now, period, period, account_id),
         )
         row = await cur.fetchone()
         assert row is not None
@@ -130,8 +137,8 @@ class BillingTx:
         await self.conn.execute(
             """
             INSERT INTO billing.orders (id, account_id, kind, status, amount, currency, plan, previous_plan, resource,
-                                        quantity, period, created_at, paid_at)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+                                        quantity, period, created_at, paid_at, next_attempt_at)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
             """,
             (
                 order.id,
@@ -147,6 +154,7 @@ class BillingTx:
                 order.period,
                 order.created_at,
                 order.paid_at,
+                order.next_attempt_at,
             ),
         )
 
@@ -166,6 +174,9 @@ class BillingTx:
             period=row["period"],
             created_at=row["created_at"],
             paid_at=row["paid_at"],
+            attempts=row["attempts"],
+            next_attempt_at=row["next_attempt_at"],
+            lapsed_at=row["lapsed_at"],
         )
 
     async def lock_order(self, order_id: UUID, account_id: UUID) -> OrderRow | None:
@@ -177,7 +188,8 @@ class BillingTx:
 
     async def mark_paid(self, order_id: UUID, now: datetime, reference: str) -> None:
         await self.conn.execute(
-            "UPDATE billing.orders SET status = 'paid', paid_at = %s, payment_reference = %s WHERE id = %s",
+            """UPDATE billing.orders SET status = 'paid', paid_at = %s, payment_reference = %s, next_attempt_at = NULL
+               WHERE id = %s""",
             (now, reference, order_id),
         )
 
@@ -273,6 +285,88 @@ class BillingTx:
              WHERE account_id = %s AND route = %s AND key = %s
             """,
             (status, json.dumps(response), account_id, request.route, request.key),
+        )
+
+    # ---- renewals (docs/api.md, "Renewals") -----------------------------------------------------
+    async def renewal_candidates(self, period: str) -> list[UUID]:
+        """Accounts that may owe `period`'s renewal: off free at some time, none made for it yet
+        (`start_plan` decides, under the account's lock)."""
+        cur = await self.conn.execute(
+            """
+            SELECT a.account_id FROM billing.accounts a
+             WHERE a.plan_changed_at IS NOT NULL
+               AND (a.plan <> 'free' OR (a.start_plan_period = %s AND a.start_plan <> 'free'))
+               AND NOT EXISTS (SELECT 1 FROM billing.orders o
+                                WHERE o.account_id = a.account_id AND o.kind = 'plan_renewal' AND o.period = %s)
+             ORDER BY a.account_id
+            """,
+            (period, period),
+        )
+        return [row["account_id"] for row in await cur.fetchall()]
+
+    async def start_plan(self, account_id: UUID, period: str, start: datetime) -> Tier | None:
+        """The plan the account held at `start` of `period` (None: unknown, its plan changed in the
+        period before start plans were recorded). The caller holds the account's row lock."""
+        cur = await self.conn.execute(
+            "SELECT plan, plan_changed_at, start_plan, start_plan_period FROM billing.accounts WHERE account_id = %s",
+            (account_id,),
+        )
+        row = await cur.fetchone()
+        if row is None:
+            return None
+        if row["start_plan_period"] == period:
+            return Tier(row["start_plan"])
+        if row["plan_changed_at"] is None or row["plan_changed_at"] < start:
+            return Tier(row["plan"])
+        return None
+
+    async def insert_renewal(self, order: OrderRow) -> bool:
+        """The period's renewal, unless one exists already (another replica's): True if inserted."""
+        cur = await self.conn.execute(
+            """
+            INSERT INTO billing.orders (id, account_id, kind, status, amount, currency, plan, period, created_at,
+                                        next_attempt_at)
+            VALUES (%s, %s, 'plan_renewal', 'pending', %s, %s, %s, %s, %s, %s)
+            ON CONFLICT (account_id, period) WHERE kind = 'plan_renewal' DO NOTHING RETURNING id
+            """,
+            (
+                order.id,
+                order.account_id,
+                order.amount,
+                order.currency,
+                order.plan.value if order.plan else None,
+                order.period,
+                order.created_at,
+                order.next_attempt_at,
+            ),
+        )
+        return await cur.fetchone() is not None
+
+    async def due_renewals(self, now: datetime) -> list[tuple[UUID, UUID]]:
+        """(order id, account id) of the pending renewals whose next attempt is due, oldest first."""
+        cur = await self.conn.execute(
+            """
+            SELECT id, account_id FROM billing.orders
+             WHERE kind = 'plan_renewal' AND status = 'pending' AND lapsed_at IS NULL AND next_attempt_at <= %s
+             ORDER BY next_attempt_at, id
+            """,
+            (now,),
+        )
+        return [(row["id"], row["account_id"]) for row in await cur.fetchall()]
+
+    async def record_attempt(self, order_id: UUID, next_attempt_at: datetime) -> None:
+        """A failed charge of a renewal: counted, and the next one scheduled."""
+        await self.conn.execute(
+            "UPDATE billing.orders SET attempts = attempts + 1, next_attempt_at = %s WHERE id = %s",
+            (next_attempt_at, order_id),
+        )
+
+    async def lapse_renewals(self, account_id: UUID, now: datetime) -> None:
+        """Every pending renewal of the account ends unpaid: none is charged again."""
+        await self.conn.execute(
+            """UPDATE billing.orders SET attempts = attempts + 1, lapsed_at = %s, next_attempt_at = NULL
+               WHERE account_id = %s AND kind = 'plan_renewal' AND status = 'pending' AND lapsed_at IS NULL""",
+            (now, account_id),
         )
 
     # ---- republishing (docs/architecture.md, "Kafka is transport") ------------------------------

@@ -112,8 +112,8 @@ async def test_plans_and_user_types_are_kept_by_version_in_postgres(settings, po
     earlier = now - timedelta(minutes=1)
     async with BillingStore(pool).transaction() as tx:
         await tx.lock_account(account, UserType.INDIVIDUAL, None, 0)
-        first = await tx.set_plan(account, Tier.BASIC, now)
-        assert await tx.set_plan(account, Tier.FREE, earlier) == first + 1
+        first = await tx.set_plan(account, Tier.BASIC, now, "2026-11")
+        assert await tx.set_plan(account, Tier.FREE, earlier, "2026-11") == first + 1
         await tx.set_user_type(account, UserType.ENTERPRISE, earlier, 3)
         await tx.set_user_type(account, UserType.INDIVIDUAL, now, 2)
         row = await tx.lock_account(account, UserType.INDIVIDUAL, None, 0)

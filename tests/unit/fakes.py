@@ -5,7 +5,7 @@ import copy
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -21,7 +21,7 @@ from contracts.topics import Topic
 from services.alerts import domain as alerts_domain
 from services.alerts.store import Firing, Rule, RuleView
 from services.billing.domain import Idempotency, KeyReused
-from services.billing.payments import Charge
+from services.billing.payments import Charge, PaymentDeclined
 from services.billing.store import AccountRow, InvoiceRow, OrderRow, PlanRow
 from services.geo.store import ProjectRow
 from services.metering.domain import NO_KEY, Cursor, GroupBy
@@ -94,6 +94,7 @@ class FakeBillingState:
         # record, and the plan billing recorded there (plan, time, version).
         self.user_types_of_record: dict[UUID, UserType] = {}
         self.plans_in_keys: dict[UUID, tuple[Tier, datetime, int]] = {}
+        self.start_plans: dict[UUID, tuple[Tier, str]] = {}  # billing.accounts.start_plan, start_plan_period
 
 
 class FakeBillingTx:
@@ -124,8 +125,10 @@ class FakeBillingTx:
         if account_id in self.state.user_types_of_record:
             self.state.plans_in_keys[account_id] = (plan, time, version)
 
-    async def set_plan(self, account_id: UUID, plan: Tier, now: datetime) -> int:
+    async def set_plan(self, account_id: UUID, plan: Tier, now: datetime, period: str) -> int:
         row = self.state.accounts[account_id]
+        if self.state.start_plans.get(account_id, (None, ""))[1] != period:
+            self.state.start_plans[account_id] = (row.plan, period)
         self.state.accounts[account_id] = AccountRow(account_id, plan, row.user_type, row.user_type_time, row.user_type_version)
         self.state.plan_versions[account_id] = self.state.plan_versions.get(account_id, 0) + 1
         self.state.plan_times[account_id] = now
@@ -140,7 +143,7 @@ class FakeBillingTx:
 
     async def mark_paid(self, order_id: UUID, now: datetime, reference: str) -> None:
         order = self.state.orders[order_id]
-        self.state.orders[order_id] = OrderRow(**{**order.__dict__, "status": "paid", "paid_at": now})
+        self.state.orders[order_id] = replace(order, status="paid", paid_at=now, next_attempt_at=None)
 
     async def list_orders(self, account_id: UUID, limit: int, before: tuple[datetime, UUID] | None) -> list[OrderRow]:
         mine = sorted(
@@ -175,6 +178,38 @@ class FakeBillingTx:
     async def remember_key(self, account_id: UUID, request: Idempotency, status: int, response: dict[str, Any]) -> None:
         self.state.keys[(account_id, request.route, request.key)] = (request.fingerprint, response)
 
+    async def renewal_candidates(self, period: str) -> list[UUID]:
+        renewed = {o.account_id for o in self.state.orders.values() if o.kind == "plan_renewal" and o.period == period}
+        return sorted(a for a in self.state.plan_times if a not in renewed)
+
+    async def start_plan(self, account_id: UUID, period: str, start: datetime) -> Tier | None:
+        plan, of = self.state.start_plans.get(account_id, (Tier.FREE, ""))
+        if of == period:
+            return plan
+        changed = self.state.plan_times.get(account_id)
+        return self.state.accounts[account_id].plan if changed is None or changed < start else None
+
+    async def insert_renewal(self, order: OrderRow) -> bool:
+        made = {(o.account_id, o.period) for o in self.state.orders.values() if o.kind == "plan_renewal"}
+        if (order.account_id, order.period) in made:
+            return False
+        self.state.orders[order.id] = order
+        return True
+
+    async def due_renewals(self, now: datetime) -> list[tuple[UUID, UUID]]:
+        due = [o for o in self.state.orders.values() if o.kind == "plan_renewal" and o.status == "pending"]
+        due = [o for o in due if o.lapsed_at is None and o.next_attempt_at is not None and o.next_attempt_at <= now]
+        return [(o.id, o.account_id) for o in sorted(due, key=lambda o: (o.next_attempt_at, o.id))]
+
+    async def record_attempt(self, order_id: UUID, next_attempt_at: datetime) -> None:
+        order = self.state.orders[order_id]
+        self.state.orders[order_id] = replace(order, attempts=order.attempts + 1, next_attempt_at=next_attempt_at)
+
+    async def lapse_renewals(self, account_id: UUID, now: datetime) -> None:
+        for o in list(self.state.orders.values()):
+            if o.account_id == account_id and o.kind == "plan_renewal" and o.status == "pending" and o.lapsed_at is None:
+                self.state.orders[o.id] = replace(o, attempts=o.attempts + 1, lapsed_at=now, next_attempt_at=None)
+
     async def current_plans(self) -> list[PlanRow]:
         return [
             PlanRow(a, self.state.accounts[a].plan, at, self.state.plan_versions[a])
@@ -202,14 +237,21 @@ class FakeBillingStore:
 
 
 class FakePaymentProvider:
-    """A payment provider, idempotent on the order id like a real one; counts every attempt."""
+    """A payment provider, idempotent on the order id like a real one; counts every attempt.
+    `declines` makes it refuse every charge for the payer, `fails` fail as a provider down would."""
 
     def __init__(self) -> None:
         self.attempts = 0
         self.charges: dict[UUID, tuple[Decimal, str]] = {}
+        self.declines = False
+        self.fails = False
 
     async def charge(self, order_id: UUID, account_id: UUID, amount: Decimal, currency: str) -> Charge:
         self.attempts += 1
+        if self.declines:
+            raise PaymentDeclined("card declined")
+        if self.fails:
+            raise ConnectionError("the payment provider does not answer")
         self.charges.setdefault(order_id, (amount, currency))
         return Charge(reference=f"fake-{order_id}")
 

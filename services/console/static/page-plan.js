@@ -8,6 +8,8 @@ import { RESOURCES, amount, date, dateTime, money, num, resourceName, titleCase 
 /** What an order bought, in words. */
 function orderWhat(order) {
   if (order.kind === "plan_upgrade") return `Upgrade ${titleCase(order.previous_plan || "free")} → ${titleCase(order.plan)}`;
+  // Made by the platform at each period's start (the plan's full monthly price), never by a click.
+  if (order.kind === "plan_renewal") return `${titleCase(order.plan)} plan renewal`;
   const p = order.package || {};
   return `${resourceName(p.resource)} package: ${amount(p.resource, p.amount)}`;
 }
