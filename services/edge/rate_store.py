@@ -348,7 +348,7 @@ class RedisStore:
         self._replica = uuid.uuid4().hex
         self._drops_channel = prefix + "drops"
         self._leases: dict[tuple[str, ...], _Leased] = {}
-        self._leasing: dict[tuple[str, ...], asyncio.Future[None]] = {}
+        self._leasing: dict[tuple[str, ...], asyncio.Future[bool]] = {}  # True: the trip failed
         self._demand: dict[tuple[str, ...], int] = {}
         self._held: dict[UUID, list[_Leased]] = {}  # registered in Redis, not yet given back
         self._announced: dict[UUID, int] = {}  # key -> the latest revocation epoch announced
@@ -424,16 +424,21 @@ class RedisStore:
             if in_flight is None:
                 break
             self._demand[subjects] = self._demand.get(subjects, 0) + 1
-            await asyncio.shield(in_flight)
+            if await asyncio.shield(in_flight):  # Redis failed that trip: fail open as it did, not one by one
+                return self._failed_open(each(limits, len(subjects)))
         want = wanted(self._demand.pop(subjects, 0))
         leasing = self._leasing[subjects] = asyncio.get_running_loop().create_future()
+        failed = False
         try:
             if want > 1 and await self._listens():
-                return await self._take_lease(subjects, limits, now, admission, known, want, totals)
-            return await self._judge(subjects, limits, now, admission, known)
+                judged = await self._take_lease(subjects, limits, now, admission, known, want, totals)
+            else:
+                judged = await self._judge(subjects, limits, now, admission, known)
+            failed = judged[0].allowed and judged[1] is None  # let through, admissions not judged: the store failed
+            return judged
         finally:
             del self._leasing[subjects]
-            leasing.set_result(None)
+            leasing.set_result(failed)
 
     async def _take_lease(
         self,

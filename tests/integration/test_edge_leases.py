@@ -383,3 +383,20 @@ async def test_a_block_is_at_most_what_is_left_divided_by_the_live_replicas(redi
     finally:
         for replica in (a, b, c):
             await replica.store.close()
+
+
+async def test_calls_waiting_for_a_trip_that_fails_fail_open_with_it_not_one_after_another(redis_url):
+    """Redis hung: the calls of a busy key that waited for the trip in flight are let through
+    when it fails (as each was before leases), not each after a trip of its own in turn."""
+    prefix, account, key = new_ids()
+    link = CuttableLink(redis_url)
+    async with link as through_link:
+        replica = Replica(through_link, prefix, account, key, 1000)
+        await replica.call()  # connected
+        link.cut()
+        started = time.monotonic()
+        results = await replica.burst(20)
+        took = time.monotonic() - started
+        await asyncio.wait_for(replica.store.close(), 10)
+    assert all(allowed and taken is None for allowed, taken, _ in results)  # failed open, not judged
+    assert took < 2.0, took  # one 0.5 s timeout (or a few), not twenty in a row
