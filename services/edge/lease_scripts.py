@@ -12,8 +12,10 @@ leased lately (score: until when they count as live), for the share of what is l
 # lease's lifetime (ms), a replica's (ms). The first call is judged exactly as SCRIPT judges it;
 # when every admission has room, up to `want - 1` more calls are taken at the same `now`, each
 # by the same rate-limit arithmetic, within every api_calls limit's share (what is left divided by
-# the live replicas, at least 1). Returns SCRIPT's answer (its headers those after the last call
-# taken), then the block taken (0: not judged, or no room) and the key's epoch, then the slots.
+# the live replicas, at least 1), and within what every subject's bucket and window still let
+# through at `now` (taken in one write, not call by call: a block costs Redis what one call does).
+# Returns SCRIPT's answer (its headers: the limits after the block), then the block taken (0: not
+# judged, or no room) and the key's epoch, then the slots.
 LEASE_BODY = """
 local wants = tonumber(ARGV[3])
 local known = tonumber(ARGV[4])
@@ -54,12 +56,25 @@ if allowed and wants > 0 then
     local live = math.max(1, redis.call('ZCARD', replicas))
     local share = want
     for i = 1, wants do share = math.min(share, math.max(1, math.floor(lefts[i] / live))) end
+    -- the calls after this one that every subject's bucket and window let through at `now`
+    -- (each needs a whole token and room for one more in the window), all taken in one write
+    local more = share - 1
+    for i, h in ipairs(stored) do
+      local tokens, wstart, cur, prev = tonumber(h[1]), tonumber(h[3]), tonumber(h[4]), tonumber(h[5])
+      local est = prev * math.max(0.0, (60.0 - math.max(0.0, now - wstart)) / 60.0) + cur
+      more = math.min(more, math.floor(tokens), math.floor(limits[i][3] - est))
+    end
     block = 1
-    while block < share do
-      local more, s2, r2, re2, rt2, st2, nr2 = rate_limit(subjects, now, limits, ttl, true)
-      if not more then break end
-      block = block + 1
-      size, remaining, reset, retry, stored, next_refused = s2, r2, re2, rt2, st2, nr2
+    if more > 0 then
+      block = 1 + more
+      for i, h in ipairs(stored) do
+        redis.call('HSET', subjects[i], 'tokens', string.format('%.17g', tonumber(h[1]) - more),
+          'cur', string.format('%.17g', tonumber(h[4]) + more))
+      end
+      -- the headers as the limits stand after the block: the room left now, taking nothing
+      local _
+      _, size, remaining, reset, retry, stored, next_refused = rate_limit(subjects, now, limits, ttl, false)
+      retry = 0
     end
     for i = 1, wants do redis.call('HSET', KEYS[n + 1 + i], 'admitted', counts[i] + block) end
     if block > 1 then
