@@ -56,20 +56,21 @@ def granted(want: int, left: Sequence[int], live: int) -> int:
 @dataclass(slots=True)
 class Lease:
     """A block of calls this replica holds for one key (its rate-limit subjects), taken at
-    `version` of the key's state against the api_calls `totals` it knew: a call judged by another
-    version or totals does not use it (the key's state or plan changed: it goes to Redis)."""
+    `version` of the key's state against the api_calls `totals` it knew (each limit's period and
+    total): a call judged by another version or totals does not use it (the key's state, the plan
+    or the period changed: it goes to Redis)."""
 
     member: str  # its entry in the key's lease registry in Redis
     epoch: int  # the key's revocation epoch when it was taken
     version: int
-    totals: tuple[int, ...]
+    totals: tuple[object, ...]
     left: int  # calls not yet handed out
     expires: float  # time.monotonic() past which it is not used
     decision: Decision  # the headers' limit and reset when it was taken
     window: float  # the rate limit's window start when it was taken (giving back)
     dropped: bool = False
 
-    def take(self, version: int, totals: tuple[int, ...], now: float) -> Decision | None:
+    def take(self, version: int, totals: tuple[object, ...], now: float) -> Decision | None:
         """One call from the block, with its headers (Remaining: the leftovers after it), or None
         when the lease cannot serve this call (spent, expired, dropped, or judged otherwise)."""
         if not self.usable(now) or version != self.version or totals != self.totals:

@@ -411,7 +411,7 @@ class RedisStore:
         """An admitted API-key call: from its key's lease when one serves it, else after the trip
         in flight for the key (if any), else one trip of its own, for a block of the calls that
         came meanwhile (a block of 1 is SCRIPT: the same trip as without leases)."""
-        totals = tuple(view.total for view in admission)
+        totals = tuple((view.subject, view.period, view.total) for view in admission)  # a new period or total: Redis
         while True:
             held = self._leases.get(subjects)
             if held is not None:
@@ -448,7 +448,7 @@ class RedisStore:
         admission: tuple[CallsView, ...],
         known: KeyCheck,
         want: int,
-        totals: tuple[int, ...],
+        totals: tuple[object, ...],
     ) -> tuple[Decision, int | None]:
         per = each(limits, len(subjects))
         ttl = int(2 * WINDOW_S + max(math.ceil(lim.burst / lim.per_second) for lim in per))
