@@ -40,7 +40,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.e2e import tollgate_up
-from bench.http_load import CLK_TCK, PY_SPY, Run, per_request, settle, stack_cpu_seconds, tenant
+from bench.http_load import CLK_TCK, PY_SPY, Run, per_request, scripts_run, settle, stack_cpu_seconds, tenant
 from services.runtime.host import split
 from services.runtime.host.stack import StackConfig
 from tests.support.apps import REPO, free_port, process_tree, worker_pids
@@ -362,7 +362,9 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, pr
 
             verify_url = f"{base}/api/edge/verify"
             healthz = await asyncio.to_thread(quiet_run, f"{base}/healthz", [])
+            verify_scripts = scripts_run(int(env["TOLLGATE_REDIS_PORT"]))
             verify = await asyncio.to_thread(quiet_run, verify_url, keys, mode="verify", token=token)
+            verify_scripts = scripts_run(int(env["TOLLGATE_REDIS_PORT"])) - verify_scripts
             await asyncio.to_thread(settle, state)
             paced, paced_invalid = await asyncio.to_thread(load.paced_at_half, verify_url, keys, verify.run, "verify", token)
             samples: list[str] = []
@@ -390,6 +392,7 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, pr
     print(healthz.cpu_line())
     print(verify.run.line("POST /api/edge/verify", healthz.run))
     print(verify.cpu_line())
+    print(f"  Redis round trips (scripts run) per verify: {verify_scripts / max(1, verify.run.requests):.3f}")
     goal_p99 = "met" if paced.p99_ms <= 5 else "MISSED"
     print(
         paced.line("verify, paced")

@@ -36,7 +36,7 @@ ADMISSION_STORE_ERRORS = Counter(
 
 # room(key, argv, at): argv[at .. at + 5] = has a state (1/0), its watermark (us), used,
 # reserved, the caller's total, the key's ttl (s). Brings the hash up to the newest state and
-# returns its admissions and whether one more fits; take(key, admitted) records one more.
+# returns its admissions, whether one more fits, and how many more fit (leases.py: a block).
 # (v4) A call may need several admissions at once (its account's and its key's own api_calls
 # limits): each is asked for room first, and all are taken only if every one has it.
 ADMIT_FN = """
@@ -52,7 +52,7 @@ local function room(key, argv, at)
   local admitted = math.max(tonumber(kept[4] or '0'), used)
   redis.call('HSET', key, 'admitted', admitted)
   redis.call('EXPIRE', key, tonumber(argv[at + 5]))
-  return admitted, admitted + reserved < total
+  return admitted, admitted + reserved < total, total - reserved - admitted
 end
 """
 

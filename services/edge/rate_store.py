@@ -14,7 +14,9 @@ script run read-only, or the copy's refusal without a round trip.
 import asyncio
 import logging
 import math
-from collections.abc import Sequence
+import time
+import uuid
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 from uuid import UUID
@@ -23,8 +25,10 @@ from prometheus_client import Counter
 from redis.asyncio import Redis
 
 from services.edge.admissions import ADMISSION_STORE_ERRORS, ADMIT_FN, RELEASE, admission_args, admission_key
+from services.edge.lease_scripts import GIVE_BACK, LEASE_BODY, REVOKE, STILL_HELD
+from services.edge.leases import LEASE_S, LOCAL_MARGIN_S, REPLICA_TTL_S, Lease, wanted
 from services.edge.quota_gate import CallsView
-from services.edge.rate_limit import WINDOW_S, Decision, PerSubject, Slot, each, evaluate, refusal_lasts
+from services.edge.rate_limit import WINDOW_S, Decision, Limits, PerSubject, Slot, each, evaluate, refusal_lasts, window_start
 from services.runtime.platform.logs import Throttled
 from services.runtime.platform.metrics import DEPENDENCY_ERRORS
 
@@ -277,17 +281,11 @@ end
 return result
 """
 )
-# revoke(entry; version, how, ttl): kept only if newer than what the entry holds.
-REVOKE = """
-local kept = redis.call('GET', KEYS[1])
-if kept then
-  local version = tonumber(string.match(kept, '^(%d+)'))
-  if version and version >= tonumber(ARGV[1]) then return 0 end
-end
-redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[2], 'EX', tonumber(ARGV[3]))
-return 1
-"""
 MAX_COPIES = 100_000  # subjects whose slots are copied; forgotten all at once beyond
+LEASE_SCRIPT = RATE_LIMIT_FN + ADMIT_FN + LEASE_BODY
+# A toggle waits for the leases of the key taken before it at most this long (they expire in LEASE_S).
+DROP_WAIT_S = LEASE_S + 0.5
+MAX_ANNOUNCED = 100_000  # revoked keys whose latest epoch is remembered; forgotten all at once beyond
 
 
 async def shared_revocations(url: str, prefix: str = "tollgate:revoked:") -> dict[UUID, tuple[int, str]]:
@@ -340,6 +338,23 @@ class RedisStore:
         # instead of each asking Redis during its round trip.
         self._copies: dict[tuple[str, ...], _Copy] = {}
         self._judging: dict[tuple[str, ...], asyncio.Future[None]] = {}
+        # Leased admissions (leases.py): a busy key's calls share one trip for a block of them.
+        # A call that finds its key's trip in flight waits for it (`_leasing`) and counts as
+        # demand, which sizes the next block; the block is handed out here until it is spent,
+        # expires, or a revocation of the key is announced (`_listen`, then `_drop`).
+        self._lease_script = self._redis.register_script(LEASE_SCRIPT)
+        self._give_back = self._redis.register_script(GIVE_BACK)
+        self._still_held = self._redis.register_script(STILL_HELD)
+        self._replica = uuid.uuid4().hex
+        self._drops_channel = prefix + "drops"
+        self._leases: dict[tuple[str, ...], _Leased] = {}
+        self._leasing: dict[tuple[str, ...], asyncio.Future[bool]] = {}  # True: the trip failed
+        self._demand: dict[tuple[str, ...], int] = {}
+        self._held: dict[UUID, list[_Leased]] = {}  # registered in Redis, not yet given back
+        self._announced: dict[UUID, int] = {}  # key -> the latest revocation epoch announced
+        self._listening = asyncio.Event()
+        self._listener: asyncio.Task[None] | None = None
+        self._lease_log = Throttled(log)
 
     async def hit(self, subjects: Sequence[str], limits: PerSubject, now: float) -> Decision:
         return (await self.hit_and_admit(subjects, limits, now, None))[0]
@@ -382,11 +397,195 @@ class RedisStore:
             # subjects that arrive meanwhile wait for that (a flood would send each of them).
             judged = self._judging[subjects] = asyncio.get_running_loop().create_future()
         try:
-            return await self._judge(subjects, limits, now, admission, known)
+            if admission is None or known is None:
+                return await self._judge(subjects, limits, now, admission, known)
+            return await self._leased(subjects, limits, now, admission, known)
         finally:
             if judged is not None:
                 del self._judging[subjects]
                 judged.set_result(None)
+
+    async def _leased(
+        self, subjects: tuple[str, ...], limits: PerSubject, now: float, admission: tuple[CallsView, ...], known: KeyCheck
+    ) -> tuple[Decision, int | None]:
+        """An admitted API-key call: from its key's lease when one serves it, else after the trip
+        in flight for the key (if any), else one trip of its own, for a block of the calls that
+        came meanwhile (a block of 1 is SCRIPT: the same trip as without leases)."""
+        totals = tuple((view.subject, view.period, view.total) for view in admission)  # a new period or total: Redis
+        while True:
+            held = self._leases.get(subjects)
+            if held is not None:
+                decision = held.lease.take(known.version, totals, time.monotonic())
+                if decision is not None:
+                    self._demand[subjects] = self._demand.get(subjects, 0) + 1
+                    return decision, 0
+                self._retire(subjects, held)
+            in_flight = self._leasing.get(subjects)
+            if in_flight is None:
+                break
+            self._demand[subjects] = self._demand.get(subjects, 0) + 1
+            if await asyncio.shield(in_flight):  # Redis failed that trip: fail open as it did, not one by one
+                return self._failed_open(each(limits, len(subjects)))
+        want = wanted(self._demand.pop(subjects, 0))
+        leasing = self._leasing[subjects] = asyncio.get_running_loop().create_future()
+        failed = False
+        try:
+            if want > 1 and await self._listens():
+                judged = await self._take_lease(subjects, limits, now, admission, known, want, totals)
+            else:
+                judged = await self._judge(subjects, limits, now, admission, known)
+            failed = judged[0].allowed and judged[1] is None  # let through, admissions not judged: the store failed
+            return judged
+        finally:
+            del self._leasing[subjects]
+            leasing.set_result(failed)
+
+    async def _take_lease(
+        self,
+        subjects: tuple[str, ...],
+        limits: PerSubject,
+        now: float,
+        admission: tuple[CallsView, ...],
+        known: KeyCheck,
+        want: int,
+        totals: tuple[object, ...],
+    ) -> tuple[Decision, int | None]:
+        per = each(limits, len(subjects))
+        ttl = int(2 * WINDOW_S + max(math.ceil(lim.burst / lim.per_second) for lim in per))
+        subject_keys = [self._prefix + s for s in subjects]
+        registry = f"{self._prefix}lease:{known.key_id}"
+        keys = [*subject_keys, self._revoked_prefix + str(known.key_id)]
+        args: list[str | int] = [repr(now), ttl, len(admission), known.version, len(per), 1]
+        for lim in per:
+            args += [repr(lim.per_second), lim.burst, lim.per_minute]
+        admission_keys = [admission_key(self._admissions_prefix, view) for view in admission]
+        keys += admission_keys
+        for view in admission:
+            args += admission_args(view)
+        keys += [registry, f"{self._prefix}epoch:{known.key_id}", self._prefix + "replicas"]
+        lease_id = uuid.uuid4().hex
+        args += [want, self._replica, lease_id, int(LEASE_S * 1000), int(REPLICA_TTL_S * 1000)]
+        asked = time.monotonic()  # before Redis's clock starts the lease: ours ends first
+        try:
+            result = await self._lease_script(keys=keys, args=args)
+        except Exception:
+            return self._failed_open(per)
+        if result[0] == -1:
+            raise KeyRevoked(result[1].decode())
+        allowed, limit, remaining, reset, retry, admitted, block, epoch, *stored = result
+        if block <= 1:  # (a lease's leftovers are calls this replica may still admit: no copy refuses them)
+            self._keep_copy(subjects, stored)
+        decision = Decision(bool(allowed), int(limit), int(remaining), int(reset), int(retry))
+        if block > 1:
+            lease = Lease(
+                f"{epoch}:{lease_id}",
+                int(epoch),
+                known.version,
+                totals,
+                int(block) - 1,
+                asked + LEASE_S - LOCAL_MARGIN_S,
+                decision,
+                window_start(now),
+            )
+            held = _Leased(lease, known.key_id, [registry, *subject_keys, *admission_keys], [lim.burst for lim in per])
+            self._held.setdefault(known.key_id, []).append(held)
+            if self._announced.get(known.key_id, -1) >= lease.epoch:  # revoked meanwhile: not used
+                self._drop_held(known.key_id)
+            else:
+                self._leases[subjects] = held
+                asyncio.get_running_loop().call_later(LEASE_S, self._expire, subjects, held)
+            decision = Decision(True, decision.limit, lease.left, decision.reset_s, 0)  # only what this replica holds
+        return decision, None if admitted == -1 else int(admitted)
+
+    def _expire(self, subjects: tuple[str, ...], held: "_Leased") -> None:
+        """A lease's lifetime is over: its leftovers, if any, are given back (no call came for them)."""
+        if self._leases.get(subjects) is held:
+            self._retire(subjects, held)
+            self._demand.pop(subjects, None)  # no trip since: the calls came slower than a lease lives
+        self._forget_held(held)
+
+    def _retire(self, subjects: tuple[str, ...], held: "_Leased") -> None:
+        """The lease serves no more calls: unused leftovers go back (in the background); a spent
+        lease stays registered until it expires or a revocation's announcement acknowledges it."""
+        if self._leases.get(subjects) is held:
+            del self._leases[subjects]
+        lease = held.lease
+        if lease.left > 0 and not lease.dropped:
+            if time.monotonic() >= lease.expires:  # calls came slower than a lease lives: start at 1 again
+                self._demand.pop(subjects, None)
+            lease.dropped = True
+            self._copies.pop(subjects, None)  # the tokens given back may let a call through
+            self._forget_held(held)
+            self._in_background(self._return(held))
+
+    def _forget_held(self, held: "_Leased") -> None:
+        registered = self._held.get(held.key_id)
+        if registered is not None and held in registered:
+            registered.remove(held)
+            if not registered:
+                del self._held[held.key_id]
+
+    def _drop_held(self, key_id: UUID) -> None:
+        """A revocation of the key was announced: its leases here serve no more calls, and each
+        leaves the registry (the toggle waits for that), with its leftovers."""
+        for held in self._held.pop(key_id, []):
+            held.lease.dropped = True
+            for subjects, current in list(self._leases.items()):
+                if current is held:
+                    del self._leases[subjects]
+            self._in_background(self._return(held))
+
+    async def _return(self, held: "_Leased") -> None:
+        lease = held.lease
+        args: list[str | int] = [lease.member, lease.left, repr(lease.window), len(held.bursts), *held.bursts]
+        try:
+            await self._give_back(keys=held.keys, args=args)
+        except Exception:
+            ADMISSION_STORE_ERRORS.inc()
+            self._lease_log.warning("a lease's leftovers could not be given back (Redis): they stay taken", exc_info=True)
+
+    def _in_background(self, work: Coroutine[object, object, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _listens(self) -> bool:
+        """Whether this replica hears revocations' announcements (then it may hold leases)."""
+        if self._listening.is_set():
+            return True
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.get_running_loop().create_task(self._listen(), name="lease-drops")
+        try:
+            await asyncio.wait_for(self._listening.wait(), 0.5)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _listen(self) -> None:
+        pubsub = self._redis.pubsub()
+        try:
+            await pubsub.subscribe(self._drops_channel)
+            async for message in pubsub.listen():
+                if message["type"] == "subscribe":
+                    self._listening.set()
+                elif message["type"] == "message":
+                    key, _, epoch = message["data"].decode().partition(" ")
+                    self._announced_drop(UUID(key), int(epoch))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self._lease_log.warning("revocation announcements lost (Redis): leases stop until heard again", exc_info=True)
+        finally:
+            self._listening.clear()
+            for key_id in list(self._held):  # deaf: hold nothing a toggle could be waiting for
+                self._drop_held(key_id)
+            await pubsub.aclose()  # type: ignore[attr-defined]  # types-redis predates aclose()
+
+    def _announced_drop(self, key_id: UUID, epoch: int) -> None:
+        if len(self._announced) >= MAX_ANNOUNCED:
+            self._announced.clear()
+        self._announced[key_id] = max(epoch, self._announced.get(key_id, 0))
+        self._drop_held(key_id)
 
     async def peek(self, subjects: Sequence[str], limits: PerSubject, now: float, known: KeyCheck | None = None) -> Decision:
         """What `hit` would answer now, taking nothing: the copy's refusal while it refuses (no
@@ -424,21 +623,28 @@ class RedisStore:
             args += admission_args(view)
         try:
             result = await self._script(keys=keys, args=args)
-        except Exception:  # a limiter outage must not take the API down: let the call through
-            STORE_ERRORS.inc()
-            DEPENDENCY_ERRORS.labels("redis").inc()
-            self._outage_log.warning("rate-limit store failed; allowing calls (see the store errors metric)", exc_info=True)
-            window = min(lim.per_minute for lim in per)
-            return Decision(True, window, window, 0, 0), None
+        except Exception:
+            return self._failed_open(per)
         if result[0] == -1:
             raise KeyRevoked(result[1].decode())
         allowed, limit, remaining, reset, retry, admitted, *stored = result
+        self._keep_copy(subjects, stored)
+        decision = Decision(bool(allowed), int(limit), int(remaining), int(reset), int(retry))
+        return decision, None if admitted == -1 else int(admitted)
+
+    def _failed_open(self, per: Sequence[Limits]) -> tuple[Decision, None]:
+        """A limiter outage must not take the API down: the call goes through, loudly."""
+        STORE_ERRORS.inc()
+        DEPENDENCY_ERRORS.labels("redis").inc()
+        self._outage_log.warning("rate-limit store failed; allowing calls (see the store errors metric)", exc_info=True)
+        window = min(lim.per_minute for lim in per)
+        return Decision(True, window, window, 0, 0), None
+
+    def _keep_copy(self, subjects: tuple[str, ...], stored: Sequence[bytes]) -> None:
         if stored:  # the next request would be refused: keep the slots to refuse it here
             if len(self._copies) >= MAX_COPIES:
                 self._copies.clear()
             self._copies[subjects] = _Copy([_slot(stored[i : i + 5]) for i in range(0, len(stored), 5)])
-        decision = Decision(bool(allowed), int(limit), int(remaining), int(reset), int(retry))
-        return decision, None if admitted == -1 else int(admitted)
 
     def refused(self, subjects: Sequence[str], limits: PerSubject, now: float) -> Decision | None:
         copy = self._copies.get(tuple(subjects))
@@ -452,9 +658,21 @@ class RedisStore:
     async def revoke(self, revoked: KeyCheck, *, how: str) -> None:
         """Every replica refuses the key from now on (`how`: deleted, disabled, or narrowed: judged
         by a state older than its new rules), unless its projection has a state of this version or
-        later: one entry per key, the newest revocation's. Raises when Redis fails."""
-        args: list[str | int] = [revoked.version, how, REVOCATION_TTL_S]
-        await self._revoke(keys=[self._revoked_prefix + str(revoked.key_id)], args=args)
+        later: one entry per key, the newest revocation's. Raises when Redis fails.
+        (Leases) The key's epoch moves on and is announced; this answers once every lease of the
+        key taken before has been dropped by its holder (milliseconds) or has expired (a holder
+        cut off from Redis: `LEASE_S` at most)."""
+        key = str(revoked.key_id)
+        registry = f"{self._prefix}lease:{key}"
+        keys = [self._revoked_prefix + key, f"{self._prefix}epoch:{key}", registry]
+        args: list[str | int] = [revoked.version, how, REVOCATION_TTL_S, self._drops_channel, key]
+        epoch, held = await self._revoke(keys=keys, args=args)
+        deadline = time.monotonic() + DROP_WAIT_S
+        while held and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)
+            held = await self._still_held(keys=[registry], args=[epoch])
+        if held:
+            self._lease_log.warning("a lease of a revoked key outlived its lifetime in Redis (clock?)")
 
     async def release(self, admission: CallsView) -> None:
         """Give back one admission of `admission`'s account and period: its call ended refused,
@@ -482,9 +700,26 @@ class RedisStore:
         return int(await self._redis.hget(admission_key(self._admissions_prefix, admission), "admitted") or 0)
 
     async def close(self) -> None:
+        """A stopping replica gives its leases' leftovers back before it goes."""
+        for subjects, held in list(self._leases.items()):
+            self._retire(subjects, held)
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.gather(self._listener, return_exceptions=True)
         if self._releases:
             await asyncio.gather(*self._releases)
         await self._redis.aclose()  # type: ignore[attr-defined]  # types-redis predates aclose()
+
+
+@dataclass(slots=True, eq=False)
+class _Leased:
+    """A lease held here, with what giving it back needs: the Redis keys of its registry, its
+    subjects' slots and its admissions, and each subject's burst."""
+
+    lease: Lease
+    key_id: UUID
+    keys: list[str]
+    bursts: list[int]
 
 
 @dataclass(slots=True)
