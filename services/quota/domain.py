@@ -48,6 +48,15 @@ class Delta:
     last_time: datetime
 
 
+def event_period(moment: datetime, tz: ZoneInfo) -> str:
+    """`period_of`, without the zone's lookup where it cannot change the answer: a UTC instant from
+    the 2nd to the 27th of its month is more than a day from both ends of it, and a UTC offset is
+    under 24 hours (datetime enforces it), so every zone holds it in that same month."""
+    if moment.tzinfo is UTC and 2 <= moment.day <= 27:
+        return f"{moment.year:04d}-{moment.month:02d}"
+    return period_of(moment, tz)
+
+
 def deltas(events: Iterable[Counted], tz: ZoneInfo) -> list[Delta]:
     """Sum events per (account, resource, period of the event's own time), in arrival-independent form."""
     sums: dict[tuple[UUID, Resource, str], tuple[int, datetime]] = {}
@@ -58,7 +67,7 @@ def deltas(events: Iterable[Counted], tz: ZoneInfo) -> list[Delta]:
             resource, quantity = Resource.API_CALLS, 1
         else:
             resource, quantity = event.resource, event.quantity
-        key = (event.account_id, resource, period_of(event.time, tz))
+        key = (event.account_id, resource, event_period(event.time, tz))
         qty, last = sums.get(key, (0, EPOCH))
         sums[key] = (qty + quantity, max(last, event.time))
     return [Delta(a, r, p, q, t) for (a, r, p), (q, t) in sums.items()]

@@ -194,9 +194,9 @@ class QuotaService:
                     key_line = await tx.key_line(lineage_id, resource, limit.period, window)
                     if not domain.fits(key_line.used, key_held, amount, limit.amount):
                         raise domain.KeyLimitExhausted(limit, key_line.used, key_held, resets_at, self._console_url)
-            line = (await tx.lines(account_id, period))[resource]
+            line = (await tx.lines([account_id], period))[account_id][resource]
             total = self._total(account_id, line, period)
-            held = (await tx.reserved(account_id, now))[resource]
+            held = (await tx.reserved([account_id], now))[account_id][resource]
             if not domain.fits(line.used, held, amount, total):
                 end = period_bounds(period, self._tz)[1]
                 raise domain.InsufficientQuota(resource, line.used, held, total, end, self._console_url)
@@ -410,13 +410,16 @@ class QuotaService:
     ) -> None:
         now = self._clock()
         sends: list[Awaitable[None]] = []
+        moved: list[tuple[UUID, Resource, str, int]] = []  # threshold marks to move, written together
         by_account: dict[UUID, set[Resource]] = {}
         for account_id, resource in touched:
             by_account.setdefault(account_id, set()).add(resource)
+        # each kind read once for all the accounts (set-based: not five round trips per account)
+        lines_of = await tx.lines(by_account, period)
+        held_of = await tx.reserved(by_account, now)
+        marks_of = await tx.marks(by_account, period)
         for account_id, resources in sorted(by_account.items()):
-            lines = await tx.lines(account_id, period)
-            held = await tx.reserved(account_id, now)
-            marks = await tx.marks(account_id, period)
+            lines, held, marks = lines_of[account_id], held_of[account_id], marks_of[account_id]
             for resource in sorted(resources):
                 line = lines[resource]
                 state = QuotaState(
@@ -437,11 +440,12 @@ class QuotaService:
                     # A bigger total lowers the rate: later crossings are announced from there. A
                     # smaller one (a downgrade) raises it: what usage now stands across is announced
                     # below (nothing used, nothing crossed: a zero quota is "100%" of nothing).
-                    await tx.set_mark(account_id, resource, period, rate)
+                    moved.append((account_id, resource, period, rate))
                     continue
                 if not crossings:
                     continue
-                sends += await self._crossing(tx, account_id, resource, period, line, mark, now)
+                self._crossing(account_id, resource, period, line, mark, now, moved, sends)
+        await tx.set_marks(moved)  # before the sends, as each mark was: a crossing is published after its mark moved
         await asyncio.gather(*sends)
 
     async def _publish_key_states(
@@ -565,25 +569,42 @@ class QuotaService:
         current one there (a restarted edge would lose a block) and gate nothing itself."""
         now = self._clock()
         sends: list[Awaitable[None]] = []
+        moved: list[tuple[UUID, Resource, str, int]] = []
         by_period: dict[tuple[UUID, str], set[Resource]] = {}
         for account_id, resource, period in counted:
             by_period.setdefault((account_id, period), set()).add(resource)
-        for (account_id, period), resources in sorted(by_period.items()):
-            lines = await tx.lines(account_id, period)
-            marks = await tx.marks(account_id, period)
+        lines_of: dict[tuple[UUID, str], dict[Resource, Line]] = {}
+        marks_of: dict[tuple[UUID, str], dict[Resource, int]] = {}
+        for period in sorted({period for _, period in by_period}):  # each kind read once per period
+            accounts = [account_id for account_id, p in by_period if p == period]
+            lines_of |= {(a, period): lines for a, lines in (await tx.lines(accounts, period)).items()}
+            marks_of |= {(a, period): marks for a, marks in (await tx.marks(accounts, period)).items()}
+        for key, resources in sorted(by_period.items()):
+            account_id, period = key
             for resource in sorted(resources):
-                sends += await self._crossing(tx, account_id, resource, period, lines[resource], marks.get(resource, 0), now)
+                line, mark = lines_of[key][resource], marks_of[key].get(resource, 0)
+                self._crossing(account_id, resource, period, line, mark, now, moved, sends)
+        await tx.set_marks(moved)
         await asyncio.gather(*sends)
 
-    async def _crossing(
-        self, tx: QuotaTx, account_id: UUID, resource: Resource, period: str, line: Line, mark: int, now: datetime
-    ) -> list[Awaitable[None]]:
+    def _crossing(
+        self,
+        account_id: UUID,
+        resource: Resource,
+        period: str,
+        line: Line,
+        mark: int,
+        now: datetime,
+        moved: list[tuple[UUID, Resource, str, int]],
+        sends: list[Awaitable[None]],
+    ) -> None:
         """The announcement of the highest whole percent `line` crossed above `mark` in `period`,
-        if any, with the mark moved to it."""
+        if any (to `sends`), with the mark moved to it (to `moved`: the caller writes the marks
+        before it sends)."""
         pct = domain.crossing(mark, line.used, line.total)
         if pct is None:
-            return []
-        await tx.set_mark(account_id, resource, period, pct)
+            return
+        moved.append((account_id, resource, period, pct))
         crossed = QuotaThresholdCrossed(
             id=domain.threshold_event_id(account_id, resource, period, pct),
             time=now,
@@ -594,7 +615,7 @@ class QuotaService:
             used=line.used,
             total=line.total,
         )
-        return [self._publisher.publish(QUOTA_THRESHOLDS, str(account_id), crossed.model_dump_json())]
+        sends.append(self._publisher.publish(QUOTA_THRESHOLDS, str(account_id), crossed.model_dump_json()))
 
     # ---- queries -------------------------------------------------------------------------------
     def _total(self, account_id: UUID, line: Line, period: str) -> int:
@@ -605,7 +626,7 @@ class QuotaService:
         period = self.current_period()
         start, end = period_bounds(period, self._tz)
         async with self._store.transaction() as tx:  # read only: nothing to commit
-            lines = await tx.lines(account_id, period)
+            lines = (await tx.lines([account_id], period))[account_id]
         items = []
         for resource in Resource:
             line = lines[resource]

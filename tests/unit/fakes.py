@@ -3,7 +3,8 @@ every use case in milliseconds. One section per service; the shared ones first."
 
 import copy
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -356,6 +357,7 @@ class FakeQuotaStore:
         self.key_rules_rows: dict[UUID, tuple[KeyRulesRow, tuple[int, datetime]]] = {}
         self.key_counters: dict[tuple[UUID, Resource, LimitPeriod, str], list[Any]] = {}
         self.lineage_versions: dict[UUID, int] = {}
+        self.calls: Counter[str] = Counter()  # how often lines, marks, reserved and set_marks were called
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator["FakeQuotaStore"]:
@@ -399,7 +401,11 @@ class FakeQuotaStore:
         self.packages[order_id] = (account_id, resource, period, amount)
         return True
 
-    async def lines(self, account_id: UUID, period: str) -> dict[Resource, Line]:
+    async def lines(self, account_ids: Collection[UUID], period: str) -> dict[UUID, dict[Resource, Line]]:
+        self.calls["lines"] += 1
+        return {account_id: self._lines(account_id, period) for account_id in account_ids}
+
+    def _lines(self, account_id: UUID, period: str) -> dict[Resource, Line]:
         plan = self.plans.get(account_id)
         quotas = plan[0] if plan else {r.value: n for r, n in catalogue()[Tier.FREE].quotas.items()}
         result = {}
@@ -415,17 +421,24 @@ class FakeQuotaStore:
             result[resource] = Line(resource, int(quotas.get(resource.value, 0)) + bought, max(used, 0), watermark)
         return result
 
-    async def marks(self, account_id: UUID, period: str) -> dict[Resource, int]:
-        return {r: pct for (a, r, p), pct in self.threshold_marks.items() if a == account_id and p == period}
+    async def marks(self, account_ids: Collection[UUID], period: str) -> dict[UUID, dict[Resource, int]]:
+        self.calls["marks"] += 1
+        return {
+            account_id: {r: pct for (a, r, p), pct in self.threshold_marks.items() if a == account_id and p == period}
+            for account_id in account_ids
+        }
 
-    async def set_mark(self, account_id: UUID, resource: Resource, period: str, pct: int) -> None:
-        self.threshold_marks[(account_id, resource, period)] = pct
+    async def set_marks(self, marks: Iterable[tuple[UUID, Resource, str, int]]) -> None:
+        self.calls["set_marks"] += 1
+        for account_id, resource, period, pct in marks:
+            self.threshold_marks[(account_id, resource, period)] = pct
 
-    async def reserved(self, account_id: UUID, now: datetime) -> dict[Resource, int]:
-        held = dict.fromkeys(Resource, 0)
+    async def reserved(self, account_ids: Collection[UUID], now: datetime) -> dict[UUID, dict[Resource, int]]:
+        self.calls["reserved"] += 1
+        held = {account_id: dict.fromkeys(Resource, 0) for account_id in account_ids}
         for r in self.reservations.values():
-            if r["account_id"] == account_id and r["expires_at"] > now:
-                held[r["resource"]] += r["amount"]
+            if r["account_id"] in held and r["expires_at"] > now:
+                held[r["account_id"]][r["resource"]] += r["amount"]
         return held
 
     async def add_reservation(
