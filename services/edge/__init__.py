@@ -8,10 +8,10 @@ from services.edge.component import Component, Overrides, Runtime
 from services.edge.edge import Edge
 from services.edge.errors import ApiError, not_found
 from services.edge.fast_routes import FastRoute
+from services.edge.key_revocations import shared_revocations
 from services.edge.openapi_security import accepts
 from services.edge.principal import Principal
 from services.edge.projections import AccountProjection
-from services.edge.rate_store import shared_revocations
 from services.edge.service_tokens import ServicePrincipal
 
 __all__ = [

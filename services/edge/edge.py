@@ -46,13 +46,14 @@ from services.edge.calls import OVERLOADED, Call, CallRecorder, client_ip, forwa
 from services.edge.context import CALL_CONTEXT, CallContext, context_of
 from services.edge.errors import ApiError
 from services.edge.key_quota import KeyQuotaProjection, KeyStanding
+from services.edge.key_revocations import REVOCATION_STORE_ERRORS, KeyCheck, KeyRevoked
 from services.edge.key_rules import KeyGate, narrower
 from services.edge.openapi_security import ADMIN_TOKEN, API_KEY, CONSOLE_SESSION, SERVICE_TOKEN, accepts
 from services.edge.principal import Principal
 from services.edge.projections import AccountProjection, KeyProjection, PlanLimits
 from services.edge.quota_gate import CallsView, QuotaProjection
 from services.edge.rate_limit import Decision, Limits
-from services.edge.rate_store import REVOCATION_STORE_ERRORS, KeyCheck, KeyRevoked, MemoryStore, RateLimitStore, RedisStore
+from services.edge.rate_store import MemoryStore, RateLimitStore, RedisStore
 from services.edge.service_tokens import ServicePrincipal, ServiceTokenProjection
 from services.edge.session_revocations import RevokedSessions, UserSessions
 from services.edge.state_complete import StateCompletion, owners_of

@@ -2,11 +2,15 @@
 
 Keys per API key (`<prefix>` is the rate limiter's): `<prefix>lease:<key id>`, a sorted set of
 the key's live leases (member `<epoch>:<lease id>`, score its expiry in Redis's own clock, ms);
-`<prefix>epoch:<key id>`, the key's revocation epoch; `<prefix>replicas`, the replicas that
-leased lately (score: until when they count as live), for the share of what is left.
+`<prefix>epoch:<key id>`, the key's revocation epoch (moved on by key_revocations.REVOKE);
+`<prefix>replicas`, the replicas that leased lately (score: until when they count as live), for
+the share of what is left.
 """
 
-# Appended to rate_store.RATE_LIMIT_FN + admissions.ADMIT_FN. KEYS and ARGV as rate_store.SCRIPT
+from services.edge.admissions import ADMIT_FN
+from services.edge.rate_scripts import RATE_LIMIT_FN, REVOKED_FN
+
+# LEASE_SCRIPT's own part, after rate_scripts' functions and ADMIT_FN. KEYS and ARGV as rate_scripts.SCRIPT
 # (take = 1, a key check always), then KEYS: the key's lease registry, its epoch, the replicas;
 # ARGV from `extra` = 7 + 3n + 6 * wants: the block wanted, this replica's id, the lease's id, the
 # lease's lifetime (ms), a replica's (ms). The first call is judged exactly as SCRIPT judges it;
@@ -27,12 +31,9 @@ for i = 1, n do
 end
 local extra = 7 + 3 * n + 6 * wants
 local want = tonumber(ARGV[extra])
-local revoked = redis.call('GET', KEYS[n + 1])
-if revoked then
-  local version, how = string.match(revoked, '^(%d+) (%a+)$')
-  if version and tonumber(version) > known then
-    return {-1, how}
-  end
+local how = revoked_after(KEYS[n + 1], known)
+if how then
+  return {-1, how}
 end
 local subjects = {}
 for i = 1, n do subjects[i] = KEYS[i] end
@@ -94,6 +95,7 @@ if next_refused then
 end
 return result
 """
+LEASE_SCRIPT = RATE_LIMIT_FN + REVOKED_FN + ADMIT_FN + LEASE_BODY
 
 # give_back(KEYS: the registry, n subjects' slots, the admissions' hashes; ARGV: the lease's
 # member, its leftovers u, the window start it was taken in, n, then each subject's burst).
@@ -123,38 +125,4 @@ for i = n + 2, #KEYS do
   redis.call('HSET', KEYS[i], 'admitted', math.max(0, admitted - u))
 end
 return u
-"""
-
-# revoke(KEYS: the key's entry, its epoch, its lease registry; ARGV: version, how, ttl, the drops
-# channel, the key's id). The entry is kept only if newer than what it holds (as before leases);
-# the epoch moves on whatever, and is announced. Returns the new epoch and whether a lease of an
-# older epoch is still live (the caller then waits: `STILL_HELD`).
-REVOKE = """
-local kept = redis.call('GET', KEYS[1])
-local newer = true
-if kept then
-  local version = tonumber(string.match(kept, '^(%d+)'))
-  if version and version >= tonumber(ARGV[1]) then newer = false end
-end
-if newer then
-  redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[2], 'EX', tonumber(ARGV[3]))
-end
-local epoch = redis.call('INCR', KEYS[2])
-redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
-redis.call('PUBLISH', ARGV[4], ARGV[5] .. ' ' .. epoch)
-local t = redis.call('TIME')
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-local held = redis.call('ZCARD', KEYS[3]) > 0 and 1 or 0
-return {epoch, held}
-"""
-
-# still_held(KEYS: a key's lease registry; ARGV: an epoch): 1 while a lease taken before that
-# epoch is registered and not expired (Redis's clock), else 0.
-STILL_HELD = """
-local t = redis.call('TIME')
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  if tonumber(string.match(member, '^(%d+):')) < tonumber(ARGV[1]) then return 1 end
-end
-return 0
 """

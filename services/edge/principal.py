@@ -16,7 +16,7 @@ class Principal:
     # The user acting: the session's user, or the key's creator (None: a key from before members)
     user_id: UUID | None = None
     # (API key) the version of the key's state it was judged by: a revocation of a later version
-    # in the shared store refuses it before this process has that state (rate_store.KeyRevoked)
+    # in the shared store refuses it before this process has that state (key_revocations.KeyRevoked)
     key_version: int = 0
     # (v4) the key's own restrictions, parsed (None: it has none; a session never has any)
     gate: KeyGate | None = None

@@ -135,7 +135,7 @@ async def test_a_revocation_answers_once_the_holder_dropped_its_lease(redis_url)
         await keys_service.store.revoke(KeyCheck(key, 2), how="disabled")
         waited = time.monotonic() - started
         assert waited < LEASE_S / 4, waited  # dropped on the announcement, not expired
-        assert not holder.store._leases
+        assert not holder.store._lease_holder._leases
         with pytest.raises(KeyRevoked):
             await holder.call()
     finally:
@@ -180,7 +180,7 @@ async def test_no_call_of_a_busy_key_is_admitted_from_a_lease_once_its_revocatio
 async def holding(replica: Replica) -> None:
     """Until the replica holds a lease registered in Redis (its callers are busy)."""
     for _ in range(2000):
-        if replica.store._held:
+        if replica.store._lease_holder._held:
             return
         await asyncio.sleep(0)
     raise AssertionError("no lease held")
@@ -188,9 +188,9 @@ async def holding(replica: Replica) -> None:
 
 async def lease_of(replica: Replica, block: int) -> None:
     """One call that takes a lease of `block` (as if `block - 1` calls had come during the last one)."""
-    replica.store._demand[replica.subjects] = block - 1
+    replica.store._lease_holder._demand[replica.subjects] = block - 1
     assert (await replica.call())[1] == 0
-    assert sum(h.lease.left for h in replica.store._leases.values()) == block - 1
+    assert sum(h.lease.left for h in replica.store._lease_holder._leases.values()) == block - 1
 
 
 async def _forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, silent: list[asyncio.StreamWriter]) -> None:
@@ -344,11 +344,11 @@ async def test_a_busy_key_on_another_replica_is_refused_the_moment_its_toggle_an
         async def busy() -> None:
             nonlocal leased
             while not stop:
-                if not any(h.lease.left > 0 for h in store._leases.values()):
-                    store._demand[subjects] = 63  # as if 63 calls had come during the last one
+                if not any(h.lease.left > 0 for h in store._lease_holder._leases.values()):
+                    store._lease_holder._demand[subjects] = 63  # as if 63 calls had come during the last one
                 sent = time.monotonic()
                 status = (await b.get("/api/geo/projects", headers=bearer(key["key"]))).status_code
-                leased = max(leased, sum(h.lease.left for h in store._leases.values()))
+                leased = max(leased, sum(h.lease.left for h in store._lease_holder._leases.values()))
                 if status == 200 and answered is not None and sent > answered:
                     admitted_after.append(status)
                 await asyncio.sleep(0.02)
@@ -377,9 +377,9 @@ async def test_a_block_is_at_most_what_is_left_divided_by_the_live_replicas(redi
         for replica in (a, b, c):
             await lease_of(replica, 2)  # three replicas live; 94 left
         assert (await a.call())[1] == 0  # a's last leased call
-        a.store._demand[a.subjects] = 63
+        a.store._lease_holder._demand[a.subjects] = 63
         assert (await a.call())[1] == 0  # a block of 64 asked: 94 // 3 = 31 granted
-        assert a.store._leases[a.subjects].lease.left == 30
+        assert a.store._lease_holder._leases[a.subjects].lease.left == 30
     finally:
         for replica in (a, b, c):
             await replica.store.close()

@@ -45,10 +45,10 @@ async def main(args: argparse.Namespace) -> None:
 
     await asyncio.gather(*(caller() for _ in range(args.concurrency)))
     if args.hold:  # one more call, for a block of 64: leftovers the kill will lose
-        store._demand[(f"a:{account}", f"k:{key}")] = 63
+        store._lease_holder._demand[(f"a:{account}", f"k:{key}")] = 63
         await caller_once(store, account, key, view)
         admitted += 1
-    leftovers = sum(held.lease.left for held in store._leases.values())
+    leftovers = sum(held.lease.left for held in store._lease_holder._leases.values())
     print(json.dumps({"admitted": admitted, "leftovers": leftovers}), flush=True)
     if args.hold:
         await asyncio.sleep(3600)
