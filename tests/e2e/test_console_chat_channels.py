@@ -47,7 +47,9 @@ def test_slack_and_teams_rules_are_made_in_the_console_and_a_slack_delivery_is_l
         page.get_by_role("button", name="Add rule").click()
         teams_rule = page.locator("#rules-table tbody tr", has_text="Microsoft Teams")
         expect(teams_rule).to_contain_text("80%", timeout=WAIT_MS)
-        expect(teams_rule).to_contain_text(teams.url())
+        # The URL is the channel's credential: shown masked, as a key is, never whole.
+        expect(teams_rule).to_contain_text(f"{teams.url().rsplit('/services/', 1)[0]}/...{teams.url()[-4:]}")
+        expect(teams_rule).not_to_contain_text(teams.url())
         page.get_by_role("checkbox", name="Microsoft Teams").uncheck()
         page.get_by_role("checkbox", name="Slack").check()
         page.get_by_label("Threshold (% of quota)").fill("50")
