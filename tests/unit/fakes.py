@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
@@ -23,6 +23,7 @@ from services.alerts import domain as alerts_domain
 from services.alerts.store import Firing, Rule, RuleView
 from services.billing.domain import Idempotency, KeyReused
 from services.billing.payments import Charge, PaymentDeclined
+from services.billing.service import BillingService
 from services.billing.store import AccountRow, InvoiceRow, OrderRow, PlanRow
 from services.geo.store import ProjectRow
 from services.metering.domain import NO_KEY, Cursor, GroupBy
@@ -1426,3 +1427,18 @@ class FakeLocalEdge:
     def note_service_token_use(self, token_id: UUID, at: datetime) -> None:
         if token_id not in self.uses or self.uses[token_id] < at:
             self.uses[token_id] = at
+
+
+class BillingWorld:
+    """Billing's use cases on fakes, the clock at `now`: the store, outbox, accounts, provider and
+    edge a test reads back, and the service over them."""
+
+    def __init__(self, now: datetime, tz: tzinfo) -> None:
+        self.store = FakeBillingStore()
+        self.outbox = FakeOutbox()
+        self.accounts = FakeAccounts()
+        self.provider = FakePaymentProvider()
+        self.clock = FakeClock(now)
+        self.edge = FakeBillingEdge()
+        self.service = BillingService(self.store, self.outbox, self.accounts, self.provider, self.clock, tz, edge=self.edge)
+        self.account = uuid.uuid4()

@@ -16,16 +16,10 @@ from contracts.common import Tier, UserType
 from contracts.domain_errors import Conflict, PaymentRequired
 from contracts.events import AccountState, PlanChanged
 from services.billing import domain
-from services.billing.service import BillingService
 from services.billing.store import OrderRow
 from tests.unit.fakes import (
     ACTOR,
-    FakeAccounts,
-    FakeBillingEdge,
-    FakeBillingStore,
-    FakeClock,
-    FakeOutbox,
-    FakePaymentProvider,
+    BillingWorld,
     audit_entries,
 )
 
@@ -34,16 +28,9 @@ OCTOBER = datetime(2026, 10, 10, 12, 0, tzinfo=UTC)
 NOVEMBER = datetime(2026, 11, 1, 0, 0, 30, tzinfo=UTC)  # the job's first pass of November
 
 
-class World:
+class World(BillingWorld):
     def __init__(self) -> None:
-        self.store = FakeBillingStore()
-        self.outbox = FakeOutbox()
-        self.accounts = FakeAccounts()
-        self.provider = FakePaymentProvider()
-        self.clock = FakeClock(OCTOBER)
-        self.edge = FakeBillingEdge()
-        self.service = BillingService(self.store, self.outbox, self.accounts, self.provider, self.clock, TZ, edge=self.edge)
-        self.account = uuid.uuid4()
+        super().__init__(OCTOBER, TZ)
 
     async def upgrade(self, tier: Tier, account: uuid.UUID | None = None) -> None:
         """The account orders and pays an upgrade to `tier` now (the prorated difference)."""

@@ -16,8 +16,10 @@ from contracts.events import AccountState, PackagePurchased, PlanChanged
 from contracts.period import period_bounds
 from contracts.plans import catalogue
 from services.billing import domain
-from services.billing.service import BillingService
-from tests.unit.fakes import ACTOR, FakeAccounts, FakeBillingEdge, FakeBillingStore, FakeClock, FakeOutbox, FakePaymentProvider
+from tests.unit.fakes import (
+    ACTOR,
+    BillingWorld,
+)
 
 TZ = ZoneInfo("UTC")
 NOW = datetime(2026, 11, 11, 0, 0, tzinfo=UTC)  # 20 of November's 30 days left
@@ -25,16 +27,9 @@ PACKAGE = PackageOrderIn(kind="quota_package", package=Package(resource=Resource
 BASIC = PlanUpgradeOrderIn(kind="plan_upgrade", plan=Tier.BASIC)
 
 
-class World:
+class World(BillingWorld):
     def __init__(self) -> None:
-        self.store = FakeBillingStore()
-        self.outbox = FakeOutbox()
-        self.accounts = FakeAccounts()
-        self.provider = FakePaymentProvider()
-        self.clock = FakeClock(NOW)
-        self.edge = FakeBillingEdge()
-        self.service = BillingService(self.store, self.outbox, self.accounts, self.provider, self.clock, TZ, edge=self.edge)
-        self.account = uuid.uuid4()
+        super().__init__(NOW, TZ)
 
     def event_types(self) -> list[str]:
         return [json.loads(value or b"{}")["type"] for topic, _, value in self.outbox.events if topic == "billing.v1"]
