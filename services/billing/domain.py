@@ -280,23 +280,11 @@ def invoice_lines(order: Order) -> list[InvoiceLine]:
         ]
     assert order.plan is not None
     if order.kind == "plan_renewal":
-        return [
-            InvoiceLine(
-                description=f"{order.plan.value} plan, period {_month(order)}",
-                quantity=1,
-                unit_price=order.amount,
-                amount=order.amount,
-            )
-        ]
-    previous = order.previous_plan.value if order.previous_plan else "free"
-    return [
-        InvoiceLine(
-            description=f"Upgrade from {previous} to {order.plan.value}, prorated to the end of period {_month(order)}",
-            quantity=1,
-            unit_price=order.amount,
-            amount=order.amount,
-        )
-    ]
+        description = f"{order.plan.value} plan, period {_month(order)}"
+    else:
+        previous = order.previous_plan.value if order.previous_plan else "free"
+        description = f"Upgrade from {previous} to {order.plan.value}, prorated to the end of period {_month(order)}"
+    return [InvoiceLine(description=description, quantity=1, unit_price=order.amount, amount=order.amount)]
 
 
 def _month(order: Order) -> str:
