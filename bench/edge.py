@@ -32,7 +32,7 @@ from fastapi.dependencies.models import Dependant
 from faststream.kafka import KafkaBroker
 
 from bench.stats import percentile, ratio_line, summary_ms
-from bench.support import bench_settings, endpoints
+from bench.support import asgi_status, bench_settings, endpoints
 from contracts.common import Resource, Role, Tier
 from contracts.events import PlanChanged, QuotaState
 from contracts.period import period_of
@@ -47,26 +47,6 @@ PATH = "/api/geo/projects"
 PASSWORD = "bench-password-123"
 # Room enough that the limiter runs its full arithmetic on every call but never says no.
 ROOMY = RateLimit(per_second=1_000_000, burst=1_000_000, per_minute=100_000_000)
-
-
-async def asgi_get(app: FastAPI, headers: list[tuple[bytes, bytes]]) -> int:
-    scope: dict[str, Any] = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-        "path": PATH, "raw_path": PATH.encode(), "query_string": b"", "root_path": "", "headers": headers,
-        "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8080),
-    }  # fmt: skip
-    status = 0
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        nonlocal status
-        if message["type"] == "http.response.start":
-            status = message["status"]
-
-    await app(scope, receive, send)
-    return status
 
 
 def edge_dependency(app: FastAPI) -> Dependant:
@@ -89,7 +69,7 @@ async def run_block(app: FastAPI, headers: list[tuple[bytes, bytes]], n: int) ->
     started = time.perf_counter()
     for _ in range(n):
         t = time.perf_counter()
-        status = await asgi_get(app, headers)
+        status = await asgi_status(app, "GET", PATH, headers)
         samples.append(time.perf_counter() - t)
         if status != 200:
             raise RuntimeError(f"unexpected status {status}")
@@ -147,9 +127,9 @@ async def throughput(settings: Settings, requests: int, rounds: int) -> dict[str
         # every request (get_dependant, inspect.signature), which would slow the baseline and
         # flatter the ratio.
         dependant.call = fixed  # the swap must take: only the edge refuses a call without credentials
-        swapped = await asgi_get(app, [])
+        swapped = await asgi_status(app, "GET", PATH, [])
         dependant.call = edge_call
-        if (swapped, await asgi_get(app, [])) != (200, 401):
+        if (swapped, await asgi_status(app, "GET", PATH, [])) != (200, 401):
             raise RuntimeError("swapping the edge dependency had no effect; edge_dependency() found the wrong route")
         result: dict[str, Any] = {"edge_s": 0.0, "bare_s": 0.0, "edge": [], "bare": [], "rounds": []}
         per_block = max(1, requests // rounds)
