@@ -1,5 +1,5 @@
 """The alert rules and the dashboard (docs/operations.md): promtool checks the rules and runs
-their unit tests (deploy/prometheus/tests.yml); every rule links its runbook section; every
+their unit tests (deploy/prometheus/tests.yml, tests-renewals.yml); every rule links its runbook section; every
 metric they name is documented; every metric Tollgate defines names its unit in its HELP and
 carries no id in its labels."""
 
@@ -15,6 +15,9 @@ from services.runtime.host.app import SERVICES
 from tests.support.monitoring import ALERTS, OPERATIONS, every_metric, metric_names, panel_expressions, rules
 
 PROMETHEUS_DIR = ALERTS.parent
+# promtool's unit tests of the rules: the renewal rules' look back days, so they have a file of
+# their own evaluated hourly (tests.yml evaluates every minute).
+RULE_TESTS = ("tests.yml", "tests-renewals.yml")
 # Label names that would carry an account, key or user (or any other unbounded id).
 FORBIDDEN_LABELS = re.compile(r"(^|_)(account|key|user|member|token|session|email|id)(_|$)|_id$")
 
@@ -32,18 +35,18 @@ def test_promtool_checks_the_rules():
 
 
 def test_promtool_runs_the_rules_unit_tests():
-    result = subprocess.run([promtool(), "test", "rules", "tests.yml"], cwd=PROMETHEUS_DIR, capture_output=True, text=True)
+    result = subprocess.run([promtool(), "test", "rules", *RULE_TESTS], cwd=PROMETHEUS_DIR, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_every_rule_links_its_runbook_section_and_every_alert_has_a_test():
     headings = {line[4:].strip().lower() for line in OPERATIONS.read_text().splitlines() if line.startswith("### ")}
-    tests = (PROMETHEUS_DIR / "tests.yml").read_text()
+    tests = "".join((PROMETHEUS_DIR / name).read_text() for name in RULE_TESTS)
     for rule in rules():
         name = rule["alert"]
         assert rule["annotations"]["runbook_url"] == f"docs/operations.md#{name.lower()}"
         assert name.lower() in headings, f"docs/operations.md has no section {name}"
-        assert f"alertname: {name}" in tests, f"deploy/prometheus/tests.yml does not test {name}"
+        assert f"alertname: {name}" in tests, f"no test of {name} in deploy/prometheus/{RULE_TESTS}"
 
 
 def test_the_issues_alerts_are_there():
@@ -63,6 +66,8 @@ def test_the_issues_alerts_are_there():
         "TollgateKafkaUnreachable",
         "TollgateNotificationsFailing",
         "TollgateWebhooksFailing",
+        "TollgateRenewalsDeclined",
+        "TollgateRenewalsLapsed",
     } <= names
 
 
