@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
+from zoneinfo import ZoneInfo
 
 from contracts.alerts_api import Channel, Recipient
 from contracts.audit import AuditContext, AuditRecorded
@@ -20,6 +21,7 @@ from contracts.key_limits import KeyLimit, LimitPeriod
 from contracts.plans import catalogue
 from contracts.topics import Topic
 from services.alerts import domain as alerts_domain
+from services.alerts.service import AlertsService, TargetCheck
 from services.alerts.store import Firing, Rule, RuleView
 from services.billing.domain import Idempotency, KeyReused
 from services.billing.payments import Charge, PaymentDeclined
@@ -828,6 +830,39 @@ class FakeDeliver:
 async def no_refusal(url: str, *, https_only: bool = False) -> str | None:
     """webhook.creation_refusal for tests: every URL may be a target."""
     return None
+
+
+class AlertsWorld:
+    """Alerts' use cases on fakes, the clock at `now` (days in `tz`): the store and the dispatcher's
+    submissions a test reads back, and the service over them. Every webhook URL may be a target
+    unless `check_target` says otherwise; the daily budget of outside messages and the cap on rules
+    are the service's defaults unless given."""
+
+    def __init__(
+        self,
+        now: datetime,
+        tz: ZoneInfo = ZoneInfo("UTC"),
+        *,
+        check_target: TargetCheck = no_refusal,
+        outside_messages_per_day: int = 50,
+        max_rules: int = 50,
+    ) -> None:
+        self.clock = FakeClock(now)
+        self.store = FakeAlertsStore()
+        self.deliver = FakeDeliver()
+        self.service = AlertsService(
+            self.store,  # type: ignore[arg-type]
+            self.clock,
+            tz,
+            check_target,
+            self.deliver,
+            outside_messages_per_day=outside_messages_per_day,
+            max_rules=max_rules,
+        )
+
+    def submitted_channels(self) -> list[Channel]:
+        """The channel of every delivery handed to the dispatcher, in order."""
+        return [self.store.deliveries[i]["channel"] for i in self.deliver.submitted]
 
 
 # ---- metering ----

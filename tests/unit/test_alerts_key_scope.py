@@ -4,7 +4,6 @@
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
-from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -15,30 +14,14 @@ from contracts.events import KeyState, QuotaState, QuotaThresholdCrossed
 from contracts.key_limits import LimitPeriod
 from services.alerts import chat, domain, webhook
 from services.alerts.channels import render
-from services.alerts.service import AlertsService
-from tests.unit.fakes import ACTOR, FakeAlertsStore, FakeClock, FakeDeliver, no_refusal
+from tests.unit.fakes import ACTOR, AlertsWorld
 
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)  # a Thursday of ISO week 48
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(NOW)
-
-
-@pytest.fixture
-def store() -> FakeAlertsStore:
-    return FakeAlertsStore()
-
-
-@pytest.fixture
-def deliver() -> FakeDeliver:
-    return FakeDeliver()
-
-
-@pytest.fixture
-def service(store, clock, deliver) -> AlertsService:
-    return AlertsService(store, clock, ZoneInfo("UTC"), no_refusal, deliver)  # type: ignore[arg-type]
+def world() -> AlertsWorld:
+    return AlertsWorld(NOW)
 
 
 def a_key(account: uuid.UUID, **kw) -> KeyState:
@@ -88,84 +71,84 @@ def account_crossing(account: uuid.UUID, pct: int) -> QuotaThresholdCrossed:
     )
 
 
-async def test_a_key_rule_fires_once_per_threshold_and_window_and_again_in_the_next_window(service, store, clock, deliver):
+async def test_a_key_rule_fires_once_per_threshold_and_window_and_again_in_the_next_window(world):
     account = uuid.uuid4()
     key = a_key(account)
-    await service.save_key(key)
-    created = await service.create_rule(account, rule(80, key.key_id), audit=ACTOR)
+    await world.service.save_key(key)
+    created = await world.service.create_rule(account, rule(80, key.key_id), audit=ACTOR)
     assert created.scope == RuleScope(api_key_id=key.key_id)
-    assert [r.scope for r in (await service.list_rules(account)).rules] == [RuleScope(api_key_id=key.key_id)]
+    assert [r.scope for r in (await world.service.list_rules(account)).rules] == [RuleScope(api_key_id=key.key_id)]
 
-    await service.fire_crossing(key_crossing(account, key.key_id, 85))
-    assert len(deliver.submitted) == 1
-    await service.fire_crossing(key_crossing(account, key.key_id, 85))  # a replay
-    await service.fire_crossing(key_crossing(account, key.key_id, 95))  # higher, same day
-    assert len(deliver.submitted) == 1
-    assert (await service.list_rules(account)).rules[0].fired_this_period
+    await world.service.fire_crossing(key_crossing(account, key.key_id, 85))
+    assert len(world.deliver.submitted) == 1
+    await world.service.fire_crossing(key_crossing(account, key.key_id, 85))  # a replay
+    await world.service.fire_crossing(key_crossing(account, key.key_id, 95))  # higher, same day
+    assert len(world.deliver.submitted) == 1
+    assert (await world.service.list_rules(account)).rules[0].fired_this_period
 
-    clock.now = NOW + timedelta(days=1)  # tomorrow: a daily limit's new window
-    assert not (await service.list_rules(account)).rules[0].fired_this_period
-    await service.fire_crossing(key_crossing(account, key.key_id, 81, window="2026-11-27"))
-    assert len(deliver.submitted) == 2
-    firings = sorted(store.firings.values(), key=lambda f: f["period"])
+    world.clock.now = NOW + timedelta(days=1)  # tomorrow: a daily limit's new window
+    assert not (await world.service.list_rules(account)).rules[0].fired_this_period
+    await world.service.fire_crossing(key_crossing(account, key.key_id, 81, window="2026-11-27"))
+    assert len(world.deliver.submitted) == 2
+    firings = sorted(world.store.firings.values(), key=lambda f: f["period"])
     assert [(f["period"], f["api_key_id"], f["limit_period"]) for f in firings] == [
         ("2026-11-26", key.key_id, LimitPeriod.DAY),
         ("2026-11-27", key.key_id, LimitPeriod.DAY),
     ]
 
 
-async def test_key_rules_and_account_rules_never_fire_on_each_others_crossings(service, store, deliver):
+async def test_key_rules_and_account_rules_never_fire_on_each_others_crossings(world):
     account = uuid.uuid4()
     key, other_key = a_key(account), a_key(account)
-    await service.save_key(key)
-    await service.save_key(other_key)
-    keyed = await service.create_rule(account, rule(50, key.key_id), audit=ACTOR)
-    await service.create_rule(account, rule(50, key.key_id, metric=AlertMetric.API_CALLS), audit=ACTOR)
-    whole = await service.create_rule(account, rule(50), audit=ACTOR)
+    await world.service.save_key(key)
+    await world.service.save_key(other_key)
+    keyed = await world.service.create_rule(account, rule(50, key.key_id), audit=ACTOR)
+    await world.service.create_rule(account, rule(50, key.key_id, metric=AlertMetric.API_CALLS), audit=ACTOR)
+    whole = await world.service.create_rule(account, rule(50), audit=ACTOR)
 
-    await service.fire_crossing(account_crossing(account, 90))
-    assert {f["rule_id"] for f in store.firings.values()} == {whole.id}
-    await service.fire_crossing(key_crossing(account, other_key.key_id, 90))  # another key's limit
-    await service.fire_crossing(key_crossing(uuid.uuid4(), key.key_id, 90))  # a forged crossing for another account
-    assert {f["rule_id"] for f in store.firings.values()} == {whole.id}
-    await service.fire_crossing(key_crossing(account, key.key_id, 90))  # ai_tokens: not the api_calls rule
-    assert {f["rule_id"] for f in store.firings.values()} == {whole.id, keyed.id}
-    assert len(deliver.submitted) == 2
+    await world.service.fire_crossing(account_crossing(account, 90))
+    assert {f["rule_id"] for f in world.store.firings.values()} == {whole.id}
+    await world.service.fire_crossing(key_crossing(account, other_key.key_id, 90))  # another key's limit
+    await world.service.fire_crossing(key_crossing(uuid.uuid4(), key.key_id, 90))  # a forged crossing for another account
+    assert {f["rule_id"] for f in world.store.firings.values()} == {whole.id}
+    await world.service.fire_crossing(key_crossing(account, key.key_id, 90))  # ai_tokens: not the api_calls rule
+    assert {f["rule_id"] for f in world.store.firings.values()} == {whole.id, keyed.id}
+    assert len(world.deliver.submitted) == 2
 
 
-async def test_a_key_rule_does_not_fire_at_creation_from_the_accounts_standing(service, store, deliver):
+async def test_a_key_rule_does_not_fire_at_creation_from_the_accounts_standing(world):
     account = uuid.uuid4()
     key = a_key(account)
-    await service.save_key(key)
-    await service.save_quota_state(
+    await world.service.save_key(key)
+    await world.service.save_quota_state(
         QuotaState(time=NOW, account_id=account, resource=Resource.AI_TOKENS, period="2026-11", total=100, used=99, blocked=False)
     )
-    await service.create_rule(account, rule(80, key.key_id), audit=ACTOR)
-    assert deliver.submitted == []
-    await service.create_rule(account, rule(80), audit=ACTOR)  # the account's rule does
-    assert len(deliver.submitted) == 1
+    await world.service.create_rule(account, rule(80, key.key_id), audit=ACTOR)
+    assert world.deliver.submitted == []
+    await world.service.create_rule(account, rule(80), audit=ACTOR)  # the account's rule does
+    assert len(world.deliver.submitted) == 1
 
 
-async def test_the_scoped_key_must_be_a_live_key_of_the_account(service, store):
+async def test_the_scoped_key_must_be_a_live_key_of_the_account(world):
     account, other = uuid.uuid4(), uuid.uuid4()
     foreign, gone = a_key(other), a_key(account, deleted=True)
-    await service.save_key(foreign)
-    await service.save_key(gone)
+    await world.service.save_key(foreign)
+    await world.service.save_key(gone)
     for key_id in (foreign.key_id, gone.key_id, uuid.uuid4()):
         with pytest.raises(Invalid) as refused:
-            await service.create_rule(account, rule(80, key_id), audit=ACTOR)
+            await world.service.create_rule(account, rule(80, key_id), audit=ACTOR)
         assert refused.value.details == [
             {"field": "scope.api_key_id", "message": "The key is not a key of this account.", "type": "value_error"}
         ]
-    assert store.rules == {} and store.outbox == []
+    assert world.store.rules == {} and world.store.outbox == []
 
 
-async def test_the_audit_entry_names_the_key(service, store):
+async def test_the_audit_entry_names_the_key(world):
     account = uuid.uuid4()
     key = a_key(account)
-    await service.save_key(key)
-    await service.create_rule(account, rule(80, key.key_id), audit=ACTOR)
-    entry = json.loads(store.outbox[-1][2])
+    await world.service.save_key(key)
+    await world.service.create_rule(account, rule(80, key.key_id), audit=ACTOR)
+    entry = json.loads(world.store.outbox[-1][2])
     assert entry["details"]["api_key_id"] == str(key.key_id)
 
 
