@@ -1,6 +1,6 @@
 """What the console's browser stories share: sizes, waits, screenshots, an account registered over
-the API, the sign-in form, a fresh page that records its script errors. Their fixtures (`server`,
-`browser`, `webhook_receiver`) are in conftest.py."""
+the API, the sign-in form, a fresh page that records its script errors, a pass of billing's renewal
+job at a chosen instant. Their fixtures (`server`, `browser`, `webhook_receiver`) are in conftest.py."""
 
 import asyncio
 import time
@@ -14,7 +14,14 @@ from typing import Any, TypeVar
 import httpx
 from playwright.sync_api import Browser, Locator, Page, ViewportSize, expect
 
+from services.billing.delivery import EdgeDelivery
+from services.billing.payments import TestProvider
+from services.billing.service import BillingService
+from services.billing.store import BillingStore
+from services.edge import Edge
+from services.runtime.platform.outbox_relay import OutboxRelay
 from services.runtime.platform.settings import Settings
+from tests.conftest import opened_pool
 from tests.support.apps import REPO
 from tests.support.service_tokens import ADMIN_PATH, admin_headers
 
@@ -132,6 +139,30 @@ def run_beside(work: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine (a publish, a seed) to its end: the test's own event loop is running, so beside it."""
     with ThreadPoolExecutor(1) as thread:
         return thread.submit(asyncio.run, work).result()
+
+
+async def renew_plans(settings: Settings, at: datetime) -> int:
+    """One pass of billing's renewal job (`BillingService.renew_all`, what every billing replica
+    runs each minute) at the instant `at`, by a billing replica beside the server: its own pool,
+    outbox relay and edge, on the server's database. The server's relay publishes the entries it
+    queues (audit.v1). Returns how many renewals it charged."""
+    async with opened_pool(settings.database_url) as pool:
+        relay = OutboxRelay(pool, settings, "billing")
+        await relay.open()
+        try:
+            edge = Edge(settings)
+            service = BillingService(
+                BillingStore(pool),
+                relay,
+                edge.accounts,
+                TestProvider(),
+                lambda: at,
+                settings.tz,
+                edge=EdgeDelivery(relay, edge),
+            )
+            return await service.renew_all()
+        finally:
+            await relay.stop()
 
 
 def usage_event(account_id: str, tokens_in: int, tokens_out: int, provider: str, model: str) -> dict[str, Any]:

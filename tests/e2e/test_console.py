@@ -3,7 +3,8 @@
 
 One story, as a user would live it: register, create a key and see it once, call the API with it,
 watch the activity log and usage move, disable it and see the call fail, exhaust a quota (red
-band, 403), upgrade and see it clear, add an alert and receive the in-site notification.
+band, 403), upgrade and see it clear, find the next period's renewal (made by billing's renewal
+job) in the order history, add an alert and receive the in-site notification.
 Screenshots of every page at laptop and phone width go to artifacts/screenshots/.
 """
 
@@ -21,6 +22,7 @@ import pytest
 from fastapi import FastAPI
 from playwright.sync_api import Browser, expect
 
+from contracts.period import bounds_of
 from services import console
 from services.alerts.webhook import verify
 from services.edge.errors import install_error_handlers
@@ -38,6 +40,8 @@ from tests.e2e.console import (
     open_page,
     poll,
     poll_clicking,
+    renew_plans,
+    run_beside,
     service_token,
     shot,
     usage_event,
@@ -312,6 +316,17 @@ def test_a_user_manages_keys_quota_usage_alerts_and_plan_in_the_browser(
     expect(invoice.locator("body")).to_have_css("max-width", "768px", timeout=WAIT_MS)  # invoice.css 48rem
     invoice.screenshot(path=str(SCREENSHOTS / "invoice-laptop.png"), full_page=True)
     invoice.close()
+
+    # ---- the next period: billing's renewal job charges Basic in full, listed as its renewal ----
+    _, _, period_end = bounds_of(datetime.now(UTC), settings.tz)
+    run_beside(renew_plans(settings, period_end + timedelta(seconds=30)))
+    open_page(page, base, "plan", "Plan & account")
+    renewal = page.locator("#orders-table tbody tr", has_text="Basic plan renewal")
+    expect(renewal).to_have_attribute("data-status", "paid", timeout=WAIT_MS)
+    expect(renewal).to_contain_text("9.90 USD")  # the plan's full monthly price
+    expect(renewal.get_by_role("button", name="Invoice of Basic plan renewal")).to_be_visible()
+    expect(page.locator("#orders-table tbody tr")).to_have_count(2)  # newest first: the renewal, the upgrade
+    expect(page.locator("#orders-table tbody tr").nth(1)).to_contain_text("Upgrade Free → Basic")
 
     def project_allowed_again() -> bool:
         return api.post("/api/geo/projects", headers=key, json={"name": "after upgrade"}).status_code == 201

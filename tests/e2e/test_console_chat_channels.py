@@ -1,8 +1,11 @@
 """(v4) Slack and Microsoft Teams alert rules in a real browser against a real `tollgate serve`:
 the alerts page offers both with the URL field, shows no signing secret for them, explains the
 one-URL-channel rule, and a firing reaches a local Slack receiver (which checks Slack's message
-shape) and shows in the rule's Deliveries view. Screenshots go to artifacts/screenshots/."""
+shape) and shows in the rule's Deliveries view. The server allows one outside message a day
+(ALERTS_OUTSIDE_MESSAGES_PER_DAY=1): the Teams rule, firing next, is held back, and its Deliveries
+view says why. Screenshots go to artifacts/screenshots/."""
 
+import uuid
 from datetime import UTC, datetime
 
 import httpx
@@ -20,8 +23,28 @@ from tests.support.apps import ServeProcess
 from tests.support.chat_receivers import serving, slack_receiver, teams_receiver
 
 
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """The server's: one outside alert message a day per account (docs/alerts.md)."""
+    return settings.model_copy(update={"alerts_outside_messages_per_day": 1})
+
+
+def crossing(account_id: uuid.UUID, settings: Settings, pct: int) -> QuotaThresholdCrossed:
+    """quota-thresholds.v1's crossing of `pct`% of the account's AI tokens this period."""
+    now = datetime.now(UTC)
+    return QuotaThresholdCrossed(
+        time=now,
+        account_id=account_id,
+        resource=Resource.AI_TOKENS,
+        period=period_of(now, settings.tz),
+        threshold_pct=pct,
+        used=pct * 10,
+        total=1000,
+    )
+
+
 @pytest.mark.integration
-def test_slack_and_teams_rules_are_made_in_the_console_and_a_slack_delivery_is_logged(
+def test_slack_and_teams_rules_are_made_in_the_console_and_their_deliveries_are_logged(
     server: ServeProcess, api: httpx.Client, browser: Browser, settings: Settings
 ) -> None:
     base = server.base_url
@@ -60,16 +83,9 @@ def test_slack_and_teams_rules_are_made_in_the_console_and_a_slack_delivery_is_l
         expect(page.get_by_role("textbox", name="Webhook signing secret")).to_have_count(0)
 
         # 60% of the tokens: the Slack rule fires (not the 80% Teams one).
-        crossing = QuotaThresholdCrossed(
-            time=datetime.now(UTC),
-            account_id=user.account_id,
-            resource=Resource.AI_TOKENS,
-            period=period_of(datetime.now(UTC), settings.tz),
-            threshold_pct=60,
-            used=600,
-            total=1000,
+        run_beside(
+            publish(settings, QUOTA_THRESHOLDS.name, [crossing(user.account_id, settings, 60)], key=lambda e: str(e.account_id))
         )
-        run_beside(publish(settings, QUOTA_THRESHOLDS.name, [crossing], key=lambda e: str(e.account_id)))
         poll(lambda: slack.received(), "the Slack delivery", timeout=30)
         (request,) = slack.received()
         assert (request["answered"], request["problem"]) == (200, None), request
@@ -82,5 +98,28 @@ def test_slack_and_teams_rules_are_made_in_the_console_and_a_slack_delivery_is_l
         expect(log.first).to_contain_text("200")
         expect(log.first).to_contain_text("sent")
         shot(page, "alerts-slack-deliveries")
+
+        # 85%: the Teams rule fires, past the day's one outside message: held back, never posted.
+        run_beside(
+            publish(settings, QUOTA_THRESHOLDS.name, [crossing(user.account_id, settings, 85)], key=lambda e: str(e.account_id))
+        )
+        (teams_id,) = [
+            r["id"] for r in api.get("/api/ai/usage/alert", headers=user.console).json()["rules"] if r["threshold_pct"] == 80
+        ]
+        poll(
+            lambda: api.get(f"/api/ai/usage/alert/{teams_id}/deliveries", headers=user.console).json()["items"],
+            "the held-back delivery",
+        )
+        teams_rule.get_by_role("button", name="Deliveries of the Total tokens 80% rule").click()
+        expect(page.locator("#deliveries-title")).to_have_text("Deliveries: Total tokens at 80%", timeout=WAIT_MS)
+        expect(log).to_have_count(1)
+        expect(log.first).to_have_attribute("data-status", "failed")
+        expect(log.first).to_contain_text("Microsoft Teams")
+        error = log.first.locator('td[data-label="Error"]')
+        expect(error).to_contain_text("not sent: the account's daily limit of 1 outside alert messages")
+        expect(error).to_contain_text("in-site notifications still arrive")
+        expect(log.first.locator('td[data-label="Attempt"]')).to_have_text("0")
+        shot(page, "alerts-held-back-deliveries")
+        assert teams.received() == []
         assert page_errors == []
         page.context.close()
