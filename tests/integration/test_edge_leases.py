@@ -143,6 +143,29 @@ async def test_a_revocation_answers_once_the_holder_dropped_its_lease(redis_url)
         await keys_service.store.close()
 
 
+async def test_a_lease_taken_after_a_revocation_serves_its_calls(redis_url):
+    """A revocation ends the leases taken before it (an older epoch), not those taken after it at its
+    epoch: a key whose rules were once narrowed (or that was disabled and enabled again) is served
+    from leases afterwards, as any busy key, by the state of the later version."""
+    prefix, account, key = new_ids()
+    holder, keys_service = (Replica(redis_url, prefix, account, key, 10_000) for _ in range(2))
+    try:
+        await lease_of(holder, 20)
+        await keys_service.store.revoke(KeyCheck(key, 2), how="narrowed")  # answers once the holder dropped it
+        assert not holder.store._lease_holder._leases
+        holder.store._lease_holder._demand[holder.subjects] = 19  # busy again, judged by the new rules
+        assert (await holder.call(version=2))[1] == 0
+        assert sum(h.lease.left for h in holder.store._lease_holder._leases.values()) == 19  # kept, not given back
+        assert await admitted_in_redis(redis_url, prefix, account) == 1 + 20  # the first lease's call, and this block
+        # The announcement of that revocation heard (again, or late: after this lease was taken) ends nothing newer.
+        [epoch] = {h.lease.epoch for h in holder.store._lease_holder._leases.values()}
+        holder.store._lease_holder._announced_drop(key, epoch)
+        assert sum(h.lease.left for h in holder.store._lease_holder._leases.values()) == 19
+    finally:
+        await holder.store.close()
+        await keys_service.store.close()
+
+
 async def test_no_call_of_a_busy_key_is_admitted_from_a_lease_once_its_revocation_answered(redis_url):
     """The holder has 63 calls left and four callers taking one every 10 ms each when the key is
     revoked elsewhere: none is admitted from the lease after the revocation answered."""
