@@ -124,6 +124,21 @@ async def test_leftovers_unused_for_a_lease_lifetime_go_back(redis_url):
         await a.store.close()
 
 
+async def test_leftovers_given_back_to_a_count_redis_lost_leave_no_key_without_expiry(redis_url):
+    """The admissions' hash went (evicted, flushed) while a lease held leftovers: giving them back
+    writes nothing, instead of a count of 0 that would never expire."""
+    prefix, account, key = new_ids()
+    a = Replica(redis_url, prefix, account, key, 1000)
+    redis = Redis.from_url(redis_url)
+    try:
+        await lease_of(a, 20)
+        await redis.delete(f"{prefix}{account}:2026-03")
+        await a.store.close()  # gives its 19 leftovers back
+        assert await redis.exists(f"{prefix}{account}:2026-03") == 0
+    finally:
+        await redis.aclose()
+
+
 async def test_a_revocation_answers_once_the_holder_dropped_its_lease(redis_url):
     """The holder hears the announcement and drops its lease in milliseconds: the revocation waits
     for that (not for the lease's second), and afterwards the holder refuses the key."""
