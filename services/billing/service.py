@@ -70,6 +70,7 @@ class Tx(Protocol):
         self, account_id: UUID, default_user_type: UserType, default_time: datetime | None, default_version: int
     ) -> AccountRow: ...
     async def set_user_type(self, account_id: UUID, user_type: UserType, time: datetime, version: int) -> None: ...
+    async def mark_account_deleted(self, account_id: UUID, user_type: UserType, time: datetime) -> None: ...
     async def lock_user_type(self, account_id: UUID) -> UserType | None: ...
     async def record_plan(self, account_id: UUID, plan: Tier, time: datetime, version: int) -> None: ...
     async def set_plan(self, account_id: UUID, plan: Tier, now: datetime, period: str) -> int: ...
@@ -146,7 +147,7 @@ class BillingService:
         if row.user_type_time is None or (row.user_type_version, row.user_type_time) < order_of(known):
             # The edge already follows a newer accounts.v1 fact than billing's consumer: use it.
             await tx.set_user_type(account_id, known.user_type, known.time, known.version)
-            row = AccountRow(account_id, row.plan, known.user_type, known.time, known.version)
+            row = replace(row, user_type=known.user_type, user_type_time=known.time, user_type_version=known.version)
         return row
 
     async def _lock_for_plan(self, tx: Tx, account_id: UUID) -> AccountRow:
@@ -453,7 +454,9 @@ class BillingService:
 
     async def _open_renewal(self, account_id: UUID, period: str, start: datetime, now: datetime) -> None:
         async with self.store.transaction() as tx:
-            await self._lock(tx, account_id)  # after any plan change in flight: the plan at the start is settled
+            account = await self._lock(tx, account_id)  # after any plan change in flight: the plan at the start is settled
+            if account.deleted_at is not None:  # ended (accounts.v1): never charged again
+                return
             tier = await tx.start_plan(account_id, period, start)
             if tier is None or tier is Tier.FREE:
                 return
@@ -472,6 +475,9 @@ class BillingService:
             now = self.clock()
             if order is None or not domain.renewal_due(order, now):
                 return 0  # another replica charged it meanwhile, or the customer paid it
+            if account.deleted_at is not None:  # the account ended during the grace: nothing more is charged
+                await tx.lapse_renewals(account_id, now)
+                return 0
             try:
                 reference = await self._charge(order)
             except PaymentDeclined:
@@ -558,7 +564,11 @@ class BillingService:
 
     # ---- facts from other services ---------------------------------------------------------------
     async def apply_user_type(self, event: UserTypeChanged | AccountState) -> None:
+        """A user type from keys; an account's end (accounts.v1 `deleted`) is kept, so the renewal
+        job never charges the account again."""
         if isinstance(event, AccountState) and event.deleted:
+            async with self.store.transaction() as tx:
+                await tx.mark_account_deleted(event.account_id, event.user_type, event.time)
             return
         async with self.store.transaction() as tx:
             await tx.set_user_type(event.account_id, event.user_type, event.time, event.version)

@@ -26,6 +26,7 @@ class AccountRow:
     user_type: UserType
     user_type_time: datetime | None
     user_type_version: int = 0  # with user_type_time: the order of the fact (contracts/events.py, order_of)
+    deleted_at: datetime | None = None  # accounts.v1 holds the account deleted (migration 0007): never renewed
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,12 @@ class BillingTx:
         row = await cur.fetchone()
         assert row is not None
         return AccountRow(
-            row["account_id"], Tier(row["plan"]), UserType(row["user_type"]), row["user_type_time"], row["user_type_version"]
+            row["account_id"],
+            Tier(row["plan"]),
+            UserType(row["user_type"]),
+            row["user_type_time"],
+            row["user_type_version"],
+            row["deleted_at"],
         )
 
     async def set_user_type(self, account_id: UUID, user_type: UserType, time: datetime, version: int) -> None:
@@ -104,6 +110,16 @@ class BillingTx:
                 OR (a.user_type_version, a.user_type_time) < (EXCLUDED.user_type_version, EXCLUDED.user_type_time)
             """,
             (account_id, user_type.value, time, version),
+        )
+
+    async def mark_account_deleted(self, account_id: UUID, user_type: UserType, time: datetime) -> None:
+        """The account ended (accounts.v1 holds it deleted); the first time billing heard it is kept."""
+        await self.conn.execute(
+            """
+            INSERT INTO billing.accounts AS a (account_id, user_type, deleted_at) VALUES (%s, %s, %s)
+            ON CONFLICT (account_id) DO UPDATE SET deleted_at = coalesce(a.deleted_at, EXCLUDED.deleted_at)
+            """,
+            (account_id, user_type.value, time),
         )
 
     async def lock_user_type(self, account_id: UUID) -> UserType | None:
@@ -289,12 +305,12 @@ class BillingTx:
 
     # ---- renewals (docs/api.md, "Renewals") -----------------------------------------------------
     async def renewal_candidates(self, period: str) -> list[UUID]:
-        """Accounts that may owe `period`'s renewal: off free at some time, none made for it yet
-        (`start_plan` decides, under the account's lock)."""
+        """Accounts that may owe `period`'s renewal: off free at some time, not deleted, none made
+        for it yet (`start_plan` decides, under the account's lock)."""
         cur = await self.conn.execute(
             """
             SELECT a.account_id FROM billing.accounts a
-             WHERE a.plan_changed_at IS NOT NULL
+             WHERE a.plan_changed_at IS NOT NULL AND a.deleted_at IS NULL
                AND (a.plan <> 'free' OR (a.start_plan_period = %s AND a.start_plan <> 'free'))
                AND NOT EXISTS (SELECT 1 FROM billing.orders o
                                 WHERE o.account_id = a.account_id AND o.kind = 'plan_renewal' AND o.period = %s)

@@ -159,8 +159,9 @@ class LeaseHolder:
             )
             held = _Leased(lease, known.key_id, [registry, *subject_keys, *admission_keys], [lim.burst for lim in per])
             self._held.setdefault(known.key_id, []).append(held)
-            if self._announced.get(known.key_id, -1) >= lease.epoch:  # revoked meanwhile: not used
-                self._drop_held(known.key_id)
+            announced = self._announced.get(known.key_id, -1)
+            if announced > lease.epoch:  # revoked meanwhile: not used (one taken at that epoch came after it)
+                self._drop_held(known.key_id, before=announced)
             else:
                 self._leases[subjects] = held
                 asyncio.get_running_loop().call_later(LEASE_S, self._expire, subjects, held)
@@ -195,10 +196,18 @@ class LeaseHolder:
             if not registered:
                 del self._held[held.key_id]
 
-    def _drop_held(self, key_id: UUID) -> None:
-        """A revocation of the key was announced: its leases here serve no more calls, and each
-        leaves the registry (the toggle waits for that), with its leftovers."""
-        for held in self._held.pop(key_id, []):
+    def _drop_held(self, key_id: UUID, *, before: int | None = None) -> None:
+        """A revocation of the key was announced (its epoch `before`; None: every lease, this
+        replica stops hearing them): its leases here taken at an earlier epoch serve no more calls,
+        and each leaves the registry (the toggle waits for that), with its leftovers. A lease taken
+        at that epoch or later was judged after the revocation, by Redis: it stays."""
+        registered = self._held.pop(key_id, [])
+        kept = [held for held in registered if before is not None and held.lease.epoch >= before]
+        if kept:
+            self._held[key_id] = kept
+        for held in registered:
+            if held in kept:
+                continue
             held.lease.dropped = True
             for subjects, current in list(self._leases.items()):
                 if current is held:
@@ -255,7 +264,7 @@ class LeaseHolder:
         if len(self._announced) >= MAX_ANNOUNCED:
             self._announced.clear()
         self._announced[key_id] = max(epoch, self._announced.get(key_id, 0))
-        self._drop_held(key_id)
+        self._drop_held(key_id, before=epoch)
 
     async def close(self) -> None:
         """A stopping replica gives its leases' leftovers back before it goes."""

@@ -101,7 +101,7 @@ LEASE_SCRIPT = RATE_LIMIT_FN + REVOKED_FN + ADMIT_FN + LEASE_BODY
 # member, its leftovers u, the window start it was taken in, n, then each subject's burst).
 # The holder's acknowledgement (the member leaves the registry: a toggle waiting for it goes on)
 # and the leftovers returned: u tokens to each bucket, u calls off the window they were counted
-# in (if it is still this or the previous minute), u admissions off each count.
+# in (if it is still this or the previous minute), u admissions off each count (that still exists).
 GIVE_BACK = """
 redis.call('ZREM', KEYS[1], ARGV[1])
 local u, window, n = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -121,8 +121,10 @@ for i = 1, n do
   end
 end
 for i = n + 2, #KEYS do
-  local admitted = tonumber(redis.call('HGET', KEYS[i], 'admitted') or '0')
-  redis.call('HSET', KEYS[i], 'admitted', math.max(0, admitted - u))
+  local admitted = redis.call('HGET', KEYS[i], 'admitted')
+  if admitted then  -- a count Redis lost (evicted, flushed) holds nothing to give back: no key made without its TTL
+    redis.call('HSET', KEYS[i], 'admitted', math.max(0, tonumber(admitted) - u))
+  end
 end
 return u
 """

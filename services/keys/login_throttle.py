@@ -19,7 +19,7 @@ from contracts.domain_errors import DomainError
 from contracts.errors import ErrorCode
 from services.edge import ApiError
 from services.keys.domain import normalize_email
-from services.keys.throttle import MAX_SUBJECTS, Limit, SlidingLog, refuse_if_waiting
+from services.keys.throttle import MAX_SUBJECTS, Limit, SlidingLog, client_subject, refuse_if_waiting
 
 __all__ = ["EMAIL_LIMIT", "IP_LIMIT", "WINDOW_S", "Limit", "LoginThrottle"]
 
@@ -46,7 +46,7 @@ class LoginThrottle:
     def attempt(self, email: str, ip: str) -> Iterator[None]:
         """Wrap one login: 429 if throttled; a wrong password (401 `invalid_credentials`) stays
         counted; success clears the e-mail's failures; any other error is forgiven."""
-        subject = normalize_email(email)
+        subject, ip = normalize_email(email), client_subject(ip)  # an IPv6 client by its /64
         now = self._clock()
         refuse_if_waiting(max(self._emails.retry_after(subject, now), self._ips.retry_after(ip, now)), "failed logins")
         self._emails.add(subject, now)

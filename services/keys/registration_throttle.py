@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from argon2 import PasswordHasher
 
-from services.keys.throttle import MAX_SUBJECTS, Limit, SlidingLog, refuse_if_waiting
+from services.keys.throttle import MAX_SUBJECTS, Limit, SlidingLog, client_subject, refuse_if_waiting
 
 REGISTRATIONS_PER_IP = 20  # sign-ups per client IP within the window, at the production argon2 cost
 WINDOW_S = 10 * 60.0
@@ -43,7 +43,9 @@ class RegistrationThrottle:
         self._clock = clock
 
     def admit(self, ip: str) -> None:
-        """Count one sign-up from `ip`, or refuse it (429 with `Retry-After`) when its window is full."""
+        """Count one sign-up from `ip` (an IPv6 one by its /64: throttle.client_subject), or refuse it
+        (429 with `Retry-After`) when its window is full."""
+        ip = client_subject(ip)
         now = self._clock()
         refuse_if_waiting(self._ips.retry_after(ip, now), "sign-ups from this address")
         self._ips.add(ip, now)

@@ -9,6 +9,7 @@ bound is R times the limit (the edge's Redis store could share it later; neither
 hot path).
 """
 
+import ipaddress
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -17,6 +18,25 @@ from contracts.errors import ErrorCode
 from services.edge import ApiError
 
 MAX_SUBJECTS = 100_000  # bounded memory under a flood of distinct e-mails or addresses
+# An IPv6 client is counted by its network of this length: a host picks any of its /64's 2^64
+# addresses at will (privacy addresses, or one per attempt), so counting each address alone would
+# never meet a limit. A /64 is one subscriber's LAN at most (RFC 6177 gives a site a /56 or more).
+IPV6_CLIENT_PREFIX = 64
+
+
+def client_subject(ip: str) -> str:
+    """What a client address is counted under: an IPv4 address itself (an IPv4-mapped IPv6 one as
+    its plain IPv4 form, as a dual-stack listener reports it); an IPv6 one by its /64. Anything
+    else (no address: a test client's name) as it is."""
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return ip
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, IPV6_CLIENT_PREFIX), strict=False))
+    return str(address)
 
 
 @dataclass(frozen=True)

@@ -181,3 +181,22 @@ async def test_the_plan_held_at_a_period_start_survives_changes_in_the_period(po
             "UPDATE billing.accounts SET start_plan = NULL, start_plan_period = NULL WHERE account_id = %s", (account,)
         )
         assert await tx.start_plan(account, "2026-11", november) is None
+
+
+async def test_a_deleted_account_is_no_renewal_candidate_and_its_row_says_so(pool):
+    """The SQL behind never renewing an ended account (accounts.v1 `deleted`): kept once heard, the
+    first time kept, and a row made for an account billing never saw."""
+    november = datetime(2026, 11, 1, tzinfo=UTC)
+    account, never_seen = uuid4(), uuid4()
+    async with BillingStore(pool).transaction() as tx:
+        await tx.lock_account(account, UserType.INDIVIDUAL, None, 0)
+        await tx.set_plan(account, Tier.BASIC, november - timedelta(days=20), "2026-10")
+        assert account in await tx.renewal_candidates("2026-11")
+        await tx.mark_account_deleted(account, UserType.INDIVIDUAL, november - timedelta(days=2))
+        await tx.mark_account_deleted(account, UserType.INDIVIDUAL, november)  # heard again: the first end stays
+        assert account not in await tx.renewal_candidates("2026-11")
+        row = await tx.lock_account(account, UserType.INDIVIDUAL, None, 0)
+        assert (row.plan, row.deleted_at) == (Tier.BASIC, november - timedelta(days=2))
+        await tx.mark_account_deleted(never_seen, UserType.ENTERPRISE, november)
+        row = await tx.lock_account(never_seen, UserType.INDIVIDUAL, None, 0)
+        assert (row.plan, row.user_type, row.deleted_at) == (Tier.FREE, UserType.ENTERPRISE, november)

@@ -124,6 +124,21 @@ async def test_leftovers_unused_for_a_lease_lifetime_go_back(redis_url):
         await a.store.close()
 
 
+async def test_leftovers_given_back_to_a_count_redis_lost_leave_no_key_without_expiry(redis_url):
+    """The admissions' hash went (evicted, flushed) while a lease held leftovers: giving them back
+    writes nothing, instead of a count of 0 that would never expire."""
+    prefix, account, key = new_ids()
+    a = Replica(redis_url, prefix, account, key, 1000)
+    redis = Redis.from_url(redis_url)
+    try:
+        await lease_of(a, 20)
+        await redis.delete(f"{prefix}{account}:2026-03")
+        await a.store.close()  # gives its 19 leftovers back
+        assert await redis.exists(f"{prefix}{account}:2026-03") == 0
+    finally:
+        await redis.aclose()
+
+
 async def test_a_revocation_answers_once_the_holder_dropped_its_lease(redis_url):
     """The holder hears the announcement and drops its lease in milliseconds: the revocation waits
     for that (not for the lease's second), and afterwards the holder refuses the key."""
@@ -138,6 +153,29 @@ async def test_a_revocation_answers_once_the_holder_dropped_its_lease(redis_url)
         assert not holder.store._lease_holder._leases
         with pytest.raises(KeyRevoked):
             await holder.call()
+    finally:
+        await holder.store.close()
+        await keys_service.store.close()
+
+
+async def test_a_lease_taken_after_a_revocation_serves_its_calls(redis_url):
+    """A revocation ends the leases taken before it (an older epoch), not those taken after it at its
+    epoch: a key whose rules were once narrowed (or that was disabled and enabled again) is served
+    from leases afterwards, as any busy key, by the state of the later version."""
+    prefix, account, key = new_ids()
+    holder, keys_service = (Replica(redis_url, prefix, account, key, 10_000) for _ in range(2))
+    try:
+        await lease_of(holder, 20)
+        await keys_service.store.revoke(KeyCheck(key, 2), how="narrowed")  # answers once the holder dropped it
+        assert not holder.store._lease_holder._leases
+        holder.store._lease_holder._demand[holder.subjects] = 19  # busy again, judged by the new rules
+        assert (await holder.call(version=2))[1] == 0
+        assert sum(h.lease.left for h in holder.store._lease_holder._leases.values()) == 19  # kept, not given back
+        assert await admitted_in_redis(redis_url, prefix, account) == 1 + 20  # the first lease's call, and this block
+        # The announcement of that revocation heard (again, or late: after this lease was taken) ends nothing newer.
+        [epoch] = {h.lease.epoch for h in holder.store._lease_holder._leases.values()}
+        holder.store._lease_holder._announced_drop(key, epoch)
+        assert sum(h.lease.left for h in holder.store._lease_holder._leases.values()) == 19
     finally:
         await holder.store.close()
         await keys_service.store.close()

@@ -273,12 +273,16 @@ async def test_a_rotations_expiry_set_after_the_backup_is_kept_by_the_restore(se
 
 async def test_an_account_deleted_after_the_backup_stays_deleted(settings):
     """An account Kafka holds deleted (a restore to a backup older than it ended it) and a backup
-    that holds it restored afterwards: it, its owner's sessions and its key stay ended."""
+    that holds it restored afterwards: it, its owner's sessions and its key stay ended, and billing
+    keeps its end (its paid plan is never renewed)."""
     async with running_app(settings) as (_, client):
         await signup(client)
         back_up(settings.database_url, "older")
         account, console = await signup(client)
         key = await new_key(client, console, name="of the account deleted after the backup")
+        switched = await client.post("/api/billing/subscription/switch", json={"plan": "basic"}, headers=console)
+        order = switched.json()["error"]["details"]["order"]
+        assert (await client.post(f"/api/billing/orders/{order['id']}/pay", headers=console)).status_code == 200
         back_up(settings.database_url, "newer")
 
     restore(settings.database_url, "older")  # the account is deleted in Kafka
@@ -294,6 +298,14 @@ async def test_an_account_deleted_after_the_backup_stays_deleted(settings):
             return (answered.status_code, login.status_code) == (401, 401)
 
         await wait_until(ended, timeout=20)
+
+        async def billing_heard_it() -> bool:  # its paid plan is never renewed again (services/billing)
+            async with await psycopg.AsyncConnection.connect(settings.database_url) as conn:
+                cur = await conn.execute("SELECT deleted_at FROM billing.accounts WHERE account_id = %s", (account["id"],))
+                row = await cur.fetchone()
+            return row is not None and row[0] is not None
+
+        await wait_until(billing_heard_it, timeout=20)
 
     async with running_app(settings) as (_, client):
         assert (await client.get("/api/geo/projects", headers=bearer(key["key"]))).status_code == 401

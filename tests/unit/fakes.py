@@ -120,7 +120,11 @@ class FakeBillingTx:
         if row is None:
             self.state.accounts[account_id] = AccountRow(account_id, Tier.FREE, user_type, time, version)
         elif row.user_type_time is None or (row.user_type_version, row.user_type_time) < (version, time):
-            self.state.accounts[account_id] = AccountRow(account_id, row.plan, user_type, time, version)
+            self.state.accounts[account_id] = replace(row, user_type=user_type, user_type_time=time, user_type_version=version)
+
+    async def mark_account_deleted(self, account_id: UUID, user_type: UserType, time: datetime) -> None:
+        row = self.state.accounts.get(account_id) or AccountRow(account_id, Tier.FREE, user_type, None, 0)
+        self.state.accounts[account_id] = replace(row, deleted_at=row.deleted_at or time)
 
     async def lock_user_type(self, account_id: UUID) -> UserType | None:
         return self.state.user_types_of_record.get(account_id)
@@ -133,7 +137,7 @@ class FakeBillingTx:
         row = self.state.accounts[account_id]
         if self.state.start_plans.get(account_id, (None, ""))[1] != period:
             self.state.start_plans[account_id] = (row.plan, period)
-        self.state.accounts[account_id] = AccountRow(account_id, plan, row.user_type, row.user_type_time, row.user_type_version)
+        self.state.accounts[account_id] = replace(row, plan=plan)
         self.state.plan_versions[account_id] = self.state.plan_versions.get(account_id, 0) + 1
         self.state.plan_times[account_id] = now
         return self.state.plan_versions[account_id]
@@ -184,7 +188,8 @@ class FakeBillingTx:
 
     async def renewal_candidates(self, period: str) -> list[UUID]:
         renewed = {o.account_id for o in self.state.orders.values() if o.kind == "plan_renewal" and o.period == period}
-        return sorted(a for a in self.state.plan_times if a not in renewed)
+        live = (a for a in self.state.plan_times if self.state.accounts[a].deleted_at is None)
+        return sorted(a for a in live if a not in renewed)
 
     async def start_plan(self, account_id: UUID, period: str, start: datetime) -> Tier | None:
         plan, of = self.state.start_plans.get(account_id, (Tier.FREE, ""))

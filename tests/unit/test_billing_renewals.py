@@ -292,3 +292,36 @@ async def test_a_declined_payment_by_the_customer_is_402_with_the_order_still_pe
     assert world.store.state.orders[order.id].status == "pending" and world.plan() is Tier.FREE
     world.provider.declines = False
     assert (await world.service.pay(world.account, order.id, audit=ACTOR)).status == "paid"
+
+
+async def test_a_deleted_account_is_never_renewed(world):
+    """accounts.v1 holds the account deleted (a restore's reconcile: docs/backup.md): its paid plan
+    is not charged again, although billing's row still says professional."""
+    await world.upgrade(Tier.PROFESSIONAL)
+    attempts = world.provider.attempts
+    deleted = AccountState(
+        time=OCTOBER, account_id=world.account, roles=[], user_type=UserType.INDIVIDUAL, deleted=True, version=2
+    )
+    await world.service.apply_user_type(deleted)
+    world.clock.now = NOVEMBER
+    assert await world.service.renew_all() == 0
+    assert world.renewals() == [] and world.provider.attempts == attempts
+
+
+async def test_a_renewal_pending_when_its_account_is_deleted_is_never_charged_again(world):
+    await world.upgrade(Tier.BASIC)
+    world.provider.declines = True
+    world.clock.now = NOVEMBER
+    await world.service.renew_all()  # declined: pending, tried again in an hour
+    attempts = world.provider.attempts
+    deleted = AccountState(
+        time=NOVEMBER, account_id=world.account, roles=[], user_type=UserType.INDIVIDUAL, deleted=True, version=2
+    )
+    await world.service.apply_user_type(deleted)
+    world.provider.declines = False
+    world.clock.advance(hours=2)
+    assert await world.service.renew_all() == 0 and world.provider.attempts == attempts
+    [renewal] = world.renewals()
+    assert renewal.status == "pending" and renewal.lapsed_at is not None  # ended unpaid: never charged again
+    world.clock.advance(days=4)
+    assert await world.service.renew_all() == 0 and world.provider.attempts == attempts

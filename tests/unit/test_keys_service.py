@@ -148,6 +148,18 @@ async def test_the_throttle_counts_wrong_passwords_and_then_refuses_even_the_rig
         await world.service.login("ada@example.com", PASSWORD)
 
 
+async def test_the_throttle_counts_an_ipv6_client_by_its_64(world: World):
+    """Failures from one /64 are one client's, whichever of its addresses each came from."""
+    await world.register()
+    throttle = LoginThrottle(Limit(100, 60), Limit(2, 60), clock=lambda: 0.0)
+    for host in ("1", "2"):
+        with pytest.raises(InvalidCredentials), throttle.attempt("ada@example.com", f"2001:db8:7:7::{host}"):
+            await world.service.login("ada@example.com", "wrong password")
+    with pytest.raises(ApiError) as caught, throttle.attempt("ada@example.com", "2001:db8:7:7::3"):
+        await world.service.login("ada@example.com", PASSWORD)
+    assert caught.value.status == 429
+
+
 class ChangedWhileVerifying(PasswordHasher):
     """argon2 with a password change by another request landing during the verify of a login."""
 

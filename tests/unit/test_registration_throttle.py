@@ -72,3 +72,19 @@ def test_the_limit_is_production_sign_ups_worth_of_argon2_work():
 def test_the_limit_is_read_when_an_app_is_built(monkeypatch):
     monkeypatch.setattr(registration_throttle, "REGISTRATIONS_PER_IP", 3)
     assert limit_for(PasswordHasher()).attempts == 3
+
+
+def test_an_ipv6_client_is_counted_by_its_64_not_by_each_address_it_picks():
+    """A host picks any of its /64's 2^64 addresses at will (privacy addresses, or on purpose): counted
+    one by one, a flood from one machine would never meet the limit."""
+    throttle = RegistrationThrottle(Limit(2, 60), clock=Clock())
+    throttle.admit("2001:db8:1:2::1")
+    throttle.admit("2001:db8:1:2:aaaa:bbbb:cccc:dddd")
+    assert _refused(throttle, "2001:db8:1:2::3").status == 429
+    throttle.admit("2001:db8:1:3::1")  # the next /64 is another subscriber's
+
+
+def test_an_ipv4_client_on_a_dual_stack_listener_is_one_subject_with_its_plain_address():
+    throttle = RegistrationThrottle(Limit(1, 60), clock=Clock())
+    throttle.admit("::ffff:198.51.100.7")
+    assert _refused(throttle, "198.51.100.7").status == 429
