@@ -6,7 +6,7 @@ from argon2 import PasswordHasher, profiles
 from services.edge.errors import ApiError
 from services.keys import registration_throttle
 from services.keys.registration_throttle import REGISTRATIONS_PER_IP, WINDOW_S, RegistrationThrottle, limit_for
-from services.keys.throttle import Limit
+from services.keys.throttle import Limit, SlidingLog
 
 
 class Clock:
@@ -88,3 +88,27 @@ def test_an_ipv4_client_on_a_dual_stack_listener_is_one_subject_with_its_plain_a
     throttle = RegistrationThrottle(Limit(1, 60), clock=Clock())
     throttle.admit("::ffff:198.51.100.7")
     assert _refused(throttle, "198.51.100.7").status == 429
+
+
+def test_a_subject_costs_a_few_hundred_bytes_so_a_full_log_is_tens_of_megabytes():
+    # At MAX_SUBJECTS (100k) per log, and login keeping two: a deque(maxlen=...) per subject took
+    # ~0.9 KB (a 64-slot block), ~94 MB per log, for subjects a /48's 65k /64s can fill.
+    import tracemalloc
+
+    log = SlidingLog(Limit(30, 900.0))
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for i in range(10_000):
+            log.add(f"2001:db8:{i:x}::/64", float(i))
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (after - before) / 10_000 < 400
+
+
+def test_a_subject_keeps_only_its_last_attempts_times():
+    log = SlidingLog(Limit(3, 60.0))
+    for t in (1.0, 2.0, 3.0, 4.0, 5.0):
+        log.add("198.51.100.7", t)
+    assert log.retry_after("198.51.100.7", 10.0) == 3.0 + 60.0 - 10.0  # the oldest of the last three
