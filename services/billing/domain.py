@@ -191,6 +191,14 @@ def ensure_upgrade(current: Plan, target: Plan) -> None:
 # as long each time up to MAX_RETRY, until GRACE after it was made: a last attempt then, and if the
 # payer declines that too the account goes to free. A provider that fails (not the payer) is tried
 # on with the same backoff and never ends a plan.
+#
+# The grace is earned (`grace_earned`): only an account that paid the full price of this plan, or
+# of a dearer one, for the period before keeps the plan while its renewal is retried. A renewal
+# declined with nothing of that behind it (the plan came by a prorated upgrade: 0.00 in a period's
+# last minute, or half the price mid-period) puts the account on free at once: the grace's 3 days
+# of a whole period's quota would otherwise be given away, every month and to every new account.
+# Such a renewal is not tried again by the job; paid in the console during its period it puts its
+# plan back (`restores_plan`).
 GRACE = timedelta(days=3)
 FIRST_RETRY = timedelta(hours=1)
 MAX_RETRY = timedelta(hours=12)
@@ -209,6 +217,28 @@ def renewal_due(order: "OrderLike", now: datetime) -> bool:
 
 def grace_over(order: "OrderLike", now: datetime) -> bool:
     return now >= order.created_at + GRACE
+
+
+def previous_period(period: str) -> str:
+    """The period before `period` (`YYYY-MM`)."""
+    year, month = (int(p) for p in period.split("-"))
+    return f"{year - (month == 1):04d}-{(month - 2) % 12 + 1:02d}"
+
+
+def grace_earned(renewed: Plan, paid_before: Plan | None) -> bool:
+    """A declined renewal of `renewed` keeps the plan through the grace only if the account paid,
+    for the period before the renewal's, a renewal (the full monthly price) of `paid_before` and
+    that plan costs at least as much. Not an upgrade's proration, which may be 0.00 (the period's
+    last minute): nor the same-plan renewal of a cheaper plan with a late upgrade on top (9.90 a
+    month would buy 3 days of enterprise). A period that passed with nothing charged (the job down
+    all of it) earns no grace either: nothing was paid for it."""
+    return paid_before is not None and paid_before.monthly_price >= renewed.monthly_price
+
+
+def restores_plan(order: "OrderLike") -> bool:
+    """Paying this order puts its plan back: a renewal declined with no grace earned, for which the
+    account was put on free at once."""
+    return order.kind == "plan_renewal" and order.plan_dropped_at is not None
 
 
 def next_attempt(order: "OrderLike", now: datetime) -> datetime:
@@ -234,6 +264,8 @@ class OrderLike(Protocol):
     def next_attempt_at(self) -> datetime | None: ...
     @property
     def lapsed_at(self) -> datetime | None: ...
+    @property
+    def plan_dropped_at(self) -> datetime | None: ...
 
 
 # ---- (v2) the package catalogue, the order history's cursor, invoices --------------------------------

@@ -54,10 +54,11 @@ log = logging.getLogger(__name__)
 RENEWALS = Counter(
     "tollgate_billing_renewals_total",
     "Charge attempts of period renewals, by outcome: paid, declined or provider_failed (tried again later), "
-    "lapsed (declined at the grace's end: the account put on free) (unit: attempts)",
+    "lapsed (declined at the grace's end: the account put on free), no_grace (declined with no grace earned: "
+    "the account put on free at once) (unit: attempts)",
     ["outcome"],
 )
-for _outcome in ("paid", "declined", "provider_failed", "lapsed"):  # on /metrics at 0 from the start
+for _outcome in ("paid", "declined", "provider_failed", "lapsed", "no_grace"):  # on /metrics at 0 from the start
     RENEWALS.labels(_outcome)
 
 
@@ -89,6 +90,8 @@ class Tx(Protocol):
     async def insert_renewal(self, order: OrderRow) -> bool: ...
     async def due_renewals(self, now: datetime) -> list[tuple[UUID, UUID]]: ...
     async def record_attempt(self, order_id: UUID, next_attempt_at: datetime) -> None: ...
+    async def paid_renewal_plan(self, account_id: UUID, period: str) -> Tier | None: ...
+    async def drop_renewal(self, order_id: UUID, now: datetime) -> None: ...
     async def lapse_renewals(self, account_id: UUID, now: datetime) -> None: ...
     async def current_plans(self) -> list[PlanRow]: ...
     async def paid_packages(self, period: str) -> list[OrderRow]: ...
@@ -319,6 +322,14 @@ class BillingService:
             domain.ensure_plan_allowed(account.user_type, order.plan)  # the user type may have changed since
             if order.previous_plan is not account.plan:
                 raise BillingConflict("The plan changed since this order was made; create a new order.")
+        if domain.restores_plan(order):  # declined with no grace: the account was put on free for it
+            assert order.plan is not None
+            domain.ensure_plan_allowed(account.user_type, order.plan)
+            if account.plan is not Tier.FREE:
+                raise BillingConflict(
+                    "The plan changed since this renewal was declined and the account put on free; "
+                    "order the plan you want instead."
+                )
         try:
             fact = await self._settle(tx, account, order, now, audit)
         except PaymentDeclined as exc:  # raised before anything was written: the order stays pending
@@ -339,13 +350,17 @@ class BillingService:
         self, tx: Tx, account: AccountRow, order: OrderRow, now: datetime, audit: AuditContext, reference: str | None = None
     ) -> BillingFact | None:
         """Charge a pending order (unless the caller did: `reference`), mark it paid, invoice it and
-        apply its effect: its billing.v1 fact (none for a renewal: the plan stays)."""
+        apply its effect: its billing.v1 fact (none for a renewal: the plan stays; but a renewal
+        whose decline put the account on free puts its plan back)."""
         account_id = order.account_id
         if reference is None:
             reference = await self._charge(order)
         await tx.mark_paid(order.id, now, reference)
         await self._audit(tx, audit, order, now, AuditAction.ORDER_PAID)
         await self._issue_invoice(tx, order.id, account, now)
+        if domain.restores_plan(order):
+            assert order.plan is not None
+            return await self._change_plan(tx, account_id, account.plan, order.plan, now)
         if order.kind == "plan_renewal":
             return None
         if order.kind == "plan_upgrade":
@@ -467,7 +482,8 @@ class BillingService:
 
     async def _attempt_renewal(self, order_id: UUID, account_id: UUID) -> int:
         """One charge of a due renewal: paid (1), or declined (0) and tried again later, or, its
-        grace over, the account switched to free like a downgrade."""
+        grace over or never earned (`domain.grace_earned`), the account switched to free like a
+        downgrade."""
         facts: list[BillingFact] = []
         async with self.store.transaction() as tx:
             account = await self._lock(tx, account_id)
@@ -489,29 +505,46 @@ class BillingService:
                 await self._settle(tx, account, order, now, RENEWAL_JOB, reference)
                 RENEWALS.labels("paid").inc()
                 return 1
-            if declined and domain.grace_over(order, now):
+            if declined and not await self._grace_earned(tx, order):
+                RENEWALS.labels("no_grace").inc()
+                await tx.drop_renewal(order_id, now)  # pending still: paying it puts the plan back
+                facts.extend(await self._renewal_unpaid(tx, account, order_id, now))
+            elif declined and domain.grace_over(order, now):
                 RENEWALS.labels("lapsed").inc()
                 await tx.lapse_renewals(account_id, now)
-                if account.plan is not Tier.FREE:
-                    facts.append(await self._change_plan(tx, account_id, account.plan, Tier.FREE, now))
-                    entry = RENEWAL_JOB.entry(
-                        account_id,
-                        now,
-                        AuditAction.PLAN_SWITCHED,
-                        "account",
-                        account_id,
-                        plan=Tier.FREE.value,
-                        previous_plan=account.plan.value,
-                        reason="renewal_unpaid",
-                        order_id=str(order_id),
-                    )
-                    await self.outbox.add(tx.conn, AUDIT, str(account_id).encode(), entry.model_dump_json().encode())
+                facts.extend(await self._renewal_unpaid(tx, account, order_id, now))
             else:
                 RENEWALS.labels("declined" if declined else "provider_failed").inc()
                 await tx.record_attempt(order_id, domain.next_attempt(order, now))
         if facts:
             await self.edge.deliver(facts)
         return 0
+
+    async def _grace_earned(self, tx: Tx, order: OrderRow) -> bool:
+        """The account paid a renewal of this plan or a dearer one for the period before this one's."""
+        assert order.plan is not None
+        before = await tx.paid_renewal_plan(order.account_id, domain.previous_period(order.period))
+        plans = catalogue()
+        return domain.grace_earned(plans[order.plan], plans[before] if before is not None else None)
+
+    async def _renewal_unpaid(self, tx: Tx, account: AccountRow, order_id: UUID, now: datetime) -> list[BillingFact]:
+        """The account put on free for a renewal left unpaid, audited as the operator's switch."""
+        if account.plan is Tier.FREE:
+            return []
+        fact = await self._change_plan(tx, account.account_id, account.plan, Tier.FREE, now)
+        entry = RENEWAL_JOB.entry(
+            account.account_id,
+            now,
+            AuditAction.PLAN_SWITCHED,
+            "account",
+            account.account_id,
+            plan=Tier.FREE.value,
+            previous_plan=account.plan.value,
+            reason="renewal_unpaid",
+            order_id=str(order_id),
+        )
+        await self.outbox.add(tx.conn, AUDIT, str(account.account_id).encode(), entry.model_dump_json().encode())
+        return [fact]
 
     # ---- republishing (docs/architecture.md, "Kafka is transport") ------------------------------
     async def republish(self, topics: Collection[str] = (BILLING.name,)) -> dict[str, int]:

@@ -44,10 +44,12 @@ class OrderRow:
     period: str
     created_at: datetime
     paid_at: datetime | None
-    # plan_renewal only: failed charge attempts, when the job tries again, when the grace ended unpaid
+    # plan_renewal only: failed charge attempts, when the job tries again, when the grace ended unpaid,
+    # when it was declined with no grace earned and the account put on free at once (migration 0008)
     attempts: int = 0
     next_attempt_at: datetime | None = None
     lapsed_at: datetime | None = None
+    plan_dropped_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,7 @@ class BillingTx:
             attempts=row["attempts"],
             next_attempt_at=row["next_attempt_at"],
             lapsed_at=row["lapsed_at"],
+            plan_dropped_at=row["plan_dropped_at"],
         )
 
     async def lock_order(self, order_id: UUID, account_id: UUID) -> OrderRow | None:
@@ -375,6 +378,25 @@ class BillingTx:
         await self.conn.execute(
             "UPDATE billing.orders SET attempts = attempts + 1, next_attempt_at = %s WHERE id = %s",
             (next_attempt_at, order_id),
+        )
+
+    async def paid_renewal_plan(self, account_id: UUID, period: str) -> Tier | None:
+        """The plan of the account's renewal of `period` if it was paid (None: none, or unpaid)."""
+        cur = await self.conn.execute(
+            """SELECT plan FROM billing.orders
+               WHERE account_id = %s AND kind = 'plan_renewal' AND period = %s AND status = 'paid'""",
+            (account_id, period),
+        )
+        row = await cur.fetchone()
+        return Tier(row["plan"]) if row else None
+
+    async def drop_renewal(self, order_id: UUID, now: datetime) -> None:
+        """A renewal declined with no grace earned: counted, never tried again by the job, and marked
+        as the one whose payment puts the plan back (it stays pending: the customer may pay it)."""
+        await self.conn.execute(
+            """UPDATE billing.orders SET attempts = attempts + 1, next_attempt_at = NULL, plan_dropped_at = %s
+               WHERE id = %s""",
+            (now, order_id),
         )
 
     async def lapse_renewals(self, account_id: UUID, now: datetime) -> None:

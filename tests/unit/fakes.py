@@ -214,6 +214,16 @@ class FakeBillingTx:
         order = self.state.orders[order_id]
         self.state.orders[order_id] = replace(order, attempts=order.attempts + 1, next_attempt_at=next_attempt_at)
 
+    async def paid_renewal_plan(self, account_id: UUID, period: str) -> Tier | None:
+        for o in self.state.orders.values():
+            if o.account_id == account_id and o.kind == "plan_renewal" and o.period == period and o.status == "paid":
+                return o.plan
+        return None
+
+    async def drop_renewal(self, order_id: UUID, now: datetime) -> None:
+        order = self.state.orders[order_id]
+        self.state.orders[order_id] = replace(order, attempts=order.attempts + 1, next_attempt_at=None, plan_dropped_at=now)
+
     async def lapse_renewals(self, account_id: UUID, now: datetime) -> None:
         for o in list(self.state.orders.values()):
             if o.account_id == account_id and o.kind == "plan_renewal" and o.status == "pending" and o.lapsed_at is None:

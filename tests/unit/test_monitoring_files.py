@@ -68,6 +68,7 @@ def test_the_issues_alerts_are_there():
         "TollgateWebhooksFailing",
         "TollgateRenewalsDeclined",
         "TollgateRenewalsLapsed",
+        "TollgateRenewalsProviderFailing",
     } <= names
 
 
