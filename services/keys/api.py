@@ -32,6 +32,7 @@ from contracts.keys_api import (
 from contracts.service_tokens_api import ServiceTokenCreated, ServiceTokenCreateRequest, ServiceTokenItem, ServiceTokenList
 from services.edge import Principal, Runtime, client_ip, forwarded_for, parse_networks
 from services.keys import domain
+from services.keys.attempt_logs import AttemptLogs
 from services.keys.login_throttle import LoginThrottle
 from services.keys.registration_throttle import RegistrationThrottle, limit_for
 from services.keys.service import KeysService
@@ -87,15 +88,16 @@ def _created(row: Row, secret: str) -> KeyCreated:
     )
 
 
-def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
+def build_router(runtime: Runtime, service: KeysService, attempts: AttemptLogs) -> APIRouter:
+    """`attempts`: where the login and sign-up throttles count (failover_logs.attempt_logs)."""
     api = APIRouter(tags=["keys"])
     edge = runtime.edge
     console = edge.requires(console_only=True)
     caller = edge.requires()  # a console session or an API key, any role
     console_keys_write = edge.requires(Permission.KEYS_WRITE, console_only=True)
     console_billing_write = edge.requires(Permission.BILLING_WRITE, console_only=True)
-    throttle, trusted = LoginThrottle(), parse_networks(runtime.settings.trusted_proxies)
-    signups = RegistrationThrottle(limit_for(service.hasher))
+    throttle, trusted = LoginThrottle(logs=attempts), parse_networks(runtime.settings.trusted_proxies)
+    signups = RegistrationThrottle(limit_for(service.hasher), logs=attempts)
     operator = edge.requires_operator()
 
     def caller_ip(request: Request) -> str:
@@ -115,11 +117,12 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         description="Creates an account (roles `[owner]`, plan `free`) and its registering user, its `owner`, whose "
         "user id is the account id (its users.v1 state is published here). Extension: 409 `conflict` if any user "
         "(a member of any account too) has the e-mail; 429 `rate_limited` with `Retry-After` after too many sign-ups "
-        "from the client IP (services/keys/registration_throttle.py: 20 in 10 minutes per process), before any "
+        "from the client IP (services/keys/registration_throttle.py: 20 in 10 minutes, shared by the replicas "
+        "through Redis when REDIS_URL is set), before any "
         "password is hashed.",
     )
     async def register(body: RegisterRequest, request: Request) -> Account:
-        signups.admit(caller_ip(request))
+        await signups.admit(caller_ip(request))
         return _account(await service.register(body))
 
     @api.post(
@@ -129,7 +132,7 @@ def build_router(runtime: Runtime, service: KeysService) -> APIRouter:
         "`Retry-After` after too many failures for the e-mail or from the client IP (services/keys/login_throttle.py).",
     )
     async def login(body: LoginRequest, request: Request) -> LoginResponse:
-        with throttle.attempt(body.email, caller_ip(request)):
+        async with throttle.attempt(body.email, caller_ip(request)):
             token, ttl = await service.login(body.email, body.password)
         return LoginResponse(access_token=token, expires_in=ttl)
 

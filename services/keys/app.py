@@ -7,6 +7,7 @@ from contracts.topics import SESSIONS_RETENTION_S, STATE_OWNERS
 from services.edge import Component, Runtime
 from services.keys import api, consumers
 from services.keys.delivery import EdgeDelivery
+from services.keys.failover_logs import attempt_logs
 from services.keys.service import SERVICE_TOKEN_USES_EVERY_S, KeysService
 from services.keys.store import KeysStore
 from services.runtime.platform.outbox_relay import OutboxRelay
@@ -29,6 +30,8 @@ def build(runtime: Runtime) -> Component:
         runtime.clock,
         session_ttl_seconds=runtime.settings.session_ttl_seconds,
     )
+    # The login and sign-up throttles' logs: shared by the replicas through Redis (REDIS_URL).
+    attempts = attempt_logs(runtime.settings)
     ticks = Periodic("keys:tick", TICK_S, service.tick, what="the keys' periodic work", log=log)
     # Logouts are kept as long as sessions.v1 keeps them (no session outlives that: settings).
     logouts = Pruner(
@@ -53,9 +56,9 @@ def build(runtime: Runtime) -> Component:
     )
     return Component(
         name="keys",
-        router=api.build_router(runtime, service),
+        router=api.build_router(runtime, service, attempts),
         subscribers=consumers.build_router(service, runtime.broker, runtime.settings),
         migrations=Path(__file__).parent / "migrations",
         on_start=[relay.start, guard.start, ticks.start, logouts.start],
-        on_stop=[logouts.stop, ticks.stop, guard.stop, relay.stop],
+        on_stop=[logouts.stop, ticks.stop, guard.stop, relay.stop, attempts.close],
     )

@@ -11,7 +11,7 @@ The limit is of argon2 work, counted in sign-ups at the production parameters: a
 the CPU and memory that work takes. So the test platforms, which hash at argon2's cheapest
 parameters (tests/support/cheap_hashes.py), register as many accounts as they like from one
 address, with no setting and no bypass; a platform at the production parameters meets the limit.
-Per process, like login's (services/keys/throttle.py).
+Shared by the replicas through Redis when REDIS_URL is set, like login's (services/keys/throttle.py).
 """
 
 import time
@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 from argon2 import PasswordHasher
 
-from services.keys.throttle import MAX_SUBJECTS, Limit, SlidingLog, client_subject, refuse_if_waiting
+from services.keys.attempt_logs import AttemptLogs, LocalLogs, Log
+from services.keys.throttle import MAX_SUBJECTS, Limit, client_subject, refuse_if_waiting
 
 REGISTRATIONS_PER_IP = 20  # sign-ups per client IP within the window, at the production argon2 cost
 WINDOW_S = 10 * 60.0
@@ -38,14 +39,20 @@ def limit_for(hasher: PasswordHasher) -> Limit:
 
 
 class RegistrationThrottle:
-    def __init__(self, per_ip: Limit, *, max_subjects: int = MAX_SUBJECTS, clock: Callable[[], float] = time.monotonic) -> None:
-        self._ips = SlidingLog(per_ip, max_subjects)
-        self._clock = clock
+    def __init__(
+        self,
+        per_ip: Limit,
+        *,
+        logs: AttemptLogs | None = None,
+        max_subjects: int = MAX_SUBJECTS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`logs` as LoginThrottle's: by default this process's."""
+        self._ips = Log("signup-ip", per_ip)
+        self.logs = logs if logs is not None else LocalLogs(max_subjects, clock)
 
-    def admit(self, ip: str) -> None:
+    async def admit(self, ip: str) -> None:
         """Count one sign-up from `ip` (an IPv6 one by its /64: throttle.client_subject), or refuse it
         (429 with `Retry-After`) when its window is full."""
-        ip = client_subject(ip)
-        now = self._clock()
-        refuse_if_waiting(self._ips.retry_after(ip, now), "sign-ups from this address")
-        self._ips.add(ip, now)
+        counted = await self.logs.count(((self._ips, client_subject(ip)),))
+        refuse_if_waiting(counted.wait, "sign-ups from this address")

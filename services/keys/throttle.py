@@ -4,9 +4,10 @@ contract's 429. Login (services/keys/login_throttle.py) and sign-up
 
 A subject's log holds the times of its last `limit.attempts` counted attempts (bounded memory per
 subject, and an LRU bound on the number of subjects); when the oldest of them lies within
-`window_s` the subject is refused until it leaves. The state is per process: with R replicas the
-bound is R times the limit (the edge's Redis store could share it later; neither route is on a
-hot path).
+`window_s` the subject is refused until it leaves. `SlidingLog` is this process's copy of that
+rule; with REDIS_URL set every replica shares the logs in Redis instead (redis_logs.py, the same
+rule in Lua), so R replicas together allow the limit once, not R times; this process's logs stay
+the store without Redis and the fallback while Redis does not answer (failover_logs.py).
 """
 
 import ipaddress
@@ -54,6 +55,9 @@ class SlidingLog:
         # A list, not a deque(maxlen=...): a deque allocates a 64-slot block per subject, ~0.9 KB,
         # which made the log ~94 MB at MAX_SUBJECTS; a list of one time is ~0.1 KB.
         self._log: OrderedDict[str, list[float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._log)
 
     def retry_after(self, subject: str, now: float) -> float:
         """Seconds until `subject` may try again; 0 when it may now."""

@@ -99,40 +99,43 @@ class Clock:
         return self.now
 
 
-def _fail(throttle: LoginThrottle, email: str, ip: str) -> None:
+async def _fail(throttle: LoginThrottle, email: str, ip: str) -> None:
     from contracts.errors import ErrorCode
     from services.edge.errors import ApiError
 
-    with pytest.raises(ApiError) as caught, throttle.attempt(email, ip):
-        raise ApiError(401, ErrorCode.INVALID_CREDENTIALS, "wrong")
+    with pytest.raises(ApiError) as caught:
+        async with throttle.attempt(email, ip):
+            raise ApiError(401, ErrorCode.INVALID_CREDENTIALS, "wrong")
     assert caught.value.status == 401
 
 
-def test_retry_after_is_when_the_oldest_counted_failure_leaves_the_window():
+async def test_retry_after_is_when_the_oldest_counted_failure_leaves_the_window():
     from services.edge.errors import ApiError
 
     clock = Clock()
     throttle = LoginThrottle(Limit(3, 60), Limit(100, 60), clock=clock)
     for step in range(3):
-        _fail(throttle, "a@example.com", "10.0.0.1")
+        await _fail(throttle, "a@example.com", "10.0.0.1")
         clock.now += 10  # failures at 1000, 1010, 1020; now 1030
-    with pytest.raises(ApiError) as caught, throttle.attempt("a@example.com", "10.0.0.2"):
-        pass
+    with pytest.raises(ApiError) as caught:
+        async with throttle.attempt("a@example.com", "10.0.0.2"):
+            pass
     assert caught.value.status == 429 and caught.value.headers["Retry-After"] == "30"
     clock.now = 1060.0  # the first failure has left the window: one more try
-    with throttle.attempt("A@example.com ", "10.0.0.2"):
+    async with throttle.attempt("A@example.com ", "10.0.0.2"):
         pass
-    _fail(throttle, "a@example.com", "10.0.0.2")  # success cleared the e-mail's log
+    await _fail(throttle, "a@example.com", "10.0.0.2")  # success cleared the e-mail's log
 
 
-def test_other_errors_are_forgiven_and_memory_is_bounded():
+async def test_other_errors_are_forgiven_and_memory_is_bounded():
     from contracts.errors import ErrorCode
     from services.edge.errors import ApiError
 
     throttle = LoginThrottle(Limit(1, 60), Limit(1, 60), max_subjects=10, clock=Clock())
     for _ in range(3):  # a 503 from the database is not the caller's failure
-        with pytest.raises(ApiError), throttle.attempt("b@example.com", "10.0.0.1"):
-            raise ApiError(503, ErrorCode.SERVICE_UNAVAILABLE, "down")
+        with pytest.raises(ApiError):
+            async with throttle.attempt("b@example.com", "10.0.0.1"):
+                raise ApiError(503, ErrorCode.SERVICE_UNAVAILABLE, "down")
     for i in range(50):
-        _fail(throttle, f"user{i}@example.com", f"10.1.0.{i}")
-    assert len(throttle._emails._log) == 10 and len(throttle._ips._log) == 10
+        await _fail(throttle, f"user{i}@example.com", f"10.1.0.{i}")
+    assert throttle.logs.subjects(throttle._emails) == 10 and throttle.logs.subjects(throttle._ips) == 10

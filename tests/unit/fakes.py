@@ -1,10 +1,11 @@
 """Fakes of the ports the use cases take (cosmicpython's fakes): no I/O, so the unit suite runs
 every use case in milliseconds. One section per service; the shared ones first."""
 
+import asyncio
 import copy
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -28,6 +29,7 @@ from services.billing.payments import Charge, PaymentDeclined
 from services.billing.service import BillingService
 from services.billing.store import AccountRow, InvoiceRow, OrderRow, PlanRow
 from services.geo.store import ProjectRow
+from services.keys.attempt_logs import Counted, Entry, LocalLogs
 from services.metering.domain import NO_KEY, Cursor, GroupBy
 from services.metering.rollups import UsageRow, series_key
 from services.metering.store import ActivityFilter, CallRow, UsageQuery
@@ -1492,3 +1494,38 @@ class BillingWorld:
         self.edge = FakeBillingEdge()
         self.service = BillingService(self.store, self.outbox, self.accounts, self.provider, self.clock, tz, edge=self.edge)
         self.account = uuid.uuid4()
+
+
+# ---- keys: the throttles' shared logs ----
+class FakeSharedLogs:
+    """The throttles' Redis (services/keys/redis_logs.py) without Redis: one set of logs that every
+    "replica" holding it shares, on one clock. `down`: every call raises, as a refused connection;
+    `hung`: every call waits for ever, as a Redis that stopped answering. `calls` counts the asks."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.logs = LocalLogs(clock=clock)
+        self.down = False
+        self.hung = False
+        self.calls = 0
+
+    async def _answer(self) -> None:
+        self.calls += 1
+        if self.hung:
+            await asyncio.Event().wait()
+        if self.down:
+            raise ConnectionError("redis: connection refused")
+
+    async def count(self, entries: Sequence[Entry]) -> Counted:
+        await self._answer()
+        return replace(await self.logs.count(entries), shared=True)
+
+    async def forgive(self, entries: Sequence[Entry], counted: Counted) -> None:
+        await self._answer()
+        await self.logs.forgive(entries, counted)
+
+    async def clear(self, entries: Sequence[Entry]) -> None:
+        await self._answer()
+        await self.logs.clear(entries)
+
+    async def close(self) -> None:
+        return None

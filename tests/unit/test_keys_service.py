@@ -138,13 +138,15 @@ async def test_the_throttle_counts_wrong_passwords_and_then_refuses_even_the_rig
     now = [0.0]
     throttle = LoginThrottle(Limit(2, 60), Limit(100, 60), clock=lambda: now[0])
     for _ in range(2):
-        with pytest.raises(InvalidCredentials), throttle.attempt("ada@example.com", "10.0.0.1"):
-            await world.service.login("ada@example.com", "wrong password")
-    with pytest.raises(ApiError) as caught, throttle.attempt("ada@example.com", "10.0.0.1"):
-        await world.service.login("ada@example.com", PASSWORD)
+        with pytest.raises(InvalidCredentials):
+            async with throttle.attempt("ada@example.com", "10.0.0.1"):
+                await world.service.login("ada@example.com", "wrong password")
+    with pytest.raises(ApiError) as caught:
+        async with throttle.attempt("ada@example.com", "10.0.0.1"):
+            await world.service.login("ada@example.com", PASSWORD)
     assert caught.value.status == 429 and caught.value.headers["Retry-After"] == "60"
     now[0] = 61.0  # the window has passed: the right password gets in and clears the count
-    with throttle.attempt("ada@example.com", "10.0.0.1"):
+    async with throttle.attempt("ada@example.com", "10.0.0.1"):
         await world.service.login("ada@example.com", PASSWORD)
 
 
@@ -153,10 +155,12 @@ async def test_the_throttle_counts_an_ipv6_client_by_its_64(world: World):
     await world.register()
     throttle = LoginThrottle(Limit(100, 60), Limit(2, 60), clock=lambda: 0.0)
     for host in ("1", "2"):
-        with pytest.raises(InvalidCredentials), throttle.attempt("ada@example.com", f"2001:db8:7:7::{host}"):
-            await world.service.login("ada@example.com", "wrong password")
-    with pytest.raises(ApiError) as caught, throttle.attempt("ada@example.com", "2001:db8:7:7::3"):
-        await world.service.login("ada@example.com", PASSWORD)
+        with pytest.raises(InvalidCredentials):
+            async with throttle.attempt("ada@example.com", f"2001:db8:7:7::{host}"):
+                await world.service.login("ada@example.com", "wrong password")
+    with pytest.raises(ApiError) as caught:
+        async with throttle.attempt("ada@example.com", "2001:db8:7:7::3"):
+            await world.service.login("ada@example.com", PASSWORD)
     assert caught.value.status == 429
 
 

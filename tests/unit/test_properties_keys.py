@@ -1,5 +1,6 @@
 """Properties of the keys rules, the edge's projections, sessions and the login throttle."""
 
+import asyncio
 import ipaddress
 import re
 import uuid
@@ -206,14 +207,18 @@ def test_the_login_throttle_lets_through_at_most_limit_failures_per_window(steps
     now = [0.0]
     throttle = LoginThrottle(Limit(email_limit, window), Limit(ip_limit, window), clock=lambda: now[0])
     failures: dict[str, list[float]] = {}
+
+    async def login(email: str, ip: str, outcome: str) -> None:
+        async with throttle.attempt(email, ip):
+            if outcome == "wrong":
+                raise ApiError(401, ErrorCode.INVALID_CREDENTIALS, "wrong")
+            if outcome == "down":
+                raise ApiError(503, ErrorCode.SERVICE_UNAVAILABLE, "down")
+
     for gap, email, ip, outcome in steps:
         now[0] += gap
         try:
-            with throttle.attempt(email, ip):
-                if outcome == "wrong":
-                    raise ApiError(401, ErrorCode.INVALID_CREDENTIALS, "wrong")
-                if outcome == "down":
-                    raise ApiError(503, ErrorCode.SERVICE_UNAVAILABLE, "down")
+            asyncio.run(login(email, ip, outcome))
         except ApiError as exc:
             if exc.status == 429:
                 assert 1 <= int(exc.headers["Retry-After"]) <= window

@@ -17,48 +17,48 @@ class Clock:
         return self.now
 
 
-def _refused(throttle: RegistrationThrottle, ip: str) -> ApiError:
+async def _refused(throttle: RegistrationThrottle, ip: str) -> ApiError:
     with pytest.raises(ApiError) as caught:
-        throttle.admit(ip)
+        await throttle.admit(ip)
     return caught.value
 
 
-def test_the_n_plus_first_sign_up_from_an_address_in_the_window_is_429_with_retry_after():
+async def test_the_n_plus_first_sign_up_from_an_address_in_the_window_is_429_with_retry_after():
     clock = Clock()
     throttle = RegistrationThrottle(Limit(3, 60), clock=clock)
     for _ in range(3):
-        throttle.admit("198.51.100.7")  # sign-ups at 1000, 1010, 1020
+        await throttle.admit("198.51.100.7")  # sign-ups at 1000, 1010, 1020
         clock.now += 10
-    refused = _refused(throttle, "198.51.100.7")  # at 1030
+    refused = await _refused(throttle, "198.51.100.7")  # at 1030
     assert (refused.status, refused.code.value) == (429, "rate_limited")
     assert refused.headers == {"Retry-After": "30"}  # when the sign-up at 1000 leaves the window
-    throttle.admit("203.0.113.9")  # another address is not affected
+    await throttle.admit("203.0.113.9")  # another address is not affected
 
     clock.now = 1059.5
-    assert _refused(throttle, "198.51.100.7").headers == {"Retry-After": "1"}  # never 0
+    assert (await _refused(throttle, "198.51.100.7")).headers == {"Retry-After": "1"}  # never 0
     clock.now = 1060.0
-    throttle.admit("198.51.100.7")  # the oldest has left: one more
-    assert _refused(throttle, "198.51.100.7").headers == {"Retry-After": "10"}
+    await throttle.admit("198.51.100.7")  # the oldest has left: one more
+    assert (await _refused(throttle, "198.51.100.7")).headers == {"Retry-After": "10"}
 
 
-def test_a_refused_sign_up_is_not_counted_and_a_successful_one_is():
+async def test_a_refused_sign_up_is_not_counted_and_a_successful_one_is():
     """Every admitted sign-up costs a hash, so none is forgiven; a refusal costs none and adds nothing."""
     clock = Clock()
     throttle = RegistrationThrottle(Limit(2, 60), clock=clock)
-    throttle.admit("10.0.0.1")
-    throttle.admit("10.0.0.1")
+    await throttle.admit("10.0.0.1")
+    await throttle.admit("10.0.0.1")
     for _ in range(5):
         clock.now += 1
-        _refused(throttle, "10.0.0.1")
+        await _refused(throttle, "10.0.0.1")
     clock.now = 1060.0
-    throttle.admit("10.0.0.1")  # the refusals did not push the window further
+    await throttle.admit("10.0.0.1")  # the refusals did not push the window further
 
 
-def test_memory_is_bounded_under_a_flood_of_addresses():
+async def test_memory_is_bounded_under_a_flood_of_addresses():
     throttle = RegistrationThrottle(Limit(1, 60), max_subjects=10, clock=Clock())
     for i in range(50):
-        throttle.admit(f"10.1.{i // 250}.{i % 250}")
-    assert len(throttle._ips._log) == 10
+        await throttle.admit(f"10.1.{i // 250}.{i % 250}")
+    assert throttle.logs.subjects(throttle._ips) == 10
 
 
 def test_the_limit_is_production_sign_ups_worth_of_argon2_work():
@@ -74,20 +74,20 @@ def test_the_limit_is_read_when_an_app_is_built(monkeypatch):
     assert limit_for(PasswordHasher()).attempts == 3
 
 
-def test_an_ipv6_client_is_counted_by_its_64_not_by_each_address_it_picks():
+async def test_an_ipv6_client_is_counted_by_its_64_not_by_each_address_it_picks():
     """A host picks any of its /64's 2^64 addresses at will (privacy addresses, or on purpose): counted
     one by one, a flood from one machine would never meet the limit."""
     throttle = RegistrationThrottle(Limit(2, 60), clock=Clock())
-    throttle.admit("2001:db8:1:2::1")
-    throttle.admit("2001:db8:1:2:aaaa:bbbb:cccc:dddd")
-    assert _refused(throttle, "2001:db8:1:2::3").status == 429
-    throttle.admit("2001:db8:1:3::1")  # the next /64 is another subscriber's
+    await throttle.admit("2001:db8:1:2::1")
+    await throttle.admit("2001:db8:1:2:aaaa:bbbb:cccc:dddd")
+    assert (await _refused(throttle, "2001:db8:1:2::3")).status == 429
+    await throttle.admit("2001:db8:1:3::1")  # the next /64 is another subscriber's
 
 
-def test_an_ipv4_client_on_a_dual_stack_listener_is_one_subject_with_its_plain_address():
+async def test_an_ipv4_client_on_a_dual_stack_listener_is_one_subject_with_its_plain_address():
     throttle = RegistrationThrottle(Limit(1, 60), clock=Clock())
-    throttle.admit("::ffff:198.51.100.7")
-    assert _refused(throttle, "198.51.100.7").status == 429
+    await throttle.admit("::ffff:198.51.100.7")
+    assert (await _refused(throttle, "198.51.100.7")).status == 429
 
 
 def test_a_subject_costs_a_few_hundred_bytes_so_a_full_log_is_tens_of_megabytes():
