@@ -104,16 +104,18 @@ def _leaves_its_prefix(path: str) -> bool:
     decodes twice; `%2f` a separator), `\\` a separator (IIS), a segment's `;parameters` dropped
     (Tomcat, Jetty: `..;/` is `../`), cut at a NUL (C), compatibility characters folded (NFKC:
     the fullwidth full stop U+FF0E is `.`, U+2025 is `..`), and dots or spaces only, as Windows trims
-    them (`...`, `.. `), a dot segment too."""
+    them (`...`, `.. `), a dot segment too. Decoding and folding are applied in turn until neither
+    changes anything: the fullwidth percent sign, two and e (U+FF05 U+FF12 U+FF45) fold to `%2e`,
+    which one more decoding makes `.`."""
     decoded = path
     for _ in range(_MAX_DECODINGS):
-        once = unquote(decoded)
+        once = unicodedata.normalize("NFKC", unquote(decoded))
         if once == decoded:
             break
         decoded = once
     else:
         return True  # still encoded after that many decodings: no upstream reads it as meant
-    decoded = unicodedata.normalize("NFKC", decoded).replace("\\", "/")
+    decoded = decoded.replace("\\", "/")
     for segment in decoded.split("/"):
         name = segment.partition(";")[0].partition("\x00")[0]
         if "." in name and not name.strip(". "):

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import Response
@@ -128,13 +129,26 @@ def forwarded_request(headers: Mapping[str, str]) -> tuple[str, str]:
 
 def _original_request(request: Request) -> tuple[str, str]:
     """`forwarded_request`, else (Envoy) this request's own method and the path after
-    /api/edge/authorize."""
+    /api/edge/authorize, as the caller sent it: percent-encoded still, like the URI nginx and
+    Caddy forward. The decoded path would turn a `%3F` into the `?` that ends the path judged
+    (`POST /v1/chat/completions%3F/../../admin` judged as `/v1/chat/completions`)."""
     headers = request.headers
     forwarded = request.path_params.get("forwarded")
     if forwarded is not None and not (headers.get("x-forwarded-uri") or headers.get("x-original-uri")):
         query = request.url.query
-        return request.method, "/" + forwarded + ("?" + query if query else "")
+        return request.method, _raw_forwarded(request.scope, forwarded) + ("?" + query if query else "")
     return forwarded_request(headers)
+
+
+def _raw_forwarded(scope: Mapping[str, Any], forwarded: str) -> str:
+    """The original path of Envoy's shape from the request's raw path (what follows
+    `/api/edge/authorize`); from the decoded `forwarded`, encoded again, when the raw path does not
+    spell the prefix plainly (an ASGI server without `raw_path`, or an encoded prefix)."""
+    raw = scope.get("raw_path")
+    prefix = (scope.get("root_path", "") + AUTHORIZE_PATH + "/").encode()
+    if isinstance(raw, bytes) and raw.startswith(prefix):
+        return "/" + raw[len(prefix) :].partition(b"?")[0].decode("latin-1")
+    return quote("/" + forwarded, safe="/")
 
 
 class Ingress:

@@ -77,20 +77,37 @@ def _address(scope: Scope) -> str:
 
 def route_template(scope: Scope) -> str:
     """The route the request will reach (`/v1/items/{id}`), as calls.v1 and the activity log want
-    it; the raw path when the app is not Starlette's or no route matches."""
+    it; the raw path when the app is not Starlette's or no route matches. A mounted sub-app's
+    route is the mount's prefix joined to the sub-app's own template (`/v1` + `/items/{id}`),
+    never the prefix alone: a key's allowed_routes judge this path, and every path under the mount
+    would otherwise be judged as the mount's (`GET /v1`)."""
     path = _printable(str(scope.get("path") or "/"))
     app = scope.get("app")
     routes = getattr(getattr(app, "router", None), "routes", None)
     if routes:
-        try:
-            from starlette.routing import Match
-        except ImportError:  # pragma: no cover - starlette is how an app has routes
-            return path[:512]
-        for route in routes:
-            match, _ = route.matches(scope)
-            if match is Match.FULL:
-                return _printable(str(getattr(route, "path", path)))
+        found = _template(routes, scope)
+        if found is not None:
+            return _printable(found)
     return path[:512]
+
+
+def _template(routes: Any, scope: Scope) -> str | None:
+    """The template of the route among `routes` that fully matches `scope`, a mount's joined to its
+    own routes' (None: no route matches, or none inside the mount that matched)."""
+    try:
+        from starlette.routing import Match
+    except ImportError:  # pragma: no cover - starlette is how an app has routes
+        return None
+    for route in routes:
+        match, child = route.matches(scope)
+        if match is not Match.FULL:
+            continue
+        inner = getattr(route, "routes", None)  # a Mount (or a Host): its own routes decide
+        if inner is None:
+            return str(getattr(route, "path", scope.get("path") or "/"))
+        found = _template(inner, {**scope, **child}) if inner else None
+        return None if found is None else str(getattr(route, "path", "")) + found
+    return None
 
 
 def _header(scope: Scope, name: bytes) -> str:
