@@ -129,7 +129,8 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
         + " Every bucket of the range is present (zeros when empty); day and week buckets start at local midnight "
         "(weeks on Monday), so the first may start before the range. Without `group_by` there is one series, key "
         "`total`; with it one per model (keyed `provider/model`), provider or API key (keyed by the key id; `none` for "
-        "usage reported without a key), or exactly the comma-separated `keys`. A point whose bucket holds usage of a "
+        "usage reported without a key), or exactly the comma-separated `keys` (at most 50, and at most 96000 points in all, "
+        "keys x buckets: 422 `validation_error` otherwise). A point whose bucket holds usage of a "
         "model without a price has `estimated_cost: null`, `priced: false`. `as_of` is the newest event time included."
         + CSV_DOC
         + " CSV columns: key, t, input_tokens, output_tokens, total_tokens, calls, estimated_cost, priced.",

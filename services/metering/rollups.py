@@ -10,11 +10,15 @@ from datetime import UTC, datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from uuid import UUID
 
-from services.metering.domain import NO_KEY, NO_KEY_SERIES, TOTAL_KEY, Granularity, GroupBy
+from services.metering.domain import NO_KEY, NO_KEY_SERIES, TOTAL_KEY, Granularity, GroupBy, InvalidQuery
 from services.metering.prices import PriceTable
-from services.metering.ranges import TimeRange, bucket_of, buckets
+from services.metering.ranges import MAX_BUCKETS, TimeRange, bucket_of, buckets
 
 MONEY_QUANTUM = Decimal("0.000001")
+# A trend's `keys=` name series that are answered even when empty (a zero point per bucket): a
+# short URL must not make one request build millions of points.
+MAX_TREND_KEYS = 50
+MAX_TREND_CELLS = 10 * MAX_BUCKETS  # named series x buckets: 10 series hourly over the longest range
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +134,12 @@ class TrendBuilder:
         self.prices, self.tz, self.granularity, self.group_by = prices, r.tz, granularity, group_by
         self.starts = buckets(r, granularity)
         self.pending = list(dict.fromkeys(keys)) if keys else ([TOTAL_KEY] if group_by is None else [])
+        if keys and len(self.pending) > MAX_TREND_KEYS:
+            raise InvalidQuery("keys", f"at most {MAX_TREND_KEYS} keys")
+        if keys and len(self.pending) * len(self.starts) > MAX_TREND_CELLS:
+            raise InvalidQuery(
+                "keys", f"at most {MAX_TREND_CELLS} points (keys x buckets); choose fewer keys or a coarser granularity"
+            )
         self.only = set(keys) if keys else None
         self.key: str | None = None
         self.cells: dict[datetime, Totals] = {}

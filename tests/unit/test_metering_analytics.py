@@ -13,6 +13,7 @@ from contracts.domain_errors import Invalid
 from services.metering import prices
 from services.metering.analytics import Analytics, Ask, TrendShape
 from services.metering.domain import InvalidQuery
+from services.metering.rollups import MAX_TREND_CELLS, MAX_TREND_KEYS
 from services.metering.store import ActivityFilter, CallRow
 from tests.unit.fakes import FakeClock, FakeMeteringStore
 
@@ -313,3 +314,28 @@ async def test_flagged_usage_is_an_activity_item_of_kind_usage_told_in_a_calls_t
     assert not page.items[0].model_not_allowed and page.items[0].provider is None
     streamed = await collect(analytics.activity_stream(ACCOUNT, ActivityFilter(refused=False)))
     assert [i.kind for i in streamed] == ["call", "usage", "call", "call"] and streamed[1].model_not_allowed
+
+
+async def test_a_trend_of_too_many_named_series_is_refused_before_anything_is_built(analytics: Analytics):
+    """`keys=` names series the trend fills with a zero point per bucket even without usage: a
+    short URL of a few hundred names, hourly over months, would otherwise build millions of points
+    (gigabytes for one request of any reader, an API key included)."""
+    many = [f"k{i}" for i in range(MAX_TREND_KEYS + 1)]
+    today = Ask(ACCOUNT, "today")
+    with pytest.raises(InvalidQuery) as caught:
+        await analytics.trend(today, TrendShape("day", "model", many))
+    assert caught.value.field == "keys"
+    with pytest.raises(InvalidQuery):  # the CSV export too, refused before the first line
+        analytics.trend_stream(today, TrendShape("day", "model", many))
+    # a name repeated is one series
+    assert len((await analytics.trend(today, TrendShape("day", "model", ["p/m"] * (MAX_TREND_KEYS + 1)))).series) == 1
+    # few names, but each a series of every hour of 400 days: refused as well
+    hour = NOW.replace(minute=0)
+    year = custom(hour - timedelta(days=400), hour)
+    hours = int(timedelta(days=400) / timedelta(hours=1))
+    enough = [f"k{i}" for i in range(MAX_TREND_CELLS // hours + 1)]
+    with pytest.raises(InvalidQuery) as caught:
+        await analytics.trend(year, TrendShape("hour", "model", enough))
+    assert caught.value.field == "keys"
+    fine = await analytics.trend(year, TrendShape("day", "model", enough))  # by day it is small
+    assert len(fine.series) == len(enough)
