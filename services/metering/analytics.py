@@ -170,7 +170,9 @@ class Analytics:
         r = self._resolve(ask, self.clock())
         if shape.keys and shape.group_by is None:
             raise InvalidQuery("keys", "keys needs group_by")
-        builder = rollups.TrendBuilder(self.prices, r, shape.granularity, shape.group_by, shape.keys)  # a too fine grid first
+        builder = rollups.TrendBuilder(  # a too fine grid first
+            self.prices, r, shape.granularity, shape.group_by, shape.keys, whole=at_once
+        )
         local = {t: r.local(t) for t in builder.starts}  # once per bucket, not once per bucket and series
         q = UsageQuery(ask.account_id, r.start, r.end, ask.api_key_id)
         blocks = self.store.stream_usage(q, per="hour", group_by=shape.group_by, keys=shape.keys, at_once=at_once)

@@ -130,7 +130,8 @@ def build_router(runtime: Runtime, ingestion: Ingest, analytics: Analytics) -> A
         "(weeks on Monday), so the first may start before the range. Without `group_by` there is one series, key "
         "`total`; with it one per model (keyed `provider/model`), provider or API key (keyed by the key id; `none` for "
         "usage reported without a key), or exactly the comma-separated `keys` (at most 50, and at most 96000 points in all, "
-        "keys x buckets: 422 `validation_error` otherwise). A point whose bucket holds usage of a "
+        "keys x buckets: 422 `validation_error` otherwise). A JSON trend holds at most 96000 points (series x buckets): "
+        "more is 422 `validation_error` on `group_by` (the CSV export has no such bound). A point whose bucket holds usage of a "
         "model without a price has `estimated_cost: null`, `priced: false`. `as_of` is the newest event time included."
         + CSV_DOC
         + " CSV columns: key, t, input_tokens, output_tokens, total_tokens, calls, estimated_cost, priced.",

@@ -129,10 +129,20 @@ class TrendBuilder:
     the one series `total`. `as_of` is the newest event time fed in."""
 
     def __init__(
-        self, prices: PriceTable, r: TimeRange, granularity: Granularity, group_by: GroupBy | None, keys: list[str] | None
+        self,
+        prices: PriceTable,
+        r: TimeRange,
+        granularity: Granularity,
+        group_by: GroupBy | None,
+        keys: list[str] | None,
+        *,
+        whole: bool = False,
     ) -> None:
         self.prices, self.tz, self.granularity, self.group_by = prices, r.tz, granularity, group_by
         self.starts = buckets(r, granularity)
+        # `whole`: every series is held until the answer is sent (JSON), so past MAX_TREND_CELLS
+        # points it is refused; a stream (CSV) holds one series at a time and has no such bound.
+        self.series_left = MAX_TREND_CELLS // max(1, len(self.starts)) if whole else None
         self.pending = list(dict.fromkeys(keys)) if keys else ([TOTAL_KEY] if group_by is None else [])
         if keys and len(self.pending) > MAX_TREND_KEYS:
             raise InvalidQuery("keys", f"at most {MAX_TREND_KEYS} keys")
@@ -167,8 +177,21 @@ class TrendBuilder:
         self.key = None
         return done
 
+    def _count(self) -> None:
+        """One more series made: refused past the bound of a whole answer, before it is built."""
+        if self.series_left is None:
+            return
+        if self.series_left == 0:
+            raise InvalidQuery(
+                "group_by",
+                f"more than {MAX_TREND_CELLS} points (series x buckets): pick series with keys=, choose a coarser "
+                "granularity or a shorter range, or export the trend as CSV (Accept: text/csv)",
+            )
+        self.series_left -= 1
+
     def _close(self) -> Series:
         assert self.key is not None
+        self._count()
         series = (self.key, [(s, self.cells.get(s) or Totals()) for s in self.starts])
         self.cells = {}
         return series
@@ -179,6 +202,7 @@ class TrendBuilder:
             return []
         out: list[Series] = []
         while self.pending and self.pending[0] != key:
+            self._count()
             out.append((self.pending.pop(0), [(s, Totals()) for s in self.starts]))
         if self.pending:
             self.pending.pop(0)

@@ -339,3 +339,25 @@ async def test_a_trend_of_too_many_named_series_is_refused_before_anything_is_bu
     assert caught.value.field == "keys"
     fine = await analytics.trend(year, TrendShape("day", "model", enough))  # by day it is small
     assert len(fine.series) == len(enough)
+
+
+async def test_a_whole_trend_of_too_many_series_is_refused_and_its_csv_still_streams(
+    analytics: Analytics, store: FakeMeteringStore
+):
+    """Without `keys=`, group_by answers a series per key (or model) that has usage in the range;
+    an account can make as many keys as it likes and use each once, then ask for every hour of 400
+    days per key: the JSON answer, built whole, would hold keys x 9600 points. It is refused past
+    MAX_TREND_CELLS points; the CSV export, written one series at a time, still has them all."""
+    hour = NOW.replace(minute=0)
+    year = custom(hour - timedelta(days=400), hour)
+    hours = int(timedelta(days=400) / timedelta(hours=1))
+    keys = [uuid.uuid4() for _ in range(MAX_TREND_CELLS // hours + 1)]
+    for key in keys:
+        store.add_usage(ACCOUNT, NOW - timedelta(days=3), 1, 0, api_key_id=key)
+    with pytest.raises(InvalidQuery) as caught:
+        await analytics.trend(year, TrendShape("hour", "api_key"))
+    assert caught.value.field == "group_by"
+    streamed = await collect(analytics.trend_stream(year, TrendShape("hour", "api_key")))
+    assert sorted(s.key for s in streamed) == sorted(str(k) for k in keys)
+    by_day = await analytics.trend(year, TrendShape("day", "api_key"))  # the same series by day are few points
+    assert len(by_day.series) == len(keys)
