@@ -309,9 +309,13 @@ async def test_analytics_equal_an_independent_computation(settings, tmp_path):
             {"tz": "Mars/Olympus"},
             {"granularity": "minute"},
             {"keys": "a,b"},
+            {"group_by": "model", "keys": ",".join(f"k{i}" for i in range(51))},  # at most 50 named series
+            {"group_by": "model", "granularity": "hour", "keys": ",".join(f"k{i}" for i in range(11))}
+            | {"range": "custom", "start": "2025-10-01T00:00:00Z", "end": "2026-11-01T00:00:00Z"},  # x 9504 h
         ):
-            r = await client.get("/api/ai/usage/trend", params=bad, headers=headers)
-            assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error", (bad, r.text)
+            for accept in ("application/json", "text/csv"):  # the export is judged before its first line
+                r = await client.get("/api/ai/usage/trend", params=bad, headers={**headers, "Accept": accept})
+                assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error", (bad, r.text)
 
         dead = await read_topic(settings, settings.topic(dead_letter(USAGE).name), 2)
         assert next(m.value for m in dead) == b"{not json"
