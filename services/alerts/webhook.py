@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import ipaddress
 import json
+import logging
 import secrets
 import socket
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ ATTEMPT_TIMEOUT_SECONDS = 5.0  # resolving, then the exchange (connecting, sendi
 ANSWER_READ_BYTES = 4096  # of a receiver's answer: enough for its status and an error's first words
 SIGNATURE_HEADER = "Tollgate-Signature"
 USER_AGENT = "Tollgate-Webhooks/1"
+
+log = logging.getLogger(__name__)
 
 
 def new_secret() -> str:
@@ -179,6 +182,12 @@ class WebhookSender:
                 return await self._post(request, target, addresses, headers, extensions)
         except TimeoutError:
             return AttemptResult(None, f"no complete answer within {self._timeout} s")
+        except Exception as exc:
+            # The receiver is the customer's: nothing it does may escape as an exception, which
+            # would leave the delivery pending with no attempt logged, posted again at every sweep
+            # (past its retry window, for ever). A failed attempt is logged and retried with backoff.
+            log.exception("webhook attempt of delivery %s failed unexpectedly", request.delivery_id)
+            return AttemptResult(None, f"the attempt failed: {type(exc).__name__}")
 
     async def _post(
         self,
@@ -218,7 +227,18 @@ async def _head_of(response: httpx.Response) -> str:
         head += chunk
         if len(head) >= ANSWER_READ_BYTES:
             break
-    return head[:ANSWER_READ_BYTES].decode(response.encoding or "utf-8", errors="replace")
+    return _text_of(head[:ANSWER_READ_BYTES], response.encoding)
+
+
+def _text_of(head: bytes, charset: str | None) -> str:
+    """The answer's head as text in the charset its receiver named, or UTF-8 when that is no text
+    encoding (`zlib`, `hex`, `base64`... are codecs Python knows: bytes.decode raises LookupError)
+    or cannot replace what it cannot decode (`idna`): an exception here would leave the delivery
+    pending with no attempt logged, posted again at every sweep, past its retry window."""
+    try:
+        return head.decode(charset or "utf-8", errors="replace")
+    except (LookupError, UnicodeError):
+        return head.decode("utf-8", errors="replace")
 
 
 @dataclass(frozen=True)
