@@ -32,7 +32,9 @@ class DeliveryStatus(StrEnum):
 # A pragmatic address check (no DNS, no dependency): one @, no spaces, a dot in the domain, and
 # none of the characters a header reads as address syntax (`,` `;` `:` `<` `>` `(` `)` `[` `]`
 # `"` `\`): `root,ops@example.com` in a To header is two recipients, `root` delivered locally.
-_ATOM = r'[^@\s,;:<>()\[\]"\\]'
+# Nor control characters: Python reads \x1c-\x1e as line breaks, which no header may hold (and
+# `\s`, Unicode White_Space as pydantic-core checks it, does not cover them).
+_ATOM = r'[^@\s,;:<>()\[\]"\\\x00-\x1f\x7f]'
 EMAIL_PATTERN = rf"^{_ATOM}{{1,64}}@{_ATOM}+\.{_ATOM}+$"
 # E.164: a plus, a country code that does not start with 0, at most 15 digits in all.
 PHONE_PATTERN = r"^\+[1-9]\d{6,14}$"

@@ -83,8 +83,14 @@ class EmailChannel:
     async def send(self, conn: store.Conn, delivery: store.PendingDelivery, message: domain.AlertMessage) -> None:
         s = self._settings
         try:
+            mail = self.compose(delivery, message)
+        except ValueError as exc:
+            # An address no header can hold (a member's e-mail, or one stored before the rule's
+            # contract refused it): no attempt can ever send it; failed for good, and logged.
+            raise PermanentDeliveryError(f"the address cannot be written in a header: {exc}") from exc
+        try:
             await aiosmtplib.send(
-                self.compose(delivery, message),
+                mail,
                 # the envelope is the stored address, never what the To header parses into
                 recipients=[domain.address_of(delivery.recipient)],
                 hostname=s.smtp_host,

@@ -9,15 +9,17 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import aiosmtplib
 import pytest
 
 from contracts.alerts_api import Channel
 from contracts.common import AlertMetric
 from services.alerts import dispatcher as dispatcher_module
 from services.alerts import store
-from services.alerts.channels import DeliveryError, PermanentDeliveryError
+from services.alerts.channels import DeliveryError, EmailChannel, PermanentDeliveryError
 from services.alerts.dispatcher import Dispatcher, RetryPolicy
 from services.alerts.webhook import Backoff
+from services.runtime.platform.settings import Settings
 
 FAST = RetryPolicy(attempts=3, initial_seconds=0.001, max_seconds=0.002)
 
@@ -56,12 +58,13 @@ class _Rows:
         self.status, self.attempts, self.next_attempt_at, self.error = "pending", 0, None, None
         self.created_at = created_at
         self.log: list[store.Attempt] = []
+        self.recipient = "email:ops@example.com"
 
     async def lock_pending(self, conn: Any, delivery_id: uuid.UUID, now: datetime) -> store.PendingDelivery | None:
         if self.status != "pending" or (self.next_attempt_at is not None and self.next_attempt_at > now):
             return None
         return store.PendingDelivery(
-            delivery_id, uuid.uuid4(), Channel.EMAIL, "email:ops@example.com", self.attempts,
+            delivery_id, uuid.uuid4(), Channel.EMAIL, self.recipient, self.attempts,
             AlertMetric.API_CALLS, 90, "2026-11", 950, 1000, uuid.uuid4(), self.created_at, self.created_at,
         )  # fmt: skip
 
@@ -133,3 +136,21 @@ async def test_after_the_window_or_on_a_permanent_error_the_delivery_fails_for_g
     refused = Dispatcher(_Pool(), [_Down(failures=1, permanent=True)], "https://console", retry=FAST)  # type: ignore[arg-type]
     await refused.deliver(uuid.uuid4())
     assert (rows.status, rows.attempts) == ("failed", 1)
+
+
+async def test_an_address_no_header_can_hold_fails_for_good_logged_not_pending_for_ever(rows, monkeypatch):
+    """(review) A stored address with \x1c (a line break to Python's e-mail headers) made the
+    channel raise ValueError: the dispatcher left the delivery pending with nothing logged, and the
+    sweeper tried it again at every sweep, for ever, a stack trace each time."""
+    sent: list[object] = []
+
+    async def fake_send(message: object, **kwargs: object) -> None:
+        sent.append(message)
+
+    monkeypatch.setattr(aiosmtplib, "send", fake_send)
+    rows.recipient = "email:a\x1cb@example.com"
+    dispatcher = Dispatcher(_Pool(), [EmailChannel(Settings(mail_from="a@t.example"))], "https://console", retry=FAST)  # type: ignore[arg-type]
+    await dispatcher.deliver(uuid.uuid4())
+    assert (rows.status, rows.attempts, len(rows.log), sent) == ("failed", 1, 1, [])
+    assert "cannot be written in a header" in (rows.error or "") and rows.log[0].error == rows.error
+    await dispatcher.stop()
