@@ -60,13 +60,14 @@ def parse_target(url: str) -> Target:
     host = (parts.hostname or "").rstrip(".")
     if not host:
         raise TargetError("A webhook URL needs a host.")
-    if not host.isascii():
-        # An internationalised name as DNS and HTTP carry it (`xn--` labels): the Host header and
-        # TLS SNI are ASCII; sent as given, the request could not even be written.
-        try:
-            host = host.encode("idna").decode("ascii")
-        except UnicodeError as exc:
-            raise TargetError(f"The URL's host is not a valid domain name: {exc}.") from exc
+    # The name as DNS and HTTP carry it: an internationalised one in its `xn--` form (the Host
+    # header and TLS SNI are ASCII; sent as given, the request could not even be written). The
+    # resolver encodes it so too, and raises for a label it cannot (empty, or over 63 characters):
+    # such a name is refused here, as a URL, rather than by an exception out of the resolver.
+    try:
+        host = host.encode("idna").decode("ascii")
+    except UnicodeError as exc:
+        raise TargetError(f"The URL's host is not a valid domain name: {exc}.") from exc
     if parts.username is not None or parts.password is not None:
         raise TargetError("A webhook URL must not carry credentials; the signature authenticates the sender.")
     return Target(scheme, host, port or (443 if scheme == "https" else 80), parts)

@@ -256,6 +256,12 @@ async def test_targets_that_are_private_or_not_http_are_refused_with_422(setting
             error = response.json()["error"]
             assert error["code"] == "validation_error" and error["request_id"]
             assert [d["field"] for d in error["details"]] == ["recipients.0.url"], url
+        # Names no resolver takes (a label over 63 characters, an empty label): 422, not a 500 from
+        # the resolver's own encoding of the name.
+        for url in ("https://" + "a" * 64 + ".example/hook", "https://a..example/hook", "https://" + "ü" * 64 + ".example/x"):
+            response = await client.post("/api/ai/usage/alert", json=_hook_rule(url), headers=key)
+            assert response.status_code == 422, (url, response.text)
+            assert [d["field"] for d in response.json()["error"]["details"]] == ["recipients.0.url"], url
         for url in ("ftp://example.com/hook", "file:///etc/passwd", "javascript:alert(1)", "//example.com/hook"):
             response = await client.post("/api/ai/usage/alert", json=_hook_rule(url), headers=key)
             assert response.status_code == 422, (url, response.text)

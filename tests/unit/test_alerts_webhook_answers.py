@@ -85,3 +85,17 @@ async def test_any_failure_of_the_exchange_ends_the_attempt_as_an_error() -> Non
     result = await sender.attempt(_request(), datetime.now(UTC))
     await sender.close()
     assert (result.status_code, result.error) == (None, "the attempt failed: RuntimeError")
+
+
+@pytest.mark.parametrize("host", ["a" * 64 + ".example", "a..example", "ü" * 64 + ".example"])
+async def test_a_name_no_resolver_takes_is_refused_as_a_url_not_raised_from_the_resolver(host: str) -> None:
+    """The resolver encodes a name (IDNA) before it asks DNS and raises UnicodeError for a label over
+    63 characters or an empty one: that was a 500 at the rule's creation and an exception out of
+    every attempt. The URL's own check refuses such a name first (422 at creation)."""
+    url = f"https://{host}/hook"
+    with pytest.raises(targets.TargetError):
+        targets.parse_target(url)
+    sender = webhook.WebhookSender(False)
+    result = await sender.attempt(webhook.WebhookRequest(url, "whsec_x", "d-1", 1, b"{}"), datetime.now(UTC))
+    await sender.close()
+    assert result.status_code is None and (result.error or "").startswith("target refused: ")
