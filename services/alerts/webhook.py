@@ -151,6 +151,15 @@ class WebhookSender:
         await self._client.aclose()
 
     async def attempt(self, request: WebhookRequest, now: datetime) -> AttemptResult:
+        """One attempt's outcome, its error as the delivery log (Postgres text) can hold it: a NUL
+        there (a receiver's answer may hold one) would fail the log's write, and with it the
+        attempt's record: the delivery left pending, unlogged, tried again at every sweep."""
+        result = await self._attempt(request, now)
+        if result.error is not None and "\x00" in result.error:
+            return AttemptResult(result.status_code, result.error.replace("\x00", "\ufffd"))
+        return result
+
+    async def _attempt(self, request: WebhookRequest, now: datetime) -> AttemptResult:
         try:
             target = targets.parse_target(request.url)
             refused = scheme_refusal(target, request.https_only, self._allow_private)

@@ -50,7 +50,8 @@ class Receiver:
     port: int = 0
     statuses: list[int] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
-    content_type: str | None = None  # of its answers, which then carry a few words
+    content_type: str | None = None  # of its answers, which then carry `answer`
+    answer: bytes = b"not today"
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def received(self) -> list[dict[str, Any]]:
@@ -79,7 +80,7 @@ def _handler(rec: Receiver) -> type[BaseHTTPRequestHandler]:
             self.send_response(status)
             if 300 <= status < 400:
                 self.send_header("Location", f"{self.path}/elsewhere")
-            answer = b"" if rec.content_type is None else b"not today"
+            answer = b"" if rec.content_type is None else rec.answer
             if rec.content_type is not None:
                 self.send_header("Content-Type", rec.content_type)
             self.send_header("Content-Length", str(len(answer)))
@@ -231,6 +232,33 @@ async def test_an_answer_in_a_charset_that_is_no_text_is_logged_and_retried_like
         assert [(i["attempt"], i["status_code"]) for i in items] == [(1, 500), (2, 200)]
         assert items[0]["error"] == "receiver answered 500: not today" and items[0]["next_attempt_at"] is not None
         assert [r["answered"] for r in receiver.received()] == [500, 200]
+
+
+async def test_an_answer_with_a_nul_character_is_logged_without_it(settings, receiver: Receiver):
+    """The head of the answer goes into the delivery log (Postgres text), which cannot hold a NUL:
+    the error is logged without it instead of failing the log's write (which left the delivery
+    pending, unlogged, tried again at every sweep for ever)."""
+    settings = _fast(settings, allow_private=True)
+    receiver.statuses = [500]
+    receiver.content_type = "text/plain; charset=utf-8"
+    receiver.answer = b"not\x00today"
+    account = uuid.uuid4()
+    async with running_app(settings, targets=("alerts",)) as (app, client):
+        session = await login(app, account)
+        created = await client.post("/api/ai/usage/alert", json=_hook_rule(receiver.url()), headers=session)
+        assert created.status_code == 201, created.text
+        await publish_crossing(app.state.runtime.broker, settings, account, 85, period=this_period())
+
+        async def logged() -> list[dict[str, Any]] | None:
+            response = await client.get(f"/api/ai/usage/alert/{created.json()['id']}/deliveries", headers=session)
+            items = response.json()["items"]
+            return items if items and items[-1]["status"] == "sent" else None
+
+        await eventually(logged, within=30)
+        items = await logged()
+        assert items is not None
+        assert [(i["attempt"], i["status_code"]) for i in items] == [(1, 500), (2, 200)]
+        assert items[0]["error"] == "receiver answered 500: not\ufffdtoday"
 
 
 async def test_targets_that_are_private_or_not_http_are_refused_with_422(settings, receiver: Receiver):

@@ -99,3 +99,18 @@ async def test_a_name_no_resolver_takes_is_refused_as_a_url_not_raised_from_the_
     result = await sender.attempt(webhook.WebhookRequest(url, "whsec_x", "d-1", 1, b"{}"), datetime.now(UTC))
     await sender.close()
     assert result.status_code is None and (result.error or "").startswith("target refused: ")
+
+
+async def test_a_nul_in_the_answer_is_not_in_the_error_the_log_keeps() -> None:
+    """Postgres text cannot hold a NUL: an error holding one would fail the delivery log's write."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        async def streamed() -> AsyncIterator[bytes]:
+            yield b"not\x00today"
+
+        return httpx.Response(500, content=streamed())
+
+    sender = webhook.WebhookSender(True, client=httpx.AsyncClient(transport=httpx.MockTransport(handle)))
+    result = await sender.attempt(_request(), datetime.now(UTC))
+    await sender.close()
+    assert (result.status_code, result.error) == (500, "receiver answered 500: not\ufffdtoday")
