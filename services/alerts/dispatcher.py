@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
+import psycopg
 from prometheus_client import Counter
 from psycopg_pool import AsyncConnectionPool
 from tenacity import (
@@ -166,6 +167,7 @@ class Dispatcher:
     # ---- one delivery --------------------------------------------------------------------
     async def deliver(self, delivery_id: UUID) -> None:
         due: datetime | None = None
+        pending: store.PendingDelivery | None = None
         try:
             async with self._slots, self._pool.connection() as conn, conn.transaction():
                 pending = await store.lock_pending(conn, delivery_id, datetime.now(UTC))
@@ -187,9 +189,42 @@ class Dispatcher:
                 log.warning("alert delivery %s (%s) failed for good: %s", delivery_id, pending.channel.value, error)
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except psycopg.OperationalError:
             # Postgres went away mid-delivery: the row stays pending and the sweeper retries it.
             log.exception("alert delivery %s interrupted; left pending", delivery_id)
+        except Exception as exc:
+            if pending is None:
+                log.exception("alert delivery %s interrupted; left pending", delivery_id)
+                return
+            # Anything else broke the attempt or its record (the channel, the receiver's answer,
+            # the log's write): it would break again. Left as it was, the delivery would be
+            # pending and due, taken again at every sweep, for ever; it waits its backoff instead,
+            # and fails when its window is over, like any failed attempt.
+            log.exception("alert delivery %s broke; postponed", delivery_id)
+            await self._postpone_broken(pending, f"the delivery broke: {type(exc).__name__}")
+
+    async def _postpone_broken(self, pending: store.PendingDelivery, error: str) -> None:
+        now = datetime.now(UTC)
+        backoff = self._webhook_backoff
+        due = now + timedelta(seconds=backoff.delay(pending.attempts + 1, random.random()))
+        over = due > pending.created_at + timedelta(seconds=backoff.window_seconds)
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                if await store.lock_pending(conn, pending.id, now) is None:
+                    return  # another sender has it, or it is done
+                if over:
+                    await store.finish_delivery(conn, pending.id, DeliveryStatus.FAILED, 1, error)
+                else:
+                    await store.postpone_delivery(conn, pending.id, error, due)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("alert delivery %s could not be postponed; left pending", pending.id)
+            return
+        if over:
+            NOTIFICATIONS.labels(pending.channel.value, DeliveryStatus.FAILED.value).inc()
+        else:
+            self._wake_at(pending.id, due)
 
     def _message(self, pending: store.PendingDelivery) -> domain.AlertMessage:
         return domain.AlertMessage(

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiosmtplib
+import psycopg
 import pytest
 
 from contracts.alerts_api import Channel
@@ -153,4 +154,51 @@ async def test_an_address_no_header_can_hold_fails_for_good_logged_not_pending_f
     await dispatcher.deliver(uuid.uuid4())
     assert (rows.status, rows.attempts, len(rows.log), sent) == ("failed", 1, 1, [])
     assert "cannot be written in a header" in (rows.error or "") and rows.log[0].error == rows.error
+    await dispatcher.stop()
+
+
+class _Broken:
+    """A channel that breaks in a way nobody foresaw (not a DeliveryError), every time."""
+
+    channel = Channel.EMAIL
+
+    def __init__(self, error: Exception) -> None:
+        self.error, self.calls = error, 0
+
+    async def send(self, conn: Any, delivery: store.PendingDelivery, message: Any) -> None:
+        self.calls += 1
+        raise self.error
+
+
+async def test_a_delivery_that_breaks_waits_its_backoff_and_fails_after_its_window(rows):
+    """(review) Whatever broke an attempt or its record besides Postgres going away (a receiver's
+    answer, an address, the log's write) left the delivery pending and due: taken again at every
+    sweep (15 s), for ever, past its window, with nothing in its log. It now waits its backoff,
+    like a failed attempt, and fails when its window is over."""
+    channel = _Broken(ValueError("no header can hold this"))
+    dispatcher = Dispatcher(_Pool(), [channel], "https://console", retry=FAST, webhook_backoff=Backoff(30, 3600, 86400))  # type: ignore[arg-type]
+    delivery_id = uuid.uuid4()
+    await dispatcher.deliver(delivery_id)
+    assert (rows.status, rows.attempts, rows.error) == ("pending", 1, "the delivery broke: ValueError")
+    due = rows.next_attempt_at
+    assert due is not None and timedelta(seconds=29) < due - datetime.now(UTC) <= timedelta(seconds=34)
+    await dispatcher.deliver(delivery_id)  # a sweep before it is due: nothing
+    assert channel.calls == 1
+    rows.next_attempt_at = datetime.now(UTC)
+    await dispatcher.deliver(delivery_id)
+    assert (rows.status, rows.attempts, channel.calls) == ("pending", 2, 2)
+    await dispatcher.stop()
+
+    rows.status, rows.attempts, rows.next_attempt_at = "pending", 0, None
+    short = Dispatcher(_Pool(), [_Broken(ValueError("x"))], "https://console", retry=FAST, webhook_backoff=Backoff(30, 3600, 10))  # type: ignore[arg-type]
+    await short.deliver(uuid.uuid4())
+    assert (rows.status, rows.error) == ("failed", "the delivery broke: ValueError")
+    await short.stop()
+
+
+async def test_postgres_going_away_mid_delivery_leaves_it_pending_and_due(rows):
+    channel = _Broken(psycopg.OperationalError("the connection is lost"))
+    dispatcher = Dispatcher(_Pool(), [channel], "https://console", retry=FAST)  # type: ignore[arg-type]
+    await dispatcher.deliver(uuid.uuid4())
+    assert (rows.status, rows.attempts, rows.next_attempt_at) == ("pending", 0, None)  # the sweeper resumes it
     await dispatcher.stop()
