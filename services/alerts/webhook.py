@@ -8,6 +8,7 @@ and the connection therefore cannot steer a delivery into the platform's own net
 """
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -15,6 +16,7 @@ import json
 import logging
 import secrets
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -91,9 +93,20 @@ class TargetRefused(Exception):
     """The URL's host resolves to an address webhooks may not reach (or does not resolve)."""
 
 
+# getaddrinfo blocks: it runs in a thread, which a name whose DNS never answers holds for the
+# resolver's own timeout, long after the attempt (or the rule's creation) gave up. On the loop's
+# default executor, names chosen by customers could hold every thread the process's other work
+# needs (argon2 for sign-ins, ClickHouse reads, connecting to Postgres); webhook names are resolved
+# on threads of their own. When all of them are held, a resolution waits its turn within the
+# attempt's timeout, then fails like a name that does not resolve (logged, retried later).
+RESOLVER_THREADS = 8
+_RESOLVER = ThreadPoolExecutor(max_workers=RESOLVER_THREADS, thread_name_prefix="webhook-dns")
+
+
 async def resolve(host: str, port: int) -> list[targets.IPAddress]:
     """The addresses the system resolver gives for `host` (numbers in any form it accepts too)."""
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    lookup = functools.partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+    infos = await asyncio.get_running_loop().run_in_executor(_RESOLVER, lookup)
     return list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos))
 
 
