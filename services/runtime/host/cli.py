@@ -1,6 +1,7 @@
 """The `tollgate` command: serve targets, run the local stack, bring everything up or down."""
 
 import asyncio
+import ipaddress
 import json
 import os
 import subprocess
@@ -75,10 +76,18 @@ def serve(
 ) -> None:
     """Run the named services' routes and consumers in this process (or in `--workers` processes
     and one of consumers). Refused against the local stack while a restore's reconcile of Kafka
-    has not succeeded (docs/backup.md)."""
+    has not succeeded (docs/backup.md), and off loopback with a public SESSION_SECRET."""
     from services.runtime.host import restore_marker
-    from services.runtime.platform.settings import get_settings
+    from services.runtime.platform.settings import PUBLIC_SESSION_SECRETS, get_settings
 
+    if not _is_loopback(host) and get_settings().session_secret.get_secret_value() in PUBLIC_SESSION_SECRETS:
+        typer.echo(
+            f"serve: SESSION_SECRET is a public value (the default) and --host {host} is reachable from other "
+            "machines: anyone could sign a console session of any account. Set SESSION_SECRET to a secret of "
+            "your own (the same on every replica), or serve on 127.0.0.1.",
+            err=True,
+        )
+        raise typer.Exit(1)
     cfg = _config()
     if restore_marker.pending(cfg) and restore_marker.runs_against(cfg, get_settings()):
         _refuse_unreconciled("serve", cfg)
@@ -93,6 +102,16 @@ def serve(
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # /metrics adds up every process's counters
         code = supervise([(serve_worker, (target, host, port))] * workers + [(serve_consumers, (target,))])
     raise typer.Exit(code)
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether only this machine reaches a server bound to `host`."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve to anything
+        return False
 
 
 def _refuse_unreconciled(command: str, cfg: stack.StackConfig) -> NoReturn:

@@ -8,6 +8,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.topics import SESSIONS_RETENTION_S
 
+# SESSION_SECRET values anyone can read (this file's default, docker-compose's old fallback): with
+# one of them anyone signs a console session of any account. `serve` refuses them off loopback.
+DEV_SESSION_SECRET = "dev-only-session-secret-change-me"  # noqa: S105 (public on purpose: refused off loopback)
+PUBLIC_SESSION_SECRETS = frozenset({DEV_SESSION_SECRET, "change-me-in-production"})
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_file=None, extra="ignore", frozen=True)
@@ -23,8 +28,9 @@ class Settings(BaseSettings):
     # Prepended to every topic and consumer group; tests isolate themselves with it.
     topic_prefix: str = ""
     platform_timezone: str = "UTC"
-    # Signs console sessions; every replica of every service needs the same value.
-    session_secret: SecretStr = SecretStr("dev-only-session-secret-change-me")
+    # Signs console sessions; every replica of every service needs the same value. The default is
+    # for this machine only: `serve` off loopback refuses it (PUBLIC_SESSION_SECRETS).
+    session_secret: SecretStr = SecretStr(DEV_SESSION_SECRET)
     # Also accepted, never used to sign: while SESSION_SECRET is rotated, the old (or the coming)
     # secret, so that no session ends when a replica's secret changes (docs/backup.md).
     session_secret_previous: SecretStr | None = None
