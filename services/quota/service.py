@@ -120,9 +120,14 @@ class QuotaService:
             }
             await tx.add_key_deltas(domain.key_deltas(unique.values(), charges, self._tz))
             # A counted usage event settles its reservation: the actual quantity is now in `used`
-            # and the held amount is released (only for fresh events: idempotent on the event id).
+            # and the held amount is released (only for fresh events: idempotent on the event id; only
+            # a reservation of the event's own account and resource: the usage it held room for).
             released = await tx.settle_reservations(
-                ((e.reservation_id, e.account_id) for e in unique.values() if isinstance(e, Usage) and e.reservation_id),
+                (
+                    (e.reservation_id, e.account_id, e.resource)
+                    for e in unique.values()
+                    if isinstance(e, Usage) and e.reservation_id
+                ),
             )
             # Re-publish even for duplicates: a crash after publishing and before committing
             # offsets leaves nothing to recount but the state may never have been sent.

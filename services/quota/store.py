@@ -302,19 +302,20 @@ class QuotaTx:
         row = await cur.fetchone()
         return None if row is None else (Resource(row["resource"]), row["lineage_id"])
 
-    async def settle_reservations(self, settled: Iterable[tuple[UUID, UUID]]) -> set[Held]:
-        """Release the reservations named by counted usage events ((reservation id, account id) pairs:
-        an event settles only a reservation of its own account). Unknown or expired ids are ignored."""
-        pairs = sorted(set(settled))
-        if not pairs:
+    async def settle_reservations(self, settled: Iterable[tuple[UUID, UUID, Resource]]) -> set[Held]:
+        """Release the reservations named by counted usage events ((reservation id, account id,
+        resource) triples: an event settles only a reservation of its own account and resource, the
+        usage it held room for). Unknown or expired ids are ignored."""
+        triples = sorted(set(settled))
+        if not triples:
             return set()
         cur = await self.conn.execute(
             """
-            DELETE FROM quota.reservations r USING unnest(%s::uuid[], %s::uuid[]) AS s(id, account_id)
-             WHERE r.id = s.id AND r.account_id = s.account_id
+            DELETE FROM quota.reservations r USING unnest(%s::uuid[], %s::uuid[], %s::text[]) AS s(id, account_id, resource)
+             WHERE r.id = s.id AND r.account_id = s.account_id AND r.resource = s.resource
             RETURNING r.account_id, r.resource, r.lineage_id
             """,
-            ([p[0] for p in pairs], [p[1] for p in pairs]),
+            ([t[0] for t in triples], [t[1] for t in triples], [t[2].value for t in triples]),
         )
         return {(UUID(str(r["account_id"])), Resource(r["resource"]), r["lineage_id"]) for r in await cur.fetchall()}
 

@@ -101,6 +101,34 @@ async def test_reserve_then_settle_counts_the_actual_amount_and_releases_the_hol
     assert next(i for i in report.items if i.resource is Resource.AI_TOKENS).used == 30_010
 
 
+async def test_a_usage_event_of_another_resource_does_not_settle_the_reservation(app_client, settings):
+    """A reservation holds room in one resource: an event of another resource (a stream's
+    conversation count, an upload's bytes) is not its actual usage and must not free the hold,
+    which would let the reserved usage go uncounted while the hold is gone."""
+    app, _client = app_client
+    quota = quota_service(app.state.runtime)
+    account = uuid.uuid4()
+    held = await quota.reserve(account, Resource.AI_TOKENS, 60_000, ttl_seconds=600)
+    await state_is(app, account, Resource.AI_TOKENS, used=0, reserved=60_000)
+    elsewhere = UsageEvent(
+        time=datetime.now(UTC),
+        account_id=account,
+        resource=Resource.AI_CONVERSATIONS,
+        quantity=1,
+        source="test",
+        reservation_id=held.id,
+    )
+    await publish(settings, USAGE.name, [elsewhere], key=lambda e: str(e.account_id))
+    await state_is(app, account, Resource.AI_CONVERSATIONS, used=1)
+    marker = tokens(account, 2)  # consumed after `elsewhere`: the hold is looked at after it was judged
+    await publish(settings, USAGE.name, [marker], key=lambda e: str(e.account_id))
+    await state_is(app, account, Resource.AI_TOKENS, used=2)
+    assert app.state.runtime.edge.quota.get(account, Resource.AI_TOKENS).reserved == 60_000
+    # its own resource's event settles it
+    await publish(settings, USAGE.name, [tokens(account, 10, held.id)], key=lambda e: str(e.account_id))
+    await state_is(app, account, Resource.AI_TOKENS, used=12, reserved=0)
+
+
 async def test_release_frees_at_once_and_only_once(app_client):
     app, _client = app_client
     quota = quota_service(app.state.runtime)  # the use cases on the app's Postgres and Kafka

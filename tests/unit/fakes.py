@@ -496,11 +496,11 @@ class FakeQuotaStore:
         del self.reservations[reservation_id]
         return r["resource"], r["lineage_id"]
 
-    async def settle_reservations(self, settled: Iterable[tuple[UUID, UUID]]) -> set[Held]:
+    async def settle_reservations(self, settled: Iterable[tuple[UUID, UUID, Resource]]) -> set[Held]:
         freed = set()
-        for reservation_id, account_id in set(settled):
+        for reservation_id, account_id, resource in set(settled):
             r = self.reservations.get(reservation_id)
-            if r is not None and r["account_id"] == account_id:
+            if r is not None and r["account_id"] == account_id and r["resource"] is resource:
                 del self.reservations[reservation_id]
                 freed.add((account_id, r["resource"], r["lineage_id"]))
         return freed
