@@ -30,7 +30,8 @@ def test_every_service_runs_as_its_own_target_with_the_stack_settings():
         assert env["REDIS_URL"] == "redis://redis:6379/0"  # rate limits and api_calls admissions shared by the replicas
         assert set(service["depends_on"]) == {"kafka", "postgres", "clickhouse", "redis"}
         trusted = Settings(trusted_proxies=json.loads(env["TRUSTED_PROXIES"])).trusted_proxies
-        assert "172.16.0.0/12" in trusted  # the ingress's address is believed, so the client IP is real
+        ingress = _compose()["services"]["ingress"]["networks"]["default"]["ipv4_address"]
+        assert trusted == [f"{ingress}/32"]  # the ingress alone is believed, so the client IP is real
 
 
 def test_the_ingress_routes_only_to_services_that_exist():
