@@ -9,9 +9,16 @@ Not included: aiokafka's fetch and FastStream's batch (the same both ways). Reco
 producers write them (model_dump_json), 1000 a batch (the subscribers' max_records), new event
 ids every round, over 50 accounts (--accounts); usage on several resources, half of it with a key, calls of
 the edge. Printed: CPU time of this process per event, decoding alone and the whole path, and
-the ratios.
+the ratios; and the whole path's elapsed time per batch (Postgres' statements and their round
+trips included, which this process's CPU time does not show).
 
-    flock /tmp/bench.lock .venv/bin/python bench/quota_decode.py [--batches 10] [--rounds 5]
+`--key-limits`: every key (`--keys`, 20) has limits of its own in quota (keys.v1's state applied
+first: tokens a day, calls a month, publishes a week) and belongs to one account, which its events
+name: each batch then publishes every key lineage's standing and moves their marks (the path of
+issue 38's key states). Without it the keys are unknown to quota, as before.
+
+    flock /tmp/bench.lock .venv/bin/python bench/quota_decode.py [--batches 10] [--rounds 5] [--accounts 50]
+        [--keys 20] [--key-limits]
 """
 
 import argparse
@@ -34,8 +41,9 @@ from faststream.kafka import KafkaRouter
 
 from bench.stats import ratio_line
 from bench.support import bench_settings, endpoints
-from contracts.common import Resource
-from contracts.events import CallEvent, UsageEvent
+from contracts.common import Resource, Role
+from contracts.events import CallEvent, KeyState, UsageEvent
+from contracts.key_limits import KeyLimit, LimitPeriod
 from contracts.topics import CALLS, USAGE, Topic
 from services.quota import consumers
 from services.quota.app import quota_service
@@ -49,18 +57,42 @@ KEYS = [uuid.uuid4() for _ in range(20)]
 RESOURCES = [Resource.AI_TOKENS, Resource.CONTENT_PUBLISHES, Resource.STORAGE_BYTES]
 
 
+OWNERS: dict[uuid.UUID, uuid.UUID] = {}  # --key-limits: each key's account
+
+
+def account_of(i: int, key: uuid.UUID | None) -> uuid.UUID:
+    return OWNERS.get(key, ACCOUNTS[i % len(ACCOUNTS)]) if key is not None else ACCOUNTS[i % len(ACCOUNTS)]
+
+
 def usage(i: int, now: datetime) -> bytes:
+    key = KEYS[i % len(KEYS)] if i % 2 else None
     return UsageEvent(
-        time=now, account_id=ACCOUNTS[i % len(ACCOUNTS)], resource=RESOURCES[i % 3], quantity=30, source="bench",
-        api_key_id=KEYS[i % 20] if i % 2 else None,
+        time=now, account_id=account_of(i, key), resource=RESOURCES[i % 3], quantity=30, source="bench", api_key_id=key,
     ).model_dump_json().encode()  # fmt: skip
 
 
 def call(i: int, now: datetime) -> bytes:
+    key = KEYS[i % len(KEYS)]
     return CallEvent(
-        time=now, account_id=ACCOUNTS[i % len(ACCOUNTS)], api_key_id=KEYS[i % 20], method="GET", path="/api/geo/projects",
+        time=now, account_id=account_of(i, key), api_key_id=key, method="GET", path="/api/geo/projects",
         status=200, ip="10.0.0.1", user_agent="bench/1", latency_ms=1.25, service="geo" if i % 2 else None,
     ).model_dump_json().encode()  # fmt: skip
+
+
+async def limit_keys(service: QuotaService) -> None:
+    """Every key with limits of its own, owned by one account (as keys.v1 hands it to quota)."""
+    limits = [
+        KeyLimit(resource=Resource.AI_TOKENS, amount=1_000_000, period=LimitPeriod.DAY),
+        KeyLimit(resource=Resource.API_CALLS, amount=1_000_000, period=LimitPeriod.MONTH),
+        KeyLimit(resource=Resource.CONTENT_PUBLISHES, amount=1_000_000, period=LimitPeriod.WEEK),
+    ]
+    for k, key in enumerate(KEYS):
+        OWNERS[key] = ACCOUNTS[k % len(ACCOUNTS)]
+        state = KeyState(
+            time=datetime.now(UTC), account_id=OWNERS[key], key_id=key, hash="a" * 64, status="enabled", roles=[Role.OWNER],
+            limits=limits, version=1,
+        )  # fmt: skip
+        await service.apply_key(state)
 
 
 def batch(topic: Topic, n: int) -> list[ConsumerRecord[bytes, bytes]]:
@@ -91,32 +123,41 @@ async def consume(subscriber: Subscriber, topic: Topic, reading: Reading[Any], h
 async def measure(service: QuotaService, subscriber: Subscriber, topic: Topic, batches: int, rounds: int) -> None:
     modes = paths(service, topic)
     cpu: dict[tuple[str, bool], list[float]] = {(m, whole): [] for m in modes for whole in (False, True)}
+    wall: dict[str, list[float]] = {m: [] for m in modes}  # the whole path's elapsed time (Postgres' work included)
     await consume(subscriber, topic, *modes["pydantic"], batch(topic, BATCH))  # warm up
     for _ in range(rounds):
         for whole in (False, True):
             for mode, (reading, handle) in modes.items():  # alternating
                 data = [batch(topic, BATCH) for _ in range(batches)]
                 gc.collect()
-                started = time.process_time()
+                started, elapsed = time.process_time(), time.perf_counter()
                 for records in data:
                     assert await consume(subscriber, topic, reading, handle if whole else None, records) == BATCH
                 cpu[mode, whole].append((time.process_time() - started) / (batches * BATCH) * 1e6)
+                if whole:
+                    wall[mode].append((time.perf_counter() - elapsed) / batches * 1e3)
     for whole, what in ((False, "decode and rules"), (True, "whole path (count included)")):
         for mode in modes:
             runs = " ".join(f"{us:.1f}" for us in cpu[mode, whole])
             print(f"{topic.name} {what:28} {mode:8}: {runs} us/event (median {statistics.median(cpu[mode, whole]):.1f})")
         medians = [statistics.median(cpu[mode, whole]) for mode in ("msgspec", "pydantic")]
         print(ratio_line(f"{topic.name} {what}, msgspec first vs pydantic", *medians, "us/event"))
+    for mode in modes:
+        runs = " ".join(f"{ms:.1f}" for ms in wall[mode])
+        print(f"{topic.name} whole path, elapsed per batch {mode:8}: {runs} ms (median {statistics.median(wall[mode]):.1f})")
 
 
-async def main(batches: int, rounds: int, accounts: int) -> None:
+async def main(batches: int, rounds: int, accounts: int, keys: int, key_limits: bool) -> None:
     ACCOUNTS[:] = [uuid.uuid4() for _ in range(accounts)]
+    KEYS[:] = [uuid.uuid4() for _ in range(keys)]
     with endpoints() as infra:
         async with bench_settings(infra) as settings:
             async with running_app(settings, targets=("quota",)) as (app, _client):
                 runtime = app.state.runtime
                 service = quota_service(runtime)
                 subscriber = Subscriber(KafkaRouter(), runtime.broker, settings)
+                if key_limits:
+                    await limit_keys(service)
                 for topic in (USAGE, CALLS):
                     await measure(service, subscriber, topic, batches, rounds)
 
@@ -126,5 +167,7 @@ if __name__ == "__main__":
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--accounts", type=int, default=50)
+    parser.add_argument("--keys", type=int, default=20)
+    parser.add_argument("--key-limits", action="store_true")
     args = parser.parse_args()
-    asyncio.run(main(args.batches, args.rounds, args.accounts))
+    asyncio.run(main(args.batches, args.rounds, args.accounts, args.keys, args.key_limits))

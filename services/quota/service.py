@@ -37,7 +37,7 @@ from contracts.quota_api import PeriodRange, QuotaItem, QuotaReport
 from contracts.topics import QUOTA, QUOTA_THRESHOLDS
 from services.quota import domain
 from services.quota.publisher import KafkaPublisher
-from services.quota.store import Held, Line, QuotaStore, QuotaTx
+from services.quota.store import Held, KeyRulesRow, Line, QuotaStore, QuotaTx
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,18 @@ def key_record(lineage_id: UUID, resource: Resource, period: LimitPeriod) -> str
     """quota.v1's record key of a key lineage's standing against one limit (compacted: the newest
     wins). The lineage's id is its first key's id, so a key never rotated keeps its record key."""
     return f"key:{lineage_id}:{resource.value}:{period.value}"
+
+
+@dataclass(frozen=True, slots=True)
+class _LineagePlan:
+    """A lineage whose standings a publication sends: its account, live keys, and the limits to
+    publish (`live`) and to publish removed (`gone`)."""
+
+    lineage_id: UUID
+    account_id: UUID
+    keys: list[KeyRulesRow]
+    live: list[KeyLimit]
+    gone: Collection[KeyLimit]
 
 
 # A live key's keys.v1 state as this process's edge holds it (KeyProjection.by_id), None unknown.
@@ -193,10 +205,13 @@ class QuotaService:
                 (None, []) if api_key_id is None else await self._key_limits(tx, api_key_id, account_id, resource)
             )
             if lineage_id is not None and key_limits:
-                key_held = (await tx.key_reserved(lineage_id, now))[resource]
-                for limit in key_limits:
-                    window, resets_at = window_of(limit.period, now, self._tz)
-                    key_line = await tx.key_line(lineage_id, resource, limit.period, window)
+                key_held = (await tx.key_reserved([lineage_id], now))[lineage_id][resource]
+                windows = [window_of(limit.period, now, self._tz) for limit in key_limits]
+                key_lines = await tx.key_lines(
+                    (lineage_id, resource, limit.period, window) for limit, (window, _) in zip(key_limits, windows, strict=True)
+                )
+                for limit, (window, resets_at) in zip(key_limits, windows, strict=True):
+                    key_line = key_lines[lineage_id, resource, limit.period, window]
                     if not domain.fits(key_line.used, key_held, amount, limit.amount):
                         raise domain.KeyLimitExhausted(limit, key_line.used, key_held, resets_at, self._console_url)
             line = (await tx.lines([account_id], period))[account_id][resource]
@@ -483,20 +498,36 @@ class QuotaService:
         for lineage_id in removed:
             by_lineage.setdefault(lineage_id, set())
         rows_of = await tx.lineage_rules(by_lineage)
+        publishing: list[_LineagePlan] = []
         for lineage_id, resources in sorted(by_lineage.items()):
             rows = rows_of.get(lineage_id, [])
             if not rows:
                 continue
-            account_id = rows[0].account_id
             keys = [row for row in rows if not row.deleted]
             live = [limit for limit in domain.lineage_limits(row.limits for row in keys) if limit.resource in resources]
             gone = removed.get(lineage_id, ())
-            if not live and not gone:
-                continue
-            version = await tx.next_key_state_version(lineage_id)
-            held = await tx.key_reserved(lineage_id, now)
-            for limit in gone:
-                window, resets_at = window_of(limit.period, now, self._tz)
+            if live or gone:
+                publishing.append(_LineagePlan(lineage_id, rows[0].account_id, keys, live, gone))
+        if not publishing:
+            return
+        # (issue 38) each kind read (and written) once for all the lineages: not a version, a
+        # reservations read and a counter read per limit for each key
+        windows = {period: window_of(period, now, self._tz) for period in LimitPeriod}
+        versions = await tx.next_key_state_versions(p.lineage_id for p in publishing)
+        held_of = await tx.key_reserved([p.lineage_id for p in publishing], now)
+        lines_of = await tx.key_lines(
+            (p.lineage_id, limit.resource, limit.period, windows[limit.period][0]) for p in publishing for limit in p.live
+        )
+        marks: list[tuple[UUID, Resource, LimitPeriod, str, int]] = []  # moved together, before the sends
+        for plan in publishing:
+            lineage_id, account_id, version, held = (
+                plan.lineage_id,
+                plan.account_id,
+                versions[plan.lineage_id],
+                held_of[plan.lineage_id],
+            )
+            for limit in plan.gone:
+                window, resets_at = windows[limit.period]
                 forgotten = KeyQuotaState(
                     time=now,
                     account_id=account_id,
@@ -516,9 +547,9 @@ class QuotaService:
                         QUOTA, key_record(lineage_id, limit.resource, limit.period), forgotten.model_dump_json()
                     )
                 )
-            for limit in live:
-                window, resets_at = window_of(limit.period, now, self._tz)
-                line = await tx.key_line(lineage_id, limit.resource, limit.period, window)
+            for limit in plan.live:
+                window, resets_at = windows[limit.period]
+                line = lines_of[lineage_id, limit.resource, limit.period, window]
                 reserved = held[limit.resource]
                 state = KeyQuotaState(
                     # as the account's: the latest counted event's time (the edge counts its own
@@ -542,13 +573,13 @@ class QuotaService:
                 # wider (or nothing used: nothing crossed): the mark moves down to where it stands
                 widened = (limit.resource, limit.period) in amounts_changed and (pct < line.mark or line.used <= 0)
                 if (limit.resource, limit.period) in new_limits or widened:
-                    await tx.set_key_mark(lineage_id, limit.resource, limit.period, window, pct)
+                    marks.append((lineage_id, limit.resource, limit.period, window, pct))
                     continue
                 pct_crossed = domain.crossing(line.mark, line.used, limit.amount) if crossings else None
                 if pct_crossed is None:
                     continue
-                await tx.set_key_mark(lineage_id, limit.resource, limit.period, window, pct_crossed)
-                for key in keys:
+                marks.append((lineage_id, limit.resource, limit.period, window, pct_crossed))
+                for key in plan.keys:
                     if not any((x.resource, x.period) == (limit.resource, limit.period) for x in key.limits):
                         continue
                     crossed = QuotaThresholdCrossed(
@@ -565,6 +596,7 @@ class QuotaService:
                         window=window,
                     )
                     sends.append(self._publisher.publish(QUOTA_THRESHOLDS, str(account_id), crossed.model_dump_json()))
+        await tx.set_key_marks(marks)  # before the sends, as each mark was: a crossing is published after its mark moved
         await asyncio.gather(*sends)
 
     async def _announce_crossings(self, tx: QuotaTx, counted: set[tuple[UUID, Resource, str]]) -> None:

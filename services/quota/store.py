@@ -57,6 +57,8 @@ class KeyLine:
     mark: int  # the highest whole percent announced in this window
 
 
+# one counter of a key lineage: (lineage, resource, limit period, window)
+KeySlot = tuple[UUID, Resource, LimitPeriod, str]
 Held = tuple[UUID, Resource, UUID | None]  # (account, resource, key lineage) a released reservation held room in
 
 
@@ -427,55 +429,84 @@ class QuotaTx:
             ),
         )
 
-    async def key_line(self, lineage_id: UUID, resource: Resource, period: LimitPeriod, window: str) -> KeyLine:
+    async def key_lines(self, wanted: Iterable[KeySlot]) -> dict[KeySlot, KeyLine]:
+        """Each (lineage, resource, period, window) counter asked for, in one read for them all
+        (a batch touching many keys reads them in one round trip, not one per key and limit);
+        one never counted in stands at 0."""
+        slots = sorted(set(wanted), key=lambda s: (s[0], s[1].value, s[2].value, s[3]))
+        found = dict.fromkeys(slots, KeyLine(0, EPOCH, 0))
+        if not slots:
+            return found
         cur = await self.conn.execute(
             """
-            SELECT used, last_event_time, pct FROM quota.key_counters
-             WHERE lineage_id = %s AND resource = %s AND period = %s AND time_window = %s
+            SELECT c.lineage_id, c.resource, c.period, c.time_window, c.used, c.last_event_time, c.pct
+              FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[]) AS w(lineage_id, resource, period, time_window)
+              JOIN quota.key_counters c USING (lineage_id, resource, period, time_window)
             """,
-            (lineage_id, resource.value, period.value, window),
+            ([s[0] for s in slots], [s[1].value for s in slots], [s[2].value for s in slots], [s[3] for s in slots]),
         )
-        row = await cur.fetchone()
-        if row is None:
-            return KeyLine(0, EPOCH, 0)
-        return KeyLine(max(int(row["used"]), 0), row["last_event_time"], int(row["pct"]))
+        for r in await cur.fetchall():
+            slot = (r["lineage_id"], Resource(r["resource"]), LimitPeriod(r["period"]), r["time_window"])
+            found[slot] = KeyLine(max(int(r["used"]), 0), r["last_event_time"], int(r["pct"]))
+        return found
 
-    async def set_key_mark(self, lineage_id: UUID, resource: Resource, period: LimitPeriod, window: str, pct: int) -> None:
+    async def set_key_marks(self, marks: Iterable[tuple[UUID, Resource, LimitPeriod, str, int]]) -> None:
+        """Move the marks of key counters ((lineage, resource, period, window, pct), each counter at
+        most once), in one statement."""
+        ordered = sorted(marks, key=lambda m: (m[0], m[1].value, m[2].value, m[3]))
+        if not ordered:
+            return
         await self.conn.execute(
             """
             INSERT INTO quota.key_counters (lineage_id, resource, period, time_window, last_event_time, pct)
-            VALUES (%s, %s, %s, %s, %s, %s)
+            SELECT m.lineage_id, m.resource, m.period, m.time_window, %s, m.pct
+              FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::smallint[])
+                   AS m(lineage_id, resource, period, time_window, pct)
             ON CONFLICT (lineage_id, resource, period, time_window) DO UPDATE SET pct = EXCLUDED.pct
             """,
-            (lineage_id, resource.value, period.value, window, EPOCH, pct),
+            (
+                EPOCH,
+                [m[0] for m in ordered],
+                [m[1].value for m in ordered],
+                [m[2].value for m in ordered],
+                [m[3] for m in ordered],
+                [m[4] for m in ordered],
+            ),
         )
 
-    async def key_reserved(self, lineage_id: UUID, now: datetime) -> dict[Resource, int]:
-        """Open reservations made for the calls of the lineage's keys, per resource (unexpired at `now`)."""
+    async def key_reserved(self, lineage_ids: Collection[UUID], now: datetime) -> dict[UUID, dict[Resource, int]]:
+        """Open reservations made for the calls of each lineage's keys, per resource (unexpired at
+        `now`), in one read for all the lineages."""
+        found = {lineage_id: dict.fromkeys(Resource, 0) for lineage_id in lineage_ids}
+        if not found:
+            return found
         cur = await self.conn.execute(
             """
-            SELECT resource, sum(amount)::bigint AS amount FROM quota.reservations
-             WHERE lineage_id = %s AND expires_at > %s GROUP BY resource
+            SELECT lineage_id, resource, sum(amount)::bigint AS amount FROM quota.reservations
+             WHERE lineage_id = ANY(%s) AND expires_at > %s GROUP BY lineage_id, resource
             """,
-            (lineage_id, now),
+            (sorted(found), now),
         )
-        found = {r["resource"]: int(r["amount"]) for r in await cur.fetchall()}
-        return {resource: found.get(resource.value, 0) for resource in Resource}
+        for r in await cur.fetchall():
+            found[r["lineage_id"]][Resource(r["resource"])] = int(r["amount"])
+        return found
 
-    async def next_key_state_version(self, lineage_id: UUID) -> int:
-        """The version of the lineage's next published states: one more than the last (under the
-        account's lock, so states computed one after the other get increasing versions)."""
+    async def next_key_state_versions(self, lineage_ids: Iterable[UUID]) -> dict[UUID, int]:
+        """The version of each lineage's next published states: one more than its last (under the
+        accounts' locks, so states computed one after the other get increasing versions), in one
+        statement for all the lineages."""
+        ids = sorted(set(lineage_ids))
+        if not ids:
+            return {}
         cur = await self.conn.execute(
             """
-            INSERT INTO quota.key_lineages AS l (lineage_id, state_version) VALUES (%s, 1)
+            INSERT INTO quota.key_lineages AS l (lineage_id, state_version) SELECT unnest(%s::uuid[]), 1
             ON CONFLICT (lineage_id) DO UPDATE SET state_version = l.state_version + 1
-            RETURNING state_version
+            RETURNING lineage_id, state_version
             """,
-            (lineage_id,),
+            (ids,),
         )
-        row = await cur.fetchone()
-        assert row is not None
-        return int(row["state_version"])
+        return {r["lineage_id"]: int(r["state_version"]) for r in await cur.fetchall()}
 
     async def try_lock(self, name: str) -> bool:
         """A transaction-scoped advisory try-lock: False when another replica holds it."""

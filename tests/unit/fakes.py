@@ -34,7 +34,7 @@ from services.metering.domain import NO_KEY, Cursor, GroupBy
 from services.metering.rollups import UsageRow, series_key
 from services.metering.store import ActivityFilter, CallRow, UsageQuery
 from services.quota.domain import EPOCH, Delta, KeyDelta
-from services.quota.store import Held, KeyLine, KeyRulesRow, Line
+from services.quota.store import Held, KeyLine, KeyRulesRow, KeySlot, Line
 
 # The caller of every write in the unit tests (a console session from a documentation address).
 ACTOR = AuditContext(user_id=UUID("00000000-0000-4000-8000-0000000000a1"), ip="203.0.113.9", user_agent="unit-test")
@@ -377,7 +377,13 @@ class FakeQuotaStore:
         self.key_rules_rows: dict[UUID, tuple[KeyRulesRow, tuple[int, datetime]]] = {}
         self.key_counters: dict[tuple[UUID, Resource, LimitPeriod, str], list[Any]] = {}
         self.lineage_versions: dict[UUID, int] = {}
-        self.calls: Counter[str] = Counter()  # how often lines, marks, reserved and set_marks were called
+        # how often each set-based read and write was called (the key ones: when they would send a statement)
+        self.calls: Counter[str] = Counter()
+
+    def _count(self, name: str, sent: bool) -> None:
+        """A statement `name` would send (QuotaTx sends none for nothing asked)."""
+        if sent:
+            self.calls[name] += 1
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator["FakeQuotaStore"]:
@@ -529,6 +535,7 @@ class FakeQuotaStore:
 
     async def lineage_rules(self, lineage_ids: Iterable[UUID]) -> dict[UUID, list[KeyRulesRow]]:
         wanted = set(lineage_ids)
+        self._count("lineage_rules", bool(wanted))
         found: dict[UUID, list[KeyRulesRow]] = {}
         for key_id in sorted(self.key_rules_rows):
             row = self.key_rules_rows[key_id][0]
@@ -571,23 +578,34 @@ class FakeQuotaStore:
             line[0] += d.quantity
             line[1] = max(line[1], d.last_time)
 
-    async def key_line(self, lineage_id: UUID, resource: Resource, period: LimitPeriod, window: str) -> KeyLine:
-        used, watermark, mark = self.key_counters.get((lineage_id, resource, period, window), [0, EPOCH, 0])
-        return KeyLine(max(used, 0), watermark, mark)
+    async def key_lines(self, wanted: Iterable[KeySlot]) -> dict[KeySlot, KeyLine]:
+        found = {}
+        for slot in wanted:
+            used, watermark, mark = self.key_counters.get(slot, [0, EPOCH, 0])
+            found[slot] = KeyLine(max(used, 0), watermark, mark)
+        self._count("key_lines", bool(found))
+        return found
 
-    async def set_key_mark(self, lineage_id: UUID, resource: Resource, period: LimitPeriod, window: str, pct: int) -> None:
-        self.key_counters.setdefault((lineage_id, resource, period, window), [0, EPOCH, 0])[2] = pct
+    async def set_key_marks(self, marks: Iterable[tuple[UUID, Resource, LimitPeriod, str, int]]) -> None:
+        marks = list(marks)
+        self._count("set_key_marks", bool(marks))
+        for lineage_id, resource, period, window, pct in marks:
+            self.key_counters.setdefault((lineage_id, resource, period, window), [0, EPOCH, 0])[2] = pct
 
-    async def key_reserved(self, lineage_id: UUID, now: datetime) -> dict[Resource, int]:
-        held = dict.fromkeys(Resource, 0)
+    async def key_reserved(self, lineage_ids: Collection[UUID], now: datetime) -> dict[UUID, dict[Resource, int]]:
+        held = {lineage_id: dict.fromkeys(Resource, 0) for lineage_id in lineage_ids}
+        self._count("key_reserved", bool(held))
         for r in self.reservations.values():
-            if r["lineage_id"] == lineage_id and r["expires_at"] > now:
-                held[r["resource"]] += r["amount"]
+            if r["lineage_id"] in held and r["expires_at"] > now:
+                held[r["lineage_id"]][r["resource"]] += r["amount"]
         return held
 
-    async def next_key_state_version(self, lineage_id: UUID) -> int:
-        self.lineage_versions[lineage_id] = self.lineage_versions.get(lineage_id, 0) + 1
-        return self.lineage_versions[lineage_id]
+    async def next_key_state_versions(self, lineage_ids: Iterable[UUID]) -> dict[UUID, int]:
+        ids = set(lineage_ids)
+        self._count("next_key_state_versions", bool(ids))
+        for lineage_id in ids:
+            self.lineage_versions[lineage_id] = self.lineage_versions.get(lineage_id, 0) + 1
+        return {lineage_id: self.lineage_versions[lineage_id] for lineage_id in ids}
 
 
 class FakePublisher:
