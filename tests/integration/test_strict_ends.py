@@ -12,11 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
+from contracts.common import ServiceScope
 from contracts.rate_limit import RateLimit
 from services.edge.leases import LEASE_S
 from services.edge.quota_gate import CallsView
 from services.edge.rate_limit import Limits
 from services.edge.rate_store import KeyCheck, KeyRevoked, RedisStore
+from services.keys import operator_cli
 from tests.integration.test_edge_rate_limit import publish_plan
 from tests.integration.test_edge_verify import service_token
 from tests.integration.test_keys_api import PASSWORD, bearer, code, new_key, signup
@@ -168,6 +170,26 @@ async def test_a_replica_cut_off_from_kafka_refuses_a_revoked_service_token_with
         # every service route: usage's too (its dependency answers before the body is read)
         assert _answer(await b.post("/api/usage/events", json={}, headers=token)) == (401, "invalid_service_token")
         print(f"a revoked token refused on the cut-off replica {lag_ms:.1f} ms after the revocation answered")
+
+
+async def test_the_clis_revocation_is_refused_by_a_replica_cut_off_from_kafka_too(settings):
+    """`tollgate service-token revoke` runs in a process without an edge: it shares the revocation
+    in Redis itself (REDIS_URL)."""
+    async with running_app(settings) as (app_b, b):
+        edge_b = app_b.state.runtime.edge
+        created = await operator_cli.create(settings, "gateway", [ServiceScope.USAGE_WRITE])
+        digest = hashlib.sha256(created["token"].encode()).hexdigest()
+        await wait_until(lambda: _knows_token(edge_b, digest), timeout=20, interval=0.02)
+        token = bearer(created["token"])
+        assert _answer(await b.post("/api/usage/events", json={}, headers=token))[0] == 422  # live: the body is judged
+
+        await edge_b._follower.stop()  # B hears nothing more from Kafka
+        await operator_cli.revoke(settings, uuid.UUID(created["id"]))
+
+        async def refused() -> bool:
+            return _answer(await b.post("/api/usage/events", json={}, headers=token)) == (401, "invalid_service_token")
+
+        await wait_until(refused, timeout=1.0, interval=0.005)
 
 
 async def _refused(client: httpx.AsyncClient, body: dict[str, str], token: dict[str, str]) -> bool:
