@@ -13,6 +13,7 @@ from services.edge.openapi_security import accepts
 from services.edge.principal import Principal
 from services.edge.projections import AccountProjection
 from services.edge.service_tokens import ServicePrincipal
+from services.edge.token_revocations import share_token_revocation
 
 __all__ = [
     "AccountProjection",
@@ -29,5 +30,6 @@ __all__ = [
     "forwarded_for",
     "not_found",
     "parse_networks",
+    "share_token_revocation",
     "shared_revocations",
 ]

@@ -9,7 +9,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from functools import partial
@@ -58,6 +58,7 @@ from services.edge.service_tokens import ServicePrincipal, ServiceTokenProjectio
 from services.edge.session_revocations import RevokedSessions, UserSessions
 from services.edge.state_complete import StateCompletion, owners_of
 from services.edge.unavailable import RETRY_AFTER_S
+from services.edge.user_revocations import CREDENTIAL_CHECK_ERRORS
 from services.edge.verdict import ServiceCall, Verdict
 from services.runtime.platform.logs import Throttled
 from services.runtime.platform.settings import Settings
@@ -139,16 +140,38 @@ def acting_roles(
 def _revoked_refusal(revoked: KeyRevoked) -> ApiError:
     """The answer for a key the shared store says was revoked after the state this process
     judged it by (`Edge.revoke_everywhere`): what that state will say once it arrives."""
-    if revoked.narrowed:  # judged by rules older than the key's: never wider, so not at all
+    if revoked.narrowed:  # judged by rules (or its user's role) older than the key's: not at all
+        what = "its user's role" if revoked.how == "role" else "rules"
         return ApiError(
             503,
             ErrorCode.SERVICE_UNAVAILABLE,
-            "The API key's rules changed a moment ago and this server is still reading them; retry shortly.",
+            f"The API key's {what} changed a moment ago and this server is still reading it; retry shortly.",
             headers={"Retry-After": "1"},
         )
     if revoked.deleted:
         return _unauthorized(ErrorCode.INVALID_API_KEY, "The API key is not valid.")
     return _unauthorized(ErrorCode.API_KEY_DISABLED, "The API key is disabled.")
+
+
+def _key_check(principal: Principal) -> KeyCheck:
+    """What the shared store is asked about an API key's call: whether the key was revoked after
+    the state this process judged it by, or the user it acts as (its creator; a key from before
+    members: the registering user, whose id is the account id) removed or given another role."""
+    assert principal.api_key_id is not None
+    user_id = principal.user_id or principal.account_id
+    return KeyCheck(principal.api_key_id, principal.key_version, user_id, principal.user_version)
+
+
+def _session_over(how: str) -> ApiError:
+    """The answer for a console session the shared store says is over, or judged by an older role."""
+    if how == "role":  # judged by a role older than the user's: not at all until this replica has it
+        return ApiError(
+            503,
+            ErrorCode.SERVICE_UNAVAILABLE,
+            "Your role changed a moment ago and this server is still reading it; retry shortly.",
+            headers={"Retry-After": "1"},
+        )
+    return _unauthorized(ErrorCode.INVALID_SESSION, "The console session is invalid or has expired.")
 
 
 def _rate_limited(decision: Decision) -> ApiError:
@@ -365,6 +388,7 @@ class Edge:
             # the key the screen (screen.py) already authenticated, or this request's credentials
             principal = context.principal or self.authenticate(request, now)
             if principal.api_key_id is None:  # a console session: neither rate-limited nor counted
+                await self._check_session_everywhere(principal)
                 refusal = _refusal(principal, permission, console_only)
                 if refusal is not None:
                     raise refusal
@@ -514,14 +538,18 @@ class Edge:
                 if not self._is_operator(token):
                     self.authenticate(request, now)  # a bad customer credential is still its own 401
                 raise ApiError(403, ErrorCode.PERMISSION_DENIED, "Only a platform service token may call this endpoint.")
-            return self.authenticate_service(token, scope, now)
+            return await self.authenticate_service(token, scope, now)
 
         return accepts(dependency, SERVICE_TOKEN)
 
-    def authenticate_service(self, token: str, scope: ServiceScope, now: datetime) -> ServicePrincipal:
+    async def authenticate_service(self, token: str, scope: ServiceScope, now: datetime) -> ServicePrincipal:
         """The platform service holding `token`, if the token is live (else 401
-        invalid_service_token) and has `scope` (else 403 permission_denied)."""
+        invalid_service_token) and has `scope` (else 403 permission_denied). Live: in this
+        process's projection, and not revoked in the shared store (token_revocations.py: asked at
+        most every 50 ms per token), which a replica cut off from Kafka still reads."""
         service = self._authenticate_service(token)
+        if self.shared is not None and await self.shared.tokens.revoked(service.token_id):
+            raise _unauthorized(ErrorCode.INVALID_SERVICE_TOKEN, "The service token is not valid.")
         if scope not in service.scopes:
             raise ApiError(403, ErrorCode.PERMISSION_DENIED, f"The service token lacks the scope {scope.value}.")
         self.service_tokens.note_use(service.token_id, now)
@@ -691,7 +719,7 @@ class Edge:
         admitted: int | None = None
         try:
             if self.shared is not None:
-                known = KeyCheck(key_id, principal.key_version)
+                known = _key_check(principal)
                 admissions = () if admission is None else (admission, *key_views)
                 decision, admitted = await self.shared.hit_and_admit_all(subjects, limits, time.time(), admissions, known)
             else:
@@ -717,7 +745,7 @@ class Edge:
         limits, subjects = self._limits_of(principal), self._subjects_of(key_id, account_id)
         try:
             if self.shared is not None:
-                decision = await self.shared.peek(subjects, limits, time.time(), KeyCheck(key_id, principal.key_version))
+                decision = await self.shared.peek(subjects, limits, time.time(), _key_check(principal))
             else:
                 decision = await self.limiter.peek(subjects, limits, time.time())
         except KeyRevoked as revoked:
@@ -755,6 +783,74 @@ class Edge:
         except Exception:
             REVOCATION_STORE_ERRORS.inc()
             self._admission_log.warning("a key's revocation could not be shared (Redis): keys.v1 carries it alone")
+
+    async def _check_session_everywhere(self, principal: Principal) -> None:
+        """(A console session, after this process's projections passed it) 401 if the shared store
+        says it was logged out, or ended by its user's password change or removal; 503 (retry) if
+        its user's role changed after the state this process judged it by: what users.v1 and
+        sessions.v1 will say once they arrive (user_revocations.py). One round trip: console
+        traffic is light. Redis failing: judged by the projections alone (counted, logged)."""
+        if self.shared is None or principal.session_id is None:
+            return
+        user_id = principal.user_id or principal.account_id
+        try:
+            how = await self.shared.users.session_over(user_id, principal.session_id, principal.user_version, principal.issued_at)
+        except Exception:
+            CREDENTIAL_CHECK_ERRORS.inc()
+            self._admission_log.warning("a session's end could not be asked (Redis): judged by this process alone")
+            return
+        if how is not None:
+            raise _session_over(how)
+
+    async def change_user_everywhere(self, state: UserState, key_ids: Sequence[UUID]) -> None:
+        """(Keys, before a member's removal or role change answers) every replica refuses the
+        user's keys (their calls' script) and sessions judged by an older users.v1 state of the
+        user: a removed user's as deleted, a re-roled user's 503 (retry) until it has the new
+        state; and no lease of `key_ids` (the user's live keys) taken before is held any more."""
+        if self.shared is None:
+            return
+        how = "removed" if state.removed else "role"
+        try:
+            await self.shared.users.change(state.user_id, state.version, how, key_ids)
+        except Exception:
+            REVOCATION_STORE_ERRORS.inc()
+            self._admission_log.warning("a user's removal or role change could not be shared (Redis): users.v1 carries it alone")
+
+    async def end_sessions_everywhere(self, state: UserState) -> None:
+        """(Keys, before a password change answers) every replica refuses the user's sessions issued
+        before its `sessions_not_before`."""
+        if self.shared is None or state.sessions_not_before is None:
+            return
+        try:
+            await self.shared.users.end_sessions(state.user_id, state.sessions_not_before.timestamp())
+        except Exception:
+            REVOCATION_STORE_ERRORS.inc()
+            self._admission_log.warning("a user's sessions' end could not be shared (Redis): users.v1 carries it alone")
+
+    async def log_out_everywhere(self, events: Sequence[SessionRevoked], now: datetime) -> None:
+        """(Keys, before a logout answers) every replica refuses these sessions for as long as they
+        could still be valid (the session lifetime after the logout)."""
+        ttl = self.settings.session_ttl_seconds
+        ends = [(e.user_id, e.session_id, int(e.revoked_at.timestamp() + ttl - now.timestamp()) + 1) for e in events]
+        live = [end for end in ends if end[2] > 1]
+        if self.shared is None or not live:
+            return
+        try:
+            await self.shared.users.log_out(live)
+        except Exception:
+            REVOCATION_STORE_ERRORS.inc()
+            self._admission_log.warning("a logout could not be shared (Redis): sessions.v1 carries it alone")
+
+    async def revoke_token_everywhere(self, state: ServiceTokenState) -> None:
+        """(Keys, before a service token's revocation answers) every replica refuses the token
+        within 50 ms, before its service-tokens.v1 projection has the revocation."""
+        if self.shared is None or not state.revoked:
+            return
+        try:
+            await self.shared.tokens.revoke(state.token_id, state.version)
+        except Exception:
+            REVOCATION_STORE_ERRORS.inc()
+            self._admission_log.warning("a service token's revocation could not be shared (Redis): its topic carries it alone")
 
     def _limits_of(self, principal: Principal) -> tuple[Limits, Limits]:
         """The limits of the call's subjects: its account's (the plan's) and its key's (v4: the
@@ -834,8 +930,16 @@ class Edge:
         ended = revoked or self.users.ended(user_id, claims.issued_at)
         if account is None or ended:
             raise _unauthorized(ErrorCode.INVALID_SESSION, "The console session is invalid or has expired.")
-        roles = acting_roles(self.users.get(user_id), user_id, account.account_id, account.roles)
-        return Principal(account_id=account.account_id, roles=roles, session_id=claims.session_id, user_id=user_id)
+        user = self.users.get(user_id)
+        roles = acting_roles(user, user_id, account.account_id, account.roles)
+        return Principal(
+            account_id=account.account_id,
+            roles=roles,
+            session_id=claims.session_id,
+            user_id=user_id,
+            user_version=-1 if user is None else user.version,
+            issued_at=claims.issued_at,
+        )
 
     def _authenticate_key(self, secret: str, now: datetime, request: Request) -> Principal:
         self._check_ready()
@@ -877,6 +981,7 @@ class Edge:
             user_id=state.created_by,
             key_version=state.version,
             gate=KeyGate.of(state),  # parsed once per state: a call pays a few comparisons
+            user_version=-1 if creator is None else creator.version,
         )
         if len(self._principals) >= MAX_CACHED_SUBJECTS:
             self._principals.clear()

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 REVOCATION_STORE_ERRORS = Counter(
     "tollgate_edge_revocation_store_errors_total",
-    "Key revocations that could not be shared in Redis: keys.v1 carried them alone (unit: revocations)",
+    "Revocations (keys, users, sessions, service tokens) not shared in Redis: their topics carried them (unit: revocations)",
 )
 # A revoked key's entry outlives any replica's lag behind keys.v1 but a partition of a week.
 REVOCATION_TTL_S = 7 * 24 * 3600
@@ -68,20 +68,26 @@ return 0
 
 @dataclass(frozen=True, slots=True)
 class KeyCheck:
-    """An API key and the version of its state a process knows (judged by, or revoked at)."""
+    """An API key and the version of its state a process knows (judged by, or revoked at), and
+    the user it acts as with the version of that user's users.v1 state it was judged by (-1: none
+    known). Without a user (None) the user's changes are not asked (user_revocations.py)."""
 
     key_id: UUID
     version: int
+    user_id: UUID | None = None
+    user_version: int = -1
 
 
 class KeyRevoked(Exception):
     """The key was disabled, deleted or (v4) given new rules (`narrowed`) at a version later than
-    the one this process judged it by."""
+    the one this process judged it by; or the user it acts as was removed (`removed`) or given
+    another role (`role`) at a version later than the user's state this process judged it by."""
 
     def __init__(self, how: str) -> None:
         super().__init__(how)
-        self.deleted = how == "deleted"
-        self.narrowed = how == "narrowed"
+        self.how = how
+        self.deleted = how in ("deleted", "removed")
+        self.narrowed = how in ("narrowed", "role")
 
 
 class KeyRevocations:

@@ -93,7 +93,7 @@ class LeaseHolder:
         while True:
             held = self._leases.get(subjects)
             if held is not None:
-                decision = held.lease.take(known.version, totals, time.monotonic())
+                decision = held.lease.take(known.version, totals, time.monotonic(), known.user_version)
                 if decision is not None:
                     self._demand[subjects] = self._demand.get(subjects, 0) + 1
                     return decision, 0
@@ -130,7 +130,8 @@ class LeaseHolder:
     ) -> tuple[Decision, int | None]:
         per = each(limits, len(subjects))
         keys, args = self._keys.call(subjects, per, now, admission, known, take=True)
-        subject_keys, admission_keys = keys[: len(subjects)], keys[len(subjects) + 1 :]  # around the revocation entry
+        # around the revocation entry (and the user's)
+        subject_keys, admission_keys = keys[: len(subjects)], keys[len(subjects) + self._keys.entries(known) :]
         registry = f"{self._prefix}lease:{known.key_id}"
         keys += [registry, f"{self._prefix}epoch:{known.key_id}", self._prefix + "replicas"]
         lease_id = uuid.uuid4().hex
@@ -156,6 +157,7 @@ class LeaseHolder:
                 asked + LEASE_S - LOCAL_MARGIN_S,
                 decision,
                 window_start(now),
+                user_version=known.user_version,
             )
             held = _Leased(lease, known.key_id, [registry, *subject_keys, *admission_keys], [lim.burst for lim in per])
             self._held.setdefault(known.key_id, []).append(held)

@@ -9,15 +9,17 @@ the share of what is left.
 
 from services.edge.admissions import ADMIT_FN
 from services.edge.rate_scripts import RATE_LIMIT_FN, REVOKED_FN
+from services.edge.user_revocations import USER_CHANGED_FN
 
-# LEASE_SCRIPT's own part, after rate_scripts' functions and ADMIT_FN. KEYS and ARGV as rate_scripts.SCRIPT
-# (take = 1, a key check always), then KEYS: the key's lease registry, its epoch, the replicas;
-# ARGV from `extra` = 7 + 3n + 6 * wants: the block wanted, this replica's id, the lease's id, the
-# lease's lifetime (ms), a replica's (ms). The first call is judged exactly as SCRIPT judges it;
-# when every admission has room, up to `want - 1` more calls are taken at the same `now`, each
-# by the same rate-limit arithmetic, within every api_calls limit's share (what is left divided by
-# the live replicas, at least 1), and within what every subject's bucket and window still let
-# through at `now` (taken in one write, not call by call: a block costs Redis what one call does).
+# LEASE_SCRIPT's own part, after rate_scripts' functions and ADMIT_FN. KEYS and ARGV as
+# rate_scripts.SCRIPT (take = 1, a key check always, its user's when the user's version is >= -1),
+# then KEYS: the key's lease registry, its epoch, the replicas; ARGV from `extra` = 8 + 3n +
+# 6 * wants: the block wanted, this replica's id, the lease's id, the lease's lifetime (ms), a
+# replica's (ms). The first call is judged exactly as SCRIPT judges it; when every admission has
+# room, up to `want - 1` more calls are taken at the same `now`, each by the same rate-limit
+# arithmetic, within every api_calls limit's share (what is left divided by the live replicas, at
+# least 1), and within what every subject's bucket and window still let through at `now` (taken
+# in one write, not call by call: a block costs Redis what one call does).
 # Returns SCRIPT's answer (its headers: the limits after the block), then the block taken (0: not
 # judged, or no room) and the key's epoch, then the slots.
 LEASE_BODY = """
@@ -29,11 +31,20 @@ local limits = {}
 for i = 1, n do
   limits[i] = {tonumber(ARGV[4 + 3 * i]), tonumber(ARGV[5 + 3 * i]), tonumber(ARGV[6 + 3 * i])}
 end
-local extra = 7 + 3 * n + 6 * wants
+local user_known = tonumber(ARGV[7 + 3 * n + 6 * wants])
+local extra = 8 + 3 * n + 6 * wants
 local want = tonumber(ARGV[extra])
 local how = revoked_after(KEYS[n + 1], known)
 if how then
   return {-1, how}
+end
+local o = n + 1  -- the last KEYS before the admissions: the revocation entry, or the user's entry
+if user_known >= -1 then
+  o = n + 2
+  how = user_changed(KEYS[o], user_known)
+  if how then
+    return {-1, how}
+  end
 end
 local subjects = {}
 for i = 1, n do subjects[i] = KEYS[i] end
@@ -43,14 +54,14 @@ if allowed and wants > 0 then
   admitted = 0
   local counts, lefts = {}, {}
   for i = 1, wants do
-    local count, fits, left = room(KEYS[n + 1 + i], ARGV, 7 + 3 * n + (i - 1) * 6)
+    local count, fits, left = room(KEYS[o + i], ARGV, 7 + 3 * n + (i - 1) * 6)
     counts[i], lefts[i] = count, left
     if not fits and admitted == 0 then admitted = i end
   end
   if admitted == 0 then
     local t = redis.call('TIME')
     local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    local replicas = KEYS[n + 4 + wants]
+    local replicas = KEYS[o + 3 + wants]
     redis.call('ZADD', replicas, ms + tonumber(ARGV[extra + 4]), ARGV[extra + 1])
     redis.call('ZREMRANGEBYSCORE', replicas, '-inf', ms)
     redis.call('PEXPIRE', replicas, tonumber(ARGV[extra + 4]))
@@ -77,10 +88,10 @@ if allowed and wants > 0 then
       _, size, remaining, reset, retry, stored, next_refused = rate_limit(subjects, now, limits, ttl, false)
       retry = 0
     end
-    for i = 1, wants do redis.call('HSET', KEYS[n + 1 + i], 'admitted', counts[i] + block) end
+    for i = 1, wants do redis.call('HSET', KEYS[o + i], 'admitted', counts[i] + block) end
     if block > 1 then
-      epoch = tonumber(redis.call('GET', KEYS[n + 3 + wants]) or '0')
-      local registry = KEYS[n + 2 + wants]
+      epoch = tonumber(redis.call('GET', KEYS[o + 2 + wants]) or '0')
+      local registry = KEYS[o + 1 + wants]
       redis.call('ZREMRANGEBYSCORE', registry, '-inf', ms)
       redis.call('ZADD', registry, ms + tonumber(ARGV[extra + 3]), epoch .. ':' .. ARGV[extra + 2])
       redis.call('PEXPIRE', registry, 2 * tonumber(ARGV[extra + 3]))
@@ -95,7 +106,7 @@ if next_refused then
 end
 return result
 """
-LEASE_SCRIPT = RATE_LIMIT_FN + REVOKED_FN + ADMIT_FN + LEASE_BODY
+LEASE_SCRIPT = RATE_LIMIT_FN + REVOKED_FN + USER_CHANGED_FN + ADMIT_FN + LEASE_BODY
 
 # give_back(KEYS: the registry, n subjects' slots, the admissions' hashes; ARGV: the lease's
 # member, its leftovers u, the window start it was taken in, n, then each subject's burst).

@@ -69,11 +69,14 @@ class Lease:
     decision: Decision  # the headers' limit and reset when it was taken
     window: float  # the rate limit's window start when it was taken (giving back)
     dropped: bool = False
+    # the version of the users.v1 state of the key's user it was taken with (-1: none known)
+    user_version: int = -1
 
-    def take(self, version: int, totals: tuple[object, ...], now: float) -> Decision | None:
+    def take(self, version: int, totals: tuple[object, ...], now: float, user_version: int = -1) -> Decision | None:
         """One call from the block, with its headers (Remaining: the leftovers after it), or None
-        when the lease cannot serve this call (spent, expired, dropped, or judged otherwise)."""
-        if not self.usable(now) or version != self.version or totals != self.totals:
+        when the lease cannot serve this call (spent, expired, dropped, or judged otherwise: by
+        another state of the key or of its user)."""
+        if not self.usable(now) or version != self.version or totals != self.totals or user_version != self.user_version:
             return None
         self.left -= 1
         return Decision(True, self.decision.limit, self.left, self.decision.reset_s, 0)

@@ -20,6 +20,11 @@ class Principal:
     key_version: int = 0
     # (v4) the key's own restrictions, parsed (None: it has none; a session never has any)
     gate: KeyGate | None = None
+    # the version of the acting user's users.v1 state it was judged by (-1: none known): a removal
+    # or role change of a later version in the shared store refuses it (user_revocations.py)
+    user_version: int = -1
+    # (console session) its issue time, unix seconds: a password change in the shared store ends it
+    issued_at: float = 0.0
 
     @property
     def is_console(self) -> bool:

@@ -13,6 +13,7 @@ from services.edge.admissions import ADMIT_FN, admission_args, admission_key
 from services.edge.key_revocations import KeyCheck
 from services.edge.quota_gate import CallsView
 from services.edge.rate_limit import WINDOW_S, Limits
+from services.edge.user_revocations import USER_CHANGED_FN
 
 # The same arithmetic as rate_limit.py, statement for statement (keep them in step).
 # rate_limit(keys, now, limits, ttl, take) -> allowed; the headers' limit, remaining, reset and retry
@@ -131,18 +132,22 @@ local function revoked_after(entry, known)
   return nil
 end
 """
-# KEYS: the rate limit's subjects, then (when ARGV[4] >= 0) the key's revocation entry, then the
-# ARGV[3] admissions' hashes. ARGV[1..2]: now, ttl; ARGV[4]: the version of the key's state the
-# caller judged it by (-1: no check); ARGV[5]: n, the number of subjects; ARGV[6]: 1 to take, 0 for
-# a peek (v4: writes nothing, and asks no admission); then each subject's rate, burst, limit (3n
-# values); then 6 per admission (admissions.admission_args). Returns
-# {-1, 'deleted' | 'disabled' | 'narrowed'} when the key was revoked (v4: or given new rules) at a
-# later version (nothing is taken), else {allowed, limit, remaining, reset, retry (the headers'),
-# admitted (0: every admission taken; i: the i-th had no room, none taken; -1 not judged), and
-# when the subjects' next request would be refused, their slots as stored...}.
+# KEYS: the rate limit's subjects, then (when ARGV[4] >= 0) the key's revocation entry and (when
+# the user's version, ARGV[7 + 3n + 6 * wants], is >= -1) its user's entry, then the ARGV[3]
+# admissions' hashes. ARGV[1..2]: now, ttl; ARGV[4]: the version of the key's state the caller
+# judged it by (-1: no check); ARGV[5]: n, the number of subjects; ARGV[6]: 1 to take, 0 for a peek
+# (v4: writes nothing, and asks no admission); then each subject's rate, burst, limit (3n values);
+# then 6 per admission (admissions.admission_args); then the version of the users.v1 state of the
+# user the key acts as that the caller judged it by (-1: none known; -2: not asked). Returns
+# {-1, 'deleted' | 'disabled' | 'narrowed' | 'removed' | 'role'} when the key was revoked (v4: or
+# given new rules), or its user removed or given another role, at a later version (nothing is
+# taken), else {allowed, limit, remaining, reset, retry (the headers'), admitted (0: every
+# admission taken; i: the i-th had no room, none taken; -1 not judged), and when the subjects'
+# next request would be refused, their slots as stored...}.
 SCRIPT = (
     RATE_LIMIT_FN
     + REVOKED_FN
+    + USER_CHANGED_FN
     + ADMIT_FN
     + """
 local wants = tonumber(ARGV[3])
@@ -153,17 +158,22 @@ local limits = {}
 for i = 1, n do
   limits[i] = {tonumber(ARGV[4 + 3 * i]), tonumber(ARGV[5 + 3 * i]), tonumber(ARGV[6 + 3 * i])}
 end
-local last = #KEYS - wants
-local before_admissions = last
+local before_admissions = #KEYS - wants
 if known >= 0 then
-  local how = revoked_after(KEYS[last], known)
-  last = last - 1
+  local how = revoked_after(KEYS[n + 1], known)
   if how then
     return {-1, how}
   end
+  local user_known = tonumber(ARGV[7 + 3 * n + 6 * wants])
+  if user_known >= -1 then
+    how = user_changed(KEYS[n + 2], user_known)
+    if how then
+      return {-1, how}
+    end
+  end
 end
 local subjects = {}
-for i = 1, last do subjects[i] = KEYS[i] end
+for i = 1, n do subjects[i] = KEYS[i] end
 local allowed, size, remaining, reset, retry, stored, next_refused = rate_limit(
   subjects, tonumber(ARGV[1]), limits, tonumber(ARGV[2]), take)
 local admitted = -1
@@ -198,6 +208,15 @@ class ScriptKeys:
     prefix: str  # the subjects' slots (and, under it, the leases' registry, epoch and replicas)
     admissions_prefix: str
     revoked_prefix: str
+    users_prefix: str = "tollgate:user:"  # user_revocations.py: a user's entry
+
+    @staticmethod
+    def entries(known: KeyCheck | None) -> int:
+        """How many KEYS sit between the subjects and the admissions: the key's revocation entry,
+        and its user's when the user is asked."""
+        if known is None:
+            return 0
+        return 2 if known.user_id is not None else 1
 
     def call(
         self,
@@ -219,7 +238,10 @@ class ScriptKeys:
             args += [repr(lim.per_second), lim.burst, lim.per_minute]
         if known is not None:
             keys.append(self.revoked_prefix + str(known.key_id))
+            if known.user_id is not None:
+                keys.append(self.users_prefix + str(known.user_id))
         for view in admission or ():
             keys.append(admission_key(self.admissions_prefix, view))
             args += admission_args(view)
+        args.append(known.user_version if known is not None and known.user_id is not None else -2)
         return keys, args

@@ -5,7 +5,8 @@ in-process store needs no lock (no await between read and write on the event loo
 store is one Lua script (rate_scripts.py), so replicas share the limits exactly; the same script
 admits the call against the shared api_calls count (admissions.py) and checks the key's shared
 revocation (key_revocations.py), so an API-key call costs one round trip, and a busy key's calls
-share one trip for a block of them (lease_holder.py). Both stores give the same decisions. A
+share one trip for a block of them (lease_holder.py). The same script asks whether the user the key
+acts as was removed or given another role (user_revocations.py). Both stores give the same decisions. A
 subject over its limit is refused from the Redis store's copy of its slots until that copy would
 let a request through: a flood of 429s costs no round trips. (v4) `peek` is the same judgment
 taking nothing (the headers of a call its key's own rules refuse): the script run read-only, or
@@ -27,6 +28,9 @@ from services.edge.lease_holder import LeaseHolder
 from services.edge.quota_gate import CallsView
 from services.edge.rate_limit import WINDOW_S, Decision, Limits, PerSubject, Slot, each, evaluate, refusal_lasts
 from services.edge.rate_scripts import SCRIPT, ScriptKeys
+from services.edge.token_revocations import PREFIX as TOKENS_PREFIX
+from services.edge.token_revocations import TokenRevocations
+from services.edge.user_revocations import UserRevocations
 from services.runtime.platform.logs import Throttled
 from services.runtime.platform.metrics import DEPENDENCY_ERRORS
 
@@ -108,10 +112,13 @@ class RedisStore:
         prefix: str = "tollgate:rl:",
         admissions_prefix: str = "tollgate:adm:",
         revoked_prefix: str = "tollgate:revoked:",
+        users_prefix: str = "tollgate:user:",
+        logouts_prefix: str = "tollgate:logout:",
+        tokens_prefix: str = TOKENS_PREFIX,
     ) -> None:
         # A hung Redis must not hang the API: its calls fail open after half a second.
         self._redis: Redis[bytes] = Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
-        self._keys = ScriptKeys(prefix, admissions_prefix, revoked_prefix)
+        self._keys = ScriptKeys(prefix, admissions_prefix, revoked_prefix, users_prefix)
         self._script = self._redis.register_script(SCRIPT)
         self._release = self._redis.register_script(RELEASE)
         self._releases: set[asyncio.Task[None]] = set()
@@ -127,6 +134,15 @@ class RedisStore:
         # Leased admissions: a busy key's calls share one trip for a block of them.
         self._lease_holder = LeaseHolder(self._redis, self._keys, self)
         self._revocations = KeyRevocations(self._redis, prefix, revoked_prefix, self._lease_holder.drops_channel)
+        # Users' and sessions' ends (the user's part is asked in the script above), service tokens'
+        self.users = UserRevocations(
+            self._redis,
+            prefix=prefix,
+            users_prefix=users_prefix,
+            logouts_prefix=logouts_prefix,
+            drops_channel=self._lease_holder.drops_channel,
+        )
+        self.tokens = TokenRevocations(self._redis, tokens_prefix)
 
     async def hit(self, subjects: Sequence[str], limits: PerSubject, now: float) -> Decision:
         return (await self.hit_and_admit(subjects, limits, now, None))[0]

@@ -9,6 +9,10 @@
   session issued under a longer TTL before a restart does not outlive its forgotten logout. The
   settings keep the TTL within sessions.v1's retention, so a restarted edge reads every logout of
   a session still alive.
+
+These projections alone would keep honouring a session on a replica whose Kafka consumer is
+behind or cut off: the writers also share each end in Redis, which every console call asks
+(user_revocations.py).
 """
 
 from collections import OrderedDict

@@ -253,7 +253,7 @@ def build_router(edge: Edge) -> APIRouter:
         request_id = request_id_of(request)
         return answer_of(edge, call, await edge.decide(call, request_id), request_id)
 
-    def ingress_service(
+    async def ingress_service(
         request: Request, token: Annotated[str, Header(alias="X-Tollgate-Service-Token")] = ""
     ) -> ServicePrincipal:
         """The ingress's own token. Its problems are the ingress's, not the caller's: marked
@@ -261,7 +261,7 @@ def build_router(edge: Edge) -> APIRouter:
         try:
             if not token:
                 raise ApiError(401, ErrorCode.INVALID_SERVICE_TOKEN, "Send the ingress's X-Tollgate-Service-Token.")
-            return edge.authenticate_service(token, ServiceScope.KEYS_VERIFY, datetime.now(UTC))
+            return await edge.authenticate_service(token, ServiceScope.KEYS_VERIFY, datetime.now(UTC))
         except ApiError as problem:
             ingress_log.error(f"authorize: the ingress's service token was refused ({problem.code.value}); check the ingress")
             problem.headers = {**problem.headers, "X-Tollgate-Ingress-Error": "1"}

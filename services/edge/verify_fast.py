@@ -94,12 +94,12 @@ class VerifyFastPath:
                 return
         await self.app(scope, receive, send)
 
-    def _service(self, token: str) -> ServicePrincipal | None:
+    async def _service(self, token: str) -> ServicePrincipal | None:
         """The live service of `token` with keys:verify; None: the route answers (and logs) the problem."""
         if not token.startswith(SERVICE_TOKEN_PREFIX):
             return None
         try:
-            return self.edge.authenticate_service(token, _SCOPE, datetime.now(UTC))
+            return await self.edge.authenticate_service(token, _SCOPE, datetime.now(UTC))
         except ApiError:
             return None
 
@@ -107,7 +107,7 @@ class VerifyFastPath:
         messages, body = await _read_body(receive)
         headers = _headers(scope)
         parsed = parse_verify_body(body, headers.get("content-type")) if body is not None else None
-        service = self._service(bearer_token(headers.get("authorization", ""))) if parsed is not None else None
+        service = await self._service(bearer_token(headers.get("authorization", ""))) if parsed is not None else None
         if parsed is None or service is None:
             await self.app(scope, _replay(messages, receive), send)
             return
@@ -119,7 +119,7 @@ class VerifyFastPath:
 
     async def _authorize(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = _headers(scope)
-        service = self._service(headers.get("x-tollgate-service-token", ""))
+        service = await self._service(headers.get("x-tollgate-service-token", ""))
         parsed = self._forwarded(scope, headers) if service is not None else None
         if service is None or parsed is None:
             await self.app(scope, receive, send)

@@ -39,6 +39,17 @@ class EdgeDelivery:
             await self.edge.revoke_everywhere(key)
         for key in changes.narrowed:  # (v4) new rules: no replica judges the key by its older state
             await self.edge.narrow_everywhere(key)
+        # A removed or re-roled user's keys and sessions, a password change's sessions, a logout, a
+        # revoked service token: the same, in the same store (services/edge/user_revocations.py,
+        # token_revocations.py), whatever each replica's Kafka consumers have read.
+        for change in changes.user_changes:
+            await self.edge.change_user_everywhere(change.user, change.key_ids)
+        for user in changes.sessions_ended:
+            await self.edge.end_sessions_everywhere(user)
+        if changes.sessions:
+            await self.edge.log_out_everywhere(changes.sessions, self.clock())
+        for token in changes.service_tokens:
+            await self.edge.revoke_token_everywhere(token)
         for account in changes.accounts:
             self.edge.accounts.apply(account)
         for key in changes.keys:

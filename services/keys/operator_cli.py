@@ -5,6 +5,7 @@ force on every replica within milliseconds) when the command returns."""
 
 import asyncio
 import functools
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -16,9 +17,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from contracts.audit import OPERATOR_CLI
 from contracts.common import ServiceScope
-from contracts.events import PlanChanged
+from contracts.events import PlanChanged, ServiceTokenState
 from contracts.topics import KEYS
-from services.edge import shared_revocations
+from services.edge import share_token_revocation, shared_revocations
 from services.keys import service_tokens
 from services.keys.published import RECONCILED_TOPICS, Published
 from services.keys.service import REPUBLISHED_TOPICS, Changes, KeysService
@@ -29,6 +30,8 @@ from services.runtime.platform.outbox_relay import OutboxRelay
 from services.runtime.platform.postgres import apply_migrations, open_pool
 from services.runtime.platform.settings import Settings
 from services.runtime.platform.topic_follower import TopicFollower
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -150,11 +153,18 @@ async def list_all(settings: Settings) -> list[dict[str, Any]]:
 
 
 async def revoke(settings: Settings, token_id: UUID) -> None:
-    async def work(tx: KeysTx) -> None:
-        if await service_tokens.revoke(tx, token_id, system_clock(), OPERATOR_CLI) is None:
+    async def work(tx: KeysTx) -> ServiceTokenState:
+        state = await service_tokens.revoke(tx, token_id, system_clock(), OPERATOR_CLI)
+        if state is None:
             raise UnknownToken(str(token_id))
+        return state
 
-    await _run(settings, work)
+    state = await _run(settings, work)
+    if settings.redis_url:  # refused by every replica, whatever its Kafka consumer has read (as the API's)
+        try:
+            await share_token_revocation(settings.redis_url, state.token_id, state.version)
+        except Exception:
+            log.warning("the revocation could not be shared (Redis): service-tokens.v1 carries it alone", exc_info=True)
 
 
 async def is_live(settings: Settings, token_id: UUID) -> bool:

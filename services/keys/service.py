@@ -57,6 +57,15 @@ SERVICE_TOKEN_USES_EVERY_S = 5.0
 HASHES_IN_FLIGHT = 4
 
 
+@dataclass(frozen=True)
+class UserChange:
+    """A user removed or given another role: no replica may judge its sessions or its keys by an
+    older users.v1 state of it once the change has answered (LocalEdge.deliver)."""
+
+    user: UserState
+    key_ids: list[UUID]  # its live keys (their leased calls were taken with the older role)
+
+
 @dataclass
 class Changes:
     """The states a transaction published, applied to this process's edge after delivery."""
@@ -68,6 +77,12 @@ class Changes:
     sessions: list[SessionRevoked] = field(default_factory=list)
     # (v4) keys whose rules changed: other replicas must not judge them by an older state
     narrowed: list[KeyState] = field(default_factory=list)
+    # users removed or given another role: every replica refuses their sessions and keys judged
+    # by an older state of them
+    user_changes: list[UserChange] = field(default_factory=list)
+    # users whose sessions_not_before moved (a password change): every replica refuses their
+    # sessions issued before it
+    sessions_ended: list[UserState] = field(default_factory=list)
 
 
 class Store(Protocol):
@@ -264,6 +279,7 @@ class KeysService:
             if updated is None:
                 raise NotFound("account")
             await self._emit_user(tx, updated, now, changes)
+            changes.sessions_ended.append(changes.users[-1])
             await self._audit(tx, audit, updated["account_id"], now, AuditAction.PASSWORD_CHANGED, ("user", user_id))
         await self.edge.deliver(changes)
 
@@ -449,11 +465,15 @@ class KeysService:
             await self._emit_account(tx, row, now, changes)
             # the registering user's role (user id = account id); keys.v1 `roles` of its keys
             role = domain.user_role([Role(r) for r in unique])
+            previous = await tx.user_by_id(account_id)
             user = await tx.set_user_role(account_id, role.value)
             if user is not None:
                 await self._emit_user(tx, user, now, changes)
-                for key in await tx.restamp_keys_created_by(account_id, account_id):
+                restamped = await tx.restamp_keys_created_by(account_id, account_id)
+                for key in restamped:
                     await self._emit_key(tx, self._state(key, [role], now), changes)
+                if previous is not None and previous["role"] != role.value:
+                    changes.user_changes.append(UserChange(changes.users[-1], [key["id"] for key in restamped]))
         await self.edge.deliver(changes)
         return row
 
@@ -758,8 +778,10 @@ class KeysService:
                 role=role.value,
                 previous_role=member["role"],
             )
-            for key in await tx.restamp_keys_created_by(account_id, member_id):
+            restamped = await tx.restamp_keys_created_by(account_id, member_id)
+            for key in restamped:
                 await self._emit_key(tx, self._state(key, [role], now), changes)
+            changes.user_changes.append(UserChange(changes.users[-1], [key["id"] for key in restamped]))
         await self.edge.deliver(changes)
         return user
 
@@ -773,6 +795,8 @@ class KeysService:
             user = await tx.remove_user(member_id, now)
             assert user is not None
             await self._emit_user(tx, user, now, changes)
+            # its keys are deleted below, each revoked everywhere on its own: no lease to drop here
+            changes.user_changes.append(UserChange(changes.users[-1], []))
             await self._audit(tx, audit, account_id, now, AuditAction.MEMBER_REMOVED, ("user", member_id), email=user["email"])
             for live in await tx.live_keys_created_by(account_id, member_id):
                 key = await tx.mark_deleted(live["id"], now)

@@ -1547,3 +1547,38 @@ class FakeSharedLogs:
 
     async def close(self) -> None:
         return None
+
+
+# ---- the edge's shared ends (services/edge/user_revocations.py, token_revocations.py) -----------
+class FakeSessionEnds:
+    """The session check of user_revocations.UserRevocations: what the shared store says of each
+    (user, session), the questions asked, and an outage at will."""
+
+    def __init__(self) -> None:
+        self.over: dict[tuple[UUID, str], str] = {}  # (user id, session id) -> why it is over
+        self.asked: list[tuple[UUID, str, int, float]] = []
+        self.failing = False
+
+    async def session_over(self, user_id: UUID, session_id: str, user_version: int, issued_at: float) -> str | None:
+        self.asked.append((user_id, session_id, user_version, issued_at))
+        if self.failing:
+            raise ConnectionError("redis is away")
+        return self.over.get((user_id, session_id))
+
+
+class FakeExistsRedis:
+    """The one Redis command token_revocations.TokenRevocations asks (`exists`), counted; an outage at will."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.asked = 0
+        self.failing = False
+
+    async def exists(self, name: str) -> int:
+        self.asked += 1
+        if self.failing:
+            raise ConnectionError("redis is away")
+        return int(name in self.names)
+
+    async def set(self, name: str, value: bytes, ex: int) -> None:
+        self.names.add(name)
