@@ -1,0 +1,65 @@
+"""A connection's writes gathered into one socket write per turn of the event loop.
+
+uvicorn's httptools protocol writes a response's head and its body with one `transport.write`
+each, and uvloop sends each at once: two `send` system calls, two TCP segments over loopback,
+for every response. In a request worker at saturation that writing was a quarter of the
+worker's CPU under verify (BENCHMARKS.md, "verify", issue 38: `RequestResponseCycle.send`'s own
+time, which is the two writes). `OneWriteTransport` stands in for the connection's transport:
+what is written during one step of the loop (the head, then the body, as an ASGI app sends
+them back to back) is sent as one write when the step ends (`call_soon`), in the order it was
+written. Everything else is the transport's own. Closing sends what is held first; aborting
+drops it, as the transport's own abort drops its buffer.
+
+The bytes on the wire and their order are unchanged; a response leaves at the end of the loop
+step that wrote it instead of during it (the rest of that step: microseconds). A write that must
+reach the client before the server waits for it (`100 Continue`) is followed by a wait, which
+ends the step, so it leaves before the wait begins.
+"""
+
+import asyncio
+from typing import Any
+
+
+class OneWriteTransport:
+    __slots__ = ("_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not data:
+            return
+        if not self._held:
+            self._loop.call_soon(self._flush)
+        self._held.append(bytes(data))
+
+    def writelines(self, chunks: Any) -> None:
+        for chunk in chunks:
+            self.write(chunk)
+
+    def _flush(self) -> None:
+        held = self._held
+        if held:
+            self._held = []
+            if not self._transport.is_closing():
+                self._transport.write(held[0] if len(held) == 1 else b"".join(held))
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(len(chunk) for chunk in self._held)
+
+    def write_eof(self) -> None:
+        self._flush()
+        self._transport.write_eof()
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._held = []
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:  # is_closing, get_extra_info, pause_reading, set_protocol...
+        return getattr(self._transport, name)
