@@ -56,6 +56,20 @@ async def test_the_writes_of_one_step_leave_as_one_in_their_order() -> None:
     assert transport.get_extra_info("peername") == "info:peername"  # the rest is the transport's own
 
 
+async def test_a_long_response_leaves_as_it_is_written_past_the_bound() -> None:
+    fake = FakeTransport()
+    transport = OneWriteTransport(fake, asyncio.get_running_loop())  # type: ignore[arg-type]
+    chunk = b"x" * (one_write.MAX_HELD_BYTES // 2)
+    transport.write(b"head")
+    transport.write(chunk)
+    assert fake.writes == []
+    transport.write(chunk)  # past the bound: at once, so that the transport's flow control sees it
+    assert fake.writes == [b"head" + chunk + chunk] and transport.get_write_buffer_size() == 0
+    transport.write(b"end")
+    await asyncio.sleep(0)
+    assert fake.writes[1:] == [b"end"]
+
+
 async def test_close_sends_what_is_held_first_and_abort_drops_it() -> None:
     fake = FakeTransport()
     transport = OneWriteTransport(fake, asyncio.get_running_loop())  # type: ignore[arg-type]
