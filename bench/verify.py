@@ -16,6 +16,9 @@ Every response must be a 200, and every verify answer `valid: true`: the script 
 under py-spy (after the measured ones) tells where a request worker's time goes.
 
     .venv/bin/python bench/verify.py [--seconds 10] [--connections 32] [--threads 2] [--accounts 8] [--profile]
+        [--no-ingress]
+
+--no-ingress leaves out step 4 (nginx): verify's own cost, base against new, in half the time.
 """
 
 import argparse
@@ -143,9 +146,28 @@ class Measured:
     run: Run
     invalid: int  # verify's answers that were not `valid: true`
     cpu_by: dict[str, float]  # each process's CPU seconds, from the run's start until the stack was quiet again
+    workers: tuple[float, float] = (0.0, 0.0)  # the request workers' user and system (kernel) seconds of those
 
     def cpu_line(self) -> str:
-        return "  CPU per request until quiet again: " + per_request(self.cpu_by, self.run.requests)
+        user, system = (round(seconds * 1e6 / max(1, self.run.requests)) for seconds in self.workers)
+        return (
+            "  CPU per request until quiet again: "
+            + per_request(self.cpu_by, self.run.requests)
+            + f"\n  request workers: user {user:,} us, system {system:,} us"
+        )
+
+
+def workers_user_system(state: Path) -> tuple[float, float]:
+    """utime and stime of `tollgate up`'s request workers (live ones), in seconds."""
+    parent = int((state / "tollgate.pid").read_text().split()[0])
+    user = system = 0
+    for pid in worker_pids(parent):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        user, system = user + int(fields[11]), system + int(fields[12])
+    return user / CLK_TCK, system / CLK_TCK
 
 
 # ---- the stack -----------------------------------------------------------------------------------
@@ -322,7 +344,7 @@ def checked(name: str, run: Run, invalid: int = 0) -> tuple[str, bool]:
     ), good
 
 
-async def main(seconds: float, connections: int, threads: int, accounts: int, profile: bool) -> int:
+async def main(seconds: float, connections: int, threads: int, accounts: int, profile: bool, ingress: bool = True) -> int:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: ./deploy/local/prereqs.sh --bench")
     load_before = os.getloadavg()
@@ -355,10 +377,12 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, pr
                     return {**stack_cpu_seconds(state), **({"nginx": tree_cpu_seconds(nginx_pid)} if nginx_pid else {})}
 
                 settle(state)
-                before = cpu()
+                before, workers_before = cpu(), workers_user_system(state)
                 run, invalid = load.run(url, keys, mode=mode, token=token)
                 settle(state)
-                return Measured(run, invalid, {name: spent - before.get(name, 0.0) for name, spent in cpu().items()})
+                spent_by = {name: spent - before.get(name, 0.0) for name, spent in cpu().items()}
+                workers = tuple(after - was for after, was in zip(workers_user_system(state), workers_before, strict=True))
+                return Measured(run, invalid, spent_by, (workers[0], workers[1]))
 
             verify_url = f"{base}/api/edge/verify"
             healthz = await asyncio.to_thread(quiet_run, f"{base}/healthz", [])
@@ -373,10 +397,14 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, pr
                 samples = await asyncio.to_thread(
                     profiled, state, lambda: load.run(verify_url, keys, mode="verify", token=token), seconds
                 )
-            with nginx(f"127.0.0.1:{port}", token) as ingress:
-                static = await asyncio.to_thread(quiet_run, ingress.static, [], ingress.pid)
-                proxied = await asyncio.to_thread(quiet_run, ingress.open, keys, ingress.pid)
-                protected = await asyncio.to_thread(quiet_run, ingress.protected, keys, ingress.pid)
+            through: tuple[Measured, Measured, Measured] | None = None
+            if ingress:
+                with nginx(f"127.0.0.1:{port}", token) as proxy:
+                    through = (
+                        await asyncio.to_thread(quiet_run, proxy.static, [], proxy.pid),
+                        await asyncio.to_thread(quiet_run, proxy.open, keys, proxy.pid),
+                        await asyncio.to_thread(quiet_run, proxy.protected, keys, proxy.pid),
+                    )
     finally:
         await asyncio.to_thread(subprocess.run, [*CLI, "down"], env=env, cwd=REPO, capture_output=True, check=False)
         shutil.rmtree(state, ignore_errors=True)
@@ -398,17 +426,19 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, pr
         paced.line("verify, paced")
         + f" -> {paced.per_s / verify.run.per_s:.2f} of verify's maximum (goal: p99 <= 5 ms at 0.5: {goal_p99})"
     )
-    print(static.run.line("static upstream alone (nginx)"))
-    print(static.cpu_line())
-    print(proxied.run.line("nginx -> static, no snippet"))
-    print(proxied.cpu_line())
-    ratio = protected.run.per_s / verify.run.per_s
-    print(
-        protected.run.line("nginx + snippet -> static")
-        + f" -> {ratio:.3f} of verify's throughput (goal >= 0.8: {'met' if ratio >= 0.8 else 'MISSED'}), "
-        + f"{protected.run.per_s / healthz.run.per_s:.3f} of /healthz"
-    )
-    print(protected.cpu_line())
+    if through is not None:
+        static, proxied, protected = through
+        print(static.run.line("static upstream alone (nginx)"))
+        print(static.cpu_line())
+        print(proxied.run.line("nginx -> static, no snippet"))
+        print(proxied.cpu_line())
+        ratio = protected.run.per_s / verify.run.per_s
+        print(
+            protected.run.line("nginx + snippet -> static")
+            + f" -> {ratio:.3f} of verify's throughput (goal >= 0.8: {'met' if ratio >= 0.8 else 'MISSED'}), "
+            + f"{protected.run.per_s / healthz.run.per_s:.3f} of /healthz"
+        )
+        print(protected.cpu_line())
     if samples:
         print("where a request worker's time goes under verify at saturation (py-spy, inclusive, busy samples):")
         print("\n".join(samples))
@@ -416,10 +446,13 @@ async def main(seconds: float, connections: int, threads: int, accounts: int, pr
         checked("/healthz", healthz.run),
         checked("verify", verify.run, verify.invalid),
         checked("verify paced", paced, paced_invalid),
-        checked("static upstream", static.run),
-        checked("nginx without the snippet", proxied.run),
-        checked("nginx with the snippet", protected.run),
     ]
+    if through is not None:
+        lines += [
+            checked("static upstream", through[0].run),
+            checked("nginx without the snippet", through[1].run),
+            checked("nginx with the snippet", through[2].run),
+        ]
     print("responses (each must be a 200, and each of verify's `valid: true`):")
     for line, _ in lines:
         print(line)
@@ -433,5 +466,6 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--accounts", type=int, default=8, help="enterprise accounts (500 calls/s each at most)")
     parser.add_argument("--profile", action="store_true", help="one more verify run under py-spy: where the time goes")
+    parser.add_argument("--no-ingress", dest="ingress", action="store_false", help="leave out the nginx runs")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.seconds, args.connections, args.threads, args.accounts, args.profile)))
+    sys.exit(asyncio.run(main(args.seconds, args.connections, args.threads, args.accounts, args.profile, args.ingress)))

@@ -1,6 +1,7 @@
 """(v3) HTTP payloads of verify (`POST /api/edge/verify`): the edge's decision for a call that a
 platform service outside Tollgate received. authorize answers the same decision in headers."""
 
+import functools
 import ipaddress
 from typing import Annotated
 from uuid import UUID
@@ -18,8 +19,9 @@ Method = Annotated[str, StringConstraints(pattern=r"^[A-Z]{1,16}$")]
 Path = Annotated[str, StringConstraints(pattern=r"^/[\x21-\x7e]{0,511}$")]
 
 
+@functools.lru_cache(maxsize=4096)  # pure, and dear (ipaddress parses in Python): a service's callers repeat
 def _address(value: str) -> str:
-    return str(ipaddress.ip_address(value))  # ValueError: a 422 naming the field
+    return str(ipaddress.ip_address(value))  # ValueError: a 422 naming the field (a refusal is not cached)
 
 
 IpAddress = Annotated[str, AfterValidator(_address)]

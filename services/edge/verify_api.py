@@ -11,17 +11,21 @@ body in `X-Tollgate-Status` and `X-Tollgate-Error`, from which the shipped nginx
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import quote
+from uuid import UUID
 
+import msgspec
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from contracts.common import Role, ServiceScope
+from contracts.common import Resource, Role, ServiceScope, Tier
 from contracts.edge_api import VerifiedKeyLimit, VerifiedQuota, VerifiedRateLimit, VerifyAnswer, VerifyRequest
 from contracts.errors import ErrorBody, ErrorCode, ErrorDetail
+from contracts.key_limits import LimitPeriod
 from services.edge.calls import client_ip, forwarded_for, parse_networks
 from services.edge.edge import Edge
 from services.edge.errors import ApiError, request_id_of
@@ -50,39 +54,112 @@ def _error_body(verdict: Verdict, request_id: str) -> ErrorBody | None:
     return ErrorBody(error=detail)
 
 
-def _rate_limit(headers: dict[str, str]) -> VerifiedRateLimit | None:
+def _rate_limit(headers: dict[str, str], shapes: "_Shapes") -> Any:
     if "X-RateLimit-Limit" not in headers:
         return None  # refused before the rate limiter judged it (e.g. an unknown key)
-    return VerifiedRateLimit(
+    return shapes.rate_limit(
         limit=int(headers["X-RateLimit-Limit"]),
         remaining=int(headers["X-RateLimit-Remaining"]),
         reset=int(headers["X-RateLimit-Reset"]),
     )
 
 
-def answer_of(edge: Edge, call: ServiceCall, verdict: Verdict, request_id: str) -> VerifyAnswer:
+# ---- verify's answer: the contract's model, or its msgspec mirror for the hot case -----------------
+class _FastRateLimit(msgspec.Struct, gc=False):
+    limit: int
+    remaining: int
+    reset: int
+
+
+class _FastQuota(msgspec.Struct, gc=False):
+    resource: Resource
+    total: int
+    used: int
+    reserved: int
+    remaining: int
+    status: str
+
+
+class _FastKeyLimit(msgspec.Struct, gc=False):
+    resource: Resource
+    period: LimitPeriod
+    remaining: int
+
+
+class _FastAnswer(msgspec.Struct):
+    """VerifyAnswer's fields in its order, for an admitted call (`error` is null)."""
+
+    valid: bool
+    code: str
+    status: int
+    account_id: UUID | None
+    api_key_id: UUID | None
+    user_id: UUID | None
+    role: Role | None
+    plan: Tier | None
+    rate_limit: _FastRateLimit | None
+    retry_after: int | None
+    quota: _FastQuota | None
+    error: None
+    key_limits: list[_FastKeyLimit]
+
+
+@dataclass(frozen=True, slots=True)
+class _Shapes:
+    """What an answer is built of: the contract's models, or their mirrors (the same keyword arguments)."""
+
+    answer: Callable[..., Any]
+    rate_limit: Callable[..., Any]
+    quota: Callable[..., Any]
+    key_limit: Callable[..., Any]
+
+
+_MODELS = _Shapes(VerifyAnswer, VerifiedRateLimit, VerifiedQuota, VerifiedKeyLimit)
+_MIRRORS = _Shapes(_FastAnswer, _FastRateLimit, _FastQuota, _FastKeyLimit)
+_ENCODE = msgspec.json.Encoder().encode
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """Where the verified key's account and the key stand, read from this process's projections."""
+
+    quota: tuple[Resource, int, int, int, bool] | None  # resource, total, used, reserved, exhausted
+    key_limits: list[tuple[Resource, LimitPeriod, int]]  # each own limit: resource, period, remaining
+
+
+def standing_of(edge: Edge, call: ServiceCall, verdict: Verdict) -> Standing:
     principal = verdict.principal
     quota = None
     if principal is not None and call.resource is not None:
         now = datetime.now(UTC)
         used, reserved, total = edge.quota.position(principal.account_id, call.resource, now)
         exhausted = edge.quota.is_blocked(principal.account_id, call.resource, now)
-        quota = VerifiedQuota(
-            resource=call.resource,
+        quota = (call.resource, total, used, reserved, exhausted)
+    key_limits = []
+    if principal is not None and principal.api_key_id is not None:
+        now = datetime.now(UTC)
+        for standing in edge.key_standings(principal.api_key_id, now):
+            limit = standing.limit
+            key_limits.append((limit.resource, limit.period, standing.remaining))
+    return Standing(quota, key_limits)
+
+
+def _answer(verdict: Verdict, standing: Standing, request_id: str, shapes: _Shapes) -> Any:
+    principal = verdict.principal
+    quota = None
+    if standing.quota is not None:
+        resource, total, used, reserved, exhausted = standing.quota
+        quota = shapes.quota(
+            resource=resource,
             total=total,
             used=used,
             reserved=reserved,
             remaining=max(0, total - used - reserved),
             status="exhausted" if exhausted else "available",
         )
-    key_limits = []
-    if principal is not None and principal.api_key_id is not None:
-        now = datetime.now(UTC)
-        for standing in edge.key_standings(principal.api_key_id, now):
-            limit = standing.limit
-            key_limits.append(VerifiedKeyLimit(resource=limit.resource, period=limit.period, remaining=standing.remaining))
+    key_limits = [shapes.key_limit(resource=r, period=p, remaining=left) for r, p, left in standing.key_limits]
     retry_after = verdict.headers.get("Retry-After")
-    return VerifyAnswer(
+    return shapes.answer(
         valid=verdict.refusal is None,
         code="valid" if verdict.refusal is None else verdict.refusal.code.value,
         status=verdict.status,
@@ -91,12 +168,31 @@ def answer_of(edge: Edge, call: ServiceCall, verdict: Verdict, request_id: str) 
         user_id=principal.user_id if principal else None,
         role=_role(verdict),
         plan=verdict.plan,
-        rate_limit=_rate_limit(verdict.headers),
+        rate_limit=_rate_limit(verdict.headers, shapes),
         retry_after=int(retry_after) if retry_after is not None else None,
         quota=quota,
         error=_error_body(verdict, request_id),
         key_limits=key_limits,
     )
+
+
+def answer_of(edge: Edge, call: ServiceCall, verdict: Verdict, request_id: str) -> VerifyAnswer:
+    answer: VerifyAnswer = _answer(verdict, standing_of(edge, call, verdict), request_id, _MODELS)
+    return answer
+
+
+def answer_json(verdict: Verdict, standing: Standing, request_id: str) -> bytes:
+    """`answer_of(...).model_dump_json()`'s very bytes. An admitted call's answer (the hot case: no
+    error body, whose `details` may hold anything) is written by msgspec from mirrors of the
+    contract's models, without building and validating them (tests/unit/test_verify_answer_json.py
+    proves the bytes the same); any other answer, or one msgspec cannot write, by the model."""
+    if verdict.refusal is None:
+        try:
+            return _ENCODE(_answer(verdict, standing, request_id, _MIRRORS))
+        except (msgspec.EncodeError, UnicodeEncodeError, OverflowError):
+            pass
+    answer: VerifyAnswer = _answer(verdict, standing, request_id, _MODELS)
+    return answer.model_dump_json().encode()
 
 
 def service_call(body: VerifyRequest, service: ServicePrincipal) -> ServiceCall:

@@ -9,7 +9,7 @@ dependency graph of the service token, the body's field, the response model's re
 `POST /api/edge/verify` with a JSON body that the contract's `VerifyRequest` accepts and a live
 `st-` token with `keys:verify`; `GET /api/edge/authorize` with a live ingress token and forwarded
 headers that the same model accepts. It answers with the very functions the routes use
-(`answer_of`, `Ingress`), so a verdict is the same bytes whichever way it went.
+(`answer_json`: `answer_of`'s bytes; `Ingress`), so a verdict is the same bytes whichever way it went.
 
 Every other request (a missing, unknown or customer's credential, a token without the scope, a
 body that is not JSON or not valid, another content type, Envoy's `/authorize/{path}` shape, a
@@ -42,10 +42,11 @@ from services.edge.verify_api import (
     AUTHORIZE_PATH,
     VERIFY_PATH,
     Ingress,
-    answer_of,
+    answer_json,
     bearer_token,
     forwarded_request,
     service_call,
+    standing_of,
 )
 
 JSON_TYPE = b"application/json"
@@ -114,8 +115,9 @@ class VerifyFastPath:
         scope["route"] = _Route(VERIFY_PATH)
         request_id = context_of(scope).request_id
         call = service_call(parsed, service)
-        answer = answer_of(self.edge, call, await self.edge.decide(call, request_id), request_id)
-        await _send(send, 200, answer.model_dump_json().encode(), [(b"content-type", JSON_TYPE)])
+        verdict = await self.edge.decide(call, request_id)
+        answer = answer_json(verdict, standing_of(self.edge, call, verdict), request_id)
+        await _send(send, 200, answer, [(b"content-type", JSON_TYPE)])
 
     async def _authorize(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = _headers(scope)

@@ -9,6 +9,7 @@ body and `Connection: close`:
 At most MAX_HEAD_BYTES plus one read (asyncio reads <= 256 KiB at a time) is ever buffered.
 """
 
+import asyncio
 import json
 import secrets
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from contracts.errors import ErrorCode
+from services.runtime.host.one_write import OneWriteTransport
 
 MAX_URL_BYTES = 16 * 1024
 MAX_HEAD_BYTES = 64 * 1024
@@ -37,6 +39,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._boundaries = 0  # heads and messages completed: what a read contained besides a head
         self._discarded: int | None = None  # bytes dropped since a refusal
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        # a response's head and body in one socket write (one_write.py)
+        super().connection_made(OneWriteTransport(transport, self.loop))  # type: ignore[arg-type]
 
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
