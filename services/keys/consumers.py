@@ -17,6 +17,10 @@ from services.runtime.platform.settings import Settings
 from services.runtime.platform.subscribe import Reading, Subscriber
 
 LAST_USED_EVERY_S = 1.0
+# last_used_at is coarse by nature, and no latency bound waits on it: its calls.v1 fetches gather
+# for up to a second (issue 38, decision 2), so a trickle of calls wakes the group once a second,
+# not at every call's record (BENCHMARKS.md, "http_load" round 26).
+LAST_USED_GATHER_MS = 1000
 
 
 def build_router(service: KeysService, broker: KafkaBroker, settings: Settings) -> KafkaRouter:
@@ -44,5 +48,12 @@ def build_router(service: KeysService, broker: KafkaBroker, settings: Settings) 
     # Calls judged as by every consumer of calls.v1 (contracts/usage_rules.py): a forged time far
     # ahead would otherwise hold last_used_at there (GREATEST).
     calls = Reading(CallEvent, lambda event, ms: time_violations_at(event, ms * 1000))
-    subscribe.batches({CALLS: calls}, group="keys.last-used", handle=on_calls, max_records=10_000, batch_timeout_ms=1000)
+    subscribe.batches(
+        {CALLS: calls},
+        group="keys.last-used",
+        handle=on_calls,
+        max_records=10_000,
+        batch_timeout_ms=1000,
+        gather_ms=LAST_USED_GATHER_MS,
+    )
     return subscribe.router

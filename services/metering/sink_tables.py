@@ -69,3 +69,15 @@ JSON_INPUT = {
     "input_format_json_ignore_unnecessary_fields": 0,
     "input_format_parallel_parsing": 0,
 }
+
+# A small batch is written by one thread (issue 38, a lonely call): by default the engine runs a
+# statement's pipeline on a thread per core, and for the few events a trickle's batch holds (one
+# batch every 750 ms) handing its work to those threads cost more than the work: ~27 -> ~18 ms of
+# the server's CPU per batch (BENCHMARKS.md, "http_load" round 26). Large batches keep the default.
+ONE_THREAD_BELOW = 1000  # events in the batch
+ONE_THREAD = {"max_threads": 1}
+
+
+def insert_settings(events: int) -> dict[str, int | str]:
+    """The settings of the INSERT that writes a batch of `events`."""
+    return {**JSON_INPUT, **ONE_THREAD} if events < ONE_THREAD_BELOW else dict(JSON_INPUT)
