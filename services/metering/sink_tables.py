@@ -63,22 +63,9 @@ CALLS = SinkTable(
 # RFC 3339 times with any offset are read as the contract reads them; a key given twice is an
 # error (by default the engine would keep the first and pydantic the last). One parsing thread:
 # a batch is a few MB, and splitting it costs more than it gains (BENCHMARKS.md, metering round 3).
-JSON_INPUT: dict[str, int | str] = {
+JSON_INPUT = {
     "input_format_skip_unknown_fields": 1,
     "date_time_input_format": "best_effort",
     "input_format_json_ignore_unnecessary_fields": 0,
     "input_format_parallel_parsing": 0,
 }
-
-# A small batch is written by one thread (issue 38, a lonely call): by default the engine may run a
-# statement's pipeline on a thread per core, and for the few events a trickle's batch holds (one
-# batch every 750 ms) that hand-off costs more than the work: 21-28 -> 18 ms of the server's CPU
-# per batch on a server of its own, within the spread on the whole stack (BENCHMARKS.md,
-# "http_load" round 26). Large batches keep the default.
-ONE_THREAD_BELOW = 1000  # events in the batch
-ONE_THREAD: dict[str, int | str] = {"max_threads": 1}
-
-
-def insert_settings(events: int) -> dict[str, int | str]:
-    """The settings of the INSERT that writes a batch of `events`."""
-    return {**JSON_INPUT, **ONE_THREAD} if events < ONE_THREAD_BELOW else dict(JSON_INPUT)

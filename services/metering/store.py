@@ -291,7 +291,7 @@ class MeteringStore:
             f"INSERT INTO {table} ({sink.columns}) SELECT {sink.select} FROM batch WHERE id NOT IN ({written}) LIMIT 1 BY id",
             parameters={"flagged": sorted(flagged)},
             external_data=batch,
-            settings=sink_tables.insert_settings(len(lines)),
+            settings=sink_tables.JSON_INPUT,
         )
         if not isinstance(summary, QuerySummary):
             raise TypeError(f"an INSERT answered {summary!r}, not its summary")
