@@ -19,6 +19,10 @@ from services.runtime.platform.settings import Settings
 from services.runtime.platform.subscribe import Reading, Subscriber
 
 LAST_USED_EVERY_S = 1.0
+# last_used_at is coarse by nature, and no latency bound waits on it: its calls.v1 fetches gather
+# for up to a second (issue 38, decision 2), so a trickle of calls wakes the group once a second,
+# not at every call's record (BENCHMARKS.md, "http_load" round 26).
+LAST_USED_GATHER_MS = 1000
 
 
 def _call_rules(event: Call, timestamp_ms: int) -> list[str]:
@@ -68,6 +72,11 @@ def build_router(service: KeysService, broker: KafkaBroker, settings: Settings) 
     # every service's audit entries (their outboxes): stored once per event id, committed after the write
     subscribe.each(AUDIT, Reading(AuditRecorded), group="keys.audit", handle=service.record_audit)
     subscribe.batches(
-        {CALLS: CALLS_READING}, group="keys.last-used", handle=noting_calls(service), max_records=10_000, batch_timeout_ms=1000
+        {CALLS: CALLS_READING},
+        group="keys.last-used",
+        handle=noting_calls(service),
+        max_records=10_000,
+        batch_timeout_ms=1000,
+        gather_ms=LAST_USED_GATHER_MS,
     )
     return subscribe.router
