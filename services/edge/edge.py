@@ -208,6 +208,8 @@ class Edge:
         self.shared = RedisStore(settings.redis_url) if settings.redis_url else None
         self.limiter: RateLimitStore = self.shared if self.shared is not None else MemoryStore()
         self._admission_log = Throttled(log)
+        # the ends' writes and checks (strict ends) warn apart: one throttle would hide the admissions' outage
+        self._ends_log = Throttled(log)
         self.calls = CallRecorder(settings)
         # (plan's rate limit, key's own or None) -> the limits of the call's subjects (account, key)
         self._limits: dict[tuple[RateLimit, RateLimit | None], tuple[Limits, Limits]] = {}
@@ -782,7 +784,7 @@ class Edge:
             await self.shared.revoke(check, how=how)
         except Exception:
             REVOCATION_STORE_ERRORS.inc()
-            self._admission_log.warning("a key's revocation could not be shared (Redis): keys.v1 carries it alone")
+            self._ends_log.warning("a key's revocation could not be shared (Redis): keys.v1 carries it alone")
 
     async def _check_session_everywhere(self, principal: Principal) -> None:
         """(A console session, after this process's projections passed it) 401 if the shared store
@@ -797,7 +799,7 @@ class Edge:
             how = await self.shared.users.session_over(user_id, principal.session_id, principal.user_version, principal.issued_at)
         except Exception:
             CREDENTIAL_CHECK_ERRORS.inc()
-            self._admission_log.warning("a session's end could not be asked (Redis): judged by this process alone")
+            self._ends_log.warning("a session's end could not be asked (Redis): judged by this process alone")
             return
         if how is not None:
             raise _session_over(how)
@@ -814,7 +816,7 @@ class Edge:
             await self.shared.users.change(state.user_id, state.version, how, key_ids)
         except Exception:
             REVOCATION_STORE_ERRORS.inc()
-            self._admission_log.warning("a user's removal or role change could not be shared (Redis): users.v1 carries it alone")
+            self._ends_log.warning("a user's removal or role change could not be shared (Redis): users.v1 carries it alone")
 
     async def end_sessions_everywhere(self, state: UserState) -> None:
         """(Keys, before a password change answers) every replica refuses the user's sessions issued
@@ -825,7 +827,7 @@ class Edge:
             await self.shared.users.end_sessions(state.user_id, state.sessions_not_before.timestamp())
         except Exception:
             REVOCATION_STORE_ERRORS.inc()
-            self._admission_log.warning("a user's sessions' end could not be shared (Redis): users.v1 carries it alone")
+            self._ends_log.warning("a user's sessions' end could not be shared (Redis): users.v1 carries it alone")
 
     async def log_out_everywhere(self, events: Sequence[SessionRevoked], now: datetime) -> None:
         """(Keys, before a logout answers) every replica refuses these sessions for as long as they
@@ -839,7 +841,7 @@ class Edge:
             await self.shared.users.log_out(live)
         except Exception:
             REVOCATION_STORE_ERRORS.inc()
-            self._admission_log.warning("a logout could not be shared (Redis): sessions.v1 carries it alone")
+            self._ends_log.warning("a logout could not be shared (Redis): sessions.v1 carries it alone")
 
     async def revoke_token_everywhere(self, state: ServiceTokenState) -> None:
         """(Keys, before a service token's revocation answers) every replica refuses the token
@@ -850,7 +852,7 @@ class Edge:
             await self.shared.tokens.revoke(state.token_id, state.version)
         except Exception:
             REVOCATION_STORE_ERRORS.inc()
-            self._admission_log.warning("a service token's revocation could not be shared (Redis): its topic carries it alone")
+            self._ends_log.warning("a service token's revocation could not be shared (Redis): its topic carries it alone")
 
     def _limits_of(self, principal: Principal) -> tuple[Limits, Limits]:
         """The limits of the call's subjects: its account's (the plan's) and its key's (v4: the

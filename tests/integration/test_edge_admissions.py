@@ -116,8 +116,10 @@ async def test_an_admitted_call_costs_one_redis_round_trip(settings, redis_url):
         assert statuses == [200] * 10
         calls = {name: after[name]["calls"] - before.get(name, {"calls": 0})["calls"] for name in after}
         assert calls["cmdstat_evalsha"] == 10  # one script per call (it was two: the limit, then the admission)
-        # the rest ran inside that script (get: whether the key was revoked since this replica's state)
-        script_commands = {"cmdstat_hmget", "cmdstat_hset", "cmdstat_expire", "cmdstat_info", "cmdstat_evalsha", "cmdstat_get"}
+        # the rest ran inside that script (get: whether the key was revoked since this replica's state;
+        # hget: whether the key's user was removed or re-roled since: docs/architecture.md, strict ends)
+        script_commands = {"cmdstat_hmget", "cmdstat_hset", "cmdstat_expire", "cmdstat_info", "cmdstat_evalsha"}
+        script_commands |= {"cmdstat_get", "cmdstat_hget"}
         assert {name for name, n in calls.items() if n} <= script_commands, calls
     await redis.aclose()
 
