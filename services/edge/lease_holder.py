@@ -97,7 +97,10 @@ class LeaseHolder:
                 if decision is not None:
                     self._demand[subjects] = self._demand.get(subjects, 0) + 1
                     return decision, 0
-                self._retire(subjects, held)
+                returning = self._retire(subjects, held)
+                if returning is not None:  # its leftovers go back before this call's own trip
+                    await asyncio.shield(returning)
+                continue  # another call may have taken a new lease meanwhile
             in_flight = self._leasing.get(subjects)
             if in_flight is None:
                 break
@@ -177,9 +180,10 @@ class LeaseHolder:
             self._demand.pop(subjects, None)  # no trip since: the calls came slower than a lease lives
         self._forget_held(held)
 
-    def _retire(self, subjects: tuple[str, ...], held: _Leased) -> None:
-        """The lease serves no more calls: unused leftovers go back (in the background); a spent
-        lease stays registered until it expires or a revocation's announcement acknowledges it."""
+    def _retire(self, subjects: tuple[str, ...], held: _Leased) -> "asyncio.Task[None] | None":
+        """The lease serves no more calls: unused leftovers go back (in the background: the task, for
+        a call that must be judged after them); a spent lease stays registered until it expires or a
+        revocation's announcement acknowledges it."""
         if self._leases.get(subjects) is held:
             del self._leases[subjects]
         lease = held.lease
@@ -189,7 +193,8 @@ class LeaseHolder:
             lease.dropped = True
             self._store.forget_copy(subjects)  # the tokens given back may let a call through
             self._forget_held(held)
-            self._in_background(self._return(held))
+            return self._in_background(self._return(held))
+        return None
 
     def _forget_held(self, held: _Leased) -> None:
         registered = self._held.get(held.key_id)
@@ -225,10 +230,11 @@ class LeaseHolder:
             ADMISSION_STORE_ERRORS.inc()
             self._log.warning("a lease's leftovers could not be given back (Redis): they stay taken", exc_info=True)
 
-    def _in_background(self, work: Coroutine[object, object, None]) -> None:
+    def _in_background(self, work: Coroutine[object, object, None]) -> "asyncio.Task[None]":
         task = asyncio.get_running_loop().create_task(work)
         self._giving_back.add(task)
         task.add_done_callback(self._giving_back.discard)
+        return task
 
     async def _listens(self) -> bool:
         """Whether this replica hears revocations' announcements (then it may hold leases)."""

@@ -124,6 +124,21 @@ async def test_leftovers_unused_for_a_lease_lifetime_go_back(redis_url):
         await a.store.close()
 
 
+async def test_a_call_a_lease_cannot_serve_is_judged_after_its_leftovers_went_back(redis_url):
+    """A call judged by another state of the key (or of its user, or another total) retires the
+    lease it cannot use: the leftovers go back before that call's own trip, so the account's last
+    places are not refused while this replica's unused block still holds them."""
+    prefix, account, key = new_ids()
+    a = Replica(redis_url, prefix, account, key, 20)
+    try:
+        await lease_of(a, 20)  # 1 call, 19 leftovers: the account's whole total is taken in Redis
+        assert await admitted_in_redis(redis_url, prefix, account) == 20
+        assert (await a.call(version=2))[1] == 0  # a newer key state: not from the lease, yet admitted
+        assert await admitted_in_redis(redis_url, prefix, account) == 2
+    finally:
+        await a.store.close()
+
+
 async def test_leftovers_given_back_to_a_count_redis_lost_leave_no_key_without_expiry(redis_url):
     """The admissions' hash went (evicted, flushed) while a lease held leftovers: giving them back
     writes nothing, instead of a count of 0 that would never expire."""
